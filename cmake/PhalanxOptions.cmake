@@ -1,0 +1,25 @@
+# Optional parts: AUTO (build when found), ON (required), OFF (skip).
+# The core library never links CUDA, NCCL or MPI: each lives in its own plugin.
+set(PHALANX_WITH_CUDA AUTO CACHE STRING "CUDA device plugin (AUTO|ON|OFF)")
+set(PHALANX_WITH_NCCL AUTO CACHE STRING "NCCL communication plugin (AUTO|ON|OFF)")
+set(PHALANX_WITH_MPI  AUTO CACHE STRING "MPI communication plugin (AUTO|ON|OFF)")
+foreach(opt CUDA NCCL MPI)
+  set_property(CACHE PHALANX_WITH_${opt} PROPERTY STRINGS AUTO ON OFF)
+endforeach()
+
+# phalanx_optional(NAME FOUND REASON): resolves PHALANX_HAVE_<NAME> and prints one line.
+function(phalanx_optional name found reason)
+  set(mode ${PHALANX_WITH_${name}})
+  if(mode STREQUAL "OFF")
+    message(STATUS "Phalanx: ${name} plugin skipped (PHALANX_WITH_${name}=OFF)")
+    set(PHALANX_HAVE_${name} OFF PARENT_SCOPE)
+  elseif(found)
+    message(STATUS "Phalanx: ${name} found, plugin enabled")
+    set(PHALANX_HAVE_${name} ON PARENT_SCOPE)
+  elseif(mode STREQUAL "ON")
+    message(FATAL_ERROR "Phalanx: PHALANX_WITH_${name}=ON but ${reason}")
+  else()
+    message(STATUS "Phalanx: ${name} plugin skipped: ${reason}")
+    set(PHALANX_HAVE_${name} OFF PARENT_SCOPE)
+  endif()
+endfunction()

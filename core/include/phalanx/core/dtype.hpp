@@ -1,0 +1,17 @@
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace phalanx {
+
+/// Element types. float32 for values and gradients, int64 for labels and indices.
+enum class DType : std::uint8_t { Float32, Int64 };
+
+constexpr std::size_t element_size(DType t) { return t == DType::Float32 ? 4 : 8; }
+const char* dtype_name(DType t);
+
+template <typename T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr DType value = DType::Float32; };
+template <> struct dtype_of<std::int64_t> { static constexpr DType value = DType::Int64; };
+
+}  // namespace phalanx

@@ -1,0 +1,59 @@
+#pragma once
+// Two tiers of errors (docs/errors.md):
+//  - typed exceptions for what a user can cause; the message says what was expected,
+//    what was given and what to do;
+//  - PHALANX_CHECK for programming errors inside the library: file:line and both values.
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace phalanx {
+
+/// Base of every exception Phalanx throws.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+/// A tensor of the wrong shape for an op (message names the op and both shapes).
+class ShapeError : public Error { using Error::Error; };
+/// A tensor of the wrong dtype or device for an op.
+class TypeError : public Error { using Error::Error; };
+/// A bad argument value (out of range, inconsistent options).
+class ValueError : public Error { using Error::Error; };
+/// Misuse of autograd (backward twice through a freed graph, non-scalar root...).
+class AutogradError : public Error { using Error::Error; };
+/// A file that cannot be read or written, or is corrupt.
+class IoError : public Error { using Error::Error; };
+/// A violated internal invariant: a bug in Phalanx, please report it.
+class InternalError : public Error { using Error::Error; };
+
+namespace detail {
+template <typename... Args>
+std::string concat(Args&&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+[[noreturn]] void throw_internal(const char* file, int line, const std::string& what);
+}  // namespace detail
+
+}  // namespace phalanx
+
+#define PHALANX_CHECK(cond, ...)                                                          \
+  do {                                                                                    \
+    if (!(cond))                                                                          \
+      ::phalanx::detail::throw_internal(__FILE__, __LINE__,                               \
+                                        ::phalanx::detail::concat("check failed: " #cond  \
+                                                                  " ", ##__VA_ARGS__));   \
+  } while (0)
+
+#define PHALANX_CHECK_EQ(a, b)                                                            \
+  do {                                                                                    \
+    const auto& phx_a_ = (a);                                                             \
+    const auto& phx_b_ = (b);                                                             \
+    if (!(phx_a_ == phx_b_))                                                              \
+      ::phalanx::detail::throw_internal(                                                  \
+          __FILE__, __LINE__,                                                             \
+          ::phalanx::detail::concat("check failed: " #a " == " #b " (", phx_a_, " vs ",   \
+                                    phx_b_, ")"));                                        \
+  } while (0)

@@ -1,0 +1,87 @@
+#pragma once
+// The per-device dispatch table. Ops (core/src/ops) check shapes, allocate outputs and
+// record autograd; the arithmetic is delegated to the table of the tensors' device.
+// The CPU table is built in; a device plugin (CUDA) registers its own. Kernels receive
+// contiguous tensors whose shapes the op has already validated.
+#include <cstddef>
+#include <cstdint>
+
+#include "phalanx/core/device.hpp"
+#include "phalanx/core/tensor.hpp"
+
+namespace phalanx {
+
+enum class UnaryOp : std::uint8_t { Neg, Exp, Log, Relu, Tanh, Sigmoid };
+enum class BinaryOp : std::uint8_t { Add, Sub, Mul, Div };
+
+class DeviceKernels {
+ public:
+  virtual ~DeviceKernels() = default;
+  virtual const char* name() const = 0;
+
+  // memory
+  virtual void* allocate(std::size_t nbytes, int device_index) = 0;
+  virtual void deallocate(void* ptr, std::size_t nbytes, int device_index) = 0;
+  /// Byte copies; `to_host`/`from_host` copy between this device and host memory.
+  virtual void copy(void* dst, const void* src, std::size_t nbytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, std::size_t nbytes) = 0;
+  virtual void copy_from_host(void* dst, const void* host_src, std::size_t nbytes) = 0;
+
+  // elementwise (float32 unless stated)
+  virtual void fill(Tensor& out, double value) = 0;  ///< float32 or int64
+  virtual void unary(UnaryOp op, const Tensor& x, Tensor& out) = 0;
+  /// grad_x = grad_y * f'(x); `x` and `y` (= f(x)) are both given, a kernel uses what it needs.
+  virtual void unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y,
+                              Tensor& grad_x) = 0;
+  /// out = a op b where a smaller operand repeats with its own numel as period (the
+  /// suffix broadcasting of a bias row or a scalar; op checked the shapes).
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  /// out = x * mul + add
+  virtual void affine_scalar(const Tensor& x, float mul, float add, Tensor& out) = 0;
+  /// y += alpha * x  (same numel)
+  virtual void axpy(float alpha, const Tensor& x, Tensor& y) = 0;
+  /// x *= factor
+  virtual void scale(Tensor& x, float factor) = 0;
+
+  // GEMM (row-major): C = alpha * op(A) op(B) + beta * C, op(A) is M x K, op(B) is K x N.
+  virtual void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                    float alpha, const float* a, std::int64_t lda, const float* b,
+                    std::int64_t ldb, float beta, float* c, std::int64_t ldc) = 0;
+
+  // reductions and layout
+  /// out[j] = scale * sum_i in[i * P + j], P = out.numel() (reduces broadcast/bias gradients).
+  virtual void sum_to_period(const Tensor& in, Tensor& out, float scale) = 0;
+  /// View `in` as [outer, d, inner]; out[o, n] = scale * sum_i in[o, i, n].
+  virtual void sum_dim(const Tensor& in, std::int64_t outer, std::int64_t d, std::int64_t inner,
+                       Tensor& out, float scale) = 0;
+  /// Inverse of sum_dim: out[o, i, n] = scale * g[o, n].
+  virtual void expand_dim(const Tensor& g, std::int64_t outer, std::int64_t d, std::int64_t inner,
+                          Tensor& out, float scale) = 0;
+  /// Copies each row of `row` (numel = out's last dim) into every row of `out`.
+  virtual void broadcast_rows(const Tensor& row, Tensor& out) = 0;
+  /// out = in with dims d0 and d1 swapped (materialised).
+  virtual void transpose(const Tensor& in, int d0, int d1, Tensor& out) = 0;
+
+  // softmax family, over the middle dim of [outer, d, inner]
+  virtual void log_softmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner,
+                           Tensor& out) = 0;
+  virtual void log_softmax_backward(const Tensor& grad_y, const Tensor& y, std::int64_t outer,
+                                    std::int64_t d, std::int64_t inner, Tensor& grad_x) = 0;
+  /// logits [N, C], target int64 [N] (validated by the caller) -> probs [N, C], loss [N].
+  virtual void cross_entropy(const Tensor& logits, const Tensor& target, Tensor& probs,
+                             Tensor& loss) = 0;
+  /// grad_logits[n, c] = (probs[n, c] - [c == target[n]]) * grad_loss[n or 0] * scale.
+  /// `grad_loss` has N elements (reduction none) or one (mean/sum).
+  virtual void cross_entropy_backward(const Tensor& probs, const Tensor& target,
+                                      const Tensor& grad_loss, float scale,
+                                      Tensor& grad_logits) = 0;
+  /// Checks that every int64 label is in [0, classes); returns the first bad index or -1.
+  virtual std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) = 0;
+};
+
+/// The kernel table for a device type; throws TypeError naming the missing plugin.
+DeviceKernels& kernels_for(Device device);
+/// Registers (or replaces) the table for a device type. Called by device plugins.
+void register_device_kernels(DeviceType type, DeviceKernels* table);
+
+}  // namespace phalanx

@@ -1,0 +1,62 @@
+#pragma once
+// Module: named parameters, buffers and submodules with PyTorch's naming ("0.weight").
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "phalanx/core/tensor.hpp"
+#include "phalanx/core/tensor_map.hpp"
+
+namespace phalanx::nn {
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  virtual Tensor forward(const Tensor& x) = 0;
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  /// Class name for messages ("Linear(in_features=64, out_features=10)").
+  virtual std::string describe() const = 0;
+
+  /// Parameters in registration order, depth first, with dotted names.
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  std::vector<std::pair<std::string, Tensor>> named_buffers() const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const {
+    return children_;
+  }
+
+  /// Parameters then buffers, sharing storage with the module (like PyTorch's state_dict).
+  TensorMap state_dict() const;
+  /// Copies values in. strict: every name must match both ways; shapes always must.
+  void load_state_dict(const TensorMap& state, bool strict = true);
+
+  virtual void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  /// Clears gradients: set to undefined (default) or to zero.
+  void zero_grad(bool set_to_none = true);
+  /// Multi-line summary of the module tree.
+  std::string str() const;
+
+ protected:
+  Tensor& register_parameter(const std::string& name, Tensor t);
+  Tensor& register_buffer(const std::string& name, Tensor t);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    children_.emplace_back(name, m);
+    return m;
+  }
+
+ private:
+  void collect(const std::string& prefix, bool buffers,
+               std::vector<std::pair<std::string, Tensor>>& out) const;
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+using ModulePtr = std::shared_ptr<Module>;
+
+}  // namespace phalanx::nn

@@ -1,0 +1,97 @@
+#pragma once
+// Tensor: a handle (shared ownership) to a contiguous row-major view of a Storage,
+// with autograd metadata. Copying a Tensor aliases it, as in PyTorch.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "phalanx/core/device.hpp"
+#include "phalanx/core/dtype.hpp"
+#include "phalanx/core/shape.hpp"
+
+namespace phalanx {
+
+class Node;
+class TensorImpl;
+class Tensor;
+
+/// Called after a leaf's gradient has been accumulated during backward (DDP's trigger).
+using GradAccumulatedHook = std::function<void(const Tensor& leaf)>;
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  /// Uninitialised tensor (the fast path for outputs that are fully written).
+  static Tensor empty(const Shape& shape, DType dtype = DType::Float32,
+                      Device device = Device::cpu());
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  std::int64_t size(std::int64_t dim) const;
+  std::int64_t dim() const;
+  std::int64_t numel() const;
+  DType dtype() const;
+  Device device() const;
+  std::size_t nbytes() const;
+
+  /// Typed pointer to the first element; checks dtype (and that T matches it).
+  template <typename T> T* data() const;
+  void* raw_data() const;
+  /// Value of a one-element tensor (copied to the host if needed).
+  float item() const;
+  std::int64_t item_int() const;
+  template <typename T> std::vector<T> to_vector() const;
+
+  // ---- autograd ----
+  bool requires_grad() const;
+  /// Marks a leaf as requiring gradients. Throws on a non-leaf.
+  Tensor& requires_grad_(bool on = true);
+  bool is_leaf() const;
+  /// The accumulated gradient (undefined before the first backward / after zero_grad(set_to_none)).
+  Tensor grad() const;
+  void set_grad(const Tensor& g) const;
+  const std::shared_ptr<Node>& grad_fn() const;
+  /// Backpropagates from this tensor. A scalar needs no `gradient`.
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  /// Same storage, no history.
+  Tensor detach() const;
+  /// Registers a hook run right after this leaf's gradient is accumulated.
+  void register_grad_accumulated_hook(GradAccumulatedHook hook) const;
+
+  // ---- shape and copies ----
+  Tensor reshape(const Shape& shape) const;  ///< shares storage (all tensors are contiguous)
+  Tensor view(const Shape& shape) const { return reshape(shape); }
+  Tensor flatten(std::int64_t start_dim = 1) const;
+  Tensor transpose(std::int64_t d0, std::int64_t d1) const;  ///< materialised copy
+  Tensor t() const { return transpose(0, 1); }
+  Tensor clone() const;
+  Tensor to(Device device) const;
+  /// Rows [begin, end) along dim 0, sharing storage (no copy).
+  Tensor narrow_rows(std::int64_t begin, std::int64_t end) const;
+
+  // ---- in-place, outside autograd (optimizers, initialisation, DDP) ----
+  Tensor& zero_();
+  Tensor& fill_(double value);
+  Tensor& copy_(const Tensor& src);
+  Tensor& add_(const Tensor& other, float alpha = 1.0f);
+  Tensor& mul_(float factor);
+
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+  /// Short description: "Tensor[2, 3] float32 cpu".
+  std::string str() const;
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+}  // namespace phalanx
+
+#include "phalanx/core/tensor_impl.hpp"

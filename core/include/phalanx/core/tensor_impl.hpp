@@ -1,0 +1,61 @@
+#pragma once
+// The state behind a Tensor handle. Public so device and communication plugins can
+// reach storage; user code normally goes through Tensor.
+#include <memory>
+#include <vector>
+
+#include "phalanx/core/error.hpp"
+#include "phalanx/core/storage.hpp"
+#include "phalanx/core/tensor.hpp"
+
+namespace phalanx {
+
+class AccumulateGrad;
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  Tensor grad;
+  std::shared_ptr<Node> grad_fn;              // non-leaf: the node that made it
+  std::weak_ptr<AccumulateGrad> accumulator;  // leaf: created on first use
+  std::vector<GradAccumulatedHook> hooks;
+};
+
+class TensorImpl {
+ public:
+  TensorImpl(std::shared_ptr<Storage> storage, std::size_t byte_offset, Shape shape, DType dtype)
+      : storage_(std::move(storage)), offset_(byte_offset), shape_(std::move(shape)),
+        numel_(numel_of(shape_)), dtype_(dtype) {}
+
+  const Shape& shape() const { return shape_; }
+  std::int64_t numel() const { return numel_; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return storage_->device(); }
+  void* data() const { return static_cast<char*>(storage_->data()) + offset_; }
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  std::size_t byte_offset() const { return offset_; }
+
+  AutogradMeta* autograd() const { return autograd_.get(); }
+  AutogradMeta& ensure_autograd() {
+    if (!autograd_) autograd_ = std::make_unique<AutogradMeta>();
+    return *autograd_;
+  }
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  std::size_t offset_;
+  Shape shape_;
+  std::int64_t numel_;
+  DType dtype_;
+  std::unique_ptr<AutogradMeta> autograd_;
+};
+
+template <typename T>
+T* Tensor::data() const {
+  if (!impl_) throw ValueError("data(): the tensor is undefined");
+  if (impl_->dtype() != dtype_of<T>::value)
+    throw TypeError(detail::concat("data<T>(): tensor is ", dtype_name(impl_->dtype()),
+                                   ", asked for ", dtype_name(dtype_of<T>::value)));
+  return static_cast<T*>(impl_->data());
+}
+
+}  // namespace phalanx

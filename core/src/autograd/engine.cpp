@@ -1,0 +1,128 @@
+// The backward engine: count each node's dependants, then run ready nodes highest
+// sequence number first (the reverse of creation), summing gradients that meet at a node.
+#include <queue>
+#include <unordered_map>
+
+#include "phalanx/core/autograd.hpp"
+#include "phalanx/core/creation.hpp"
+#include "phalanx/core/kernels.hpp"
+
+namespace phalanx {
+
+namespace {
+thread_local std::vector<std::function<void()>>* t_callbacks = nullptr;
+
+struct BySeq {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
+};
+
+void accumulate_into(Tensor& slot, const Tensor& g) {
+  if (!slot.defined()) {
+    slot = g;
+  } else if (slot.impl_ptr().use_count() == 1) {
+    slot.add_(g);
+  } else {
+    Tensor sum = slot.clone();
+    sum.add_(g);
+    slot = sum;
+  }
+}
+}  // namespace
+
+bool in_backward() { return t_callbacks != nullptr; }
+
+void queue_backward_callback(std::function<void()> fn) {
+  if (!t_callbacks)
+    throw AutogradError("queue_backward_callback(): no backward pass is running on this thread");
+  t_callbacks->push_back(std::move(fn));
+}
+
+namespace autograd {
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+              bool retain_graph) {
+  if (t_callbacks) throw AutogradError("backward(): re-entrant backward is not supported");
+  NoGradGuard no_grad;  // gradients themselves carry no history
+
+  std::unordered_map<Node*, int> deps;
+  std::unordered_map<Node*, Tensor> buffers;
+  std::vector<std::shared_ptr<Node>> keep;  // keeps nodes alive while we hold raw pointers
+  std::vector<Node*> stack;
+
+  for (std::size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& root = roots[i];
+    if (!root.defined()) throw AutogradError("backward(): the tensor is undefined");
+    if (!root.requires_grad())
+      throw AutogradError("backward(): " + root.str() +
+                          " does not require grad and has no grad_fn; did the forward pass run "
+                          "under NoGradGuard, or do no parameters require grad?");
+    Tensor g = i < grads.size() ? grads[i] : Tensor();
+    if (!g.defined()) {
+      if (root.numel() != 1)
+        throw AutogradError("backward(): gradient can be implicit only for a scalar output, got "
+                            "shape " + shape_str(root.shape()) + "; pass a gradient");
+      g = ones(root.shape(), DType::Float32, root.device());
+    } else if (g.shape() != root.shape()) {
+      throw ShapeError("backward(): gradient shape " + shape_str(g.shape()) +
+                       " does not match output shape " + shape_str(root.shape()));
+    }
+    Edge e = gradient_edge(root);
+    keep.push_back(e.fn);
+    accumulate_into(buffers[e.fn.get()], g);
+    if (deps.emplace(e.fn.get(), 0).second) stack.push_back(e.fn.get());
+  }
+
+  // Dependency counts over the reachable graph.
+  std::vector<Node*> roots_nodes = stack;
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges) {
+      if (!e.fn) continue;
+      auto [it, fresh] = deps.emplace(e.fn.get(), 0);
+      ++it->second;
+      if (fresh) stack.push_back(e.fn.get());
+    }
+  }
+
+  std::vector<std::function<void()>> callbacks;
+  t_callbacks = &callbacks;
+  struct Reset {
+    ~Reset() { t_callbacks = nullptr; }
+  } reset;
+
+  std::priority_queue<Node*, std::vector<Node*>, BySeq> ready;
+  for (Node* n : roots_nodes)
+    if (deps[n] == 0) ready.push(n);
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    if (n->released)
+      throw AutogradError(std::string("backward(): trying to backward through the graph a second "
+                                      "time (node ") + n->name() +
+                          "): its saved tensors were freed after the first backward; pass "
+                          "retain_graph=true to the first backward() if you need a second one");
+    Tensor grad = std::move(buffers[n]);
+    buffers.erase(n);
+    // A node that no gradient reached (every path into it gave none) is skipped, but its
+    // inputs' dependency counts still drop.
+    std::vector<Tensor> outs = grad.defined() ? n->apply(grad) : std::vector<Tensor>{};
+    grad = Tensor();
+    if (!retain_graph) {
+      n->release_saved();
+      if (!dynamic_cast<AccumulateGrad*>(n)) n->released = true;
+    }
+    for (std::size_t i = 0; i < n->next_edges.size(); ++i) {
+      Node* next = n->next_edges[i].fn.get();
+      if (!next) continue;
+      if (i < outs.size() && outs[i].defined()) accumulate_into(buffers[next], outs[i]);
+      if (--deps[next] == 0) ready.push(next);
+    }
+  }
+
+  // End-of-backward callbacks (DDP waits for its buckets here). Callbacks may queue more.
+  for (std::size_t i = 0; i < callbacks.size(); ++i) callbacks[i]();
+}
+
+}  // namespace autograd
+}  // namespace phalanx

@@ -1,0 +1,61 @@
+#include <atomic>
+
+#include "phalanx/core/autograd.hpp"
+#include "phalanx/core/kernels.hpp"
+
+namespace phalanx {
+
+namespace {
+std::atomic<std::uint64_t> g_next_seq{0};
+thread_local bool t_grad_mode = true;
+}  // namespace
+
+Node::Node() : seq_(g_next_seq.fetch_add(1, std::memory_order_relaxed)) {}
+
+bool grad_mode_enabled() { return t_grad_mode; }
+void set_grad_mode(bool enabled) { t_grad_mode = enabled; }
+
+std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
+  AutogradMeta& meta = leaf_.impl()->ensure_autograd();
+  if (!meta.grad.defined()) {
+    // Steal the incoming buffer when nobody else holds it; otherwise keep our own copy so a
+    // later in-place accumulation cannot write into another tensor.
+    meta.grad = grad.impl_ptr().use_count() == 1 ? grad : grad.clone();
+  } else {
+    meta.grad.add_(grad);
+  }
+  for (auto& hook : meta.hooks) hook(leaf_);
+  return {};
+}
+
+namespace autograd {
+
+Edge gradient_edge(const Tensor& t) {
+  AutogradMeta* m = t.impl()->autograd();
+  if (!m) return {};
+  if (m->grad_fn) return {m->grad_fn};
+  if (!m->requires_grad) return {};
+  std::shared_ptr<AccumulateGrad> acc = m->accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t);
+    m->accumulator = acc;
+  }
+  return {acc};
+}
+
+bool record(const std::shared_ptr<Node>& node, std::initializer_list<const Tensor*> inputs,
+            Tensor& output) {
+  if (!grad_mode_enabled()) return false;
+  bool any = false;
+  for (const Tensor* in : inputs)
+    if (in && in->defined() && in->requires_grad()) any = true;
+  if (!any) return false;
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor* in : inputs)
+    node->next_edges.push_back(in && in->defined() ? gradient_edge(*in) : Edge{});
+  output.impl()->ensure_autograd().grad_fn = node;
+  return true;
+}
+
+}  // namespace autograd
+}  // namespace phalanx

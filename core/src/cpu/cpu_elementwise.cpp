@@ -1,0 +1,93 @@
+// Elementwise CPU kernels: xtensor expressions over adapted buffers (no copies).
+#include <array>
+#include <xtensor/xadapt.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xnoalias.hpp>
+
+#include "cpu/cpu_kernels.hpp"
+
+namespace phalanx {
+
+namespace {
+using Shape1 = std::array<std::size_t, 1>;
+using Shape2 = std::array<std::size_t, 2>;
+
+auto flat(const Tensor& t) {
+  const auto n = static_cast<std::size_t>(t.numel());
+  return xt::adapt(t.data<float>(), n, xt::no_ownership(), Shape1{n});
+}
+auto rows(const Tensor& t, std::size_t period) {
+  const auto n = static_cast<std::size_t>(t.numel());
+  return xt::adapt(t.data<float>(), n, xt::no_ownership(), Shape2{n / period, period});
+}
+
+template <typename A, typename B, typename O>
+void apply_binary(BinaryOp op, const A& a, const B& b, O&& o) {
+  switch (op) {
+    case BinaryOp::Add: xt::noalias(o) = a + b; break;
+    case BinaryOp::Sub: xt::noalias(o) = a - b; break;
+    case BinaryOp::Mul: xt::noalias(o) = a * b; break;
+    case BinaryOp::Div: xt::noalias(o) = a / b; break;
+  }
+}
+}  // namespace
+
+void CpuKernels::unary(UnaryOp op, const Tensor& x, Tensor& out) {
+  auto X = flat(x);
+  auto O = flat(out);
+  switch (op) {
+    case UnaryOp::Neg: xt::noalias(O) = -X; break;
+    case UnaryOp::Exp: xt::noalias(O) = xt::exp(X); break;
+    case UnaryOp::Log: xt::noalias(O) = xt::log(X); break;
+    case UnaryOp::Relu: xt::noalias(O) = xt::maximum(X, 0.0f); break;
+    case UnaryOp::Tanh: xt::noalias(O) = xt::tanh(X); break;
+    case UnaryOp::Sigmoid: xt::noalias(O) = 1.0f / (1.0f + xt::exp(-X)); break;
+  }
+}
+
+void CpuKernels::unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x,
+                                const Tensor& y, Tensor& grad_x) {
+  auto G = flat(grad_y);
+  auto O = flat(grad_x);
+  switch (op) {
+    case UnaryOp::Neg: xt::noalias(O) = -G; break;
+    case UnaryOp::Exp: xt::noalias(O) = G * flat(y); break;
+    case UnaryOp::Log: xt::noalias(O) = G / flat(x); break;
+    case UnaryOp::Relu: {
+      // Plain loop: y > 0 exactly where x > 0, and this form vectorises well.
+      const float* g = grad_y.data<float>();
+      const float* yy = y.data<float>();
+      float* o = grad_x.data<float>();
+      const std::int64_t n = grad_y.numel();
+      for (std::int64_t i = 0; i < n; ++i) o[i] = yy[i] > 0.f ? g[i] : 0.f;
+      break;
+    }
+    case UnaryOp::Tanh: {
+      auto Y = flat(y);
+      xt::noalias(O) = G * (1.0f - Y * Y);
+      break;
+    }
+    case UnaryOp::Sigmoid: {
+      auto Y = flat(y);
+      xt::noalias(O) = G * Y * (1.0f - Y);
+      break;
+    }
+  }
+}
+
+void CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  const auto n = out.numel(), na = a.numel(), nb = b.numel();
+  if (na == n && nb == n) {
+    apply_binary(op, flat(a), flat(b), flat(out));
+  } else if (na == n) {  // b repeats with period nb
+    apply_binary(op, rows(a, nb), flat(b), rows(out, nb));
+  } else {  // a repeats with period na
+    apply_binary(op, flat(a), rows(b, na), rows(out, na));
+  }
+}
+
+void CpuKernels::affine_scalar(const Tensor& x, float mul, float add, Tensor& out) {
+  xt::noalias(flat(out)) = flat(x) * mul + add;
+}
+
+}  // namespace phalanx

@@ -1,0 +1,237 @@
+#include "cpu/cpu_kernels.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+namespace phalanx {
+
+namespace {
+constexpr std::size_t kAlign = 64;  // a cache line: full-width SIMD loads, no false sharing
+}
+
+DeviceKernels& cpu_kernels() {
+  static CpuKernels k;
+  return k;
+}
+
+void* CpuKernels::allocate(std::size_t nbytes, int) {
+  const std::size_t rounded = (std::max<std::size_t>(nbytes, 1) + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, rounded);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+void CpuKernels::deallocate(void* p, std::size_t, int) { std::free(p); }
+void CpuKernels::copy(void* dst, const void* src, std::size_t n) {
+  if (n) std::memmove(dst, src, n);
+}
+void CpuKernels::copy_to_host(void* dst, const void* src, std::size_t n) { copy(dst, src, n); }
+void CpuKernels::copy_from_host(void* dst, const void* src, std::size_t n) { copy(dst, src, n); }
+
+void CpuKernels::fill(Tensor& out, double value) {
+  const std::int64_t n = out.numel();
+  if (out.dtype() == DType::Float32) {
+    float* p = out.data<float>();
+    if (value == 0.0) {
+      std::memset(p, 0, n * sizeof(float));
+      return;
+    }
+    std::fill(p, p + n, static_cast<float>(value));
+  } else {
+    auto* p = out.data<std::int64_t>();
+    std::fill(p, p + n, static_cast<std::int64_t>(value));
+  }
+}
+
+void CpuKernels::axpy(float alpha, const Tensor& x, Tensor& y) {
+  const float* xs = x.data<float>();
+  float* ys = y.data<float>();
+  const std::int64_t n = y.numel();
+  if (alpha == 1.f)
+    for (std::int64_t i = 0; i < n; ++i) ys[i] += xs[i];
+  else
+    for (std::int64_t i = 0; i < n; ++i) ys[i] += alpha * xs[i];
+}
+
+void CpuKernels::scale(Tensor& x, float f) {
+  float* p = x.data<float>();
+  const std::int64_t n = x.numel();
+  for (std::int64_t i = 0; i < n; ++i) p[i] *= f;
+}
+
+void CpuKernels::gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                      float alpha, const float* a, std::int64_t lda, const float* b,
+                      std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+void CpuKernels::sum_to_period(const Tensor& in, Tensor& out, float scale) {
+  const std::int64_t p = out.numel(), rows = in.numel() / p;
+  const float* x = in.data<float>();
+  float* o = out.data<float>();
+  std::fill(o, o + p, 0.f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * p;
+    for (std::int64_t j = 0; j < p; ++j) o[j] += row[j];
+  }
+  if (scale != 1.f)
+    for (std::int64_t j = 0; j < p; ++j) o[j] *= scale;
+}
+
+void CpuKernels::sum_dim(const Tensor& in, std::int64_t outer, std::int64_t d, std::int64_t inner,
+                         Tensor& out, float scale) {
+  const float* x = in.data<float>();
+  float* o = out.data<float>();
+  if (inner == 1) {
+    // Contiguous rows: accumulate in double (sums of many terms, e.g. a whole-batch loss).
+    for (std::int64_t r = 0; r < outer; ++r) {
+      const float* row = x + r * d;
+      double s = 0.0;
+      for (std::int64_t i = 0; i < d; ++i) s += row[i];
+      o[r] = static_cast<float>(s * scale);
+    }
+    return;
+  }
+  for (std::int64_t r = 0; r < outer; ++r) {
+    float* orow = o + r * inner;
+    std::fill(orow, orow + inner, 0.f);
+    for (std::int64_t i = 0; i < d; ++i) {
+      const float* row = x + (r * d + i) * inner;
+      for (std::int64_t j = 0; j < inner; ++j) orow[j] += row[j];
+    }
+    if (scale != 1.f)
+      for (std::int64_t j = 0; j < inner; ++j) orow[j] *= scale;
+  }
+}
+
+void CpuKernels::expand_dim(const Tensor& g, std::int64_t outer, std::int64_t d,
+                            std::int64_t inner, Tensor& out, float scale) {
+  const float* x = g.data<float>();
+  float* o = out.data<float>();
+  for (std::int64_t r = 0; r < outer; ++r)
+    for (std::int64_t i = 0; i < d; ++i) {
+      float* orow = o + (r * d + i) * inner;
+      const float* grow = x + r * inner;
+      for (std::int64_t j = 0; j < inner; ++j) orow[j] = grow[j] * scale;
+    }
+}
+
+void CpuKernels::broadcast_rows(const Tensor& row, Tensor& out) {
+  const std::int64_t p = row.numel(), rows = out.numel() / std::max<std::int64_t>(p, 1);
+  const float* r = row.data<float>();
+  float* o = out.data<float>();
+  for (std::int64_t i = 0; i < rows; ++i) std::memcpy(o + i * p, r, p * sizeof(float));
+}
+
+void CpuKernels::transpose(const Tensor& in, int d0, int d1, Tensor& out) {
+  const Shape& s = in.shape();
+  const std::size_t esz = element_size(in.dtype());
+  const auto* src = static_cast<const char*>(in.raw_data());
+  auto* dst = static_cast<char*>(out.raw_data());
+  if (d0 > d1) std::swap(d0, d1);
+  // View as [A, n0, B, n1, C] and write [A, n1, B, n0, C].
+  std::int64_t A = 1, B = 1, C = 1;
+  for (int i = 0; i < d0; ++i) A *= s[i];
+  for (int i = d0 + 1; i < d1; ++i) B *= s[i];
+  for (std::size_t i = d1 + 1; i < s.size(); ++i) C *= s[i];
+  const std::int64_t n0 = s[d0], n1 = s[d1];
+  const std::size_t cb = C * esz;
+  for (std::int64_t a = 0; a < A; ++a)
+    for (std::int64_t i1 = 0; i1 < n1; ++i1)
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t i0 = 0; i0 < n0; ++i0) {
+          const std::int64_t src_idx = (((a * n0 + i0) * B + b) * n1 + i1) * C;
+          const std::int64_t dst_idx = (((a * n1 + i1) * B + b) * n0 + i0) * C;
+          std::memcpy(dst + dst_idx * esz, src + src_idx * esz, cb);
+        }
+}
+
+void CpuKernels::log_softmax(const Tensor& x, std::int64_t outer, std::int64_t d,
+                             std::int64_t inner, Tensor& out) {
+  const float* in = x.data<float>();
+  float* o = out.data<float>();
+  for (std::int64_t r = 0; r < outer; ++r)
+    for (std::int64_t j = 0; j < inner; ++j) {
+      const float* base = in + r * d * inner + j;
+      float* obase = o + r * d * inner + j;
+      float mx = -INFINITY;
+      for (std::int64_t i = 0; i < d; ++i) mx = std::max(mx, base[i * inner]);
+      double s = 0.0;
+      for (std::int64_t i = 0; i < d; ++i) s += std::exp(static_cast<double>(base[i * inner] - mx));
+      const float lse = mx + static_cast<float>(std::log(s));
+      for (std::int64_t i = 0; i < d; ++i) obase[i * inner] = base[i * inner] - lse;
+    }
+}
+
+void CpuKernels::log_softmax_backward(const Tensor& grad_y, const Tensor& y, std::int64_t outer,
+                                      std::int64_t d, std::int64_t inner, Tensor& grad_x) {
+  const float* g = grad_y.data<float>();
+  const float* yy = y.data<float>();
+  float* o = grad_x.data<float>();
+  for (std::int64_t r = 0; r < outer; ++r)
+    for (std::int64_t j = 0; j < inner; ++j) {
+      const std::int64_t off = r * d * inner + j;
+      double s = 0.0;
+      for (std::int64_t i = 0; i < d; ++i) s += g[off + i * inner];
+      for (std::int64_t i = 0; i < d; ++i)
+        o[off + i * inner] =
+            g[off + i * inner] - std::exp(yy[off + i * inner]) * static_cast<float>(s);
+    }
+}
+
+void CpuKernels::cross_entropy(const Tensor& logits, const Tensor& target, Tensor& probs,
+                               Tensor& loss) {
+  const std::int64_t n = logits.shape()[0], c = logits.shape()[1];
+  const float* x = logits.data<float>();
+  const auto* t = target.data<std::int64_t>();
+  float* p = probs.data<float>();
+  float* l = loss.data<float>();
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* row = x + r * c;
+    float* prow = p + r * c;
+    float mx = row[0];
+    for (std::int64_t j = 1; j < c; ++j) mx = std::max(mx, row[j]);
+    float s = 0.f;
+    for (std::int64_t j = 0; j < c; ++j) {
+      prow[j] = std::exp(row[j] - mx);
+      s += prow[j];
+    }
+    const float inv = 1.f / s;
+    for (std::int64_t j = 0; j < c; ++j) prow[j] *= inv;
+    l[r] = (mx + std::log(s)) - row[t[r]];
+  }
+}
+
+void CpuKernels::cross_entropy_backward(const Tensor& probs, const Tensor& target,
+                                        const Tensor& grad_loss, float scale,
+                                        Tensor& grad_logits) {
+  const std::int64_t n = probs.shape()[0], c = probs.shape()[1];
+  const float* p = probs.data<float>();
+  const auto* t = target.data<std::int64_t>();
+  const float* gl = grad_loss.data<float>();
+  const bool per_row = grad_loss.numel() == n && n != 1;
+  float* o = grad_logits.data<float>();
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float g = (per_row ? gl[r] : gl[0]) * scale;
+    const float* prow = p + r * c;
+    float* orow = o + r * c;
+    for (std::int64_t j = 0; j < c; ++j) orow[j] = prow[j] * g;
+    orow[t[r]] -= g;
+  }
+}
+
+std::int64_t CpuKernels::find_label_out_of_range(const Tensor& target, std::int64_t classes) {
+  const auto* t = target.data<std::int64_t>();
+  for (std::int64_t i = 0; i < target.numel(); ++i)
+    if (t[i] < 0 || t[i] >= classes) return i;
+  return -1;
+}
+
+}  // namespace phalanx

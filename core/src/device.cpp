@@ -1,0 +1,22 @@
+#include "phalanx/core/device.hpp"
+
+#include "phalanx/core/error.hpp"
+
+namespace phalanx {
+
+Device Device::parse(const std::string& text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.rfind("cuda:", 0) == 0) {
+    const std::string idx = text.substr(5);
+    if (!idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos)
+      return cuda(std::stoi(idx));
+  }
+  throw ValueError("unknown device '" + text + "': expected cpu, cuda or cuda:N");
+}
+
+std::string Device::str() const {
+  return type == DeviceType::CPU ? "cpu" : "cuda:" + std::to_string(index);
+}
+
+}  // namespace phalanx

@@ -1,0 +1,161 @@
+// .npy format 1.0/2.0/3.0: magic, version, header length, a Python dict literal header
+// ({'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }), then raw data.
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "phalanx/core/creation.hpp"
+#include "phalanx/core/npy.hpp"
+
+namespace phalanx {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& what, const std::string& why) {
+  throw IoError(what + ": " + why);
+}
+
+std::string header_value(const std::string& header, const std::string& key, const std::string& what) {
+  const auto pos = header.find("'" + key + "'");
+  if (pos == std::string::npos) bad(what, "npy header has no '" + key + "' field");
+  auto colon = header.find(':', pos);
+  if (colon == std::string::npos) bad(what, "malformed npy header");
+  auto start = header.find_first_not_of(' ', colon + 1);
+  if (start == std::string::npos) bad(what, "malformed npy header");
+  return header.substr(start);
+}
+
+Shape parse_shape(const std::string& rest, const std::string& what) {
+  if (rest.empty() || rest[0] != '(') bad(what, "malformed shape in npy header");
+  const auto close = rest.find(')');
+  if (close == std::string::npos) bad(what, "malformed shape in npy header");
+  Shape s;
+  std::string inner = rest.substr(1, close - 1);
+  std::stringstream ss(inner);
+  std::string tok;
+  while (std::getline(ss, tok, ',')) {
+    const auto b = tok.find_first_not_of(' ');
+    if (b == std::string::npos) continue;
+    tok = tok.substr(b, tok.find_last_not_of(' ') - b + 1);
+    if (tok.empty() || tok.find_first_not_of("0123456789") != std::string::npos)
+      bad(what, "bad dimension '" + tok + "' in npy shape");
+    s.push_back(std::stoll(tok));
+  }
+  return s;
+}
+
+}  // namespace
+
+Tensor parse_npy(const void* bytes, std::size_t size, const std::string& what) {
+  const auto* p = static_cast<const unsigned char*>(bytes);
+  if (size < 10 || std::memcmp(p, "\x93NUMPY", 6) != 0) bad(what, "not an .npy file (bad magic)");
+  const int major = p[6];
+  std::size_t hlen, hstart;
+  if (major == 1) {
+    hlen = p[8] | (p[9] << 8);
+    hstart = 10;
+  } else if (major == 2 || major == 3) {
+    if (size < 12) bad(what, "truncated npy header");
+    hlen = p[8] | (p[9] << 8) | (p[10] << 16) | (static_cast<std::size_t>(p[11]) << 24);
+    hstart = 12;
+  } else {
+    bad(what, "unsupported npy version " + std::to_string(major));
+  }
+  if (hstart + hlen > size) bad(what, "truncated npy header");
+  const std::string header(reinterpret_cast<const char*>(p + hstart), hlen);
+  const std::string descr_raw = header_value(header, "descr", what);
+  if (descr_raw.size() < 2 || descr_raw[0] != '\'') bad(what, "malformed descr in npy header");
+  const std::string descr = descr_raw.substr(1, descr_raw.find('\'', 1) - 1);
+  if (header_value(header, "fortran_order", what).rfind("True", 0) == 0)
+    bad(what, "Fortran-order arrays are not supported; save with np.ascontiguousarray");
+  const Shape shape = parse_shape(header_value(header, "shape", what), what);
+  const std::int64_t n = numel_of(shape);
+  const unsigned char* data = p + hstart + hlen;
+  const std::size_t avail = size - hstart - hlen;
+
+  auto need = [&](std::size_t esz) {
+    if (avail < static_cast<std::size_t>(n) * esz)
+      bad(what, "truncated data: header promises " + shape_str(shape) + " of " + descr + " (" +
+                    std::to_string(n * esz) + " bytes), file has " + std::to_string(avail));
+  };
+  if (descr == "<f4") {
+    need(4);
+    Tensor t = Tensor::empty(shape, DType::Float32);
+    std::memcpy(t.raw_data(), data, n * 4);
+    return t;
+  }
+  if (descr == "<f8") {
+    need(8);
+    Tensor t = Tensor::empty(shape, DType::Float32);
+    float* o = t.data<float>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      double v;
+      std::memcpy(&v, data + i * 8, 8);
+      o[i] = static_cast<float>(v);
+    }
+    return t;
+  }
+  if (descr == "<i8" || descr == "<i4" || descr == "|u1" || descr == "|i1" || descr == "<u8") {
+    const std::size_t esz = descr == "<i8" || descr == "<u8" ? 8 : descr == "<i4" ? 4 : 1;
+    need(esz);
+    Tensor t = Tensor::empty(shape, DType::Int64);
+    auto* o = t.data<std::int64_t>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (esz == 8) {
+        std::memcpy(&o[i], data + i * 8, 8);
+      } else if (esz == 4) {
+        std::int32_t v;
+        std::memcpy(&v, data + i * 4, 4);
+        o[i] = v;
+      } else {
+        o[i] = descr == "|u1" ? static_cast<std::int64_t>(data[i])
+                              : static_cast<std::int64_t>(static_cast<signed char>(data[i]));
+      }
+    }
+    return t;
+  }
+  bad(what, "unsupported dtype '" + descr + "' (supported: <f4, <f8, <i8, <i4, |u1, |i1)");
+}
+
+std::string serialize_npy(const Tensor& t) {
+  const Tensor host = t.to(Device::cpu());
+  const char* descr = host.dtype() == DType::Float32 ? "<f4" : "<i8";
+  std::string shape = "(";
+  for (std::size_t i = 0; i < host.shape().size(); ++i)
+    shape += std::to_string(host.shape()[i]) + (host.shape().size() == 1 ? "," : i + 1 < host.shape().size() ? ", " : "");
+  shape += ")";
+  std::string header = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " +
+                       shape + ", }";
+  // Pad so the data starts on a 64-byte boundary, header ends with '\n' (format 1.0).
+  const std::size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out += static_cast<char>(header.size() & 0xff);
+  out += static_cast<char>((header.size() >> 8) & 0xff);
+  out += header;
+  out.append(static_cast<const char*>(host.raw_data()), host.nbytes());
+  return out;
+}
+
+Tensor load_npy(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw IoError(path + ": cannot open for reading");
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return parse_npy(bytes.data(), bytes.size(), path);
+}
+
+void save_npy(const std::string& path, const Tensor& t) {
+  const std::string bytes = serialize_npy(t);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    if (!f) throw IoError(path + ": cannot open for writing");
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!f) throw IoError(path + ": write failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw IoError(path + ": rename failed");
+}
+
+}  // namespace phalanx

@@ -1,0 +1,120 @@
+#include "phalanx/core/nn/module.hpp"
+
+#include <set>
+
+#include "phalanx/core/autograd.hpp"
+#include "phalanx/core/error.hpp"
+
+namespace phalanx::nn {
+
+Tensor& Module::register_parameter(const std::string& name, Tensor t) {
+  if (t.defined() && !t.requires_grad()) t.requires_grad_(true);
+  params_.emplace_back(name, t);
+  return params_.back().second;
+}
+
+Tensor& Module::register_buffer(const std::string& name, Tensor t) {
+  buffers_.emplace_back(name, t);
+  return buffers_.back().second;
+}
+
+void Module::collect(const std::string& prefix, bool buffers,
+                     std::vector<std::pair<std::string, Tensor>>& out) const {
+  for (const auto& [name, t] : buffers ? buffers_ : params_)
+    if (t.defined()) out.emplace_back(prefix + name, t);
+  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", buffers, out);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect("", false, out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  collect("", true, out);
+  return out;
+}
+
+TensorMap Module::state_dict() const {
+  TensorMap m;
+  for (auto& [n, t] : named_parameters()) m.set(n, t.detach());
+  for (auto& [n, t] : named_buffers()) m.set(n, t.detach());
+  return m;
+}
+
+void Module::load_state_dict(const TensorMap& state, bool strict) {
+  auto entries = named_parameters();
+  auto bufs = named_buffers();
+  entries.insert(entries.end(), bufs.begin(), bufs.end());
+  std::set<std::string> expected;
+  std::string missing;
+  for (const auto& [name, t] : entries) {
+    expected.insert(name);
+    const Tensor* src = state.find(name);
+    if (!src) {
+      missing += (missing.empty() ? "" : ", ") + name;
+      continue;
+    }
+    if (src->shape() != t.shape())
+      throw ShapeError("load_state_dict: '" + name + "' has shape " + shape_str(src->shape()) +
+                       " in the state dict but " + shape_str(t.shape()) + " in the model");
+    if (src->dtype() != t.dtype())
+      throw TypeError("load_state_dict: '" + name + "' is " + dtype_name(src->dtype()) +
+                      " in the state dict but " + dtype_name(t.dtype()) + " in the model");
+  }
+  if (strict) {
+    std::string unexpected;
+    for (const auto& [name, t] : state)
+      if (!expected.count(name)) unexpected += (unexpected.empty() ? "" : ", ") + name;
+    if (!missing.empty() || !unexpected.empty())
+      throw ValueError("load_state_dict: keys do not match the model (missing: " +
+                       (missing.empty() ? std::string("none") : missing) + "; unexpected: " +
+                       (unexpected.empty() ? std::string("none") : unexpected) +
+                       "); pass strict=false to load a subset");
+  }
+  NoGradGuard no_grad;
+  for (auto& [name, t] : entries)
+    if (const Tensor* src = state.find(name)) Tensor(t).copy_(*src);
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, child] : children_) child->train(on);
+}
+
+void Module::zero_grad(bool set_to_none) {
+  for (auto& [n, p] : named_parameters()) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (set_to_none)
+      p.set_grad(Tensor());
+    else
+      g.zero_();
+  }
+}
+
+std::string Module::str() const {
+  std::string out = describe();
+  if (children_.empty()) return out;
+  out += "(\n";
+  for (const auto& [name, child] : children_) {
+    std::string sub = child->str();
+    std::string indented;
+    for (char c : sub) {
+      indented += c;
+      if (c == '\n') indented += "  ";
+    }
+    out += "  (" + name + "): " + indented + "\n";
+  }
+  return out + ")";
+}
+
+}  // namespace phalanx::nn

@@ -1,0 +1,22 @@
+#include "ops/op_support.hpp"
+#include "phalanx/core/creation.hpp"
+#include "phalanx/core/generator.hpp"
+#include "phalanx/core/ops.hpp"
+
+namespace phalanx {
+
+Tensor dropout(const Tensor& x, float p, bool training, Generator* gen) {
+  ops_detail::check_float(x, "dropout");
+  if (!(p >= 0.f && p <= 1.f))
+    throw ValueError(detail::concat("dropout: probability must be in [0, 1], got ", p));
+  if (!training || p == 0.f) return x;
+  Generator& g = gen ? *gen : default_generator();
+  // The mask is drawn on the host so it is the same for every device.
+  Tensor mask = Tensor::empty(x.shape());
+  float* m = mask.data<float>();
+  const float keep_scale = p < 1.f ? 1.f / (1.f - p) : 0.f;
+  for (std::int64_t i = 0; i < mask.numel(); ++i) m[i] = g.uniform() >= p ? keep_scale : 0.f;
+  return mul(x, mask.to(x.device()));
+}
+
+}  // namespace phalanx

@@ -1,0 +1,81 @@
+// Losses: cross_entropy (fused log-softmax + NLL, like torch.nn.functional.cross_entropy)
+// and mse_loss.
+#include "ops/op_support.hpp"
+#include "phalanx/core/ops.hpp"
+
+namespace phalanx {
+
+using namespace ops_detail;
+
+namespace {
+class CrossEntropyBackward final : public Node {
+ public:
+  CrossEntropyBackward(Tensor probs, Tensor target, float scale)
+      : probs_(std::move(probs)), target_(std::move(target)), scale_(scale) {}
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor gx = empty_like(probs_);
+    kernels_for(g.device()).cross_entropy_backward(probs_, target_, g, scale_, gx);
+    return {gx};
+  }
+  const char* name() const override { return "CrossEntropyBackward"; }
+  void release_saved() override { probs_ = Tensor(); target_ = Tensor(); }
+
+ private:
+  Tensor probs_, target_;
+  float scale_;
+};
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction) {
+  check_float(logits, "cross_entropy", "input");
+  check_defined(target, "cross_entropy", "target");
+  check_same_device(logits, target, "cross_entropy");
+  if (target.dtype() != DType::Int64)
+    throw TypeError(detail::concat("cross_entropy: target must hold int64 class indices, got ",
+                                   dtype_name(target.dtype())));
+  if (logits.dim() != 2 || target.dim() != 1 || target.shape()[0] != logits.shape()[0])
+    throw ShapeError("cross_entropy: expected input [N, C] and target [N], got " +
+                     shape_str(logits.shape()) + " and " + shape_str(target.shape()));
+  const std::int64_t n = logits.shape()[0], c = logits.shape()[1];
+  if (n == 0) throw ValueError("cross_entropy: empty batch");
+  DeviceKernels& k = kernels_for(logits.device());
+  const std::int64_t bad = k.find_label_out_of_range(target, c);
+  if (bad >= 0) {
+    const std::int64_t label = target.narrow_rows(bad, bad + 1).item_int();
+    throw ValueError(detail::concat("cross_entropy: target[", bad, "] = ", label,
+                                    " is not a class index in [0, ", c, ")"));
+  }
+  Tensor probs = empty_like(logits);
+  Tensor rows = Tensor::empty({n}, DType::Float32, logits.device());
+  k.cross_entropy(logits, target, probs, rows);
+  Tensor out;
+  float scale = 1.f;
+  if (reduction == Reduction::None) {
+    out = rows;
+  } else {
+    scale = reduction == Reduction::Mean ? 1.f / static_cast<float>(n) : 1.f;
+    out = Tensor::empty({}, DType::Float32, logits.device());
+    k.sum_dim(rows, 1, n, 1, out, scale);
+  }
+  if (grad_mode_enabled() && logits.requires_grad())
+    autograd::record(std::make_shared<CrossEntropyBackward>(probs, target, scale), {&logits}, out);
+  return out;
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  check_float(input, "mse_loss", "input");
+  check_float(target, "mse_loss", "target");
+  if (input.shape() != target.shape())
+    throw ShapeError("mse_loss: input " + shape_str(input.shape()) + " and target " +
+                     shape_str(target.shape()) + " must have the same shape");
+  Tensor d = sub(input, target);
+  Tensor sq = mul(d, d);
+  switch (reduction) {
+    case Reduction::None: return sq;
+    case Reduction::Sum: return sum(sq);
+    case Reduction::Mean: break;
+  }
+  return mean(sq);
+}
+
+}  // namespace phalanx

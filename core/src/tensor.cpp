@@ -1,0 +1,200 @@
+#include "phalanx/core/tensor.hpp"
+
+#include <ostream>
+
+#include "phalanx/core/autograd.hpp"
+#include "phalanx/core/kernels.hpp"
+#include "phalanx/core/ops.hpp"
+
+namespace phalanx {
+
+namespace {
+const TensorImpl& need(const std::shared_ptr<TensorImpl>& impl, const char* what) {
+  if (!impl) throw ValueError(std::string(what) + ": the tensor is undefined");
+  return *impl;
+}
+const std::shared_ptr<Node> kNoNode;
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (auto d : shape)
+    if (d < 0) throw ValueError("Tensor::empty: negative dimension in shape " + shape_str(shape));
+  const std::size_t nbytes = static_cast<std::size_t>(numel_of(shape)) * element_size(dtype);
+  auto storage = std::make_shared<Storage>(nbytes, device);
+  return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, shape, dtype));
+}
+
+const Shape& Tensor::shape() const { return need(impl_, "shape()").shape(); }
+std::int64_t Tensor::dim() const { return static_cast<std::int64_t>(shape().size()); }
+std::int64_t Tensor::size(std::int64_t d) const { return shape()[normalize_dim(d, shape().size(), "size")]; }
+std::int64_t Tensor::numel() const { return need(impl_, "numel()").numel(); }
+DType Tensor::dtype() const { return need(impl_, "dtype()").dtype(); }
+Device Tensor::device() const { return need(impl_, "device()").device(); }
+std::size_t Tensor::nbytes() const { return static_cast<std::size_t>(numel()) * element_size(dtype()); }
+void* Tensor::raw_data() const { return need(impl_, "raw_data()").data(); }
+
+float Tensor::item() const {
+  if (numel() != 1)
+    throw ShapeError("item(): expected a tensor with one element, got shape " + shape_str(shape()));
+  if (dtype() == DType::Int64) return static_cast<float>(item_int());
+  float v;
+  kernels_for(device()).copy_to_host(&v, raw_data(), sizeof v);
+  return v;
+}
+
+std::int64_t Tensor::item_int() const {
+  if (numel() != 1)
+    throw ShapeError("item_int(): expected a tensor with one element, got shape " +
+                     shape_str(shape()));
+  if (dtype() == DType::Float32) return static_cast<std::int64_t>(item());
+  std::int64_t v;
+  kernels_for(device()).copy_to_host(&v, raw_data(), sizeof v);
+  return v;
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  if (dtype() != dtype_of<T>::value)
+    throw TypeError(detail::concat("to_vector<T>(): tensor is ", dtype_name(dtype()),
+                                   ", asked for ", dtype_name(dtype_of<T>::value)));
+  std::vector<T> out(static_cast<std::size_t>(numel()));
+  kernels_for(device()).copy_to_host(out.data(), raw_data(), nbytes());
+  return out;
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<std::int64_t> Tensor::to_vector<std::int64_t>() const;
+
+// ---- autograd ----
+bool Tensor::requires_grad() const {
+  const AutogradMeta* m = need(impl_, "requires_grad()").autograd();
+  return m && (m->requires_grad || m->grad_fn);
+}
+
+Tensor& Tensor::requires_grad_(bool on) {
+  AutogradMeta& m = impl_->ensure_autograd();
+  if (m.grad_fn)
+    throw AutogradError("requires_grad_(): only leaf tensors can change requires_grad; use "
+                        "detach() to make a leaf from a computed tensor");
+  if (on && dtype() != DType::Float32)
+    throw TypeError("requires_grad_(): only float32 tensors can require gradients");
+  m.requires_grad = on;
+  return *this;
+}
+
+bool Tensor::is_leaf() const {
+  const AutogradMeta* m = need(impl_, "is_leaf()").autograd();
+  return !m || !m->grad_fn;
+}
+
+Tensor Tensor::grad() const {
+  const AutogradMeta* m = need(impl_, "grad()").autograd();
+  return m ? m->grad : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& g) const {
+  if (g.defined() && (g.shape() != shape() || g.dtype() != dtype()))
+    throw ShapeError("set_grad(): gradient of shape " + shape_str(g.shape()) +
+                     " does not match tensor of shape " + shape_str(shape()));
+  impl_->ensure_autograd().grad = g;
+}
+
+const std::shared_ptr<Node>& Tensor::grad_fn() const {
+  const AutogradMeta* m = need(impl_, "grad_fn()").autograd();
+  return m ? m->grad_fn : kNoNode;
+}
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  autograd::backward({*this}, {gradient}, retain_graph);
+}
+
+Tensor Tensor::detach() const {
+  const TensorImpl& i = need(impl_, "detach()");
+  return Tensor(std::make_shared<TensorImpl>(i.storage(), i.byte_offset(), i.shape(), i.dtype()));
+}
+
+void Tensor::register_grad_accumulated_hook(GradAccumulatedHook hook) const {
+  if (!is_leaf() || !requires_grad())
+    throw AutogradError("register_grad_accumulated_hook(): only leaves that require grad "
+                        "accumulate gradients");
+  impl_->ensure_autograd().hooks.push_back(std::move(hook));
+}
+
+// ---- shape and copies ----
+Tensor Tensor::reshape(const Shape& s) const { return phalanx::reshape(*this, s); }
+Tensor Tensor::transpose(std::int64_t d0, std::int64_t d1) const {
+  return phalanx::transpose(*this, d0, d1);
+}
+
+Tensor Tensor::flatten(std::int64_t start_dim) const {
+  const int sd = normalize_dim(start_dim, shape().size(), "flatten");
+  Shape s(shape().begin(), shape().begin() + sd);
+  std::int64_t rest = 1;
+  for (std::size_t i = sd; i < shape().size(); ++i) rest *= shape()[i];
+  s.push_back(rest);
+  return reshape(s);
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = Tensor::empty(shape(), dtype(), device());
+  kernels_for(device()).copy(out.raw_data(), raw_data(), nbytes());
+  return out;
+}
+
+Tensor Tensor::to(Device d) const {
+  if (d == device()) return *this;
+  Tensor out = Tensor::empty(shape(), dtype(), d);
+  if (device().is_cpu())
+    kernels_for(d).copy_from_host(out.raw_data(), raw_data(), nbytes());
+  else if (d.is_cpu())
+    kernels_for(device()).copy_to_host(out.raw_data(), raw_data(), nbytes());
+  else
+    return to(Device::cpu()).to(d);
+  return out;
+}
+
+Tensor Tensor::narrow_rows(std::int64_t begin, std::int64_t end) const {
+  if (dim() < 1 || begin < 0 || end < begin || end > shape()[0])
+    throw ValueError(detail::concat("narrow_rows(", begin, ", ", end, "): out of range for shape ",
+                                    shape_str(shape())));
+  Shape s = shape();
+  s[0] = end - begin;
+  const std::size_t row_bytes = (shape()[0] ? nbytes() / shape()[0] : 0);
+  return Tensor(std::make_shared<TensorImpl>(impl_->storage(),
+                                             impl_->byte_offset() + begin * row_bytes, s, dtype()));
+}
+
+// ---- in-place ----
+Tensor& Tensor::zero_() { return fill_(0.0); }
+Tensor& Tensor::fill_(double v) {
+  kernels_for(device()).fill(*this, v);
+  return *this;
+}
+Tensor& Tensor::copy_(const Tensor& src) {
+  if (src.numel() != numel() || src.dtype() != dtype())
+    throw ShapeError("copy_(): source " + src.str() + " does not match destination " + str());
+  if (src.device() == device())
+    kernels_for(device()).copy(raw_data(), src.raw_data(), nbytes());
+  else
+    copy_(src.to(device()));
+  return *this;
+}
+Tensor& Tensor::add_(const Tensor& other, float alpha) {
+  if (other.numel() != numel())
+    throw ShapeError("add_(): shapes " + shape_str(shape()) + " and " + shape_str(other.shape()) +
+                     " differ");
+  kernels_for(device()).axpy(alpha, other, *this);
+  return *this;
+}
+Tensor& Tensor::mul_(float f) {
+  kernels_for(device()).scale(*this, f);
+  return *this;
+}
+
+std::string Tensor::str() const {
+  if (!impl_) return "Tensor(undefined)";
+  return "Tensor" + shape_str(shape()) + " " + dtype_name(dtype()) + " " + device().str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+
+}  // namespace phalanx

@@ -1,0 +1,15 @@
+#pragma once
+// Umbrella header: everything a training program needs.
+#include "phalanx/core/autograd.hpp"
+#include "phalanx/core/creation.hpp"
+#include "phalanx/core/error.hpp"
+#include "phalanx/core/generator.hpp"
+#include "phalanx/core/npy.hpp"
+#include "phalanx/core/ops.hpp"
+#include "phalanx/core/tensor.hpp"
+#include "phalanx/core/tensor_map.hpp"
+#include "phalanx/core/nn/activation.hpp"
+#include "phalanx/core/nn/linear.hpp"
+#include "phalanx/core/nn/loss.hpp"
+#include "phalanx/core/nn/module.hpp"
+#include "phalanx/core/nn/sequential.hpp"

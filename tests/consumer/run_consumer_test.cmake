@@ -1,0 +1,20 @@
+# Installs the build tree into WORK_DIR/prefix, configures and builds the consumer project
+# against it with find_package(Phalanx), then runs it.
+file(REMOVE_RECURSE ${WORK_DIR})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  message("${out}")
+endfunction()
+run(${CMAKE_COMMAND} --install ${PHALANX_BUILD_DIR} --prefix ${WORK_DIR}/prefix)
+run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run(${WORK_DIR}/build/consumer)
+# pkg-config file is installed and names the library
+file(READ ${WORK_DIR}/prefix/lib/pkgconfig/phalanx.pc pc)
+if(NOT pc MATCHES "-lphalanx")
+  message(FATAL_ERROR "phalanx.pc does not link -lphalanx")
+endif()

@@ -1,0 +1,81 @@
+#include <doctest/doctest.h>
+
+#include <phalanx/phalanx.hpp>
+
+using namespace phalanx;
+
+TEST_CASE("creation fills and reports shape, dtype, device") {
+  Tensor z = zeros({2, 3});
+  CHECK(z.shape() == Shape{2, 3});
+  CHECK(z.numel() == 6);
+  CHECK(z.dtype() == DType::Float32);
+  CHECK(z.device() == Device::cpu());
+  for (float v : z.to_vector<float>()) CHECK(v == 0.f);
+  for (float v : ones({4}).to_vector<float>()) CHECK(v == 1.f);
+  for (float v : full({2, 2}, 2.5).to_vector<float>()) CHECK(v == 2.5f);
+  CHECK(arange(4).to_vector<float>() == std::vector<float>{0, 1, 2, 3});
+  CHECK(arange(3, DType::Int64).to_vector<std::int64_t>() == std::vector<std::int64_t>{0, 1, 2});
+  CHECK(scalar_tensor(3.f).item() == 3.f);
+  CHECK(scalar_tensor(3.f).dim() == 0);
+}
+
+TEST_CASE("tensors alias on copy and views share storage") {
+  Tensor a = arange(6).reshape({2, 3});
+  Tensor b = a;
+  b.data<float>()[0] = 42.f;
+  CHECK(a.data<float>()[0] == 42.f);
+  Tensor v = a.reshape({3, 2});
+  v.data<float>()[5] = -1.f;
+  CHECK(a.data<float>()[5] == -1.f);
+  Tensor c = a.clone();
+  c.data<float>()[1] = 7.f;
+  CHECK(a.data<float>()[1] == 1.f);
+  Tensor rows = arange(10).reshape({5, 2}).narrow_rows(1, 3);
+  CHECK(rows.shape() == Shape{2, 2});
+  CHECK(rows.to_vector<float>() == std::vector<float>{2, 3, 4, 5});
+  CHECK(a.reshape({-1}).shape() == Shape{6});
+  CHECK(arange(12).reshape({2, -1, 3}).shape() == Shape{2, 2, 3});
+}
+
+TEST_CASE("wrong dtype, shape and sizes are clear errors") {
+  Tensor f = zeros({2});
+  CHECK_THROWS_AS(f.data<std::int64_t>(), TypeError);
+  CHECK_THROWS_WITH_AS(arange(6).reshape({4, 2}), doctest::Contains("[6]"), ShapeError);
+  CHECK_THROWS_AS(arange(6).reshape({-1, -1}), ValueError);
+  CHECK_THROWS_AS(zeros({2, 2}).item(), ShapeError);
+  CHECK_THROWS_AS(tensor(std::vector<float>{1, 2, 3}, {2, 2}), ShapeError);
+  CHECK_THROWS_AS(Tensor().shape(), ValueError);
+  CHECK_THROWS_AS(Tensor::empty({-1}), ValueError);
+  CHECK_THROWS_AS(arange(3).narrow_rows(2, 5), ValueError);
+  CHECK_THROWS_AS(zeros({2}, DType::Float32, Device::cuda(0)), TypeError);
+  CHECK_THROWS_AS(Device::parse("tpu"), ValueError);
+  CHECK(Device::parse("cuda:1") == Device::cuda(1));
+}
+
+TEST_CASE("in-place updates") {
+  Tensor a = ones({4});
+  a.add_(arange(4), 2.f);
+  CHECK(a.to_vector<float>() == std::vector<float>{1, 3, 5, 7});
+  a.mul_(0.5f);
+  CHECK(a.to_vector<float>() == std::vector<float>{0.5, 1.5, 2.5, 3.5});
+  a.zero_();
+  CHECK(a.to_vector<float>() == std::vector<float>{0, 0, 0, 0});
+  a.copy_(arange(4));
+  CHECK(a.to_vector<float>() == std::vector<float>{0, 1, 2, 3});
+  CHECK_THROWS_AS(a.copy_(arange(3)), ShapeError);
+}
+
+TEST_CASE("transpose materialises a permuted copy") {
+  Tensor a = arange(6).reshape({2, 3});
+  Tensor t = a.t();
+  CHECK(t.shape() == Shape{3, 2});
+  CHECK(t.to_vector<float>() == std::vector<float>{0, 3, 1, 4, 2, 5});
+  Tensor b = arange(24).reshape({2, 3, 4});
+  Tensor bt = b.transpose(0, 2);
+  CHECK(bt.shape() == Shape{4, 3, 2});
+  const auto v = bt.to_vector<float>();
+  // bt[k][j][i] == b[i][j][k] == i*12 + j*4 + k
+  for (int k = 0; k < 4; ++k)
+    for (int j = 0; j < 3; ++j)
+      for (int i = 0; i < 2; ++i) CHECK(v[(k * 3 + j) * 2 + i] == i * 12 + j * 4 + k);
+}
