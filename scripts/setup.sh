@@ -31,5 +31,4 @@ JOBS=${PHALANX_JOBS:-$(nproc)}
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
-cmake --build "$BUILD_DIR" -j "$JOBS" -- --no-print-directory 2>&1 | grep -vE '^\[ *[0-9]+%\]' || true
-test "${PIPESTATUS[0]}" -eq 0
+cmake --build "$BUILD_DIR" -j "$JOBS" -- --no-print-directory

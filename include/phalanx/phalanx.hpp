@@ -8,6 +8,7 @@
 #include "phalanx/core/ops.hpp"
 #include "phalanx/core/tensor.hpp"
 #include "phalanx/core/tensor_map.hpp"
+#include "phalanx/core/threads.hpp"
 #include "phalanx/core/nn/activation.hpp"
 #include "phalanx/core/nn/linear.hpp"
 #include "phalanx/core/nn/loss.hpp"

@@ -1,7 +1,6 @@
 // The backward engine: count each node's dependants, then run ready nodes highest
 // sequence number first (the reverse of creation), summing gradients that meet at a node.
 #include <queue>
-#include <unordered_map>
 
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/creation.hpp"
@@ -19,7 +18,8 @@ struct BySeq {
 void accumulate_into(Tensor& slot, const Tensor& g) {
   if (!slot.defined()) {
     slot = g;
-  } else if (slot.impl_ptr().use_count() == 1) {
+  } else if (slot.impl_ptr().use_count() == 1 && slot.impl()->storage().use_count() == 1) {
+    // Nobody else sees this buffer (not even through a view): add in place.
     slot.add_(g);
   } else {
     Tensor sum = slot.clone();
@@ -37,6 +37,11 @@ void queue_backward_callback(std::function<void()> fn) {
   t_callbacks->push_back(std::move(fn));
 }
 
+struct EngineAccess {
+  static int& pending(Node* n) { return n->pending_; }
+  static Tensor& grad_in(Node* n) { return n->grad_in_; }
+};
+
 namespace autograd {
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
@@ -44,10 +49,18 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   if (t_callbacks) throw AutogradError("backward(): re-entrant backward is not supported");
   NoGradGuard no_grad;  // gradients themselves carry no history
 
-  std::unordered_map<Node*, int> deps;
-  std::unordered_map<Node*, Tensor> buffers;
-  std::vector<std::shared_ptr<Node>> keep;  // keeps nodes alive while we hold raw pointers
-  std::vector<Node*> stack;
+  std::vector<std::shared_ptr<Node>> keep;  // keeps root nodes alive while we hold raw pointers
+  std::vector<Node*> visited, stack;
+  // Leaves every node's scratch state clean, also when a node throws.
+  struct Cleanup {
+    std::vector<Node*>& nodes;
+    ~Cleanup() {
+      for (Node* n : nodes) {
+        EngineAccess::pending(n) = -1;
+        EngineAccess::grad_in(n) = Tensor();
+      }
+    }
+  } cleanup{visited};
 
   for (std::size_t i = 0; i < roots.size(); ++i) {
     const Tensor& root = roots[i];
@@ -68,20 +81,30 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
     Edge e = gradient_edge(root);
     keep.push_back(e.fn);
-    accumulate_into(buffers[e.fn.get()], g);
-    if (deps.emplace(e.fn.get(), 0).second) stack.push_back(e.fn.get());
+    Node* n = e.fn.get();
+    if (EngineAccess::pending(n) < 0) {
+      EngineAccess::pending(n) = 0;
+      visited.push_back(n);
+      stack.push_back(n);
+    }
+    accumulate_into(EngineAccess::grad_in(n), g);
   }
+  const std::vector<Node*> root_nodes = stack;
 
   // Dependency counts over the reachable graph.
-  std::vector<Node*> roots_nodes = stack;
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (const Edge& e : n->next_edges) {
-      if (!e.fn) continue;
-      auto [it, fresh] = deps.emplace(e.fn.get(), 0);
-      ++it->second;
-      if (fresh) stack.push_back(e.fn.get());
+      Node* next = e.fn.get();
+      if (!next) continue;
+      int& p = EngineAccess::pending(next);
+      if (p < 0) {
+        p = 0;
+        visited.push_back(next);
+        stack.push_back(next);
+      }
+      ++p;
     }
   }
 
@@ -92,8 +115,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   } reset;
 
   std::priority_queue<Node*, std::vector<Node*>, BySeq> ready;
-  for (Node* n : roots_nodes)
-    if (deps[n] == 0) ready.push(n);
+  for (Node* n : root_nodes)
+    if (EngineAccess::pending(n) == 0) ready.push(n);
   while (!ready.empty()) {
     Node* n = ready.top();
     ready.pop();
@@ -102,8 +125,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
                                       "time (node ") + n->name() +
                           "): its saved tensors were freed after the first backward; pass "
                           "retain_graph=true to the first backward() if you need a second one");
-    Tensor grad = std::move(buffers[n]);
-    buffers.erase(n);
+    Tensor grad = std::move(EngineAccess::grad_in(n));
+    EngineAccess::grad_in(n) = Tensor();
     // A node that no gradient reached (every path into it gave none) is skipped, but its
     // inputs' dependency counts still drop.
     std::vector<Tensor> outs = grad.defined() ? n->apply(grad) : std::vector<Tensor>{};
@@ -115,8 +138,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     for (std::size_t i = 0; i < n->next_edges.size(); ++i) {
       Node* next = n->next_edges[i].fn.get();
       if (!next) continue;
-      if (i < outs.size() && outs[i].defined()) accumulate_into(buffers[next], outs[i]);
-      if (--deps[next] == 0) ready.push(next);
+      if (i < outs.size() && outs[i].defined()) accumulate_into(EngineAccess::grad_in(next), outs[i]);
+      if (--EngineAccess::pending(next) == 0) ready.push(next);
     }
   }
 

@@ -20,7 +20,9 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
   if (!meta.grad.defined()) {
     // Steal the incoming buffer when nobody else holds it; otherwise keep our own copy so a
     // later in-place accumulation cannot write into another tensor.
-    meta.grad = grad.impl_ptr().use_count() == 1 ? grad : grad.clone();
+    const bool sole_owner =
+        grad.impl_ptr().use_count() == 1 && grad.impl()->storage().use_count() == 1;
+    meta.grad = sole_owner ? grad : grad.clone();
   } else {
     meta.grad.add_(grad);
   }

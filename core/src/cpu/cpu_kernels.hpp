@@ -1,9 +1,32 @@
 #pragma once
 // The built-in CPU kernel table. Elementwise kernels (cpu_elementwise.cpp) use xtensor over
 // adapted buffers; GEMM goes to CBLAS (OpenBLAS); the rest are plain loops (cpu_kernels.cpp).
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
 #include "phalanx/core/kernels.hpp"
 
 namespace phalanx {
+
+/// Free CPU blocks kept for reuse, by rounded size, within a byte budget
+/// (PHALANX_CPU_CACHE_MB, default 1024).
+class CpuBlockCache {
+ public:
+  CpuBlockCache();
+  ~CpuBlockCache();
+  void* take(std::size_t rounded);
+  bool give(void* p, std::size_t rounded);
+  void release_all();
+  std::size_t cached_bytes() const;
+
+ private:
+  static constexpr std::size_t kMinCached = 4096;  // small blocks: malloc's own caches win
+  mutable std::mutex mu_;
+  std::unordered_map<std::size_t, std::vector<void*>> free_;
+  std::size_t cached_ = 0;
+  std::size_t budget_ = std::size_t(1024) << 20;
+};
 
 class CpuKernels final : public DeviceKernels {
  public:
@@ -44,6 +67,9 @@ class CpuKernels final : public DeviceKernels {
   void cross_entropy_backward(const Tensor& probs, const Tensor& target, const Tensor& grad_loss,
                               float scale, Tensor& grad_logits) override;
   std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override;
+
+ private:
+  CpuBlockCache cache_;
 };
 
 }  // namespace phalanx

@@ -34,7 +34,12 @@ class Node {
   bool released = false;
 
  private:
+  friend struct EngineAccess;
   std::uint64_t seq_;
+  // Scratch state of the backward pass in progress (the engine is not re-entrant), kept
+  // in the node so a pass needs no hash maps.
+  int pending_ = -1;  // dependants not yet run; -1 when not part of a pass
+  Tensor grad_in_;    // the gradient summed so far for this node's output
 };
 
 /// The node at a leaf: adds the incoming gradient into `leaf.grad` and runs its hooks.

@@ -1,0 +1,78 @@
+// One training step (forward, backward, plain SGD) of an MLP, single thread, Phalanx and
+// PyTorch 1.13 in the same run. Bars (issue 2): 784-1024-1024-10 at batch 128 within 1.15x
+// of PyTorch; the textbook's 64-32-10 at batch 64 at least 5x faster than PyTorch.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <phalanx/phalanx.hpp>
+
+#include "bench_support.hpp"
+
+using namespace phalanx;
+
+namespace {
+
+double phalanx_step_us(const std::vector<std::int64_t>& widths, std::int64_t batch, int iters) {
+  manual_seed(0);
+  auto model = nn::mlp(widths);
+  auto params = model->parameters();
+  Tensor x = randn({batch, widths.front()});
+  Tensor y = randint(widths.back(), {batch});
+  const float lr = 0.01f;
+  auto step = [&] {
+    model->zero_grad();
+    cross_entropy(model->forward(x), y).backward();
+    NoGradGuard no_grad;
+    for (auto& p : params) p.add_(p.grad(), -lr);
+  };
+  for (int i = 0; i < std::max(5, iters / 10); ++i) step();
+  std::vector<double> samples;
+  for (int r = 0; r < 5; ++r) {
+    const double t = bench::now_s();
+    for (int i = 0; i < iters; ++i) step();
+    samples.push_back((bench::now_s() - t) / iters * 1e6);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[2];
+}
+
+std::string widths_str(const std::vector<std::int64_t>& w) {
+  std::string s;
+  for (auto v : w) s += (s.empty() ? "" : "-") + std::to_string(v);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  set_num_threads(1);
+  const bool skip_peer = argc > 1 && std::string(argv[1]) == "--no-peer";
+  struct Case {
+    std::vector<std::int64_t> widths;
+    std::int64_t batch;
+    int iters;
+    const char* bar;
+  };
+  const Case cases[] = {{{784, 1024, 1024, 10}, 128, 40, "phalanx/torch <= 1.15"},
+                        {{64, 32, 10}, 64, 4000, "torch/phalanx >= 5"}};
+  std::printf("BLAS: %s\n", blas_info().c_str());
+  std::printf("%-22s %6s %14s %14s %10s   %s\n", "model", "batch", "phalanx_us", "torch_us",
+              "torch/phx", "bar");
+  for (const Case& c : cases) {
+    const double ours = phalanx_step_us(c.widths, c.batch, c.iters);
+    double theirs = -1;
+    if (!skip_peer)
+      theirs = bench::run_peer("OMP_NUM_THREADS=1 /usr/bin/python3 " +
+                                   bench::peer_script("torch_mlp_step.py") + " " +
+                                   widths_str(c.widths) + " " + std::to_string(c.batch) + " " +
+                                   std::to_string(c.iters),
+                               "step_us");
+    std::printf("%-22s %6lld %14.1f %14.1f %10.2f   %s\n", widths_str(c.widths).c_str(),
+                static_cast<long long>(c.batch), ours, theirs, theirs > 0 ? theirs / ours : 0.0,
+                c.bar);
+  }
+  return 0;
+}

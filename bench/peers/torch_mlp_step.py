@@ -1,0 +1,29 @@
+#!/usr/bin/python3
+"""PyTorch peer for bench/mlp_step: forward + backward + plain SGD step of an MLP, 1 thread.
+usage: torch_mlp_step.py WIDTHS BATCH ITERS   (WIDTHS like 784-1024-1024-10)
+prints: step_us=<median microseconds per step>"""
+import sys, time, statistics
+import torch
+torch.set_num_threads(1)
+widths = [int(w) for w in sys.argv[1].split("-")]
+batch, iters = int(sys.argv[2]), int(sys.argv[3])
+torch.manual_seed(0)
+layers = []
+for i in range(len(widths) - 1):
+    layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+    if i + 2 < len(widths):
+        layers.append(torch.nn.ReLU())
+model = torch.nn.Sequential(*layers)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(batch, widths[0]); y = torch.randint(0, widths[-1], (batch,))
+def step():
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+for _ in range(max(5, iters // 10)): step()
+samples = []
+for _ in range(5):
+    t = time.perf_counter()
+    for _ in range(iters): step()
+    samples.append((time.perf_counter() - t) / iters)
+print(f"step_us={statistics.median(samples) * 1e6:.2f}")
