@@ -67,9 +67,75 @@ def cross_entropy_parity():
     np.savez(os.path.join(OUT, "cross_entropy_parity.npz"), **out)
 
 
+OPTIMIZERS = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1),
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    "sgd_nesterov": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True),
+    "sgd_wd_dampening": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.8, dampening=0.1,
+                                                   weight_decay=1e-2),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
+    "adam_wd": lambda ps: torch.optim.Adam(ps, lr=1e-2, betas=(0.8, 0.99), weight_decay=0.1),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+    "adamw_amsgrad": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, amsgrad=True),
+}
+
+
+def optim_parity():
+    """20 steps of each optimizer on the same recorded gradients."""
+    torch.manual_seed(2)
+    shapes = [(5, 3), (3,)]
+    init = [torch.randn(s) for s in shapes]
+    grads = [[torch.randn(s) for s in shapes] for _ in range(20)]
+    out = {}
+    for i, t in enumerate(init):
+        out[f"init.{i}"] = t.numpy()
+    for k, gs in enumerate(grads):
+        for i, g in enumerate(gs):
+            out[f"grad.{k}.{i}"] = g.numpy()
+    for name, make in OPTIMIZERS.items():
+        ps = [t.clone().requires_grad_(True) for t in init]
+        opt = make(ps)
+        for gs in grads:
+            for p, g in zip(ps, gs):
+                p.grad = g.clone()
+            opt.step()
+        for i, p in enumerate(ps):
+            out[f"{name}.{i}"] = np32(p)
+    np.savez(os.path.join(OUT, "optim_parity.npz"), **out)
+
+
+def schedule_parity():
+    """Learning-rate sequences over 30 steps; doubles stored as their int64 bit patterns."""
+    S = torch.optim.lr_scheduler
+
+    def seq(make):
+        p = torch.zeros(1, requires_grad=True)
+        opt = torch.optim.SGD([p], lr=0.4)
+        sched = make(opt)
+        lrs = [opt.param_groups[0]["lr"]]
+        for _ in range(30):
+            opt.step()
+            sched.step()
+            lrs.append(opt.param_groups[0]["lr"])
+        return np.array(lrs, dtype=np.float64).view(np.int64)
+
+    out = {
+        "linear": seq(lambda o: S.LinearLR(o, start_factor=0.25, total_iters=8)),
+        "step": seq(lambda o: S.StepLR(o, step_size=5, gamma=0.5)),
+        "multistep": seq(lambda o: S.MultiStepLR(o, milestones=[3, 7, 7, 12], gamma=0.3)),
+        "cosine": seq(lambda o: S.CosineAnnealingLR(o, T_max=10, eta_min=0.001)),
+        "warmup_cosine": seq(lambda o: S.SequentialLR(
+            o, [S.LinearLR(o, start_factor=0.1, total_iters=5), S.CosineAnnealingLR(o, T_max=20)],
+            milestones=[5])),
+    }
+    np.savez(os.path.join(OUT, "schedule_parity.npz"), **out)
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     mlp_parity("relu", "mlp_relu_parity.npz")
     mlp_parity("tanh", "mlp_tanh_parity.npz")
     cross_entropy_parity()
+    optim_parity()
+    schedule_parity()
     print("fixtures written to", os.path.normpath(OUT))

@@ -14,3 +14,4 @@
 #include "phalanx/core/nn/loss.hpp"
 #include "phalanx/core/nn/module.hpp"
 #include "phalanx/core/nn/sequential.hpp"
+#include "phalanx/optim.hpp"

@@ -67,6 +67,10 @@ class CpuKernels final : public DeviceKernels {
   void cross_entropy_backward(const Tensor& probs, const Tensor& target, const Tensor& grad_loss,
                               float scale, Tensor& grad_logits) override;
   std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override;
+  void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer,
+                  const SgdUpdate& u) override;
+  void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                   Tensor& max_exp_avg_sq, const AdamUpdate& u) override;
 
  private:
   CpuBlockCache cache_;

@@ -11,6 +11,24 @@
 
 namespace phalanx {
 
+/// Hyper-parameters of one fused SGD update, PyTorch's formula (torch.optim.SGD, 1.13).
+struct SgdUpdate {
+  float lr, momentum, dampening, weight_decay;
+  bool nesterov;
+  bool first_step;  ///< the momentum buffer is initialised from the gradient
+};
+
+/// Hyper-parameters of one fused Adam/AdamW update (torch.optim.Adam/AdamW, 1.13).
+struct AdamUpdate {
+  float lr, beta1, beta2, eps, weight_decay;
+  bool decoupled;  ///< AdamW: p *= 1 - lr * wd, instead of adding wd * p to the gradient
+  bool amsgrad;
+  float one_minus_beta1, one_minus_beta2;  ///< computed in double, as Python does
+  float step_size;                         ///< lr / (1 - beta1^t), computed in double
+  float bias_correction2_sqrt;             ///< sqrt(1 - beta2^t), computed in double
+  float decay_factor;                      ///< 1 - lr * wd (AdamW), computed in double
+};
+
 enum class UnaryOp : std::uint8_t { Neg, Exp, Log, Relu, Tanh, Sigmoid };
 enum class BinaryOp : std::uint8_t { Add, Sub, Mul, Div };
 
@@ -75,6 +93,12 @@ class DeviceKernels {
   virtual void cross_entropy_backward(const Tensor& probs, const Tensor& target,
                                       const Tensor& grad_loss, float scale,
                                       Tensor& grad_logits) = 0;
+  // fused optimizer updates over one parameter (no temporaries)
+  virtual void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer,
+                          const SgdUpdate& u) = 0;
+  virtual void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                           Tensor& max_exp_avg_sq, const AdamUpdate& u) = 0;
+
   /// Checks that every int64 label is in [0, classes); returns the first bad index or -1.
   virtual std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) = 0;
 };

@@ -1,0 +1,72 @@
+#include "phalanx/optim/adam.hpp"
+
+#include <cmath>
+
+#include "phalanx/core/autograd.hpp"
+#include "phalanx/core/creation.hpp"
+#include "phalanx/core/error.hpp"
+#include "phalanx/core/kernels.hpp"
+
+namespace phalanx::optim {
+
+namespace {
+Options adam_options(const AdamOptions& o) {
+  return {{"lr", o.lr},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps},
+          {"weight_decay", o.weight_decay},
+          {"amsgrad", o.amsgrad ? 1.0 : 0.0}};
+}
+}  // namespace
+
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& o) : Adam(std::move(params), o, false) {}
+
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& o, bool decoupled)
+    : Optimizer(std::move(params), adam_options(o)), decoupled_(decoupled) {}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam(std::move(params), o, true) {}
+
+void Adam::step() {
+  NoGradGuard no_grad;
+  for (std::size_t g = 0; g < param_groups().size(); ++g) {
+    ParamGroup& group = param_groups()[g];
+    const double lr = group.options.at("lr"), beta1 = group.options.at("beta1"),
+                 beta2 = group.options.at("beta2"), wd = group.options.at("weight_decay");
+    for (std::size_t i = 0; i < group.params.size(); ++i) {
+      Tensor& p = group.params[i];
+      const Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      ParamState& st = state_of(g, i);
+      auto buffer = [&](const char* name) -> Tensor& {
+        auto it = st.buffers.find(name);
+        if (it == st.buffers.end())
+          it = st.buffers.emplace(name, zeros(p.shape(), DType::Float32, p.device())).first;
+        return it->second;
+      };
+      const bool amsgrad = group.options.at("amsgrad") != 0.0;
+      Tensor& m = buffer("exp_avg");
+      Tensor& v = buffer("exp_avg_sq");
+      Tensor vmax = amsgrad ? buffer("max_exp_avg_sq") : Tensor();
+      ++st.step;
+      // Scalars in double, as PyTorch computes them in Python, then cast for the kernel.
+      const double t = static_cast<double>(st.step);
+      AdamUpdate u{};
+      u.lr = static_cast<float>(lr);
+      u.beta1 = static_cast<float>(beta1);
+      u.beta2 = static_cast<float>(beta2);
+      u.eps = static_cast<float>(group.options.at("eps"));
+      u.weight_decay = static_cast<float>(wd);
+      u.decoupled = decoupled_;
+      u.amsgrad = amsgrad;
+      u.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+      u.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+      u.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, t)));
+      u.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t)));
+      u.decay_factor = static_cast<float>(1.0 - lr * wd);
+      kernels_for(p.device()).adam_update(p, grad, m, v, vmax, u);
+    }
+  }
+}
+
+}  // namespace phalanx::optim
