@@ -131,6 +131,22 @@ def schedule_parity():
     np.savez(os.path.join(OUT, "schedule_parity.npz"), **out)
 
 
+def sampler_parity():
+    """PyTorch's DistributedSampler index sets, no shuffle, for many (N, W, drop_last)."""
+    from torch.utils.data.distributed import DistributedSampler
+    out = {}
+    for n in [1, 2, 3, 4, 5, 7, 8, 10, 13, 16, 17, 100]:
+        for w in [1, 2, 3, 4, 5, 8]:
+            for drop in [False, True]:
+                if drop and n < w and n % w != 0:
+                    continue  # every rank would get nothing; Phalanx raises instead
+                for r in range(w):
+                    s = DistributedSampler(list(range(n)), num_replicas=w, rank=r, shuffle=False,
+                                           drop_last=drop)
+                    out[f"n{n}_w{w}_d{int(drop)}_r{r}"] = np.array(list(iter(s)), dtype=np.int64)
+    np.savez(os.path.join(OUT, "sampler_parity.npz"), **out)
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     mlp_parity("relu", "mlp_relu_parity.npz")
@@ -138,4 +154,5 @@ if __name__ == "__main__":
     cross_entropy_parity()
     optim_parity()
     schedule_parity()
+    sampler_parity()
     print("fixtures written to", os.path.normpath(OUT))

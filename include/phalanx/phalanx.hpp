@@ -15,3 +15,5 @@
 #include "phalanx/core/nn/module.hpp"
 #include "phalanx/core/nn/sequential.hpp"
 #include "phalanx/optim.hpp"
+#include "phalanx/samplers.hpp"
+#include "phalanx/core/world.hpp"

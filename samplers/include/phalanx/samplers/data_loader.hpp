@@ -1,0 +1,93 @@
+#pragma once
+// DataLoader: batches from a dataset in a sampler's order, collated into contiguous tensors
+// (one allocation per batch tensor, none per sample). With prefetch > 0 a background
+// thread prepares up to `prefetch` batches ahead; the order stays the sampler's.
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "phalanx/samplers/dataset.hpp"
+#include "phalanx/samplers/sampler.hpp"
+
+namespace phalanx::samplers {
+
+struct Batch {
+  Tensor x, y;
+};
+
+struct DataLoaderOptions {
+  std::int64_t batch_size = 1;
+  bool drop_last = false;
+  int prefetch = 0;  ///< batches prepared ahead on a background thread (0: none)
+};
+
+class DataLoader {
+ public:
+  /// `sampler` defaults to a SequentialSampler over the dataset.
+  DataLoader(DatasetPtr dataset, const DataLoaderOptions& options, SamplerPtr sampler = nullptr);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  /// Batches per epoch.
+  std::int64_t num_batches() const;
+  Sampler& sampler() { return *sampler_; }
+  void set_epoch(std::int64_t epoch) { sampler_->set_epoch(epoch); }
+
+  /// Starts an epoch (sampler order of its current epoch); then next() until it is false.
+  void start_epoch();
+  bool next(Batch& out);
+
+  /// Range-for over one epoch: `for (Batch& b : loader) ...` calls start_epoch().
+  class Iterator {
+   public:
+    Iterator(DataLoader* loader) : loader_(loader) { advance(); }
+    Batch& operator*() { return batch_; }
+    Iterator& operator++() {
+      advance();
+      return *this;
+    }
+    bool operator!=(const Iterator& other) const { return loader_ != other.loader_; }
+
+   private:
+    friend class DataLoader;
+    Iterator() = default;
+    void advance() {
+      if (loader_ && !loader_->next(batch_)) loader_ = nullptr;
+    }
+    DataLoader* loader_ = nullptr;
+    Batch batch_;
+  };
+  Iterator begin() {
+    start_epoch();
+    return Iterator(this);
+  }
+  Iterator end() { return Iterator(); }
+
+ private:
+  Batch collate(std::int64_t b) const;
+  void stop_worker();
+  void worker_loop();
+
+  DatasetPtr dataset_;
+  DataLoaderOptions options_;
+  SamplerPtr sampler_;
+  std::vector<std::int64_t> order_;
+  std::int64_t batches_ = 0, cursor_ = 0;
+
+  // prefetching
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Batch> ready_;
+  std::int64_t produced_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace phalanx::samplers

@@ -1,0 +1,106 @@
+#include "phalanx/samplers/idx.hpp"
+
+#include <zlib.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "phalanx/core/error.hpp"
+
+namespace phalanx::samplers {
+
+namespace {
+struct GzCloser {
+  void operator()(gzFile f) const { gzclose(f); }
+};
+
+std::uint32_t be32(const unsigned char* p) {
+  return (std::uint32_t(p[0]) << 24) | (std::uint32_t(p[1]) << 16) | (std::uint32_t(p[2]) << 8) | p[3];
+}
+
+void read_exact(gzFile f, void* buf, std::size_t n, const std::string& path, const char* what) {
+  std::size_t got = 0;
+  auto* p = static_cast<unsigned char*>(buf);
+  while (got < n) {
+    const int r = gzread(f, p + got, static_cast<unsigned>(std::min<std::size_t>(n - got, 1u << 30)));
+    if (r < 0) {
+      int errnum = 0;
+      const char* msg = gzerror(f, &errnum);
+      throw IoError(path + ": corrupt compressed data while reading " + what + " (" + msg + ")");
+    }
+    if (r == 0)
+      throw IoError(detail::concat(path, ": truncated: expected ", n, " bytes of ", what, ", got ", got));
+    got += static_cast<std::size_t>(r);
+  }
+}
+}  // namespace
+
+Tensor load_idx(const std::string& path) {
+  std::unique_ptr<gzFile_s, GzCloser> f(gzopen(path.c_str(), "rb"));  // reads plain files too
+  if (!f) throw IoError(path + ": cannot open for reading");
+  unsigned char head[4];
+  read_exact(f.get(), head, 4, path, "the header");
+  if (head[0] != 0 || head[1] != 0)
+    throw IoError(path + ": not an IDX file (the magic number must start with two zero bytes)");
+  if (head[2] != 0x08)
+    throw IoError(detail::concat(path, ": IDX element type 0x", std::hex, int(head[2]),
+                                 " is not supported (only unsigned bytes, 0x08)"));
+  const int ndim = head[3];
+  if (ndim < 1 || ndim > 4) throw IoError(detail::concat(path, ": IDX with ", ndim, " dimensions"));
+  std::vector<unsigned char> dims_raw(4 * ndim);
+  read_exact(f.get(), dims_raw.data(), dims_raw.size(), path, "the dimensions");
+  Shape shape;
+  for (int i = 0; i < ndim; ++i) shape.push_back(be32(&dims_raw[4 * i]));
+  const std::int64_t n = numel_of(shape);
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(n));
+  read_exact(f.get(), bytes.data(), bytes.size(), path, "the data");
+  unsigned char extra;
+  if (gzread(f.get(), &extra, 1) > 0)
+    throw IoError(path + ": trailing bytes after " + shape_str(shape) + " values: corrupt header?");
+  Tensor t = Tensor::empty(shape, DType::Int64);
+  auto* o = t.data<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i) o[i] = bytes[i];
+  return t;
+}
+
+namespace {
+std::string find_file(const std::string& dir, const std::string& stem) {
+  for (const std::string& candidate : {dir + "/" + stem + ".gz", dir + "/" + stem}) {
+    if (FILE* f = std::fopen(candidate.c_str(), "rb")) {
+      std::fclose(f);
+      return candidate;
+    }
+  }
+  throw IoError("MNIST: neither " + dir + "/" + stem + ".gz nor " + dir + "/" + stem +
+                " exists; install Debian's dataset-fashion-mnist or pass the directory that "
+                "holds the four IDX files");
+}
+}  // namespace
+
+std::shared_ptr<TensorDataset> load_mnist(const std::string& dir, const MnistOptions& o) {
+  const std::string prefix = o.train ? "train" : "t10k";
+  const std::string ipath = find_file(dir, prefix + "-images-idx3-ubyte");
+  const std::string lpath = find_file(dir, prefix + "-labels-idx1-ubyte");
+  Tensor images = load_idx(ipath);
+  Tensor labels = load_idx(lpath);
+  if (images.dim() != 3)
+    throw IoError(ipath + ": expected images [N, rows, cols], got " + shape_str(images.shape()));
+  if (labels.dim() != 1 || labels.shape()[0] != images.shape()[0])
+    throw IoError(lpath + ": " + shape_str(labels.shape()) + " labels for " +
+                  shape_str(images.shape()) + " images");
+  const std::int64_t n = images.shape()[0];
+  Shape fshape = o.flatten ? Shape{n, images.shape()[1] * images.shape()[2]} : images.shape();
+  Tensor x = Tensor::empty(fshape);
+  const auto* src = images.data<std::int64_t>();
+  float* dst = x.data<float>();
+  const float scale = o.normalize ? 1.f / 255.f : 1.f;
+  for (std::int64_t i = 0; i < images.numel(); ++i) {
+    float v = static_cast<float>(src[i]) * scale;
+    if (o.standardize) v = (v - o.mean) / o.std;
+    dst[i] = v;
+  }
+  return std::make_shared<TensorDataset>(x, labels, 10);
+}
+
+}  // namespace phalanx::samplers

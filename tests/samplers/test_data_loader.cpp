@@ -1,0 +1,91 @@
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include <phalanx/phalanx.hpp>
+
+using namespace phalanx;
+using namespace phalanx::samplers;
+
+namespace {
+std::shared_ptr<TensorDataset> toy(std::int64_t n) {
+  Tensor x = arange(n * 3).reshape({n, 3});
+  Tensor y = arange(n, DType::Int64);
+  return std::make_shared<TensorDataset>(x, y);
+}
+}  // namespace
+
+TEST_CASE("batches follow the sampler order, collated contiguously") {
+  auto ds = toy(10);
+  DataLoader loader(ds, {4});
+  CHECK(loader.num_batches() == 3);
+  std::vector<std::int64_t> seen;
+  for (Batch& b : loader) {
+    CHECK(b.x.shape()[1] == 3);
+    for (std::int64_t i = 0; i < b.y.numel(); ++i) {
+      const std::int64_t label = b.y.data<std::int64_t>()[i];
+      seen.push_back(label);
+      CHECK(b.x.data<float>()[i * 3] == static_cast<float>(label * 3));
+    }
+  }
+  CHECK(seen == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  DataLoader dropping(ds, {4, true});
+  int batches = 0;
+  for (Batch& b : dropping) {
+    CHECK(b.y.numel() == 4);
+    ++batches;
+  }
+  CHECK(batches == 2);
+}
+
+TEST_CASE("prefetching keeps the order, epoch after epoch") {
+  auto ds = toy(50);
+  auto sampler = std::make_shared<RandomSampler>(50, 3);
+  DataLoader plain(ds, {7}, sampler);
+  DataLoaderOptions po{7};
+  po.prefetch = 3;
+  DataLoader ahead(ds, po, sampler);
+  for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
+    sampler->set_epoch(epoch);
+    std::vector<std::int64_t> a, b;
+    for (Batch& x : plain) for (auto v : x.y.to_vector<std::int64_t>()) a.push_back(v);
+    for (Batch& x : ahead) for (auto v : x.y.to_vector<std::int64_t>()) b.push_back(v);
+    CHECK(a == b);
+    CHECK(a.size() == 50);
+  }
+  // abandoning an epoch halfway is fine
+  ahead.start_epoch();
+  Batch one;
+  CHECK(ahead.next(one));
+}
+
+TEST_CASE("DistributedSampler in a DataLoader gives each rank its shard") {
+  auto ds = toy(12);
+  DistributedSamplerOptions o;
+  o.num_replicas = 3;
+  o.rank = 1;
+  o.shuffle = false;
+  DataLoader loader(ds, {2}, std::make_shared<DistributedSampler>(12, o));
+  std::vector<std::int64_t> seen;
+  for (Batch& b : loader) for (auto v : b.y.to_vector<std::int64_t>()) seen.push_back(v);
+  CHECK(seen == std::vector<std::int64_t>{1, 4, 7, 10});
+}
+
+TEST_CASE("dataset errors") {
+  CHECK_THROWS_AS(DataLoader(toy(3), {0}), ValueError);
+  CHECK_THROWS_WITH_AS(TensorDataset(zeros({3, 2}), tensor(std::vector<std::int64_t>{0, 5, 1}, {3}), 3),
+                       doctest::Contains("label[1] = 5 is outside [0, 3)"), ValueError);
+  CHECK_THROWS_AS(TensorDataset(zeros({3, 2}), zeros({2}, DType::Int64)), ShapeError);
+  CHECK_THROWS_AS(TensorDataset(zeros({0, 2}), zeros({0}, DType::Int64)), ValueError);
+  const std::string fx = "/tmp/phalanx_ds_x.npy", fy = "/tmp/phalanx_ds_y.npy";
+  save_npy(fx, randn({5, 4}));
+  save_npy(fy, tensor(std::vector<std::int64_t>{0, 1, 2, 1, 0}, {5}));
+  auto ds = load_npy_dataset(fx, fy, 3);
+  CHECK(ds->size() == 5);
+  CHECK(ds->feature_shape() == Shape{4});
+  save_npy(fy, tensor(std::vector<std::int64_t>{0, 1}, {2}));
+  CHECK_THROWS_WITH_AS(load_npy_dataset(fx, fy), doctest::Contains("first dimensions must agree"), ShapeError);
+  std::remove(fx.c_str());
+  std::remove(fy.c_str());
+}

@@ -1,0 +1,56 @@
+#include <doctest/doctest.h>
+
+#include <zlib.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include <phalanx/phalanx.hpp>
+
+using namespace phalanx;
+using namespace phalanx::samplers;
+
+TEST_CASE("Fashion-MNIST loads: 60 000 x 784 train, 10 000 test, known first labels") {
+  MnistOptions o;
+  auto train = load_mnist(kFashionMnistDir, o);
+  CHECK(train->size() == 60000);
+  CHECK(train->feature_shape() == Shape{784});
+  const auto y = train->labels().narrow_rows(0, 10).to_vector<std::int64_t>();
+  CHECK(y == std::vector<std::int64_t>{9, 0, 0, 3, 0, 2, 7, 2, 5, 5});
+  // first image's pixel sum (raw bytes sum to 76247), normalised by 255
+  double s = 0;
+  for (float v : train->features().narrow_rows(0, 1).to_vector<float>()) s += v;
+  CHECK(s == doctest::Approx(76247.0 / 255.0).epsilon(1e-5));
+  o.train = false;
+  o.flatten = false;
+  auto test = load_mnist(kFashionMnistDir, o);
+  CHECK(test->size() == 10000);
+  CHECK(test->feature_shape() == Shape{28, 28});
+  CHECK(test->labels().narrow_rows(0, 10).to_vector<std::int64_t>() ==
+        std::vector<std::int64_t>{9, 2, 1, 1, 6, 1, 4, 6, 5, 7});
+}
+
+TEST_CASE("truncated, corrupt and missing IDX files name the file and the problem") {
+  const std::string p = "/tmp/phalanx_bad_idx";
+  {
+    std::ofstream f(p, std::ios::binary);
+    const unsigned char head[] = {0, 0, 8, 1, 0, 0, 0, 10, 1, 2, 3};  // promises 10 labels, has 3
+    f.write(reinterpret_cast<const char*>(head), sizeof head);
+  }
+  CHECK_THROWS_WITH_AS(load_idx(p), doctest::Contains("truncated: expected 10 bytes of the data, got 3"), IoError);
+  {
+    std::ofstream f(p, std::ios::binary);
+    f << "PK not an idx file";
+  }
+  CHECK_THROWS_WITH_AS(load_idx(p), doctest::Contains("not an IDX file"), IoError);
+  {
+    gzFile g = gzopen(p.c_str(), "wb");
+    const unsigned char head[] = {0, 0, 8, 1, 0, 0, 0, 2, 4, 5};
+    gzwrite(g, head, sizeof head);
+    gzclose(g);
+  }
+  CHECK(load_idx(p).to_vector<std::int64_t>() == std::vector<std::int64_t>{4, 5});
+  CHECK_THROWS_WITH_AS(load_idx("/nonexistent.idx"), doctest::Contains("/nonexistent.idx"), IoError);
+  CHECK_THROWS_WITH_AS(load_mnist("/nonexistent"), doctest::Contains("dataset-fashion-mnist"), IoError);
+  std::remove(p.c_str());
+}
