@@ -23,3 +23,19 @@ function(phalanx_optional name found reason)
     set(PHALANX_HAVE_${name} OFF PARENT_SCOPE)
   endif()
 endfunction()
+
+set(PHALANX_WITH_GLOO AUTO CACHE STRING "Gloo communication plugin (AUTO|ON|OFF)")
+set_property(CACHE PHALANX_WITH_GLOO PROPERTY STRINGS AUTO ON OFF)
+
+# phalanx_add_plugin(NAME SOURCES...): a MODULE library libphalanx_<name>.so next to
+# libphalanx.so (so the registry finds it in the build tree) and installed beside it.
+function(phalanx_add_plugin name)
+  add_library(phalanx_${name} MODULE ${ARGN})
+  target_link_libraries(phalanx_${name} PRIVATE Phalanx::phalanx)
+  target_compile_options(phalanx_${name} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  set_target_properties(phalanx_${name} PROPERTIES
+    PREFIX "lib" OUTPUT_NAME phalanx_${name}
+    LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}
+    INSTALL_RPATH "$ORIGIN")
+  install(TARGETS phalanx_${name} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endfunction()

@@ -16,4 +16,5 @@
 #include "phalanx/core/nn/sequential.hpp"
 #include "phalanx/optim.hpp"
 #include "phalanx/samplers.hpp"
+#include "phalanx/parallel.hpp"
 #include "phalanx/core/world.hpp"

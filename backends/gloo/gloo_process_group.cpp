@@ -1,0 +1,303 @@
+#include "gloo_process_group.hpp"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/gather.h>
+#include <gloo/math.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "gloo_store_adapter.hpp"
+#include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/kernels.hpp"
+
+namespace phalanx::gloo_backend {
+
+namespace {
+
+AllreduceAlgo algo_from_env() {
+  const char* s = std::getenv("PHALANX_GLOO_ALLREDUCE");
+  if (!s || !*s || std::string(s) == "auto") return AllreduceAlgo::Auto;
+  const std::string v = s;
+  if (v == "ring") return AllreduceAlgo::Ring;
+  if (v == "bcube") return AllreduceAlgo::Bcube;
+  if (v == "ring_chunked") return AllreduceAlgo::RingChunked;
+  if (v == "halving_doubling") return AllreduceAlgo::HalvingDoubling;
+  throw ConfigError("PHALANX_GLOO_ALLREDUCE='" + v +
+                    "' is not one of auto, ring, bcube, ring_chunked, halving_doubling");
+}
+
+template <typename T>
+::gloo::AllreduceOptions::Func reduce_fn(ReduceOp op) {
+  using Raw = void (*)(void*, const void*, const void*, std::size_t);
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return static_cast<Raw>(&::gloo::sum<T>);
+    case ReduceOp::Product: return static_cast<Raw>(&::gloo::product<T>);
+    case ReduceOp::Min: return static_cast<Raw>(&::gloo::min<T>);
+    case ReduceOp::Max: return static_cast<Raw>(&::gloo::max<T>);
+  }
+  return static_cast<Raw>(&::gloo::sum<T>);
+}
+
+template <typename T>
+const ::gloo::ReductionFunction<T>* reduction(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return ::gloo::ReductionFunction<T>::sum;
+    case ReduceOp::Product: return ::gloo::ReductionFunction<T>::product;
+    case ReduceOp::Min: return ::gloo::ReductionFunction<T>::min;
+    case ReduceOp::Max: return ::gloo::ReductionFunction<T>::max;
+  }
+  return ::gloo::ReductionFunction<T>::sum;
+}
+
+std::uint32_t tag_of(std::uint64_t seq) { return static_cast<std::uint32_t>(seq & 0x7fffffff); }
+
+/// Dispatches on the tensor's dtype.
+template <typename Fn>
+void by_dtype(const Tensor& t, Fn&& fn) {
+  if (t.dtype() == DType::Float32)
+    fn(static_cast<float*>(nullptr));
+  else
+    fn(static_cast<std::int64_t*>(nullptr));
+}
+
+void require_cpu(const Tensor& t, const char* op) {
+  if (!t.device().is_cpu())
+    throw TypeError(std::string(op) + ": the gloo backend takes CPU tensors, got one on " +
+                    t.device().str() + "; use the nccl backend for CUDA tensors");
+}
+
+}  // namespace
+
+GlooProcessGroup::GlooProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank, c.size, c.timeout) {
+  algo_ = algo_from_env();
+  ::gloo::transport::tcp::attr attr;
+  attr.hostname = c.hostname;
+  try {
+    device_ = ::gloo::transport::tcp::CreateDevice(attr);
+    auto ctx = std::make_shared<::gloo::rendezvous::Context>(c.rank, c.size);
+    ctx->setTimeout(c.timeout);
+    StoreAdapter adapter(c.store);
+    ctx->connectFullMesh(adapter, device_);
+    context_ = ctx;
+  } catch (const ::gloo::Exception& e) {
+    shutdown();
+    throw CommError(detail::concat("gloo rendezvous on rank ", c.rank, " of ", c.size,
+                                   " failed: ", e.what()));
+  } catch (...) {
+    shutdown();
+    throw;
+  }
+}
+
+GlooProcessGroup::~GlooProcessGroup() {
+  shutdown();  // the worker thread stops before the context goes
+}
+
+template <typename Fn>
+void GlooProcessGroup::guarded(const char* op, std::uint64_t seq, Fn&& fn) {
+  try {
+    fn();
+  } catch (const ::gloo::IoException& e) {
+    const std::string what = e.what();
+    const std::string ctx = describe(op, seq);
+    if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos)
+      throw TimeoutError(ctx + " timed out after " + std::to_string(timeout().count() / 1000.0) +
+                         " s: a peer did not take part (it may have exited, hung, or issued a "
+                         "different sequence of collectives); gloo: " + what);
+    throw CommError(ctx + " failed: a peer closed its connection (the process may have died); gloo: " + what);
+  } catch (const ::gloo::Exception& e) {
+    throw CommError(describe(op, seq) + " failed: " + e.what());
+  }
+}
+
+void GlooProcessGroup::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq) {
+  const std::size_t n = static_cast<std::size_t>(t.numel());
+  const std::size_t bytes = t.nbytes();
+  AllreduceAlgo algo = algo_;
+  if (algo == AllreduceAlgo::Auto)
+    // Measured on 2 ranks over loopback (docs/algorithms.md): the ring of gloo::allreduce
+    // wins for every size here.
+    algo = AllreduceAlgo::Ring;
+  by_dtype(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* ptr = t.data<T>();
+    switch (algo) {
+      case AllreduceAlgo::RingChunked: {
+        ::gloo::AllreduceRingChunked<T> a(context_, {ptr}, static_cast<int>(n), reduction<T>(op));
+        a.run();
+        break;
+      }
+      case AllreduceAlgo::HalvingDoubling: {
+        ::gloo::AllreduceHalvingDoubling<T> a(context_, {ptr}, static_cast<int>(n), reduction<T>(op));
+        a.run();
+        break;
+      }
+      default: {
+        ::gloo::AllreduceOptions o(context_);
+        o.setOutput(ptr, n);
+        o.setReduceFunction(reduce_fn<T>(op));
+        o.setTag(tag_of(seq));
+        o.setTimeout(timeout());
+        o.setAlgorithm(algo == AllreduceAlgo::Bcube ? ::gloo::AllreduceOptions::Algorithm::BCUBE
+                                                    : ::gloo::AllreduceOptions::Algorithm::RING);
+        ::gloo::allreduce(o);
+      }
+    }
+  });
+  (void)bytes;
+  if (op == ReduceOp::Avg) kernels_for(t.device()).scale(t, 1.f / static_cast<float>(size()));
+}
+
+void GlooProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
+  require_cpu(t, "allreduce");
+  guarded("allreduce", seq, [&] { allreduce_impl(t, op, seq); });
+}
+
+void GlooProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
+  require_cpu(t, "broadcast");
+  guarded("broadcast", seq, [&] {
+    ::gloo::BroadcastOptions o(context_);
+    by_dtype(t, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      o.setOutput(t.data<T>(), static_cast<std::size_t>(t.numel()));
+    });
+    o.setRoot(root);
+    o.setTag(tag_of(seq));
+    o.setTimeout(timeout());
+    ::gloo::broadcast(o);
+  });
+}
+
+void GlooProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
+  require_cpu(in, "allgather");
+  guarded("allgather", seq, [&] {
+    Tensor flat = Tensor::empty({in.numel() * size()}, in.dtype());
+    ::gloo::AllgatherOptions o(context_);
+    by_dtype(in, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      o.setInput(in.data<T>(), static_cast<std::size_t>(in.numel()));
+      o.setOutput(flat.data<T>(), static_cast<std::size_t>(flat.numel()));
+    });
+    o.setTag(tag_of(seq));
+    o.setTimeout(timeout());
+    ::gloo::allgather(o);
+    for (int r = 0; r < size(); ++r)
+      std::memcpy(out[r].raw_data(), static_cast<char*>(flat.raw_data()) + r * in.nbytes(), in.nbytes());
+  });
+}
+
+void GlooProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op,
+                                          std::uint64_t seq) {
+  require_cpu(out, "reduce_scatter");
+  // Allreduce of the concatenated inputs, then this rank's chunk: simple and exact; it moves
+  // twice the bytes of a dedicated reduce-scatter.
+  Tensor flat = Tensor::empty({out.numel() * size()}, out.dtype());
+  for (int r = 0; r < size(); ++r)
+    std::memcpy(static_cast<char*>(flat.raw_data()) + r * out.nbytes(), in[r].raw_data(), out.nbytes());
+  guarded("reduce_scatter", seq, [&] { allreduce_impl(flat, op, seq); });
+  std::memcpy(out.raw_data(), static_cast<char*>(flat.raw_data()) + rank() * out.nbytes(), out.nbytes());
+}
+
+void GlooProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
+  require_cpu(t, "reduce");
+  guarded("reduce", seq, [&] {
+    Tensor scratch = rank() == root ? t : Tensor::empty(t.shape(), t.dtype());
+    ::gloo::ReduceOptions o(context_);
+    by_dtype(t, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      o.setInput(t.data<T>(), static_cast<std::size_t>(t.numel()));
+      o.setOutput(scratch.data<T>(), static_cast<std::size_t>(t.numel()));
+      o.setReduceFunction(reduce_fn<T>(op));
+    });
+    o.setRoot(root);
+    o.setTag(tag_of(seq));
+    o.setTimeout(timeout());
+    ::gloo::reduce(o);
+  });
+  if (op == ReduceOp::Avg && rank() == root) kernels_for(t.device()).scale(t, 1.f / static_cast<float>(size()));
+}
+
+void GlooProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
+  require_cpu(in, "gather");
+  guarded("gather", seq, [&] {
+    Tensor flat = rank() == root ? Tensor::empty({in.numel() * size()}, in.dtype()) : Tensor();
+    ::gloo::GatherOptions o(context_);
+    by_dtype(in, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      o.setInput(in.data<T>(), static_cast<std::size_t>(in.numel()));
+      if (rank() == root) o.setOutput(flat.data<T>(), static_cast<std::size_t>(flat.numel()));
+    });
+    o.setRoot(root);
+    o.setTag(tag_of(seq));
+    o.setTimeout(timeout());
+    ::gloo::gather(o);
+    if (rank() == root)
+      for (int r = 0; r < size(); ++r)
+        std::memcpy(out[r].raw_data(), static_cast<char*>(flat.raw_data()) + r * in.nbytes(), in.nbytes());
+  });
+}
+
+void GlooProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) {
+  require_cpu(out, "scatter");
+  guarded("scatter", seq, [&] {
+    ::gloo::ScatterOptions o(context_);
+    by_dtype(out, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      if (rank() == root) {
+        std::vector<T*> ptrs;
+        for (auto& t : in) ptrs.push_back(t.data<T>());
+        o.setInputs(ptrs, static_cast<std::size_t>(out.numel()));
+      }
+      o.setOutput(out.data<T>(), static_cast<std::size_t>(out.numel()));
+    });
+    o.setRoot(root);
+    o.setTag(tag_of(seq));
+    o.setTimeout(timeout());
+    ::gloo::scatter(o);
+  });
+}
+
+void GlooProcessGroup::run_barrier(std::uint64_t seq) {
+  guarded("barrier", seq, [&] {
+    ::gloo::BarrierOptions o(context_);
+    o.setTag(tag_of(seq));
+    o.setTimeout(timeout());
+    ::gloo::barrier(o);
+  });
+}
+
+void GlooProcessGroup::run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) {
+  require_cpu(t, "send");
+  std::shared_ptr<::gloo::transport::UnboundBuffer> buf;
+  guarded("send", seq, [&] {
+    buf = context_->createUnboundBuffer(t.raw_data(), t.nbytes());
+    buf->send(dst, static_cast<std::uint64_t>(tag));
+  });
+  // The tensor is captured so its memory outlives the transfer.
+  defer_completion([this, buf, t, seq] { guarded("send", seq, [&] { buf->waitSend(timeout()); }); });
+}
+
+void GlooProcessGroup::run_recv(Tensor& t, int src, int tag, std::uint64_t seq) {
+  require_cpu(t, "recv");
+  std::shared_ptr<::gloo::transport::UnboundBuffer> buf;
+  guarded("recv", seq, [&] {
+    buf = context_->createUnboundBuffer(t.raw_data(), t.nbytes());
+    buf->recv(src, static_cast<std::uint64_t>(tag));
+  });
+  defer_completion([this, buf, t, seq] { guarded("recv", seq, [&] { buf->waitRecv(timeout()); }); });
+}
+
+}  // namespace phalanx::gloo_backend

@@ -1,0 +1,48 @@
+#pragma once
+// The Gloo communication backend (CPU tensors over TCP), Debian's libgloo 0.5.
+#include <memory>
+
+#include "phalanx/backends/process_group.hpp"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+}
+}  // namespace gloo
+
+namespace phalanx::gloo_backend {
+
+/// Allreduce algorithm, chosen per message size (docs/algorithms.md) unless forced with
+/// PHALANX_GLOO_ALLREDUCE=ring|bcube|ring_chunked|halving_doubling.
+enum class AllreduceAlgo { Auto, Ring, Bcube, RingChunked, HalvingDoubling };
+
+class GlooProcessGroup : public ProcessGroup {
+ public:
+  explicit GlooProcessGroup(const BackendConfig& config);
+  ~GlooProcessGroup() override;
+  std::string backend_name() const override { return "gloo"; }
+
+ protected:
+  void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) override;
+  void run_broadcast(Tensor& t, int root, std::uint64_t seq) override;
+  void run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) override;
+  void run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op, std::uint64_t seq) override;
+  void run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) override;
+  void run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) override;
+  void run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) override;
+  void run_barrier(std::uint64_t seq) override;
+  void run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) override;
+  void run_recv(Tensor& t, int src, int tag, std::uint64_t seq) override;
+
+ private:
+  template <typename Fn>
+  void guarded(const char* op, std::uint64_t seq, Fn&& fn);
+  void allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq);
+
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::shared_ptr<::gloo::Context> context_;
+  AllreduceAlgo algo_ = AllreduceAlgo::Auto;
+};
+
+}  // namespace phalanx::gloo_backend

@@ -1,0 +1,127 @@
+#pragma once
+// ProcessGroup: the abstraction the rest of Phalanx talks to. DDP and the samplers do not
+// know which backend carries the bytes.
+//
+// Every public call returns a Work handle at once. Operations run on the group's own
+// worker thread, one after another in issue order (so every rank executes them in the
+// same order), while the caller keeps computing. A backend implements the synchronous
+// `run_*` hooks. After an operation fails the group is broken: later operations fail at
+// once with an error naming the first failure.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "phalanx/backends/reduce_op.hpp"
+#include "phalanx/backends/work.hpp"
+#include "phalanx/core/tensor.hpp"
+
+namespace phalanx {
+
+class Store;
+
+/// What a backend factory receives.
+struct BackendConfig {
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<Store> store;  ///< rendezvous store (already prefixed for this group)
+  std::chrono::milliseconds timeout{300000};
+  std::string hostname = "127.0.0.1";  ///< address this rank listens on
+};
+
+/// The default operation timeout: PHALANX_TIMEOUT (seconds) when set, else 300 s.
+std::chrono::milliseconds default_timeout();
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backend_name() const = 0;
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// In place: every rank ends with the reduction of all ranks' `tensor`.
+  WorkPtr allreduce(Tensor tensor, ReduceOp op = ReduceOp::Sum);
+  /// In place: every rank ends with `root`'s tensor.
+  WorkPtr broadcast(Tensor tensor, int root = 0);
+  /// outputs[r] receives rank r's input (outputs: `size()` tensors shaped like input).
+  WorkPtr allgather(std::vector<Tensor> outputs, Tensor input);
+  /// output receives the reduction over ranks of inputs[rank()] (inputs: `size()` tensors).
+  WorkPtr reduce_scatter(Tensor output, std::vector<Tensor> inputs, ReduceOp op = ReduceOp::Sum);
+  /// In place at `root` only; other ranks' tensors are left as they were.
+  WorkPtr reduce(Tensor tensor, int root = 0, ReduceOp op = ReduceOp::Sum);
+  /// At `root`, outputs[r] receives rank r's input; outputs is ignored elsewhere.
+  WorkPtr gather(std::vector<Tensor> outputs, Tensor input, int root = 0);
+  /// output receives `root`'s inputs[rank()]; inputs is ignored elsewhere.
+  WorkPtr scatter(Tensor output, std::vector<Tensor> inputs, int root = 0);
+  WorkPtr barrier();
+  WorkPtr send(Tensor tensor, int dst, int tag = 0);
+  WorkPtr recv(Tensor tensor, int src, int tag = 0);
+
+  /// How many operations have been issued.
+  std::uint64_t sequence_number() const;
+
+ protected:
+  /// `inline_ops`: run operations on the caller's thread (no worker thread), for backends
+  /// whose operations are trivial (the world of one).
+  ProcessGroup(int rank, int size, std::chrono::milliseconds timeout, bool inline_ops = false);
+  /// Backends must call this at the end of their destructor's work (before members die).
+  void shutdown();
+
+  virtual void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) = 0;
+  virtual void run_broadcast(Tensor& t, int root, std::uint64_t seq) = 0;
+  virtual void run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) = 0;
+  virtual void run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op,
+                                  std::uint64_t seq) = 0;
+  virtual void run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) = 0;
+  virtual void run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) = 0;
+  virtual void run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) = 0;
+  virtual void run_barrier(std::uint64_t seq) = 0;
+  virtual void run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) = 0;
+  virtual void run_recv(Tensor& t, int src, int tag, std::uint64_t seq) = 0;
+
+  /// Called from a run_* hook that only posted its operation (point-to-point): the Work
+  /// completes when `waiter` returns, on the group's completion thread, so the worker can
+  /// go on posting (a ring of sends and receives then cannot deadlock).
+  void defer_completion(std::function<void()> waiter);
+
+  /// "allreduce #12 on rank 1 of 4 (gloo)": the context every error message starts with.
+  std::string describe(const std::string& op, std::uint64_t seq) const;
+
+ private:
+  WorkPtr enqueue(const char* op, std::function<void(std::uint64_t)> fn);
+  void worker_loop();
+  void completion_loop();
+  void mark_broken(const char* what);
+  void check_root(int root, const char* op) const;
+  void check_peer(int peer, const char* op) const;
+
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  bool inline_ops_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<WorkPtr, std::function<void(std::uint64_t)>>> queue_;
+  std::uint64_t next_seq_ = 0;
+  bool stopping_ = false;
+  std::string broken_;  // non-empty once an operation failed
+  std::thread worker_;
+  // deferred completions (point-to-point)
+  std::function<void()> pending_waiter_;  // set by defer_completion during a run_* hook
+  std::deque<std::pair<WorkPtr, std::function<void()>>> completions_;
+  std::condition_variable completion_cv_;
+  std::thread completer_;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+}  // namespace phalanx

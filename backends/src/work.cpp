@@ -1,0 +1,49 @@
+#include "phalanx/backends/work.hpp"
+
+#include "phalanx/backends/comm_error.hpp"
+#include "phalanx/backends/reduce_op.hpp"
+
+namespace phalanx {
+
+void Work::wait(std::chrono::milliseconds timeout) {
+  if (timeout.count() < 0) timeout = timeout_;
+  std::unique_lock<std::mutex> lock(mu_);
+  // The backend's own timeout fires first; this bound only guards against a stuck backend.
+  if (!cv_.wait_for(lock, timeout, [&] { return done_; }))
+    throw TimeoutError(detail::concat(op_, " #", seq_, " on rank ", rank_, " did not complete within ",
+                                      timeout.count() / 1000.0, " s; a peer may have stopped "
+                                      "calling collectives, or be much slower (raise PHALANX_TIMEOUT)"));
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+std::exception_ptr Work::exception() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void Work::finish(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    error_ = error;
+  }
+  cv_.notify_all();
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Min: return "min";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Product: return "product";
+  }
+  return "?";
+}
+
+}  // namespace phalanx

@@ -1,0 +1,15 @@
+#pragma once
+// Umbrella for the communication layer and parallel/.
+#include "phalanx/backends/comm_error.hpp"
+#include "phalanx/backends/file_store.hpp"
+#include "phalanx/backends/memory_store.hpp"
+#include "phalanx/backends/plugin_registry.hpp"
+#include "phalanx/backends/prefix_store.hpp"
+#include "phalanx/backends/process_group.hpp"
+#include "phalanx/backends/reduce_op.hpp"
+#include "phalanx/backends/store.hpp"
+#include "phalanx/backends/tcp_store.hpp"
+#include "phalanx/backends/work.hpp"
+#include "phalanx/backends/world_of_one.hpp"
+#include "phalanx/parallel/init.hpp"
+#include "phalanx/parallel/launch_env.hpp"

@@ -1,0 +1,25 @@
+#pragma once
+// What the launcher told this worker, from the environment. torchrun's names first
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), then
+// OpenMPI's (OMPI_COMM_WORLD_*), then SLURM's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID).
+// No variables at all means a world of one.
+#include <string>
+
+namespace phalanx::parallel {
+
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr;  ///< empty when unset
+  int master_port = -1;     ///< -1 when unset
+  std::string source = "none";  ///< "env" (torchrun names), "openmpi", "slurm" or "none"
+  int restart_count = 0;        ///< PHALANX_RESTART_COUNT
+  bool store_hosted = false;    ///< PHALANX_STORE_HOSTED=1: the launcher hosts the TCP store
+};
+
+/// Reads and validates the environment; throws ConfigError naming the bad variable.
+LaunchEnv read_launch_env();
+
+}  // namespace phalanx::parallel

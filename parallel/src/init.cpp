@@ -1,0 +1,215 @@
+#include "phalanx/parallel/init.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "phalanx/backends/comm_error.hpp"
+#include "phalanx/backends/file_store.hpp"
+#include "phalanx/backends/memory_store.hpp"
+#include "phalanx/backends/plugin_registry.hpp"
+#include "phalanx/backends/prefix_store.hpp"
+#include "phalanx/backends/tcp_store.hpp"
+#include "phalanx/backends/world_of_one.hpp"
+#include "phalanx/core/world.hpp"
+#include "phalanx/parallel/launch_env.hpp"
+
+namespace phalanx::parallel {
+
+namespace {
+
+struct State {
+  std::mutex mu;
+  ProcessGroupPtr group;
+  std::unique_ptr<TcpStoreServer> server;  // when this rank hosts the store
+  StorePtr store;
+};
+State& state() {
+  static State s;
+  return s;
+}
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+nlohmann::json read_config(const InitOptions& o) {
+  const std::string path = !o.config_file.empty() ? o.config_file : env_or("PHALANX_CONFIG", "");
+  if (path.empty()) return nlohmann::json::object();
+  std::ifstream f(path);
+  if (!f) throw ConfigError("config file " + path + " cannot be opened (PHALANX_CONFIG)");
+  try {
+    nlohmann::json j = nlohmann::json::parse(f);
+    if (!j.is_object()) throw ConfigError("config file " + path + ": expected a JSON object");
+    return j;
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError("config file " + path + " is not valid JSON: " + e.what());
+  }
+}
+
+std::string config_string(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key)) return "";
+  if (!j[key].is_string()) throw ConfigError(std::string("config key '") + key + "' must be a string");
+  return j[key].get<std::string>();
+}
+
+bool is_loopback(const std::string& host) {
+  return host.empty() || host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+}  // namespace
+
+std::string resolve_backend(const InitOptions& o, int world_size) {
+  std::string b = o.backend;
+  if (b.empty()) b = env_or("PHALANX_BACKEND", "");
+  if (b.empty()) b = config_string(read_config(o), "backend");
+  if (!b.empty() && b != "auto") return b;
+  if (world_size == 1) return "single";
+  std::string device = !o.device.empty() ? o.device : env_or("PHALANX_DEVICE", "");
+  if (device.empty()) device = config_string(read_config(o), "device");
+  if (device.rfind("cuda", 0) == 0 && backend_available("nccl")) return "nccl";
+  const LaunchEnv env = read_launch_env();
+  if ((env.source == "openmpi" || env.source == "slurm") && backend_available("mpi")) return "mpi";
+  return "gloo";
+}
+
+ProcessGroupPtr init_process_group(const InitOptions& o) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.group)
+    throw ConfigError("init_process_group: the default process group is already initialised "
+                      "(call destroy_process_group() first)");
+  const LaunchEnv env = read_launch_env();
+  const int world = o.world_size > 0 ? o.world_size : env.world_size;
+  const int rank = o.rank >= 0 ? o.rank : env.rank;
+  if (rank >= world)
+    throw ConfigError(detail::concat("init_process_group: rank ", rank, " is not below the world size ", world));
+  const auto timeout = o.timeout.count() > 0 ? o.timeout : default_timeout();
+  const std::string backend = resolve_backend(o, world);
+
+  if (backend == "single") {
+    if (world != 1)
+      throw ConfigError(detail::concat("backend 'single' is a world of one, but WORLD_SIZE is ", world));
+    s.group = std::make_shared<WorldOfOneProcessGroup>(timeout);
+    set_default_world({0, 1});
+    return s.group;
+  }
+
+  // The rendezvous store.
+  StorePtr store;
+  std::string host = "127.0.0.1";
+  const std::string method = o.init_method.empty() ? "env://" : o.init_method;
+  if (method.rfind("file://", 0) == 0) {
+    store = std::make_shared<FileStore>(method.substr(7), timeout);
+  } else if (world == 1 && method == "env://" && env.master_addr.empty()) {
+    store = std::make_shared<MemoryStore>(timeout);
+  } else {
+    std::string addr = env.master_addr;
+    int port = env.master_port;
+    if (method.rfind("tcp://", 0) == 0) {
+      const std::string hp = method.substr(6);
+      const auto colon = hp.rfind(':');
+      if (colon == std::string::npos) throw ConfigError("init_method '" + method + "': expected tcp://host:port");
+      addr = hp.substr(0, colon);
+      port = std::atoi(hp.substr(colon + 1).c_str());
+    } else if (method != "env://") {
+      throw ConfigError("init_method '" + method + "' is not env://, file:///path or tcp://host:port");
+    }
+    if (addr.empty())
+      throw ConfigError(detail::concat("MASTER_ADDR is not set: with a world of ", world,
+                                       " every worker needs the address of the rendezvous host; set "
+                                       "MASTER_ADDR and MASTER_PORT, or start the job with phalanx-run"));
+    if (port <= 0)
+      throw ConfigError("MASTER_PORT is not set: set it (the same on every worker), or start the job "
+                        "with phalanx-run, which picks a free one");
+    TcpStoreOptions so;
+    so.host = addr;
+    so.port = port;
+    so.timeout = timeout;
+    if (rank == 0 && !env.store_hosted) s.server = std::make_unique<TcpStoreServer>(so);
+    store = std::make_shared<TcpStore>(so);
+    host = is_loopback(addr) ? "127.0.0.1" : env_or("PHALANX_HOSTNAME", [] {
+      char buf[256] = {0};
+      ::gethostname(buf, sizeof buf - 1);
+      return std::string(buf);
+    }());
+  }
+  auto prefixed = std::make_shared<PrefixStore>("phalanx/r" + std::to_string(env.restart_count) + "/default", store);
+
+  // Every rank checks in once: a duplicate rank or a disagreement on the world is an error
+  // on every rank, not a hang.
+  char hostname[256] = {0};
+  ::gethostname(hostname, sizeof hostname - 1);
+  const std::string mine = detail::concat(world, "|", backend, "|pid ", ::getpid(), " on ", hostname);
+  const Bytes mine_b(mine.begin(), mine.end());
+  const Bytes got = prefixed->compare_set("rank/" + std::to_string(rank), {}, mine_b);
+  if (got != mine_b) {
+    const std::string theirs(got.begin(), got.end());
+    const auto who = [](const std::string& v) { return v.substr(v.find("pid")); };
+    throw ConfigError(detail::concat("rank ", rank, " is taken twice: this worker (", who(mine), ") and another (",
+                                     who(theirs), ") were both given RANK=", rank,
+                                     "; every worker needs its own rank"));
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back("rank/" + std::to_string(r));
+  try {
+    prefixed->wait(keys, timeout);
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < world; ++r)
+      if (!prefixed->check({"rank/" + std::to_string(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    throw TimeoutError(detail::concat("rendezvous timed out after ", timeout.count() / 1000.0, " s on rank ", rank,
+                                      ": rank(s) ", missing, " of ", world,
+                                      " never joined (did they start? do they use the same MASTER_ADDR, "
+                                      "MASTER_PORT and WORLD_SIZE?)"));
+  }
+  for (int r = 0; r < world; ++r) {
+    const std::string theirs = prefixed->get_string("rank/" + std::to_string(r));
+    const auto bar1 = theirs.find('|'), bar2 = theirs.find('|', bar1 + 1);
+    const std::string their_world = theirs.substr(0, bar1);
+    const std::string their_backend = theirs.substr(bar1 + 1, bar2 - bar1 - 1);
+    if (their_world != std::to_string(world) || their_backend != backend)
+      throw ConfigError(detail::concat("rank ", r, " was started with world size ", their_world, " and backend '",
+                                       their_backend, "', but rank ", rank, " with world size ", world,
+                                       " and backend '", backend, "'; every worker needs the same WORLD_SIZE and backend"));
+  }
+
+  BackendConfig cfg;
+  cfg.rank = rank;
+  cfg.size = world;
+  cfg.store = prefixed;
+  cfg.timeout = timeout;
+  cfg.hostname = host;
+  s.group = create_process_group(backend, cfg, o.plugin_path);
+  s.store = store;
+  set_default_world({rank, world});
+  return s.group;
+}
+
+void destroy_process_group() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.group.reset();
+  s.store.reset();
+  s.server.reset();
+  set_default_world({0, 1});
+}
+
+bool is_initialized() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.group != nullptr;
+}
+
+ProcessGroupPtr default_process_group() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.group) s.group = std::make_shared<WorldOfOneProcessGroup>(default_timeout());
+  return s.group;
+}
+
+}  // namespace phalanx::parallel

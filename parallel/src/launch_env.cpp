@@ -1,0 +1,77 @@
+#include "phalanx/parallel/launch_env.hpp"
+
+#include <cstdlib>
+#include <string>
+
+#include "phalanx/backends/comm_error.hpp"
+
+namespace phalanx::parallel {
+
+namespace {
+const char* get(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+int parse_int(const char* name, const char* value, int lo, int hi) {
+  std::string s = value;
+  char* end = nullptr;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  if (end == s.c_str() || *end != '\0')
+    throw ConfigError(std::string(name) + "='" + s + "' is not an integer");
+  if (v < lo || v > hi)
+    throw ConfigError(detail::concat(name, "=", v, " is out of range [", lo, ", ", hi, "]"));
+  return static_cast<int>(v);
+}
+}  // namespace
+
+LaunchEnv read_launch_env() {
+  LaunchEnv e;
+  constexpr int kMax = 1 << 20;
+  const char* rank = get("RANK");
+  const char* world = get("WORLD_SIZE");
+  if (rank || world) {
+    if (!rank || !world)
+      throw ConfigError(std::string(rank ? "RANK" : "WORLD_SIZE") + " is set but " +
+                        (rank ? "WORLD_SIZE" : "RANK") + " is not; a launcher sets both (phalanx-run does)");
+    e.source = "env";
+    e.world_size = parse_int("WORLD_SIZE", world, 1, kMax);
+    e.rank = parse_int("RANK", rank, 0, kMax);
+    e.local_rank = get("LOCAL_RANK") ? parse_int("LOCAL_RANK", get("LOCAL_RANK"), 0, kMax) : e.rank;
+    e.local_world_size = get("LOCAL_WORLD_SIZE")
+                             ? parse_int("LOCAL_WORLD_SIZE", get("LOCAL_WORLD_SIZE"), 1, kMax)
+                             : e.world_size;
+  } else if (get("OMPI_COMM_WORLD_RANK") && get("OMPI_COMM_WORLD_SIZE")) {
+    e.source = "openmpi";
+    e.world_size = parse_int("OMPI_COMM_WORLD_SIZE", get("OMPI_COMM_WORLD_SIZE"), 1, kMax);
+    e.rank = parse_int("OMPI_COMM_WORLD_RANK", get("OMPI_COMM_WORLD_RANK"), 0, kMax);
+    e.local_rank = get("OMPI_COMM_WORLD_LOCAL_RANK")
+                       ? parse_int("OMPI_COMM_WORLD_LOCAL_RANK", get("OMPI_COMM_WORLD_LOCAL_RANK"), 0, kMax)
+                       : 0;
+    e.local_world_size = get("OMPI_COMM_WORLD_LOCAL_SIZE")
+                             ? parse_int("OMPI_COMM_WORLD_LOCAL_SIZE", get("OMPI_COMM_WORLD_LOCAL_SIZE"), 1, kMax)
+                             : 1;
+  } else if (get("SLURM_PROCID") && get("SLURM_NTASKS")) {
+    e.source = "slurm";
+    e.world_size = parse_int("SLURM_NTASKS", get("SLURM_NTASKS"), 1, kMax);
+    e.rank = parse_int("SLURM_PROCID", get("SLURM_PROCID"), 0, kMax);
+    e.local_rank = get("SLURM_LOCALID") ? parse_int("SLURM_LOCALID", get("SLURM_LOCALID"), 0, kMax) : 0;
+    const char* per_node = get("SLURM_NTASKS_PER_NODE");
+    e.local_world_size = per_node && std::string(per_node).find_first_not_of("0123456789") == std::string::npos
+                             ? parse_int("SLURM_NTASKS_PER_NODE", per_node, 1, kMax)
+                             : 1;
+  }
+  if (e.rank >= e.world_size)
+    throw ConfigError(detail::concat("rank ", e.rank, " is not below the world size ", e.world_size,
+                                     " (ranks count from 0); check RANK and WORLD_SIZE"));
+  if (e.local_rank >= e.local_world_size)
+    throw ConfigError(detail::concat("local rank ", e.local_rank, " is not below the local world size ",
+                                     e.local_world_size));
+  if (const char* a = get("MASTER_ADDR")) e.master_addr = a;
+  if (const char* p = get("MASTER_PORT")) e.master_port = parse_int("MASTER_PORT", p, 1, 65535);
+  if (const char* r = get("PHALANX_RESTART_COUNT")) e.restart_count = parse_int("PHALANX_RESTART_COUNT", r, 0, kMax);
+  if (const char* h = get("PHALANX_STORE_HOSTED")) e.store_hosted = std::string(h) == "1";
+  return e;
+}
+
+}  // namespace phalanx::parallel

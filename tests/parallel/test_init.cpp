@@ -1,0 +1,174 @@
+// init_process_group: environment parsing, backend selection, rendezvous checks.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "support/multirank.hpp"
+
+using namespace phalanx;
+using namespace phalanx::test;
+using namespace std::chrono_literals;
+
+namespace {
+struct EnvGuard {
+  std::vector<std::string> names = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                    "MASTER_PORT", "PHALANX_BACKEND", "PHALANX_CONFIG", "OMPI_COMM_WORLD_RANK",
+                                    "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "PHALANX_TIMEOUT",
+                                    "PHALANX_STORE_HOSTED"};
+  EnvGuard() { clear(); }
+  ~EnvGuard() { clear(); }
+  void clear() {
+    for (auto& n : names) ::unsetenv(n.c_str());
+  }
+};
+}  // namespace
+
+TEST_CASE("no variables at all: a world of one on the built-in backend") {
+  EnvGuard env;
+  const auto e = parallel::read_launch_env();
+  CHECK(e.world_size == 1);
+  CHECK(e.source == "none");
+  auto pg = parallel::init_process_group();
+  CHECK(pg->backend_name() == "single");
+  CHECK(parallel::is_initialized());
+  CHECK_THROWS_AS(parallel::init_process_group(), ConfigError);
+  parallel::destroy_process_group();
+  CHECK_FALSE(parallel::is_initialized());
+}
+
+TEST_CASE("torchrun, OpenMPI and SLURM variables") {
+  EnvGuard env;
+  ::setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  auto e = parallel::read_launch_env();
+  CHECK(e.source == "openmpi");
+  CHECK(e.rank == 2);
+  CHECK(e.world_size == 4);
+  ::setenv("RANK", "1", 1);  // torchrun names take priority
+  ::setenv("WORLD_SIZE", "3", 1);
+  e = parallel::read_launch_env();
+  CHECK(e.source == "env");
+  CHECK(e.rank == 1);
+  CHECK(e.local_rank == 1);
+  env.clear();
+  ::setenv("SLURM_PROCID", "5", 1);
+  ::setenv("SLURM_NTASKS", "8", 1);
+  e = parallel::read_launch_env();
+  CHECK(e.source == "slurm");
+  CHECK(e.rank == 5);
+}
+
+TEST_CASE("bad values are clear errors") {
+  EnvGuard env;
+  ::setenv("RANK", "abc", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  CHECK_THROWS_WITH_AS(parallel::read_launch_env(), doctest::Contains("RANK='abc' is not an integer"), ConfigError);
+  ::setenv("RANK", "2", 1);
+  CHECK_THROWS_WITH_AS(parallel::read_launch_env(), doctest::Contains("rank 2 is not below the world size 2"),
+                       ConfigError);
+  ::unsetenv("WORLD_SIZE");
+  CHECK_THROWS_WITH_AS(parallel::read_launch_env(), doctest::Contains("WORLD_SIZE is not"), ConfigError);
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  CHECK_THROWS_WITH_AS(parallel::init_process_group(), doctest::Contains("MASTER_ADDR is not set"), ConfigError);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", "99999", 1);
+  CHECK_THROWS_AS(parallel::read_launch_env(), ConfigError);
+  ::setenv("PHALANX_TIMEOUT", "soon", 1);
+  CHECK_THROWS_WITH_AS(default_timeout(), doctest::Contains("PHALANX_TIMEOUT='soon'"), ConfigError);
+}
+
+TEST_CASE("backend priority: argument > PHALANX_BACKEND > config file > auto") {
+  EnvGuard env;
+  parallel::InitOptions o;
+  CHECK(parallel::resolve_backend(o, 1) == "single");
+  CHECK(parallel::resolve_backend(o, 2) == "gloo");
+  const std::string cfg = "/tmp/phalanx_cfg_" + std::to_string(::getpid()) + ".json";
+  { std::ofstream(cfg) << R"({"backend": "from-config"})"; }
+  ::setenv("PHALANX_CONFIG", cfg.c_str(), 1);
+  CHECK(parallel::resolve_backend(o, 2) == "from-config");
+  ::setenv("PHALANX_BACKEND", "from-env", 1);
+  CHECK(parallel::resolve_backend(o, 2) == "from-env");
+  o.backend = "from-arg";
+  CHECK(parallel::resolve_backend(o, 2) == "from-arg");
+  { std::ofstream(cfg) << "{not json"; }
+  ::unsetenv("PHALANX_BACKEND");
+  o.backend = "";
+  CHECK_THROWS_WITH_AS(parallel::resolve_backend(o, 2), doctest::Contains("is not valid JSON"), ConfigError);
+  std::remove(cfg.c_str());
+}
+
+TEST_CASE("an explicitly named backend that cannot load is an error even in a world of one") {
+  EnvGuard env;
+  parallel::InitOptions o;
+  o.backend = "nosuch";
+  CHECK_THROWS_AS(parallel::init_process_group(o), PluginNotFoundError);
+  CHECK_FALSE(parallel::is_initialized());
+  o.backend = "gloo";  // a world of one on a real backend works (in-memory rendezvous)
+  auto pg = parallel::init_process_group(o);
+  CHECK(pg->backend_name() == "gloo");
+  Tensor t = ones({4});
+  pg->allreduce(t)->wait();
+  CHECK(t.data<float>()[0] == 1.f);
+  parallel::destroy_process_group();
+}
+
+TEST_CASE("workers that disagree on the world size, or share a rank, are rejected") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  auto results = run_processes(2, [&](int rank) {
+    set_rank_env(rank, 2, port);
+    ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+    if (rank == 1) ::setenv("WORLD_SIZE", "3", 1);  // a misconfigured worker
+    parallel::InitOptions o;
+    o.timeout = 3s;
+    try {
+      parallel::init_process_group(o);
+    } catch (const ConfigError& e) {
+      return std::string(e.what()).find("world size") != std::string::npos ? 0 : 4;
+    } catch (const TimeoutError&) {
+      return rank == 1 ? 0 : 5;  // rank 1 of a world of 3 waits for rank 2, then times out
+    }
+    return 6;
+  }, 30s);
+  CHECK(results[0].exit_code == 0);
+  CHECK(results[1].exit_code == 0);
+
+  TcpStoreServer server2(TcpStoreOptions{});
+  const int port2 = server2.port();
+  results = run_processes(2, [&](int) {
+    set_rank_env(0, 2, port2);  // both think they are rank 0
+    ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+    parallel::InitOptions o;
+    o.timeout = 2s;
+    try {
+      parallel::init_process_group(o);
+    } catch (const ConfigError& e) {
+      return std::string(e.what()).find("rank 0 is taken twice") != std::string::npos ? 0 : 4;
+    } catch (const TimeoutError& e) {
+      return 0;  // the first one in waits for rank 1, which never comes
+    }
+    return 6;
+  }, 30s);
+  CHECK(results[0].exit_code == 0);
+  CHECK(results[1].exit_code == 0);
+}
+
+TEST_CASE("file:// rendezvous") {
+  const std::string path = "/tmp/phalanx_rdzv_" + std::to_string(::getpid());
+  std::remove(path.c_str());
+  const auto results = run_processes(3, [&](int rank) {
+    ::setenv("RANK", std::to_string(rank).c_str(), 1);
+    ::setenv("WORLD_SIZE", "3", 1);
+    ::setenv("PHALANX_BACKEND", "gloo", 1);
+    parallel::InitOptions o;
+    o.init_method = "file://" + path;
+    auto pg = parallel::init_process_group(o);
+    Tensor t = full({8}, rank + 1.0);
+    pg->allreduce(t)->wait();
+    return t.data<float>()[0] == 6.f ? 0 : 3;
+  }, 60s);
+  for (auto& r : results) CHECK(r.exit_code == 0);
+  std::remove(path.c_str());
+}
