@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "gloo_store_adapter.hpp"
+#include "phalanx/backends/prefix_store.hpp"
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/kernels.hpp"
 
@@ -62,6 +63,16 @@ const ::gloo::ReductionFunction<T>* reduction(ReduceOp op) {
   return ::gloo::ReductionFunction<T>::sum;
 }
 
+std::size_t sync_max_bytes_from_env() {
+  const char* s = std::getenv("PHALANX_GLOO_SYNC_MAX_BYTES");
+  if (!s || !*s) return 16u << 20;
+  char* end = nullptr;
+  const long long v = std::strtoll(s, &end, 10);
+  if (end == s || *end || v < 0)
+    throw ConfigError(std::string("PHALANX_GLOO_SYNC_MAX_BYTES='") + s + "' is not a byte count");
+  return static_cast<std::size_t>(v);
+}
+
 std::uint32_t tag_of(std::uint64_t seq) { return static_cast<std::uint32_t>(seq & 0x7fffffff); }
 
 /// Dispatches on the tensor's dtype.
@@ -92,6 +103,16 @@ GlooProcessGroup::GlooProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank
     StoreAdapter adapter(c.store);
     ctx->connectFullMesh(adapter, device_);
     context_ = ctx;
+    sync_max_bytes_ = sync_max_bytes_from_env();
+    if (sync_max_bytes_ > 0 && c.size > 1) {
+      auto sync_ctx = std::make_shared<::gloo::rendezvous::Context>(c.rank, c.size);
+      sync_ctx->setTimeout(c.timeout);
+      StoreAdapter sync_adapter(std::make_shared<PrefixStore>("sync", c.store));
+      sync_ctx->connectFullMesh(sync_adapter, device_);
+      for (int r = 0; r < c.size; ++r)
+        if (r != c.rank) sync_ctx->getPair(r)->setSync(true, true);
+      sync_context_ = sync_ctx;
+    }
   } catch (const ::gloo::Exception& e) {
     shutdown();
     throw CommError(detail::concat("gloo rendezvous on rank ", c.rank, " of ", c.size,
@@ -127,13 +148,19 @@ void GlooProcessGroup::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq)
   const std::size_t n = static_cast<std::size_t>(t.numel());
   const std::size_t bytes = t.nbytes();
   AllreduceAlgo algo = algo_;
+  const bool use_sync = sync_context_ && bytes <= sync_max_bytes_ && algo == AllreduceAlgo::Auto;
   if (algo == AllreduceAlgo::Auto)
-    // Measured on 2 ranks over loopback (docs/algorithms.md): the ring of gloo::allreduce
-    // wins for every size here.
+    // Measured on 2 ranks over loopback (docs/algorithms.md): small messages go to
+    // halving-doubling on the busy-polling mesh, larger ones to gloo::allreduce's ring.
     algo = AllreduceAlgo::Ring;
   by_dtype(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* ptr = t.data<T>();
+    if (use_sync) {
+      ::gloo::AllreduceHalvingDoubling<T> a(sync_context_, {ptr}, static_cast<int>(n), reduction<T>(op));
+      a.run();
+      return;
+    }
     switch (algo) {
       case AllreduceAlgo::RingChunked: {
         ::gloo::AllreduceRingChunked<T> a(context_, {ptr}, static_cast<int>(n), reduction<T>(op));

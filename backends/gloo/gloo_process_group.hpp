@@ -14,7 +14,9 @@ class Device;
 namespace phalanx::gloo_backend {
 
 /// Allreduce algorithm, chosen per message size (docs/algorithms.md) unless forced with
-/// PHALANX_GLOO_ALLREDUCE=ring|bcube|ring_chunked|halving_doubling.
+/// PHALANX_GLOO_ALLREDUCE=ring|bcube|ring_chunked|halving_doubling. Messages of at most
+/// PHALANX_GLOO_SYNC_MAX_BYTES (default 16 MiB; 0 disables) use halving-doubling over the
+/// busy-polling mesh.
 enum class AllreduceAlgo { Auto, Ring, Bcube, RingChunked, HalvingDoubling };
 
 class GlooProcessGroup : public ProcessGroup {
@@ -42,6 +44,11 @@ class GlooProcessGroup : public ProcessGroup {
 
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::Context> context_;
+  // A second full mesh whose pairs are in synchronous busy-poll mode: the worker reads the
+  // socket itself instead of waiting for Gloo's event-loop thread, which cuts the latency
+  // of small allreduces (docs/algorithms.md). Null when disabled.
+  std::shared_ptr<::gloo::Context> sync_context_;
+  std::size_t sync_max_bytes_ = 0;
   AllreduceAlgo algo_ = AllreduceAlgo::Auto;
 };
 
