@@ -134,7 +134,8 @@ void GlooProcessGroup::guarded(const char* op, std::uint64_t seq, Fn&& fn) {
   } catch (const ::gloo::IoException& e) {
     const std::string what = e.what();
     const std::string ctx = describe(op, seq);
-    if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos)
+    // Gloo says "Timed out waiting ..." (async pairs) or "Read timeout" (sync pairs).
+    if (what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos)
       throw TimeoutError(ctx + " timed out after " + std::to_string(timeout().count() / 1000.0) +
                          " s: a peer did not take part (it may have exited, hung, or issued a "
                          "different sequence of collectives); gloo: " + what);

@@ -28,8 +28,12 @@ struct State {
   StorePtr store;
 };
 State& state() {
-  static State s;
-  return s;
+  // Never destroyed: a process that exits without destroy_process_group() drops its
+  // connections when the kernel closes them at exit, not while static destructors are
+  // still running, so peers (and the launcher) see the process's exit, not a half-dead
+  // process whose sockets closed first.
+  static State* s = new State;
+  return *s;
 }
 
 std::string env_or(const char* name, const std::string& fallback) {

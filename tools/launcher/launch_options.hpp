@@ -1,0 +1,31 @@
+#pragma once
+// phalanx-run's options, parsed and validated before anything starts.
+#include <string>
+#include <vector>
+
+namespace phalanx::launcher {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  ///< 0: a free port (single node only)
+  int max_restarts = 0;
+  double monitor_interval = 0.1;  ///< seconds between liveness checks
+  double grace_period = 5.0;      ///< seconds between SIGTERM and SIGKILL
+  std::string log_dir;
+  std::string backend;
+  double timeout = 0;  ///< seconds; 0 = leave PHALANX_TIMEOUT as is
+  std::string rdzv_token;
+  std::vector<std::string> command;  ///< program and its arguments
+};
+
+/// Parses argv. Returns false and sets `exit_code` when the program should stop
+/// (--help, or an invalid value: the message is printed).
+bool parse_options(int argc, char** argv, LaunchOptions& out, int& exit_code);
+
+/// Resolves `program` like execvp would; empty when not found or not executable.
+std::string resolve_program(const std::string& program);
+
+}  // namespace phalanx::launcher
