@@ -20,6 +20,7 @@
 #include "gloo_store_adapter.hpp"
 #include "phalanx/backends/prefix_store.hpp"
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/half.hpp"
 #include "phalanx/core/kernels.hpp"
 
 namespace phalanx::gloo_backend {
@@ -75,13 +76,23 @@ std::size_t sync_max_bytes_from_env() {
 
 std::uint32_t tag_of(std::uint64_t seq) { return static_cast<std::uint32_t>(seq & 0x7fffffff); }
 
-/// Dispatches on the tensor's dtype.
+/// Dispatches on the tensor's dtype (16-bit floats travel as raw 16-bit words).
 template <typename Fn>
 void by_dtype(const Tensor& t, Fn&& fn) {
-  if (t.dtype() == DType::Float32)
-    fn(static_cast<float*>(nullptr));
-  else
-    fn(static_cast<std::int64_t*>(nullptr));
+  switch (t.dtype()) {
+    case DType::Float32: fn(static_cast<float*>(nullptr)); break;
+    case DType::Int64: fn(static_cast<std::int64_t*>(nullptr)); break;
+    default: fn(static_cast<std::uint16_t*>(nullptr)); break;
+  }
+}
+
+/// Sums of 16-bit floats: widen, add in float32, round back (to nearest even).
+template <float (*Load)(std::uint16_t), std::uint16_t (*Store)(float)>
+void sum16(void* c, const void* a, const void* b, std::size_t n) {
+  auto* o = static_cast<std::uint16_t*>(c);
+  const auto* x = static_cast<const std::uint16_t*>(a);
+  const auto* y = static_cast<const std::uint16_t*>(b);
+  for (std::size_t i = 0; i < n; ++i) o[i] = Store(Load(x[i]) + Load(y[i]));
 }
 
 void require_cpu(const Tensor& t, const char* op) {
@@ -149,6 +160,19 @@ void GlooProcessGroup::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq)
   const std::size_t n = static_cast<std::size_t>(t.numel());
   const std::size_t bytes = t.nbytes();
   AllreduceAlgo algo = algo_;
+  if (t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16) {
+    // Generic allreduce with our own reduction (Gloo's class algorithms know no bfloat16).
+    ::gloo::AllreduceOptions o(context_);
+    o.setOutput(static_cast<std::uint16_t*>(t.raw_data()), n);
+    if (t.dtype() == DType::Float16)
+      o.setReduceFunction(&sum16<fp16_to_float, float_to_fp16>);
+    else
+      o.setReduceFunction(&sum16<bf16_to_float, float_to_bf16>);
+    o.setTag(tag_of(seq));
+    o.setTimeout(timeout());
+    ::gloo::allreduce(o);
+    return;
+  }
   const bool use_sync = sync_context_ && bytes <= sync_max_bytes_ && algo == AllreduceAlgo::Auto;
   if (algo == AllreduceAlgo::Auto)
     // Measured on 2 ranks over loopback (docs/algorithms.md): small messages go to
@@ -156,7 +180,7 @@ void GlooProcessGroup::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq)
     algo = AllreduceAlgo::Ring;
   by_dtype(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    T* ptr = t.data<T>();
+    T* ptr = static_cast<T*>(t.raw_data());
     if (use_sync) {
       ::gloo::AllreduceHalvingDoubling<T> a(sync_context_, {ptr}, static_cast<int>(n), reduction<T>(op));
       a.run();
@@ -186,7 +210,7 @@ void GlooProcessGroup::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq)
     }
   });
   (void)bytes;
-  if (op == ReduceOp::Avg) kernels_for(t.device()).scale(t, 1.f / static_cast<float>(size()));
+  if (op == ReduceOp::Avg) kernels_for(t.device()).divide(t, static_cast<float>(size()));
 }
 
 void GlooProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
@@ -200,7 +224,7 @@ void GlooProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
     ::gloo::BroadcastOptions o(context_);
     by_dtype(t, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      o.setOutput(t.data<T>(), static_cast<std::size_t>(t.numel()));
+      o.setOutput(static_cast<T*>(t.raw_data()), static_cast<std::size_t>(t.numel()));
     });
     o.setRoot(root);
     o.setTag(tag_of(seq));
@@ -216,8 +240,8 @@ void GlooProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in,
     ::gloo::AllgatherOptions o(context_);
     by_dtype(in, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      o.setInput(in.data<T>(), static_cast<std::size_t>(in.numel()));
-      o.setOutput(flat.data<T>(), static_cast<std::size_t>(flat.numel()));
+      o.setInput(static_cast<T*>(in.raw_data()), static_cast<std::size_t>(in.numel()));
+      o.setOutput(static_cast<T*>(flat.raw_data()), static_cast<std::size_t>(flat.numel()));
     });
     o.setTag(tag_of(seq));
     o.setTimeout(timeout());
@@ -246,8 +270,8 @@ void GlooProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_
     ::gloo::ReduceOptions o(context_);
     by_dtype(t, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      o.setInput(t.data<T>(), static_cast<std::size_t>(t.numel()));
-      o.setOutput(scratch.data<T>(), static_cast<std::size_t>(t.numel()));
+      o.setInput(static_cast<T*>(t.raw_data()), static_cast<std::size_t>(t.numel()));
+      o.setOutput(static_cast<T*>(scratch.raw_data()), static_cast<std::size_t>(t.numel()));
       o.setReduceFunction(reduce_fn<T>(op));
     });
     o.setRoot(root);
@@ -255,7 +279,7 @@ void GlooProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_
     o.setTimeout(timeout());
     ::gloo::reduce(o);
   });
-  if (op == ReduceOp::Avg && rank() == root) kernels_for(t.device()).scale(t, 1.f / static_cast<float>(size()));
+  if (op == ReduceOp::Avg && rank() == root) kernels_for(t.device()).divide(t, static_cast<float>(size()));
 }
 
 void GlooProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
@@ -265,8 +289,8 @@ void GlooProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, in
     ::gloo::GatherOptions o(context_);
     by_dtype(in, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      o.setInput(in.data<T>(), static_cast<std::size_t>(in.numel()));
-      if (rank() == root) o.setOutput(flat.data<T>(), static_cast<std::size_t>(flat.numel()));
+      o.setInput(static_cast<T*>(in.raw_data()), static_cast<std::size_t>(in.numel()));
+      if (rank() == root) o.setOutput(static_cast<T*>(flat.raw_data()), static_cast<std::size_t>(flat.numel()));
     });
     o.setRoot(root);
     o.setTag(tag_of(seq));
@@ -286,10 +310,10 @@ void GlooProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int roo
       using T = std::remove_pointer_t<decltype(tag)>;
       if (rank() == root) {
         std::vector<T*> ptrs;
-        for (auto& t : in) ptrs.push_back(t.data<T>());
+        for (auto& t : in) ptrs.push_back(static_cast<T*>(t.raw_data()));
         o.setInputs(ptrs, static_cast<std::size_t>(out.numel()));
       }
-      o.setOutput(out.data<T>(), static_cast<std::size_t>(out.numel()));
+      o.setOutput(static_cast<T*>(out.raw_data()), static_cast<std::size_t>(out.numel()));
     });
     o.setRoot(root);
     o.setTag(tag_of(seq));

@@ -185,6 +185,8 @@ void check_list(const std::vector<Tensor>& ts, const Tensor& like, int size, con
 
 WorkPtr ProcessGroup::allreduce(Tensor t, ReduceOp op) {
   check_tensor(t, "allreduce", "tensor");
+  if ((t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16) && op != ReduceOp::Sum)
+    throw TypeError(std::string("allreduce: ") + dtype_name(t.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && t.dtype() != DType::Float32)
     throw TypeError("allreduce: avg needs a float32 tensor");
   return enqueue("allreduce", [this, t, op](std::uint64_t seq) mutable { run_allreduce(t, op, seq); });

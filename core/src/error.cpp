@@ -15,6 +15,8 @@ const char* dtype_name(DType t) {
   switch (t) {
     case DType::Float32: return "float32";
     case DType::Int64: return "int64";
+    case DType::Float16: return "float16";
+    case DType::BFloat16: return "bfloat16";
   }
   return "?";
 }

@@ -1,5 +1,6 @@
 #include "phalanx/core/tensor.hpp"
 
+#include <atomic>
 #include <ostream>
 
 #include "phalanx/core/autograd.hpp"
@@ -37,6 +38,8 @@ float Tensor::item() const {
   if (numel() != 1)
     throw ShapeError("item(): expected a tensor with one element, got shape " + shape_str(shape()));
   if (dtype() == DType::Int64) return static_cast<float>(item_int());
+  if (dtype() != DType::Float32)
+    throw TypeError(std::string("item(): convert a ") + dtype_name(dtype()) + " tensor to float32 first");
   float v;
   kernels_for(device()).copy_to_host(&v, raw_data(), sizeof v);
   return v;
@@ -112,11 +115,25 @@ Tensor Tensor::detach() const {
   return Tensor(std::make_shared<TensorImpl>(i.storage(), i.byte_offset(), i.shape(), i.dtype()));
 }
 
-void Tensor::register_grad_accumulated_hook(GradAccumulatedHook hook) const {
+std::uint64_t Tensor::register_grad_accumulated_hook(GradAccumulatedHook hook) const {
   if (!is_leaf() || !requires_grad())
     throw AutogradError("register_grad_accumulated_hook(): only leaves that require grad "
                         "accumulate gradients");
-  impl_->ensure_autograd().hooks.push_back(std::move(hook));
+  static std::atomic<std::uint64_t> next{1};
+  const std::uint64_t id = next.fetch_add(1);
+  impl_->ensure_autograd().hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
+void Tensor::remove_grad_accumulated_hook(std::uint64_t handle) const {
+  AutogradMeta* m = impl_ ? impl_->autograd() : nullptr;
+  if (!m) return;
+  auto& hooks = m->hooks;
+  for (auto it = hooks.begin(); it != hooks.end(); ++it)
+    if (it->first == handle) {
+      hooks.erase(it);
+      return;
+    }
 }
 
 // ---- shape and copies ----

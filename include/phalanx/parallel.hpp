@@ -11,5 +11,7 @@
 #include "phalanx/backends/tcp_store.hpp"
 #include "phalanx/backends/work.hpp"
 #include "phalanx/backends/world_of_one.hpp"
+#include "phalanx/parallel/comm_hook.hpp"
+#include "phalanx/parallel/ddp.hpp"
 #include "phalanx/parallel/init.hpp"
 #include "phalanx/parallel/launch_env.hpp"

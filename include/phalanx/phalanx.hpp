@@ -4,6 +4,7 @@
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/error.hpp"
 #include "phalanx/core/generator.hpp"
+#include "phalanx/core/half.hpp"
 #include "phalanx/core/npy.hpp"
 #include "phalanx/core/ops.hpp"
 #include "phalanx/core/tensor.hpp"

@@ -26,7 +26,7 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
   } else {
     meta.grad.add_(grad);
   }
-  for (auto& hook : meta.hooks) hook(leaf_);
+  for (auto& [id, hook] : meta.hooks) hook(leaf_);
   return {};
 }
 

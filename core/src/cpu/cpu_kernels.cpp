@@ -1,5 +1,7 @@
 #include "cpu/cpu_kernels.hpp"
 
+#include "phalanx/core/half.hpp"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -116,6 +118,12 @@ void CpuKernels::scale(Tensor& x, float f) {
   float* p = x.data<float>();
   const std::int64_t n = x.numel();
   for (std::int64_t i = 0; i < n; ++i) p[i] *= f;
+}
+
+void CpuKernels::divide(Tensor& x, float d) {
+  float* p = x.data<float>();
+  const std::int64_t n = x.numel();
+  for (std::int64_t i = 0; i < n; ++i) p[i] /= d;
 }
 
 void CpuKernels::gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
@@ -278,6 +286,29 @@ void CpuKernels::cross_entropy_backward(const Tensor& probs, const Tensor& targe
     float* orow = o + r * c;
     for (std::int64_t j = 0; j < c; ++j) orow[j] = prow[j] * g;
     orow[t[r]] -= g;
+  }
+}
+
+void CpuKernels::convert(const Tensor& src, Tensor& dst) {
+  const std::int64_t n = src.numel();
+  const DType from = src.dtype(), to = dst.dtype();
+  if (from == DType::Float32 && (to == DType::Float16 || to == DType::BFloat16)) {
+    const float* s = src.data<float>();
+    auto* d = static_cast<std::uint16_t*>(dst.raw_data());
+    if (to == DType::Float16)
+      for (std::int64_t i = 0; i < n; ++i) d[i] = float_to_fp16(s[i]);
+    else
+      for (std::int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(s[i]);
+  } else if (to == DType::Float32 && (from == DType::Float16 || from == DType::BFloat16)) {
+    const auto* s = static_cast<const std::uint16_t*>(src.raw_data());
+    float* d = dst.data<float>();
+    if (from == DType::Float16)
+      for (std::int64_t i = 0; i < n; ++i) d[i] = fp16_to_float(s[i]);
+    else
+      for (std::int64_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i]);
+  } else {
+    throw TypeError(std::string("convert: ") + dtype_name(from) + " to " + dtype_name(to) +
+                    " is not supported (float32 <-> float16/bfloat16)");
   }
 }
 

@@ -45,6 +45,7 @@ class CpuKernels final : public DeviceKernels {
   void affine_scalar(const Tensor& x, float mul, float add, Tensor& out) override;
   void axpy(float alpha, const Tensor& x, Tensor& y) override;
   void scale(Tensor& x, float factor) override;
+  void divide(Tensor& x, float divisor) override;
 
   void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
             float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
@@ -67,6 +68,7 @@ class CpuKernels final : public DeviceKernels {
   void cross_entropy_backward(const Tensor& probs, const Tensor& target, const Tensor& grad_loss,
                               float scale, Tensor& grad_logits) override;
   std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override;
+  void convert(const Tensor& src, Tensor& dst) override;
   void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer,
                   const SgdUpdate& u) override;
   void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,

@@ -85,6 +85,12 @@ Tensor parse_npy(const void* bytes, std::size_t size, const std::string& what) {
     std::memcpy(t.raw_data(), data, n * 4);
     return t;
   }
+  if (descr == "<f2") {
+    need(2);
+    Tensor t = Tensor::empty(shape, DType::Float16);
+    std::memcpy(t.raw_data(), data, n * 2);
+    return t;
+  }
   if (descr == "<f8") {
     need(8);
     Tensor t = Tensor::empty(shape, DType::Float32);
@@ -115,12 +121,14 @@ Tensor parse_npy(const void* bytes, std::size_t size, const std::string& what) {
     }
     return t;
   }
-  bad(what, "unsupported dtype '" + descr + "' (supported: <f4, <f8, <i8, <i4, |u1, |i1)");
+  bad(what, "unsupported dtype '" + descr + "' (supported: <f4, <f2, <f8, <i8, <i4, |u1, |i1)");
 }
 
 std::string serialize_npy(const Tensor& t) {
   const Tensor host = t.to(Device::cpu());
-  const char* descr = host.dtype() == DType::Float32 ? "<f4" : "<i8";
+  if (host.dtype() == DType::BFloat16)
+    throw TypeError("save_npy: NumPy has no bfloat16; convert to float32 first");
+  const char* descr = host.dtype() == DType::Float32 ? "<f4" : host.dtype() == DType::Float16 ? "<f2" : "<i8";
   std::string shape = "(";
   for (std::size_t i = 0; i < host.shape().size(); ++i)
     shape += std::to_string(host.shape()[i]) + (host.shape().size() == 1 ? "," : i + 1 < host.shape().size() ? ", " : "");

@@ -22,7 +22,9 @@ void Module::collect(const std::string& prefix, bool buffers,
                      std::vector<std::pair<std::string, Tensor>>& out) const {
   for (const auto& [name, t] : buffers ? buffers_ : params_)
     if (t.defined()) out.emplace_back(prefix + name, t);
-  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", buffers, out);
+  // An unnamed child (a wrapper's inner module) contributes under the parent's own prefix.
+  for (const auto& [name, child] : children_)
+    child->collect(name.empty() ? prefix : prefix + name + ".", buffers, out);
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {

@@ -5,9 +5,13 @@
 namespace phalanx {
 
 /// Element types. float32 for values and gradients, int64 for labels and indices.
-enum class DType : std::uint8_t { Float32, Int64 };
+/// Float16 and BFloat16 are storage types (gradient compression for communication):
+/// they can be created, converted (half.hpp), copied and all-reduced, not computed with.
+enum class DType : std::uint8_t { Float32, Int64, Float16, BFloat16 };
 
-constexpr std::size_t element_size(DType t) { return t == DType::Float32 ? 4 : 8; }
+constexpr std::size_t element_size(DType t) {
+  return t == DType::Float32 ? 4 : t == DType::Int64 ? 8 : 2;
+}
 const char* dtype_name(DType t);
 
 template <typename T> struct dtype_of;

@@ -60,6 +60,8 @@ class DeviceKernels {
   virtual void axpy(float alpha, const Tensor& x, Tensor& y) = 0;
   /// x *= factor
   virtual void scale(Tensor& x, float factor) = 0;
+  /// x /= divisor (correctly rounded, unlike multiplying by a rounded reciprocal)
+  virtual void divide(Tensor& x, float divisor) = 0;
 
   // GEMM (row-major): C = alpha * op(A) op(B) + beta * C, op(A) is M x K, op(B) is K x N.
   virtual void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
@@ -93,6 +95,9 @@ class DeviceKernels {
   virtual void cross_entropy_backward(const Tensor& probs, const Tensor& target,
                                       const Tensor& grad_loss, float scale,
                                       Tensor& grad_logits) = 0;
+  /// float32 <-> float16 / bfloat16 (round to nearest even), same numel.
+  virtual void convert(const Tensor& src, Tensor& dst) = 0;
+
   // fused optimizer updates over one parameter (no temporaries)
   virtual void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer,
                           const SgdUpdate& u) = 0;

@@ -59,8 +59,10 @@ class Tensor {
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
   /// Same storage, no history.
   Tensor detach() const;
-  /// Registers a hook run right after this leaf's gradient is accumulated.
-  void register_grad_accumulated_hook(GradAccumulatedHook hook) const;
+  /// Registers a hook run right after this leaf's gradient is accumulated; returns a handle
+  /// for remove_grad_accumulated_hook.
+  std::uint64_t register_grad_accumulated_hook(GradAccumulatedHook hook) const;
+  void remove_grad_accumulated_hook(std::uint64_t handle) const;
 
   // ---- shape and copies ----
   Tensor reshape(const Shape& shape) const;  ///< shares storage (all tensors are contiguous)

@@ -17,7 +17,7 @@ struct AutogradMeta {
   Tensor grad;
   std::shared_ptr<Node> grad_fn;              // non-leaf: the node that made it
   std::weak_ptr<AccumulateGrad> accumulator;  // leaf: created on first use
-  std::vector<GradAccumulatedHook> hooks;
+  std::vector<std::pair<std::uint64_t, GradAccumulatedHook>> hooks;
 };
 
 class TensorImpl {

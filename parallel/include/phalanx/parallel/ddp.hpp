@@ -1,0 +1,82 @@
+#pragma once
+// DistributedDataParallel: the textbook's second change. Wrap the model; from then on
+// backward leaves in every parameter's .grad() the mean gradient over all ranks, so every
+// rank applies the same update.
+//
+//   auto pg = parallel::init_process_group();
+//   auto model = std::make_shared<parallel::DistributedDataParallel>(nn::mlp({64, 32, 10}));
+//   ... loss = cross_entropy((*model)(x), y); loss.backward(); opt.step(); ...
+//
+// Semantics are PyTorch's (docs/ddp.md): parameters are checked across ranks and broadcast
+// from rank 0 at construction; gradients are bucketed in reverse registration order (first
+// bucket 1 MiB, then bucket_cap_mb); each bucket's reduction starts from the autograd hook
+// as soon as its last gradient is ready; the end of backward waits for every bucket.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "phalanx/backends/process_group.hpp"
+#include "phalanx/core/nn/module.hpp"
+#include "phalanx/parallel/comm_hook.hpp"
+
+namespace phalanx::parallel {
+
+struct DDPOptions {
+  double bucket_cap_mb = 25.0;      ///< bucket size after the first
+  double first_bucket_mb = 1.0;     ///< the first bucket (the last layers) is small so it starts early
+  bool find_unused_parameters = false;  ///< walk the graph each forward; unused parameters count as ready
+  bool broadcast_buffers = true;    ///< broadcast buffers from rank 0 before each forward
+};
+
+class Reducer;
+
+class DistributedDataParallel : public nn::Module {
+ public:
+  /// Throws ConfigError on every rank when the models differ across ranks.
+  DistributedDataParallel(nn::ModulePtr module, ProcessGroupPtr pg = nullptr, DDPOptions options = {});
+  ~DistributedDataParallel() override;
+
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override { return "DistributedDataParallel"; }
+
+  nn::Module& module() { return *module_; }
+  const nn::ModulePtr& module_ptr() const { return module_; }
+  ProcessGroup& process_group() { return *pg_; }
+  const DDPOptions& options() const { return options_; }
+
+  /// Replaces the communication hook (before the first backward).
+  void register_comm_hook(CommHookPtr hook);
+
+  /// RAII: backward passes inside accumulate gradients locally without communication;
+  /// the first backward after it reduces the accumulated sum.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool prev_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  /// Bucket layout, for inspection and tests: parameter indices per bucket.
+  std::vector<std::vector<std::size_t>> bucket_layout() const;
+  /// Seconds the end of the last backward spent waiting for communication, and the total
+  /// communication time of that backward (launch to completion): their ratio tells how much
+  /// of the communication was hidden behind backward.
+  double last_wait_seconds() const;
+  double last_comm_seconds() const;
+
+ private:
+  nn::ModulePtr module_;
+  ProcessGroupPtr pg_;
+  DDPOptions options_;
+  std::unique_ptr<Reducer> reducer_;
+};
+
+using DDP = DistributedDataParallel;
+
+}  // namespace phalanx::parallel

@@ -1,0 +1,61 @@
+#include "phalanx/parallel/ddp.hpp"
+
+#include "model_sync.hpp"
+#include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/autograd.hpp"
+#include "phalanx/parallel/init.hpp"
+#include "reducer.hpp"
+
+namespace phalanx::parallel {
+
+DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGroupPtr pg, DDPOptions options)
+    : module_(std::move(module)), pg_(pg ? std::move(pg) : default_process_group()), options_(options) {
+  if (!module_) throw ValueError("DDP: the module is null");
+  if (!(options_.bucket_cap_mb > 0) || !(options_.first_bucket_mb > 0))
+    throw ValueError("DDP: bucket sizes must be positive");
+  register_module("", module_);  // same parameter names and state_dict as the plain model
+  if (pg_->size() == 1) return;  // a world of one: no reducer, no hooks, no copies
+  const auto named = module_->named_parameters();
+  verify_same_model(*pg_, named);
+  std::vector<Tensor> state;
+  for (auto& [n, p] : named) state.push_back(p);
+  for (auto& [n, b] : module_->named_buffers()) state.push_back(b);
+  broadcast_coalesced(*pg_, state, 0);
+  reducer_ = std::make_unique<Reducer>(named, pg_, options_);
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+Tensor DistributedDataParallel::forward(const Tensor& x) {
+  if (!reducer_) return module_->forward(x);
+  if (options_.broadcast_buffers) {
+    std::vector<Tensor> buffers;
+    for (auto& [n, b] : module_->named_buffers()) buffers.push_back(b);
+    if (!buffers.empty()) broadcast_coalesced(*pg_, buffers, 0);
+  }
+  Tensor out = module_->forward(x);
+  if (grad_mode_enabled() && out.requires_grad()) reducer_->arm(out);
+  return out;
+}
+
+void DistributedDataParallel::register_comm_hook(CommHookPtr hook) {
+  if (reducer_) reducer_->set_hook(std::move(hook));
+}
+
+std::vector<std::vector<std::size_t>> DistributedDataParallel::bucket_layout() const {
+  return reducer_ ? reducer_->layout() : std::vector<std::vector<std::size_t>>{};
+}
+
+double DistributedDataParallel::last_wait_seconds() const { return reducer_ ? reducer_->last_wait_seconds() : 0; }
+double DistributedDataParallel::last_comm_seconds() const { return reducer_ ? reducer_->last_comm_seconds() : 0; }
+
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp)
+    : ddp_(ddp), prev_(ddp.reducer_ ? ddp.reducer_->sync() : true) {
+  if (ddp_.reducer_) ddp_.reducer_->set_sync(false);
+}
+
+DistributedDataParallel::NoSync::~NoSync() {
+  if (ddp_.reducer_) ddp_.reducer_->set_sync(prev_);
+}
+
+}  // namespace phalanx::parallel

@@ -1,0 +1,203 @@
+#include "reducer.hpp"
+
+#include <unordered_map>
+
+#include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/autograd.hpp"
+#include "phalanx/core/creation.hpp"
+
+namespace phalanx::parallel {
+
+using Clock = std::chrono::steady_clock;
+
+Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroupPtr pg, const DDPOptions& o)
+    : pg_(std::move(pg)), hook_(allreduce_hook()), find_unused_(o.find_unused_parameters) {
+  for (auto& [name, p] : named) {
+    if (!p.requires_grad()) continue;
+    if (p.dtype() != DType::Float32) throw TypeError("DDP: parameter '" + name + "' is not float32");
+    names_.push_back(name);
+    params_.push_back(p);
+  }
+  const std::size_t n = params_.size();
+  bucket_of_.resize(n);
+  views_.resize(n);
+  ready_.assign(n, 0);
+  unused_.assign(n, 0);
+  // Buckets in reverse registration order (the order backward produces gradients): the
+  // first closes at first_bucket_mb, the others at bucket_cap_mb; a parameter larger than
+  // the cap gets a bucket of its own.
+  const auto cap_bytes = [&](std::size_t bucket) {
+    return static_cast<std::int64_t>((bucket == 0 ? o.first_bucket_mb : o.bucket_cap_mb) * 1024 * 1024);
+  };
+  std::vector<std::vector<std::size_t>> layout(1);
+  std::int64_t bytes = 0;
+  for (std::size_t k = n; k-- > 0;) {
+    layout.back().push_back(k);
+    bytes += params_[k].numel() * 4;
+    if (bytes >= cap_bytes(layout.size() - 1) && k > 0) {
+      layout.emplace_back();
+      bytes = 0;
+    }
+  }
+  if (layout.back().empty()) layout.pop_back();
+  for (std::size_t b = 0; b < layout.size(); ++b) {
+    GradBucket bucket;
+    bucket.index = b;
+    std::int64_t total = 0;
+    for (std::size_t p : layout[b]) {
+      bucket.params.push_back(p);
+      bucket.offsets.push_back(total);
+      total += params_[p].numel();
+    }
+    bucket.buffer = zeros({total});
+    for (std::size_t s = 0; s < bucket.params.size(); ++s) {
+      const std::size_t p = bucket.params[s];
+      bucket_of_[p] = b;
+      // A view of the bucket buffer shaped like the parameter: gradients accumulate here.
+      views_[p] = Tensor(std::make_shared<TensorImpl>(bucket.buffer.impl()->storage(),
+                                                      static_cast<std::size_t>(bucket.offsets[s]) * 4,
+                                                      params_[p].shape(), DType::Float32));
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+  pending_.resize(buckets_.size());
+  reset_pass();
+  for (std::size_t p = 0; p < n; ++p)
+    hook_ids_.push_back(params_[p].register_grad_accumulated_hook([this, p](const Tensor&) { on_grad_ready(p); }));
+}
+
+Reducer::~Reducer() {
+  for (std::size_t p = 0; p < params_.size(); ++p) params_[p].remove_grad_accumulated_hook(hook_ids_[p]);
+}
+
+void Reducer::set_hook(CommHookPtr hook) {
+  if (!hook) throw ValueError("DDP: the comm hook is null");
+  if (hook_used_) throw ValueError("DDP: register the comm hook before the first backward");
+  hook_ = std::move(hook);
+}
+
+std::vector<std::vector<std::size_t>> Reducer::layout() const {
+  std::vector<std::vector<std::size_t>> out;
+  for (const auto& b : buckets_) out.push_back(b.params);
+  return out;
+}
+
+void Reducer::reset_pass() {
+  for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = static_cast<int>(buckets_[b].params.size());
+  std::fill(ready_.begin(), ready_.end(), 0);
+  next_launch_ = 0;
+  in_pass_ = false;
+}
+
+void Reducer::arm(const Tensor& output) {
+  if (in_pass_)
+    throw AutogradError("DDP: forward called while the previous backward's reduction is unfinished");
+  armed_ = true;
+  if (!find_unused_) return;
+  // Walk the graph from the output; leaves never reached are unused in this iteration.
+  std::fill(unused_.begin(), unused_.end(), 1);
+  std::unordered_map<const TensorImpl*, std::size_t> index;
+  for (std::size_t p = 0; p < params_.size(); ++p) index[params_[p].impl()] = p;
+  std::vector<Node*> stack;
+  std::unordered_map<Node*, bool> seen;
+  if (output.defined() && output.grad_fn()) stack.push_back(output.grad_fn().get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    if (seen[n]) continue;
+    seen[n] = true;
+    if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
+      auto it = index.find(acc->leaf().impl());
+      if (it != index.end()) unused_[it->second] = 0;
+    }
+    for (const Edge& e : n->next_edges)
+      if (e.fn) stack.push_back(e.fn.get());
+  }
+}
+
+void Reducer::adopt_into_bucket(std::size_t p) {
+  // The gradient must live in the bucket. It already does unless it was (re)created
+  // elsewhere, e.g. after zero_grad(set_to_none): then one copy, and it lives there after.
+  const Tensor g = params_[p].grad();
+  if (g.defined() && g.impl() == views_[p].impl()) return;
+  if (g.defined())
+    views_[p].copy_(g);
+  else
+    views_[p].zero_();
+  params_[p].set_grad(views_[p]);
+}
+
+void Reducer::on_grad_ready(std::size_t p) {
+  adopt_into_bucket(p);
+  if (!sync_) return;  // no_sync(): accumulate locally only
+  if (!armed_)
+    throw AutogradError("DDP: backward reached parameter '" + names_[p] +
+                        "' without a forward since the last reduction: run forward before each "
+                        "backward (backward twice through one graph, or a second backward before "
+                        "the optimizer step, is not supported under DDP)");
+  if (!in_pass_) {
+    in_pass_ = true;
+    hook_used_ = true;
+    queue_backward_callback([this] { finalize(); });
+    if (find_unused_)
+      for (std::size_t q = 0; q < params_.size(); ++q)
+        if (unused_[q] && !ready_[q]) {
+          adopt_into_bucket(q);
+          mark_ready(q);
+        }
+  }
+  if (ready_[p])
+    throw AutogradError("DDP: parameter '" + names_[p] + "' received its gradient twice in one backward");
+  mark_ready(p);
+}
+
+void Reducer::mark_ready(std::size_t p) {
+  ready_[p] = 1;
+  if (--pending_[bucket_of_[p]] == 0) launch_in_order();
+}
+
+void Reducer::launch_in_order() {
+  while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) {
+    if (next_launch_ == 0) first_launch_ = Clock::now();
+    hook_->launch(*pg_, buckets_[next_launch_]);
+    ++next_launch_;
+  }
+}
+
+void Reducer::finalize() {
+  armed_ = false;
+  if (next_launch_ < buckets_.size()) {
+    std::string missing;
+    int count = 0;
+    for (std::size_t p = 0; p < params_.size(); ++p)
+      if (!ready_[p] && count++ < 5) missing += (missing.empty() ? "" : ", ") + names_[p];
+    // Complete what was launched so the group stays in step, then report.
+    for (std::size_t b = 0; b < next_launch_; ++b) {
+      try {
+        hook_->finish(*pg_, buckets_[b]);
+      } catch (...) {
+      }
+    }
+    reset_pass();
+    throw AutogradError(detail::concat(
+        "DDP: ", count, " parameter(s) got no gradient in this backward pass (", missing,
+        "): they were not used to compute the loss. Pass find_unused_parameters=true to DDPOptions "
+        "if parts of the model are unused in some iterations, or remove them from the model"));
+  }
+  const auto wait_start = Clock::now();
+  for (auto& b : buckets_) {
+    try {
+      hook_->finish(*pg_, b);
+    } catch (const CommError& e) {
+      reset_pass();
+      throw CommError(detail::concat("DDP: reducing gradient bucket ", b.index, " (", b.params.size(),
+                                     " parameter(s), ", b.buffer.numel() * 4, " bytes) failed: ", e.what()));
+    }
+  }
+  const auto end = Clock::now();
+  last_wait_ = std::chrono::duration<double>(end - wait_start).count();
+  last_comm_ = std::chrono::duration<double>(end - first_launch_).count();
+  reset_pass();
+}
+
+}  // namespace phalanx::parallel

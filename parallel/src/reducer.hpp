@@ -1,0 +1,62 @@
+#pragma once
+// The Reducer: DDP's gradient buckets and their life cycle in one backward pass
+// (docs/ddp.md). Parameters' gradients live in their bucket's flat buffer; the autograd
+// hook of each parameter marks it ready; a full bucket is handed to the comm hook at once,
+// buckets strictly in index order (so every rank issues the same collectives in the same
+// order); the end-of-backward callback waits for all of them.
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "phalanx/parallel/ddp.hpp"
+
+namespace phalanx::parallel {
+
+class Reducer {
+ public:
+  Reducer(std::vector<std::pair<std::string, Tensor>> named_params, ProcessGroupPtr pg,
+          const DDPOptions& options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  /// After a forward in grad mode: a backward is expected. With find_unused_parameters,
+  /// walks the graph from `output` to find the parameters it does not reach.
+  void arm(const Tensor& output);
+  void set_sync(bool on) { sync_ = on; }
+  bool sync() const { return sync_; }
+  void set_hook(CommHookPtr hook);
+  std::vector<std::vector<std::size_t>> layout() const;
+  double last_wait_seconds() const { return last_wait_; }
+  double last_comm_seconds() const { return last_comm_; }
+
+ private:
+  void on_grad_ready(std::size_t param);
+  void adopt_into_bucket(std::size_t param);
+  void mark_ready(std::size_t param);
+  void launch_in_order();
+  void finalize();
+  void reset_pass();
+
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<std::uint64_t> hook_ids_;
+  ProcessGroupPtr pg_;
+  CommHookPtr hook_;
+  std::vector<GradBucket> buckets_;
+  std::vector<std::size_t> bucket_of_;  // parameter -> bucket
+  std::vector<Tensor> views_;           // parameter -> its slice of the bucket buffer
+  std::vector<int> pending_;            // bucket -> parameters not yet ready in this pass
+  std::vector<char> ready_;             // parameter -> ready in this pass
+  std::vector<char> unused_;            // parameter -> not reached by the last forward
+  std::size_t next_launch_ = 0;
+  bool find_unused_;
+  bool sync_ = true;
+  bool armed_ = false;
+  bool in_pass_ = false;
+  bool hook_used_ = false;
+  std::chrono::steady_clock::time_point first_launch_;
+  double last_wait_ = 0, last_comm_ = 0;
+};
+
+}  // namespace phalanx::parallel
