@@ -1,8 +1,14 @@
 #pragma once
 // Helpers shared by the benchmarks: timing and running a peer (PyTorch) in the same run.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace phalanx::bench {
 
@@ -25,6 +31,58 @@ inline double run_peer(const std::string& command, const std::string& key) {
     return -1;
   }
   return std::stod(out.substr(pos + key.size() + 1));
+}
+
+/// Runs `body(rank, out)` in `world` forked processes; returns what rank 0 wrote to `out`.
+inline std::string run_ranks(int world, const std::function<void(int, std::FILE*)>& body) {
+  const std::string out = "/tmp/phalanx_bench_" + std::to_string(::getpid());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      std::FILE* f = r == 0 ? std::fopen(out.c_str(), "w") : nullptr;
+      try {
+        body(r, f);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench rank %d: %s\n", r, e.what());
+        ::_exit(1);
+      }
+      if (f) std::fclose(f);
+      ::_exit(0);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+  std::ifstream in(out);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(out.c_str());
+  return all;
+}
+
+/// Runs a Python peer as `world` processes (torchrun's variables set by hand, as
+/// ../shared/anchors/launch.sh does); returns rank 0's output.
+inline std::string run_python_ranks(int world, int port, const std::string& script_and_args) {
+  std::string cmd = "(";
+  for (int r = world - 1; r >= 0; --r) {
+    const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+                            " WORLD_SIZE=" + std::to_string(world) + " RANK=" + std::to_string(r) +
+                            " OMP_NUM_THREADS=1 ";
+    cmd += env + "/usr/bin/python3 " + script_and_args + (r > 0 ? " >/dev/null 2>&1 & " : "; wait");
+  }
+  cmd += ") 2>/dev/null";
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[512];
+    while (fgets(buf, sizeof buf, p)) out += buf;
+    pclose(p);
+  }
+  return out;
+}
+
+/// The number after `key=` in `text`, or -1.
+inline double find_value(const std::string& text, const std::string& key) {
+  const auto pos = text.find(key + "=");
+  return pos == std::string::npos ? -1 : std::stod(text.substr(pos + key.size() + 1));
 }
 
 /// Where the peers' scripts live (set by CMake).
