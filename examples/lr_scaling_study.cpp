@@ -1,24 +1,31 @@
 // The textbook's case study: why the learning rate must grow with the global batch.
 //
-// Same data (512 samples, 64 features, 10 classes) and same initial weights as the
-// textbook's PyTorch script (exported once from PyTorch 1.13 into data/seed_case_study.npz),
-// a 64-32-10 MLP, plain SGD, 30 epochs, no shuffling. Configurations:
-//   single   1 worker,  batch 64,  lr 0.1                      -> the reference loss L
-//   direct   global batch 256, lr kept at 0.1                  -> clearly worse than L
-//   linear   global batch 256, lr 0.4 from the scaling recipe   -> matches L again
-//   variant  one process, batch 256, lr 0.4 ("mathematically almost equivalent")
-//   warmup   linear scaling plus a 2-epoch linear warmup (when early loss oscillates)
+//   phalanx-run --nproc-per-node 4 build/examples/lr_scaling_study     # 4 workers (scripts/demo.sh)
+//   build/examples/lr_scaling_study                                    # one process
 //
-// This version runs every configuration as one process on its global batch: data-parallel
-// training on W workers averages W shard gradients, which is the gradient of the global
-// batch, so the update is the same one. (The multi-worker run through DDP is added by the
-// DDP issue.)
+// Same data (512 samples, 64 features, 10 classes) and the same initial weights as the
+// textbook's PyTorch script (exported once from PyTorch 1.13 into data/seed_case_study.npz),
+// a 64-32-10 MLP, plain SGD, 30 epochs, no shuffling:
+//   single   1 worker,  batch 64,  lr 0.1                     -> the reference loss L
+//   direct   4 workers, global batch 256, lr kept at 0.1      -> clearly worse than L
+//   linear   4 workers, global batch 256, lr 0.4 (the recipe) -> L again
+//   variant  1 worker,  batch 256, lr 0.4 ("mathematically almost equivalent" to linear)
+//   warmup   linear plus a 2-epoch linear warmup (for when early loss oscillates)
+// Launched with 4 workers, the 4-worker rows run with DDP over Gloo and the 1-worker rows on
+// rank 0. Launched as one process, the 4-worker rows run as one process on the global
+// batch (the same update: DDP averages the shard gradients into the global batch's).
+//
+// Options: --check (exit non-zero unless the PyTorch figures are matched), --plot F.svg
+// (the training-loss curves), --metrics F.jsonl (one record per configuration and epoch).
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include <phalanx/phalanx.hpp>
+
+#include "svg_chart.hpp"
 
 using namespace phalanx;
 
@@ -30,7 +37,7 @@ struct Config {
   std::int64_t global_batch;
   double lr;  // < 0: from the linear-scaling recipe
   double warmup_epochs;
-  int torch_index;  // index into Data::torch_loss, -1 when PyTorch has no figure
+  int torch_index;  // into the PyTorch figures, -1 when there is none
 };
 
 struct Data {
@@ -40,100 +47,165 @@ struct Data {
 };
 
 Data load_data() {
-  const std::string path = std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.npz";
-  TensorMap f = load_npz(path);
+  TensorMap f = load_npz(std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.npz");
   Data d{f.at("x"), f.at("y"), {}, f.at("torch_final_loss").to_vector<float>()};
   for (const char* k : {"0.weight", "0.bias", "2.weight", "2.bias"}) d.init.set(k, f.at(k));
   return d;
 }
 
-float train(const Data& data, const Config& c, std::vector<float>& epoch_losses) {
-  const std::int64_t n = data.x.shape()[0];
+optim::ScalingPlan plan_for(const Config& c, int world, std::int64_t n) {
   optim::ScalingOptions so;
-  so.base_lr = 0.1;       // tuned at ...
-  so.base_batch = 64;     // ... batch 64 on one worker
+  so.base_lr = 0.1;    // the rate tuned ...
+  so.base_batch = 64;  // ... at batch 64 on one worker
   so.global_batch = c.global_batch;
-  so.world_size = c.workers;
+  so.world_size = world;
   so.warmup_epochs = c.warmup_epochs;
   so.dataset_size = n;
-  const optim::ScalingPlan plan = optim::linear_scaling(so);
-  const double lr = c.lr > 0 ? c.lr : plan.lr;
+  return optim::linear_scaling(so);
+}
 
-  auto model = nn::mlp({64, 32, 10});
-  model->load_state_dict(data.init);  // the textbook's initial weights, every run
-  optim::SGD opt(model->parameters(), optim::SGDOptions{lr});
+struct Run {
+  float final_loss = 0;
+  std::vector<double> epoch_loss;  // mean training loss per epoch, over all workers
+  double lr = 0;
+};
+
+/// Trains one configuration on `pg` (every rank of it calls this).
+Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg) {
+  const std::int64_t n = data.x.shape()[0];
+  const int world = pg->size(), rank = pg->rank();
+  const optim::ScalingPlan plan = plan_for(c, world, n);
+  Run run;
+  run.lr = c.lr > 0 ? c.lr : plan.lr;
+
+  auto net = nn::mlp({64, 32, 10});
+  net->load_state_dict(data.init);                              // the textbook's initial weights
+  auto model = std::make_shared<parallel::DDP>(net, pg);        // [2] wrap the model
+  samplers::DistributedSamplerOptions so;
+  so.num_replicas = world;
+  so.rank = rank;
+  so.shuffle = false;
+  auto sampler = std::make_shared<samplers::DistributedSampler>(n, so);  // [3] shard the data
+  auto dataset = std::make_shared<samplers::TensorDataset>(data.x, data.y);
+  samplers::DataLoader loader(dataset, {plan.per_rank_batch}, sampler);
+  optim::SGD opt(model->parameters(), optim::SGDOptions{run.lr});
   std::unique_ptr<optim::LinearLR> warmup;
   if (plan.warmup_steps > 0)
     warmup = std::make_unique<optim::LinearLR>(opt, 1.0 / plan.scale, 1.0, plan.warmup_steps);
 
   // ---- TRAINING LOOP ----
   for (int epoch = 0; epoch < 30; ++epoch) {
-    double sum = 0;
-    int steps = 0;
-    for (std::int64_t begin = 0; begin < n; begin += c.global_batch) {
-      const std::int64_t end = std::min(n, begin + c.global_batch);
-      Tensor xb = data.x.narrow_rows(begin, end), yb = data.y.narrow_rows(begin, end);
+    sampler->set_epoch(epoch);
+    Tensor stats = zeros({2});  // loss sum and step count, summed over workers below
+    for (samplers::Batch& b : loader) {
       opt.zero_grad();
-      Tensor loss = cross_entropy(model->forward(xb), yb);
+      Tensor loss = cross_entropy(model->forward(b.x), b.y);
       loss.backward();
       opt.step();
       if (warmup) warmup->step();
-      sum += loss.item();
-      ++steps;
+      stats.data<float>()[0] += loss.item();
+      stats.data<float>()[1] += 1;
     }
-    epoch_losses.push_back(static_cast<float>(sum / steps));
+    pg->allreduce(stats)->wait();
+    run.epoch_loss.push_back(stats.data<float>()[0] / stats.data<float>()[1]);
   }
   // ---- END TRAINING LOOP ----
   NoGradGuard no_grad;
-  return cross_entropy(model->forward(data.x), data.y).item();
+  run.final_loss = cross_entropy(model->forward(data.x), data.y).item();
+  return run;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --check: exit non-zero unless single/direct/linear are within 2e-3 of PyTorch and the
-  // variant within 1e-4 of linear (used by the test suite).
-  const bool check = argc > 1 && std::string(argv[1]) == "--check";
+  bool check = false;
+  std::string plot, metrics;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--check") check = true;
+    else if (a == "--plot" && i + 1 < argc) plot = argv[++i];
+    else if (a == "--metrics" && i + 1 < argc) metrics = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: lr_scaling_study [--check] [--plot F.svg] [--metrics F.jsonl]\n");
+      return 2;
+    }
+  }
   set_num_threads(1);
+  auto world = parallel::init_process_group();  // [1] a world of one, or the launcher's workers
+  const int W = world->size(), rank = world->rank();
+  if (256 % W != 0) {
+    if (rank == 0) std::fprintf(stderr, "lr_scaling_study: run it with 1, 2, 4, 8 ... workers (W must divide 256)\n");
+    return 2;
+  }
   const Data data = load_data();
   const Config configs[] = {
-      {"single", 1, 64, 0.1, 0, 0},
-      {"direct", 4, 256, 0.1, 0, 1},
-      {"linear", 4, 256, -1, 0, 2},
-      {"variant", 1, 256, -1, 0, -1},
-      {"warmup", 4, 256, -1, 2, -1},
+      {"single", 1, 64, 0.1, 0, 0},   {"direct", 4, 256, 0.1, 0, 1}, {"linear", 4, 256, -1, 0, 2},
+      {"variant", 1, 256, -1, 0, -1}, {"warmup", 4, 256, -1, 2, -1},
   };
-  std::printf("Linear learning-rate scaling (64-32-10 MLP, SGD, 30 epochs, 512 samples)\n\n");
-  std::printf("%-8s %8s %12s %8s %14s %14s %10s\n", "config", "workers", "global batch", "lr",
-              "final loss", "PyTorch 1.13", "diff");
-  std::vector<float> finals;
-  bool ok = true;
+  auto alone = std::make_shared<WorldOfOneProcessGroup>();
+  std::vector<Run> runs;
   for (const Config& c : configs) {
-    std::vector<float> curve;
-    const float final_loss = train(data, c, curve);
-    finals.push_back(final_loss);
-    optim::ScalingOptions so;
-    so.base_lr = 0.1;
-    so.base_batch = 64;
-    so.global_batch = c.global_batch;
-    so.world_size = c.workers;
-    const double lr = c.lr > 0 ? c.lr : optim::linear_scaling(so).lr;
+    // 1-worker rows run on rank 0 alone; the others on every worker of the job.
+    const bool solo = c.workers == 1;
+    Run r;
+    if (!solo)
+      r = train(data, c, world);
+    else if (rank == 0)
+      r = train(data, c, alone);
+    world->barrier()->wait();
+    runs.push_back(r);
+  }
+  if (rank != 0) return 0;
+
+  std::printf("Linear learning-rate scaling (64-32-10 MLP, SGD, 30 epochs, 512 samples; %d worker%s, backend %s)\n\n",
+              W, W > 1 ? "s" : "", world->backend_name().c_str());
+  std::printf("%-8s %8s %12s %8s %12s %14s %10s\n", "config", "workers", "global batch", "lr", "final loss",
+              "PyTorch 1.13", "diff");
+  bool ok = true;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const Config& c = configs[i];
+    const int workers = c.workers == 1 ? 1 : W;
+    const std::string wcol = workers == 1 && c.workers != 1 ? "1 (as 4)" : std::to_string(workers);
     if (c.torch_index >= 0) {
       const float ref = data.torch_loss[c.torch_index];
-      ok = ok && std::abs(final_loss - ref) <= 2e-3f;
-      std::printf("%-8s %8d %12lld %8.2f %14.4f %14.4f %+10.4f\n", c.name, c.workers,
-                  static_cast<long long>(c.global_batch), lr, final_loss, ref, final_loss - ref);
-    } else
-      std::printf("%-8s %8d %12lld %8.2f %14.4f %14s %10s\n", c.name, c.workers,
-                  static_cast<long long>(c.global_batch), lr, final_loss, "-", "-");
+      ok = ok && std::abs(runs[i].final_loss - ref) <= 2e-3f;
+      std::printf("%-8s %8s %12lld %8.2f %12.4f %14.4f %+10.4f\n", c.name, wcol.c_str(),
+                  static_cast<long long>(c.global_batch), runs[i].lr, runs[i].final_loss, ref, runs[i].final_loss - ref);
+    } else {
+      std::printf("%-8s %8s %12lld %8.2f %12.4f %14s %10s\n", c.name, wcol.c_str(),
+                  static_cast<long long>(c.global_batch), runs[i].lr, runs[i].final_loss, "-", "-");
+    }
   }
-  std::printf("\nvariant vs linear: |%.6f - %.6f| = %.2e (one process at batch 256 is the same "
-              "update as 4 workers at 64 each)\n",
-              finals[3], finals[2], std::abs(finals[3] - finals[2]));
-  std::printf("direct vs single: %+.3f (keeping lr 0.1 at 4x the batch trains 4x fewer steps "
-              "at the same step size)\n",
-              finals[1] - finals[0]);
-  ok = ok && std::abs(finals[3] - finals[2]) <= 1e-4f;
+  const float variant_gap = std::abs(runs[3].final_loss - runs[2].final_loss);
+  ok = ok && variant_gap <= 1e-4f;
+  std::printf("\nvariant vs linear: %.9g vs %.9g, %.3e apart (one process at batch 256 vs %d worker%s at %d each)\n", runs[3].final_loss, runs[2].final_loss,
+              variant_gap, W, W > 1 ? "s" : "", 256 / W);
+  std::printf("direct vs single: %+.3f (keeping lr 0.1 at 4x the batch takes 4x fewer steps of the same size)\n",
+              runs[1].final_loss - runs[0].final_loss);
+  if (W == 1) std::printf("(one process: the 4-worker rows ran as one process on the global batch; "
+                          "run it under phalanx-run --nproc-per-node 4 for real workers)\n");
+
+  if (!metrics.empty()) {
+    std::ofstream m(metrics);
+    for (std::size_t i = 0; i < runs.size(); ++i)
+      for (std::size_t e = 0; e < runs[i].epoch_loss.size(); ++e)
+        m << "{\"config\": \"" << configs[i].name << "\", \"epoch\": " << e
+          << ", \"train_loss\": " << runs[i].epoch_loss[e] << "}\n";
+  }
+  if (!plot.empty()) {
+    std::vector<tools::Series> series;
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      if (std::string(configs[i].name) == "variant") continue;  // on top of linear
+      tools::Series s{configs[i].name, {}, runs[i].epoch_loss};
+      for (std::size_t e = 0; e < s.y.size(); ++e) s.x.push_back(static_cast<double>(e + 1));
+      series.push_back(s);
+    }
+    tools::ChartOptions co;
+    co.title = "Linear LR scaling: mean training loss per epoch";
+    tools::write_svg(plot, series, co);
+    std::printf("wrote %s\n", plot.c_str());
+  }
   if (check) std::printf("check: %s\n", ok ? "passed" : "FAILED");
+  parallel::destroy_process_group();
   return check && !ok ? 1 : 0;
 }

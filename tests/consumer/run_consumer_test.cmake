@@ -18,3 +18,17 @@ file(READ ${WORK_DIR}/prefix/lib/pkgconfig/phalanx.pc pc)
 if(NOT pc MATCHES "-lphalanx")
   message(FATAL_ERROR "phalanx.pc does not link -lphalanx")
 endif()
+
+# The out-of-tree backend example: built against the installed library, selected by
+# PHALANX_BACKEND, found through PHALANX_PLUGIN_PATH, run by the installed launcher.
+run(${CMAKE_COMMAND} -S ${EXAMPLES_DIR}/custom_backend -B ${WORK_DIR}/plugin
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/plugin)
+execute_process(
+  COMMAND ${CMAKE_COMMAND} -E env PHALANX_PLUGIN_PATH=${WORK_DIR}/plugin PHALANX_BACKEND=storecomm
+          ${WORK_DIR}/prefix/bin/phalanx-run --nproc-per-node 2 ${WORK_DIR}/plugin/custom_backend_demo
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+message("${out}${err}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "on backend 'storecomm': allreduce sum = 3")
+  message(FATAL_ERROR "the custom backend example failed (${rc})")
+endif()
