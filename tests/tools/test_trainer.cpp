@@ -1,0 +1,159 @@
+// phalanx-train end to end: the case study's figures, exact resume, config files, errors.
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include <phalanx/phalanx.hpp>
+
+using namespace phalanx;
+
+namespace {
+
+std::string dir() {
+  static const std::string d = [] {
+    const std::string p = "/tmp/phalanx_train_" + std::to_string(::getpid());
+    std::system(("rm -rf " + p + " && mkdir -p " + p).c_str());
+    // the case study's data as .npy files, as a user would bring them
+    const TensorMap f = load_npz(std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.npz");
+    save_npy(p + "/x.npy", f.at("x"));
+    save_npy(p + "/y.npy", f.at("y"));
+    TensorMap init;
+    for (const char* k : {"0.weight", "0.bias", "2.weight", "2.bias"}) init.set(k, f.at(k));
+    save_npz(p + "/init.npz", init);
+    return p;
+  }();
+  return d;
+}
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& args, bool launcher = false, int workers = 2) {
+  const std::string log = dir() + "/out.txt";
+  const std::string cmd = (launcher ? std::string(PHALANX_RUN) + " --nproc-per-node " + std::to_string(workers) + " " : "") +
+                          PHALANX_TRAIN + " " + args + " > " + log + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  std::ifstream f(log);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str()};
+}
+
+nlohmann::json summary(const std::string& out) {
+  const auto start = out.rfind("{\"");
+  REQUIRE(start != std::string::npos);
+  return nlohmann::json::parse(out.substr(start, out.find('\n', start) - start));
+}
+
+const std::string kData = " --train-x " + dir() + "/x.npy --train-y " + dir() + "/y.npy --init " + dir() + "/init.npz";
+
+}  // namespace
+
+TEST_CASE("the textbook's single-worker figure, then 4 workers with linear scaling") {
+  auto r = run(kData + " --global-batch 64 --lr 0.1 --epochs 30 --no-shuffle --eval-train");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  auto s = summary(r.out);
+  CHECK(std::abs(s["final_train_loss"].get<double>() - 1.5834) < 2e-3);
+  CHECK(s["world_size"] == 1);
+  CHECK(s["steps"] == 240);
+  r = run(kData + " --global-batch 256 --base-lr 0.1 --base-batch 64 --epochs 30 --no-shuffle --eval-train", true, 4);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  s = summary(r.out);
+  CHECK(std::abs(s["final_train_loss"].get<double>() - 1.5857) < 2e-3);
+  CHECK(s["world_size"] == 4);
+  CHECK(s["backend"] == "gloo");
+}
+
+TEST_CASE("resuming from a mid-epoch checkpoint continues exactly (SGD momentum, warmup, shuffle)") {
+  const std::string common = kData + " --global-batch 64 --lr 0.1 --momentum 0.9 --warmup-steps 6 --seed 3";
+  auto full = run(common + " --epochs 3 --save " + dir() + "/full.npz");
+  REQUIRE(full.code == 0);
+  const std::string ck = dir() + "/ckpt";
+  auto first = run(common + " --epochs 1 --checkpoint-dir " + ck + " --checkpoint-every 5");
+  REQUIRE(first.code == 0);  // the last checkpoint is at step 5 of 8: mid-epoch
+  auto rest = run(common + " --epochs 3 --checkpoint-dir " + ck + " --resume --save " + dir() + "/resumed.npz");
+  INFO(rest.out);
+  REQUIRE(rest.code == 0);
+  CHECK(summary(rest.out)["steps"] == 24);
+  const TensorMap a = load_npz(dir() + "/full.npz"), b = load_npz(dir() + "/resumed.npz");
+  for (const auto& [k, v] : a) {
+    CAPTURE(k);
+    CHECK(v.to_vector<float>() == b.at(k).to_vector<float>());  // bit for bit
+  }
+}
+
+TEST_CASE("a JSON config gives the same run as the command line; metrics and plot are written") {
+  const std::string cfg = dir() + "/cfg.json";
+  {
+    std::ofstream f(cfg);
+    f << nlohmann::json{{"train-x", dir() + "/x.npy"}, {"train-y", dir() + "/y.npy"}, {"init", dir() + "/init.npz"},
+                        {"model", "64-32-10"}, {"global-batch", 128}, {"lr", 0.2}, {"epochs", 2}, {"shuffle", false},
+                        {"optimizer", "adamw"}, {"weight-decay", 0.01}}
+             .dump();
+  }
+  auto a = run("--config " + cfg + " --metrics " + dir() + "/m.jsonl --plot " + dir() + "/p.svg");
+  auto b = run(kData + " --global-batch 128 --lr 0.2 --epochs 2 --no-shuffle --optimizer adamw --weight-decay 0.01");
+  REQUIRE(a.code == 0);
+  REQUIRE(b.code == 0);
+  CHECK(summary(a.out)["final_train_loss"] == summary(b.out)["final_train_loss"]);
+  std::ifstream m(dir() + "/m.jsonl");
+  std::string line;
+  int steps = 0, epochs = 0;
+  while (std::getline(m, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("step")) {
+      ++steps;
+      CHECK(j.contains("loss"));
+      CHECK(j.contains("lr"));
+      CHECK(j.contains("seconds"));
+    }
+    if (j.contains("train_loss")) ++epochs;
+  }
+  CHECK(steps == 8);
+  CHECK(epochs == 2);
+  std::ifstream svg(dir() + "/p.svg");
+  std::string head;
+  std::getline(svg, head);
+  CHECK(head.rfind("<svg", 0) == 0);
+  // a command-line value wins over the file's
+  auto c = run("--config " + cfg + " --epochs 1");
+  CHECK(summary(c.out)["steps"] == 4);
+}
+
+TEST_CASE("bad values are one-line errors before any training") {
+  const std::string d = dir();
+  struct Case {
+    std::string args, expect;
+  } cases[] = {
+      {"--train-x /nonexistent.npy --train-y " + d + "/y.npy", "/nonexistent.npy: cannot open"},
+      {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --model 32-10", "features per sample but --model starts with 32"},
+      {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --model 64-5", "outside [0, 5)"},
+      {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --frobnicate", "--frobnicate"},
+      {"--train-x " + d + "/x.npy", "--train-x needs --train-y"},
+      {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --lr 0.1 --base-lr 0.1 --base-batch 64", "either --lr or --base-lr"},
+      {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --device cuda", "--device cuda"},
+      {"--config /nonexistent.json", "cannot open"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.args);
+    auto r = run(c.args + " --metrics " + d + "/never.jsonl");
+    CHECK(r.code != 0);
+    CHECK(r.out.find(c.expect) != std::string::npos);
+    CHECK(r.out.find("epoch") == std::string::npos);  // nothing trained
+  }
+  auto r = run(kData + " --global-batch 64", true, 3);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("world size 3 does not divide the global batch 64") != std::string::npos);
+}

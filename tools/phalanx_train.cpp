@@ -1,0 +1,21 @@
+// phalanx-train: trains an MLP with DDP from the command line or a JSON config.
+// See `phalanx-train --help` and docs/trainer.md.
+#include <cstdio>
+
+#include <phalanx/phalanx.hpp>
+
+#include "trainer/train_config.hpp"
+#include "trainer/trainer.hpp"
+
+int main(int argc, char** argv) {
+  phalanx::trainer::TrainConfig config;
+  int code = 0;
+  if (!phalanx::trainer::parse_config(argc, argv, config, code)) return code;
+  phalanx::set_num_threads(1);
+  try {
+    return phalanx::trainer::run_training(config);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "phalanx-train: %s\n", e.what());
+    return 1;
+  }
+}
