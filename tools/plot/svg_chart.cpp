@@ -54,7 +54,9 @@ std::string render_svg(const std::vector<Series>& series, const ChartOptions& o)
   svg += "<text x='" + std::to_string(o.width / 2) + "' y='22' text-anchor='middle' font-size='15'>" + esc(o.title) +
          "</text>\n";
   for (int i = 0; i <= 5; ++i) {  // grid and ticks
-    const double yv = y0 + (y1 - y0) * i / 5, xv = x0 + (x1 - x0) * i / 5;
+    const double yv = y0 + (y1 - y0) * i / 5;
+    double xv = x0 + (x1 - x0) * i / 5;
+    if (x1 - x0 >= 10) xv = std::round(xv);  // whole epochs
     svg += "<line x1='" + fmt(L) + "' x2='" + fmt(L + pw) + "' y1='" + fmt(Y(yv)) + "' y2='" + fmt(Y(yv)) +
            "' stroke='#ddd'/>\n";
     svg += "<text x='" + fmt(L - 6) + "' y='" + fmt(Y(yv) + 4) + "' text-anchor='end'>" + fmt(yv) + "</text>\n";
@@ -72,7 +74,10 @@ std::string render_svg(const std::vector<Series>& series, const ChartOptions& o)
     std::string pts;
     for (std::size_t i = 0; i < s.x.size() && i < s.y.size(); ++i)
       if (std::isfinite(s.y[i])) pts += fmt(X(s.x[i])) + "," + fmt(Y(s.y[i])) + " ";
-    svg += "<polyline fill='none' stroke='" + std::string(color) + "' stroke-width='2' points='" + pts + "'/>\n";
+    // Earlier series are drawn wider, so a curve lying on another one stays visible.
+    const double width = std::max(1.5, 6.0 - 1.5 * static_cast<double>(k));
+    svg += "<polyline fill='none' stroke='" + std::string(color) + "' stroke-width='" + fmt(width) +
+           "' stroke-opacity='0.85' points='" + pts + "'/>\n";
     const double ly = T + 14 + 20.0 * k;
     svg += "<line x1='" + fmt(L + pw + 12) + "' x2='" + fmt(L + pw + 36) + "' y1='" + fmt(ly - 4) + "' y2='" +
            fmt(ly - 4) + "' stroke='" + color + "' stroke-width='3'/>\n";
