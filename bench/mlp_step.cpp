@@ -15,12 +15,13 @@ using namespace phalanx;
 
 namespace {
 
-double phalanx_step_us(const std::vector<std::int64_t>& widths, std::int64_t batch, int iters) {
+double phalanx_step_us(const std::vector<std::int64_t>& widths, std::int64_t batch, int iters, Device dev) {
   manual_seed(0);
   auto model = nn::mlp(widths);
+  model->to(dev);
   auto params = model->parameters();
-  Tensor x = randn({batch, widths.front()});
-  Tensor y = randint(widths.back(), {batch});
+  Tensor x = randn({batch, widths.front()}).to(dev);
+  Tensor y = randint(widths.back(), {batch}).to(dev);
   const float lr = 0.01f;
   auto step = [&] {
     model->zero_grad();
@@ -33,6 +34,7 @@ double phalanx_step_us(const std::vector<std::int64_t>& widths, std::int64_t bat
   for (int r = 0; r < 5; ++r) {
     const double t = bench::now_s();
     for (int i = 0; i < iters; ++i) step();
+    params.front().to(Device::cpu());  // waits for the device's queue
     samples.push_back((bench::now_s() - t) / iters * 1e6);
   }
   std::sort(samples.begin(), samples.end());
@@ -49,7 +51,13 @@ std::string widths_str(const std::vector<std::int64_t>& w) {
 
 int main(int argc, char** argv) {
   set_num_threads(1);
-  const bool skip_peer = argc > 1 && std::string(argv[1]) == "--no-peer";
+  bool skip_peer = false;
+  Device dev = Device::cpu();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--no-peer") skip_peer = true;
+    else if (a == "--device" && i + 1 < argc) dev = Device::parse(argv[++i]);
+  }
   struct Case {
     std::vector<std::int64_t> widths;
     std::int64_t batch;
@@ -58,17 +66,17 @@ int main(int argc, char** argv) {
   };
   const Case cases[] = {{{784, 1024, 1024, 10}, 128, 40, "phalanx/torch <= 1.15"},
                         {{64, 32, 10}, 64, 4000, "torch/phalanx >= 5"}};
-  std::printf("BLAS: %s\n", blas_info().c_str());
+  std::printf("device: %s; BLAS: %s\n", dev.str().c_str(), blas_info().c_str());
   std::printf("%-22s %6s %14s %14s %10s   %s\n", "model", "batch", "phalanx_us", "torch_us",
               "torch/phx", "bar");
   for (const Case& c : cases) {
-    const double ours = phalanx_step_us(c.widths, c.batch, c.iters);
+    const double ours = phalanx_step_us(c.widths, c.batch, c.iters, dev);
     double theirs = -1;
     if (!skip_peer)
       theirs = bench::run_peer("OMP_NUM_THREADS=1 /usr/bin/python3 " +
                                    bench::peer_script("torch_mlp_step.py") + " " +
                                    widths_str(c.widths) + " " + std::to_string(c.batch) + " " +
-                                   std::to_string(c.iters),
+                                   std::to_string(c.iters) + " " + dev.str(),
                                "step_us");
     std::printf("%-22s %6lld %14.1f %14.1f %10.2f   %s\n", widths_str(c.widths).c_str(),
                 static_cast<long long>(c.batch), ours, theirs, theirs > 0 ? theirs / ours : 0.0,

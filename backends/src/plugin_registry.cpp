@@ -11,6 +11,7 @@
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/world_of_one.hpp"
+#include "phalanx/core/device.hpp"
 
 #ifndef PHALANX_INSTALL_LIBDIR
 #define PHALANX_INSTALL_LIBDIR "/usr/local/lib"
@@ -178,6 +179,34 @@ ProcessGroupPtr create_process_group(const std::string& name, const BackendConfi
     if (destroy) destroy(p);
     else delete p;
   });
+}
+
+bool load_device_plugin(DeviceType type, std::string* reason) {
+  if (type != DeviceType::CUDA) {
+    if (reason) *reason = "no plugin provides this device type";
+    return false;
+  }
+  try {
+    const phalanx_plugin_descriptor& d = load_plugin("cuda");
+    if (std::string(d.kind ? d.kind : "") != "device") {
+      if (reason) *reason = "libphalanx_cuda.so is not a device plugin";
+      return false;
+    }
+    char why[512] = {0};
+    if (d.probe && !d.probe(why, sizeof why)) {
+      if (reason) *reason = std::string("the CUDA device plugin cannot run here: ") + why;
+      return false;
+    }
+    char err[512] = {0};
+    if (!d.create(nullptr, err, sizeof err)) {
+      if (reason) *reason = std::string("the CUDA device plugin failed to start: ") + err;
+      return false;
+    }
+    return true;
+  } catch (const std::exception& e) {
+    if (reason) *reason = e.what();
+    return false;
+  }
 }
 
 }  // namespace phalanx

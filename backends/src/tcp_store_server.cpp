@@ -21,7 +21,7 @@ using namespace tcpstore;
 
 struct TcpStoreServer::State {
   struct Conn {
-    int fd;
+    int fd = -1;
     Bytes in;
     bool hello = false;
     // a parked GET / WAIT
@@ -195,7 +195,9 @@ void TcpStoreServer::serve() {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd >= 0) {
         net::set_nodelay(fd);
-        st.conns.push_back({fd, {}});
+        State::Conn conn;
+        conn.fd = fd;
+        st.conns.push_back(std::move(conn));
       }
     }
     bool changed = false;

@@ -1,21 +1,23 @@
 #!/usr/bin/python3
 """PyTorch peer for bench/mlp_step: forward + backward + plain SGD step of an MLP, 1 thread.
-usage: torch_mlp_step.py WIDTHS BATCH ITERS   (WIDTHS like 784-1024-1024-10)
+usage: torch_mlp_step.py WIDTHS BATCH ITERS [DEVICE]   (WIDTHS like 784-1024-1024-10; DEVICE cpu or cuda:0)
 prints: step_us=<median microseconds per step>"""
 import sys, time, statistics
 import torch
 torch.set_num_threads(1)
 widths = [int(w) for w in sys.argv[1].split("-")]
 batch, iters = int(sys.argv[2]), int(sys.argv[3])
+device = torch.device(sys.argv[4] if len(sys.argv) > 4 else "cpu")
 torch.manual_seed(0)
 layers = []
 for i in range(len(widths) - 1):
     layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
     if i + 2 < len(widths):
         layers.append(torch.nn.ReLU())
-model = torch.nn.Sequential(*layers)
+model = torch.nn.Sequential(*layers).to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-x = torch.randn(batch, widths[0]); y = torch.randint(0, widths[-1], (batch,))
+x = torch.randn(batch, widths[0], device=device); y = torch.randint(0, widths[-1], (batch,), device=device)
+sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 def step():
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -25,5 +27,6 @@ samples = []
 for _ in range(5):
     t = time.perf_counter()
     for _ in range(iters): step()
+    sync()
     samples.append((time.perf_counter() - t) / iters)
 print(f"step_us={statistics.median(samples) * 1e6:.2f}")

@@ -1,10 +1,15 @@
 #include <array>
+#include <mutex>
+#include <string>
 
 #include "phalanx/core/kernels.hpp"
 
 namespace phalanx {
 
 DeviceKernels& cpu_kernels();  // core/src/cpu/cpu_kernels.cpp
+// Loads the device plugin for `type` (libphalanx_cuda.so) through the plugin registry
+// (backends/src/plugin_registry.cpp); returns false with the reason.
+bool load_device_plugin(DeviceType type, std::string* reason);
 
 namespace {
 std::array<DeviceKernels*, kNumDeviceTypes>& table() {
@@ -15,10 +20,13 @@ std::array<DeviceKernels*, kNumDeviceTypes>& table() {
 
 DeviceKernels& kernels_for(Device device) {
   DeviceKernels* k = table()[static_cast<int>(device.type)];
-  if (!k)
-    throw TypeError("no kernels for device " + device.str() +
-                    ": the CUDA device plugin (libphalanx_cuda.so) is not loaded; build Phalanx "
-                    "with CUDA and load it, or use PHALANX_DEVICE=cpu");
+  if (!k) {
+    std::string reason;
+    if (load_device_plugin(device.type, &reason)) k = table()[static_cast<int>(device.type)];
+    if (!k)
+      throw TypeError("no kernels for device " + device.str() + ": " + reason +
+                      " (use the CPU: PHALANX_DEVICE=cpu / --device cpu)");
+  }
   return *k;
 }
 

@@ -143,7 +143,7 @@ TEST_CASE("bad values are one-line errors before any training") {
       {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --frobnicate", "--frobnicate"},
       {"--train-x " + d + "/x.npy", "--train-x needs --train-y"},
       {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --lr 0.1 --base-lr 0.1 --base-batch 64", "either --lr or --base-lr"},
-      {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --device cuda", "--device cuda"},
+      {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --device cuda", "no CUDA device"},
       {"--config /nonexistent.json", "cannot open"},
   };
   for (const auto& c : cases) {

@@ -6,10 +6,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include <phalanx/core/kernels.hpp>
 #include <phalanx/phalanx.hpp>
 
 #include "svg_chart.hpp"
@@ -93,8 +95,10 @@ std::pair<double, double> evaluate(nn::Module& model, const std::shared_ptr<Tens
     xs.insert(xs.begin(), n);
     Tensor x = Tensor::empty(xs), y = Tensor::empty({n}, DType::Int64);
     ds->gather(idx.data() + b, n, x, y);
-    Tensor logits = model.forward(x);
-    s[0] += cross_entropy(logits, y, Reduction::Sum).item();
+    const Device dev = model.parameters().front().device();
+    Tensor logits = model.forward(x.to(dev));
+    s[0] += cross_entropy(logits, y.to(dev), Reduction::Sum).item();
+    logits = logits.to(Device::cpu());
     const float* l = logits.data<float>();
     const auto* t = y.data<std::int64_t>();
     for (std::int64_t i = 0; i < n; ++i) {
@@ -105,7 +109,11 @@ std::pair<double, double> evaluate(nn::Module& model, const std::shared_ptr<Tens
     }
     s[2] += static_cast<float>(n);
   }
-  pg.allreduce(stats)->wait();
+  // The group may be NCCL (CUDA tensors only): reduce the three numbers where it can.
+  Tensor on = stats.to(model.parameters().front().device());
+  pg.allreduce(on)->wait();
+  stats = on.to(Device::cpu());
+  s = stats.data<float>();
   return {s[0] / s[2], s[1] / s[2]};
 }
 
@@ -120,10 +128,16 @@ std::string fmt_time(double secs) {
 
 int run_training(const TrainConfig& c) {
   // ---- set-up: every check happens before training starts ----
-  if (c.device != "cpu")
-    throw ConfigError("--device " + c.device + ": this build of Phalanx has no CUDA device plugin loaded; use --device cpu");
+  // --device cuda: each worker on GPU LOCAL_RANK (checked before anything else starts).
+  Device dev = Device::parse(c.device);
+  if (!dev.is_cpu()) {
+    const char* lr = std::getenv("LOCAL_RANK");
+    if (c.device == "cuda" && lr) dev = Device::cuda(std::atoi(lr));
+    kernels_for(dev);  // loads the CUDA plugin, or says why it cannot
+  }
   parallel::InitOptions io;
   io.backend = c.backend;
+  io.device = c.device;
   auto pg = parallel::init_process_group(io);
   const int world = pg->size(), rank = pg->rank();
   const Datasets data = load_data(c);
@@ -142,6 +156,7 @@ int run_training(const TrainConfig& c) {
   Generator gen(c.seed);
   auto net = nn::mlp(c.model, c.activation, &gen);
   if (!c.init.empty()) net->load_state_dict(load_npz(c.init));
+  net->to(dev);
   auto model = std::make_shared<parallel::DDP>(net, pg);
   auto opt = make_optimizer(c, model->parameters(), plan.lr);
   samplers::DistributedSamplerOptions dso;
@@ -215,7 +230,7 @@ int run_training(const TrainConfig& c) {
     for (Batch& b : loader) {
       if (batch_index++ < skip_batches) continue;  // resuming mid-epoch: already trained on these
       opt->zero_grad();
-      Tensor loss = cross_entropy(model->forward(b.x), b.y);
+      Tensor loss = cross_entropy(model->forward(b.x.to(dev)), b.y.to(dev));
       loss.backward();
       opt->step();
       if (warmup) warmup->step();
@@ -242,7 +257,11 @@ int run_training(const TrainConfig& c) {
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save_checkpoint();
     }
     skip_batches = 0;
-    pg->allreduce(stats)->wait();
+    {
+      Tensor on = stats.to(dev);
+      pg->allreduce(on)->wait();
+      stats = on.to(Device::cpu());
+    }
     last_epoch_loss = stats.data<float>()[0] / std::max(1.f, stats.data<float>()[1]);
     nlohmann::json rec{{"epoch", epoch}, {"train_loss", last_epoch_loss}};
     train_curve.x.push_back(static_cast<double>(epoch + 1));

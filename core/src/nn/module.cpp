@@ -92,6 +92,18 @@ void Module::train(bool on) {
   for (auto& [n, child] : children_) child->train(on);
 }
 
+void Module::to(Device device) {
+  auto entries = named_parameters();
+  auto bufs = named_buffers();
+  entries.insert(entries.end(), bufs.begin(), bufs.end());
+  for (auto& [name, t] : entries) {
+    if (t.device() == device) continue;
+    Tensor moved = t.to(device);
+    t.set_grad(Tensor());
+    t.impl()->set_storage(moved.impl()->storage(), moved.impl()->byte_offset());
+  }
+}
+
 void Module::zero_grad(bool set_to_none) {
   for (auto& [n, p] : named_parameters()) {
     Tensor g = p.grad();

@@ -34,6 +34,13 @@ class TensorImpl {
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   std::size_t byte_offset() const { return offset_; }
 
+  /// Points this tensor at other storage (Module::to moves parameters this way, so every
+  /// handle to them, an optimizer's included, sees the move).
+  void set_storage(std::shared_ptr<Storage> storage, std::size_t byte_offset) {
+    storage_ = std::move(storage);
+    offset_ = byte_offset;
+  }
+
   AutogradMeta* autograd() const { return autograd_.get(); }
   AutogradMeta& ensure_autograd() {
     if (!autograd_) autograd_ = std::make_unique<AutogradMeta>();

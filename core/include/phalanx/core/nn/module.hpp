@@ -34,6 +34,9 @@ class Module {
   virtual void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
+  /// Moves every parameter and buffer to `device` in place (handles stay valid; gradients
+  /// are dropped).
+  void to(Device device);
   /// Clears gradients: set to undefined (default) or to zero.
   void zero_grad(bool set_to_none = true);
   /// Multi-line summary of the module tree.

@@ -1,0 +1,440 @@
+// CUDA kernels of the device table. Grid-stride loops; float32 unless stated.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+#include <climits>
+
+#include "cuda_check.hpp"
+#include "cuda_kernels.hpp"
+
+namespace phalanx::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+inline int blocks_for(std::int64_t n) {
+  return static_cast<int>(std::min<std::int64_t>((n + kThreads - 1) / kThreads, 65535 * 4));
+}
+#define GRID_LOOP(i, n) for (std::int64_t i = blockIdx.x * (std::int64_t)blockDim.x + threadIdx.x; i < (n); i += (std::int64_t)blockDim.x * gridDim.x)
+
+void after_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw_cuda(what, e, __FILE__, __LINE__);
+}
+
+void on_device(const Tensor& t) { PHALANX_CUDA_CHECK(cudaSetDevice(t.device().index)); }
+
+__global__ void fill_f32(float* o, float v, std::int64_t n) { GRID_LOOP(i, n) o[i] = v; }
+__global__ void fill_i64(long long* o, long long v, std::int64_t n) { GRID_LOOP(i, n) o[i] = v; }
+
+__global__ void unary_k(int op, const float* x, float* o, std::int64_t n) {
+  GRID_LOOP(i, n) {
+    const float v = x[i];
+    switch (op) {
+      case 0: o[i] = -v; break;
+      case 1: o[i] = expf(v); break;
+      case 2: o[i] = logf(v); break;
+      case 3: o[i] = v > 0.f ? v : 0.f; break;
+      case 4: o[i] = tanhf(v); break;
+      default: o[i] = 1.f / (1.f + expf(-v)); break;
+    }
+  }
+}
+
+__global__ void unary_bw_k(int op, const float* g, const float* x, const float* y, float* o, std::int64_t n) {
+  GRID_LOOP(i, n) {
+    switch (op) {
+      case 0: o[i] = -g[i]; break;
+      case 1: o[i] = g[i] * y[i]; break;
+      case 2: o[i] = g[i] / x[i]; break;
+      case 3: o[i] = y[i] > 0.f ? g[i] : 0.f; break;
+      case 4: o[i] = g[i] * (1.f - y[i] * y[i]); break;
+      default: o[i] = g[i] * y[i] * (1.f - y[i]); break;
+    }
+  }
+}
+
+__global__ void binary_k(int op, const float* a, std::int64_t na, const float* b, std::int64_t nb, float* o,
+                         std::int64_t n) {
+  GRID_LOOP(i, n) {
+    const float x = a[na == n ? i : i % na], y = b[nb == n ? i : i % nb];
+    o[i] = op == 0 ? x + y : op == 1 ? x - y : op == 2 ? x * y : x / y;
+  }
+}
+
+__global__ void affine_k(const float* x, float mul, float add, float* o, std::int64_t n) { GRID_LOOP(i, n) o[i] = x[i] * mul + add; }
+__global__ void axpy_k(float alpha, const float* x, float* y, std::int64_t n) { GRID_LOOP(i, n) y[i] += alpha * x[i]; }
+__global__ void scale_k(float* x, float f, std::int64_t n) { GRID_LOOP(i, n) x[i] *= f; }
+__global__ void divide_k(float* x, float d, std::int64_t n) { GRID_LOOP(i, n) x[i] /= d; }
+
+__global__ void sum_period_k(const float* in, float* out, std::int64_t p, std::int64_t rows, float scale) {
+  GRID_LOOP(j, p) {
+    float s = 0.f;
+    for (std::int64_t r = 0; r < rows; ++r) s += in[r * p + j];
+    out[j] = s * scale;
+  }
+}
+
+// One block per row of [outer, d] (inner == 1): a shared-memory tree in double.
+__global__ void row_sum_k(const float* in, float* out, std::int64_t d, float scale) {
+  __shared__ double part[kThreads];
+  const float* row = in + blockIdx.x * d;
+  double s = 0;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += row[i];
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(part[0] * scale);
+}
+
+__global__ void sum_dim_k(const float* in, float* out, std::int64_t outer, std::int64_t d, std::int64_t inner, float scale) {
+  GRID_LOOP(idx, outer * inner) {
+    const std::int64_t o = idx / inner, n = idx % inner;
+    float s = 0.f;
+    for (std::int64_t i = 0; i < d; ++i) s += in[(o * d + i) * inner + n];
+    out[idx] = s * scale;
+  }
+}
+
+__global__ void expand_dim_k(const float* g, float* out, std::int64_t outer, std::int64_t d, std::int64_t inner, float scale) {
+  GRID_LOOP(idx, outer * d * inner) {
+    const std::int64_t n = idx % inner, o = idx / (d * inner);
+    out[idx] = g[o * inner + n] * scale;
+  }
+}
+
+__global__ void broadcast_rows_k(const float* row, float* out, std::int64_t p, std::int64_t n) { GRID_LOOP(i, n) out[i] = row[i % p]; }
+
+template <typename T>
+__global__ void transpose_k(const T* in, T* out, std::int64_t A, std::int64_t n0, std::int64_t B, std::int64_t n1,
+                            std::int64_t C) {
+  GRID_LOOP(dst, A * n1 * B * n0 * C) {
+    std::int64_t r = dst;
+    const std::int64_t c = r % C; r /= C;
+    const std::int64_t i0 = r % n0; r /= n0;
+    const std::int64_t b = r % B; r /= B;
+    const std::int64_t i1 = r % n1; r /= n1;
+    const std::int64_t a = r;
+    out[dst] = in[(((a * n0 + i0) * B + b) * n1 + i1) * C + c];
+  }
+}
+
+__global__ void log_softmax_k(const float* x, float* o, std::int64_t outer, std::int64_t d, std::int64_t inner) {
+  GRID_LOOP(idx, outer * inner) {
+    const std::int64_t r = idx / inner, j = idx % inner;
+    const float* base = x + r * d * inner + j;
+    float* ob = o + r * d * inner + j;
+    float mx = -FLT_MAX;
+    for (std::int64_t i = 0; i < d; ++i) mx = fmaxf(mx, base[i * inner]);
+    double s = 0;
+    for (std::int64_t i = 0; i < d; ++i) s += exp(static_cast<double>(base[i * inner] - mx));
+    const float lse = mx + static_cast<float>(log(s));
+    for (std::int64_t i = 0; i < d; ++i) ob[i * inner] = base[i * inner] - lse;
+  }
+}
+
+__global__ void log_softmax_bw_k(const float* g, const float* y, float* o, std::int64_t outer, std::int64_t d, std::int64_t inner) {
+  GRID_LOOP(idx, outer * inner) {
+    const std::int64_t off = (idx / inner) * d * inner + idx % inner;
+    double s = 0;
+    for (std::int64_t i = 0; i < d; ++i) s += g[off + i * inner];
+    for (std::int64_t i = 0; i < d; ++i) o[off + i * inner] = g[off + i * inner] - expf(y[off + i * inner]) * static_cast<float>(s);
+  }
+}
+
+__global__ void cross_entropy_k(const float* x, const long long* t, float* p, float* l, std::int64_t n, std::int64_t c) {
+  GRID_LOOP(r, n) {
+    const float* row = x + r * c;
+    float* prow = p + r * c;
+    float mx = row[0];
+    for (std::int64_t j = 1; j < c; ++j) mx = fmaxf(mx, row[j]);
+    float s = 0.f;
+    for (std::int64_t j = 0; j < c; ++j) {
+      prow[j] = expf(row[j] - mx);
+      s += prow[j];
+    }
+    const float inv = 1.f / s;
+    for (std::int64_t j = 0; j < c; ++j) prow[j] *= inv;
+    l[r] = (mx + logf(s)) - row[t[r]];
+  }
+}
+
+__global__ void cross_entropy_bw_k(const float* p, const long long* t, const float* gl, bool per_row, float scale, float* o,
+                                   std::int64_t n, std::int64_t c) {
+  GRID_LOOP(idx, n * c) {
+    const std::int64_t r = idx / c, j = idx % c;
+    const float g = (per_row ? gl[r] : gl[0]) * scale;
+    o[idx] = p[idx] * g - (j == t[r] ? g : 0.f);
+  }
+}
+
+__global__ void label_check_k(const long long* t, std::int64_t n, long long classes, unsigned long long* first_bad) {
+  GRID_LOOP(i, n) if (t[i] < 0 || t[i] >= classes) atomicMin(first_bad, static_cast<unsigned long long>(i));
+}
+
+__global__ void to_half_k(const float* s, __half* d, std::int64_t n) { GRID_LOOP(i, n) d[i] = __float2half_rn(s[i]); }
+__global__ void to_bf16_k(const float* s, __nv_bfloat16* d, std::int64_t n) { GRID_LOOP(i, n) d[i] = __float2bfloat16_rn(s[i]); }
+__global__ void from_half_k(const __half* s, float* d, std::int64_t n) { GRID_LOOP(i, n) d[i] = __half2float(s[i]); }
+__global__ void from_bf16_k(const __nv_bfloat16* s, float* d, std::int64_t n) { GRID_LOOP(i, n) d[i] = __bfloat162float(s[i]); }
+
+__global__ void sgd_k(float* p, const float* g, float* b, SgdUpdate u, std::int64_t n) {
+  GRID_LOOP(i, n) {
+    float d = g[i];
+    if (u.weight_decay != 0.f) d = d + u.weight_decay * p[i];
+    if (b) {
+      b[i] = u.first_step ? d : b[i] * u.momentum + (1.f - u.dampening) * d;
+      d = u.nesterov ? d + u.momentum * b[i] : b[i];
+    }
+    p[i] = p[i] + (-u.lr) * d;
+  }
+}
+
+__global__ void adam_k(float* p, const float* g, float* m, float* v, float* vmax, AdamUpdate u, std::int64_t n) {
+  GRID_LOOP(i, n) {
+    float gi = g[i];
+    if (u.decoupled) {
+      if (u.weight_decay != 0.f) p[i] = p[i] * u.decay_factor;
+    } else if (u.weight_decay != 0.f) {
+      gi = gi + u.weight_decay * p[i];
+    }
+    m[i] = m[i] * u.beta1 + u.one_minus_beta1 * gi;
+    v[i] = v[i] * u.beta2 + u.one_minus_beta2 * gi * gi;
+    float second = v[i];
+    if (vmax) {
+      vmax[i] = fmaxf(vmax[i], v[i]);
+      second = vmax[i];
+    }
+    const float denom = sqrtf(second) / u.bias_correction2_sqrt + u.eps;
+    p[i] = p[i] + (-u.step_size) * m[i] / denom;
+  }
+}
+
+const float* cf(const Tensor& t) { return static_cast<const float*>(t.raw_data()); }
+float* mf(const Tensor& t) { return static_cast<float*>(t.raw_data()); }
+
+}  // namespace
+
+CudaKernels& table() {
+  static CudaKernels k;
+  return k;
+}
+
+cublasHandle_t CudaKernels::blas(int device) {
+  std::lock_guard<std::mutex> lock(blas_mu_);
+  if (!handles_[device]) {
+    PHALANX_CUDA_CHECK(cudaSetDevice(device));
+    PHALANX_CUBLAS_CHECK(cublasCreate(&handles_[device]));
+  }
+  return handles_[device];
+}
+
+void CudaKernels::copy(void* dst, const void* src, std::size_t n) {
+  if (n) PHALANX_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, 0));
+}
+void CudaKernels::copy_to_host(void* dst, const void* src, std::size_t n) {
+  if (n) PHALANX_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+}
+void CudaKernels::copy_from_host(void* dst, const void* src, std::size_t n) {
+  if (n) PHALANX_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+}
+
+void CudaKernels::fill(Tensor& out, double v) {
+  on_device(out);
+  const std::int64_t n = out.numel();
+  if (!n) return;
+  if (out.dtype() == DType::Float32)
+    fill_f32<<<blocks_for(n), kThreads>>>(mf(out), static_cast<float>(v), n);
+  else
+    fill_i64<<<blocks_for(n), kThreads>>>(static_cast<long long*>(out.raw_data()), static_cast<long long>(v), n);
+  after_launch("fill kernel");
+}
+
+void CudaKernels::unary(UnaryOp op, const Tensor& x, Tensor& out) {
+  on_device(x);
+  const std::int64_t n = x.numel();
+  if (n) unary_k<<<blocks_for(n), kThreads>>>(static_cast<int>(op), cf(x), mf(out), n);
+  after_launch("unary kernel");
+}
+
+void CudaKernels::unary_backward(UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& y, Tensor& gx) {
+  on_device(g);
+  const std::int64_t n = g.numel();
+  if (n)
+    unary_bw_k<<<blocks_for(n), kThreads>>>(static_cast<int>(op), cf(g), x.defined() ? cf(x) : nullptr,
+                                            y.defined() ? cf(y) : nullptr, mf(gx), n);
+  after_launch("unary backward kernel");
+}
+
+void CudaKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  on_device(out);
+  const std::int64_t n = out.numel();
+  if (n) binary_k<<<blocks_for(n), kThreads>>>(static_cast<int>(op), cf(a), a.numel(), cf(b), b.numel(), mf(out), n);
+  after_launch("binary kernel");
+}
+
+void CudaKernels::affine_scalar(const Tensor& x, float mul, float add, Tensor& out) {
+  on_device(x);
+  if (x.numel()) affine_k<<<blocks_for(x.numel()), kThreads>>>(cf(x), mul, add, mf(out), x.numel());
+  after_launch("affine kernel");
+}
+
+void CudaKernels::axpy(float alpha, const Tensor& x, Tensor& y) {
+  on_device(y);
+  if (y.numel()) axpy_k<<<blocks_for(y.numel()), kThreads>>>(alpha, cf(x), mf(y), y.numel());
+  after_launch("axpy kernel");
+}
+
+void CudaKernels::scale(Tensor& x, float f) {
+  on_device(x);
+  if (x.numel()) scale_k<<<blocks_for(x.numel()), kThreads>>>(mf(x), f, x.numel());
+  after_launch("scale kernel");
+}
+
+void CudaKernels::divide(Tensor& x, float d) {
+  on_device(x);
+  if (x.numel()) divide_k<<<blocks_for(x.numel()), kThreads>>>(mf(x), d, x.numel());
+  after_launch("divide kernel");
+}
+
+void CudaKernels::gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+                       std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  int device = 0;
+  PHALANX_CUDA_CHECK(cudaGetDevice(&device));
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+  PHALANX_CUBLAS_CHECK(cublasSgemm(blas(device), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+                                   static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
+}
+
+void CudaKernels::sum_to_period(const Tensor& in, Tensor& out, float s) {
+  on_device(in);
+  const std::int64_t p = out.numel();
+  if (p) sum_period_k<<<blocks_for(p), kThreads>>>(cf(in), mf(out), p, in.numel() / p, s);
+  after_launch("sum_to_period kernel");
+}
+
+void CudaKernels::sum_dim(const Tensor& in, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out, float s) {
+  on_device(in);
+  if (inner == 1) {
+    if (outer) row_sum_k<<<static_cast<unsigned>(outer), kThreads>>>(cf(in), mf(out), d, s);
+  } else if (outer * inner) {
+    sum_dim_k<<<blocks_for(outer * inner), kThreads>>>(cf(in), mf(out), outer, d, inner, s);
+  }
+  after_launch("sum_dim kernel");
+}
+
+void CudaKernels::expand_dim(const Tensor& g, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out, float s) {
+  on_device(g);
+  const std::int64_t n = outer * d * inner;
+  if (n) expand_dim_k<<<blocks_for(n), kThreads>>>(cf(g), mf(out), outer, d, inner, s);
+  after_launch("expand_dim kernel");
+}
+
+void CudaKernels::broadcast_rows(const Tensor& row, Tensor& out) {
+  on_device(out);
+  if (out.numel()) broadcast_rows_k<<<blocks_for(out.numel()), kThreads>>>(cf(row), mf(out), row.numel(), out.numel());
+  after_launch("broadcast_rows kernel");
+}
+
+void CudaKernels::transpose(const Tensor& in, int d0, int d1, Tensor& out) {
+  on_device(in);
+  const Shape& s = in.shape();
+  if (d0 > d1) std::swap(d0, d1);
+  std::int64_t A = 1, B = 1, C = 1;
+  for (int i = 0; i < d0; ++i) A *= s[i];
+  for (int i = d0 + 1; i < d1; ++i) B *= s[i];
+  for (std::size_t i = d1 + 1; i < s.size(); ++i) C *= s[i];
+  const std::int64_t n = in.numel();
+  if (!n) return;
+  if (element_size(in.dtype()) == 4)
+    transpose_k<float><<<blocks_for(n), kThreads>>>(cf(in), mf(out), A, s[d0], B, s[d1], C);
+  else if (element_size(in.dtype()) == 8)
+    transpose_k<long long><<<blocks_for(n), kThreads>>>(static_cast<const long long*>(in.raw_data()),
+                                                        static_cast<long long*>(out.raw_data()), A, s[d0], B, s[d1], C);
+  else
+    transpose_k<unsigned short><<<blocks_for(n), kThreads>>>(static_cast<const unsigned short*>(in.raw_data()),
+                                                             static_cast<unsigned short*>(out.raw_data()), A, s[d0], B, s[d1], C);
+  after_launch("transpose kernel");
+}
+
+void CudaKernels::log_softmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) {
+  on_device(x);
+  if (outer * inner) log_softmax_k<<<blocks_for(outer * inner), kThreads>>>(cf(x), mf(out), outer, d, inner);
+  after_launch("log_softmax kernel");
+}
+
+void CudaKernels::log_softmax_backward(const Tensor& g, const Tensor& y, std::int64_t outer, std::int64_t d,
+                                       std::int64_t inner, Tensor& gx) {
+  on_device(g);
+  if (outer * inner) log_softmax_bw_k<<<blocks_for(outer * inner), kThreads>>>(cf(g), cf(y), mf(gx), outer, d, inner);
+  after_launch("log_softmax backward kernel");
+}
+
+void CudaKernels::cross_entropy(const Tensor& logits, const Tensor& target, Tensor& probs, Tensor& loss) {
+  on_device(logits);
+  const std::int64_t n = logits.shape()[0], c = logits.shape()[1];
+  cross_entropy_k<<<blocks_for(n), kThreads>>>(cf(logits), static_cast<const long long*>(target.raw_data()), mf(probs),
+                                               mf(loss), n, c);
+  after_launch("cross_entropy kernel");
+}
+
+void CudaKernels::cross_entropy_backward(const Tensor& probs, const Tensor& target, const Tensor& gl, float s, Tensor& o) {
+  on_device(probs);
+  const std::int64_t n = probs.shape()[0], c = probs.shape()[1];
+  cross_entropy_bw_k<<<blocks_for(n * c), kThreads>>>(cf(probs), static_cast<const long long*>(target.raw_data()), cf(gl),
+                                                      gl.numel() == n && n != 1, s, mf(o), n, c);
+  after_launch("cross_entropy backward kernel");
+}
+
+std::int64_t CudaKernels::find_label_out_of_range(const Tensor& target, std::int64_t classes) {
+  on_device(target);
+  const std::int64_t n = target.numel();
+  if (!n) return -1;
+  unsigned long long* d = static_cast<unsigned long long*>(allocate(8, target.device().index));
+  const unsigned long long init = ULLONG_MAX;
+  PHALANX_CUDA_CHECK(cudaMemcpy(d, &init, 8, cudaMemcpyHostToDevice));
+  label_check_k<<<blocks_for(n), kThreads>>>(static_cast<const long long*>(target.raw_data()), n, classes, d);
+  after_launch("label check kernel");
+  unsigned long long h = 0;
+  PHALANX_CUDA_CHECK(cudaMemcpy(&h, d, 8, cudaMemcpyDeviceToHost));
+  deallocate(d, 8, target.device().index);
+  return h == ULLONG_MAX ? -1 : static_cast<std::int64_t>(h);
+}
+
+void CudaKernels::convert(const Tensor& src, Tensor& dst) {
+  on_device(src);
+  const std::int64_t n = src.numel();
+  if (!n) return;
+  const DType from = src.dtype(), to = dst.dtype();
+  if (from == DType::Float32 && to == DType::Float16)
+    to_half_k<<<blocks_for(n), kThreads>>>(cf(src), static_cast<__half*>(dst.raw_data()), n);
+  else if (from == DType::Float32 && to == DType::BFloat16)
+    to_bf16_k<<<blocks_for(n), kThreads>>>(cf(src), static_cast<__nv_bfloat16*>(dst.raw_data()), n);
+  else if (from == DType::Float16 && to == DType::Float32)
+    from_half_k<<<blocks_for(n), kThreads>>>(static_cast<const __half*>(src.raw_data()), mf(dst), n);
+  else if (from == DType::BFloat16 && to == DType::Float32)
+    from_bf16_k<<<blocks_for(n), kThreads>>>(static_cast<const __nv_bfloat16*>(src.raw_data()), mf(dst), n);
+  else
+    throw TypeError(std::string("convert: ") + dtype_name(from) + " to " + dtype_name(to) + " is not supported");
+  after_launch("convert kernel");
+}
+
+void CudaKernels::sgd_update(Tensor& p, const Tensor& g, Tensor& buf, const SgdUpdate& u) {
+  on_device(p);
+  if (p.numel())
+    sgd_k<<<blocks_for(p.numel()), kThreads>>>(mf(p), cf(g), u.momentum != 0.f ? mf(buf) : nullptr, u, p.numel());
+  after_launch("sgd kernel");
+}
+
+void CudaKernels::adam_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, Tensor& vmax, const AdamUpdate& u) {
+  on_device(p);
+  if (p.numel())
+    adam_k<<<blocks_for(p.numel()), kThreads>>>(mf(p), cf(g), mf(m), mf(v), u.amsgrad ? mf(vmax) : nullptr, u, p.numel());
+  after_launch("adam kernel");
+}
+
+}  // namespace phalanx::cuda

@@ -1,0 +1,61 @@
+#pragma once
+// The CUDA kernel table: the same operations as the CPU table, on the default stream.
+// GEMM goes to cuBLAS; everything else is a kernel in cuda_kernels.cu.
+#include <cublas_v2.h>
+
+#include <mutex>
+
+#include "cuda_allocator.hpp"
+#include "phalanx/core/kernels.hpp"
+
+namespace phalanx::cuda {
+
+class CudaKernels final : public DeviceKernels {
+ public:
+  const char* name() const override { return "cuda"; }
+  void* allocate(std::size_t nbytes, int device) override { return alloc_.allocate(nbytes, device); }
+  void deallocate(void* p, std::size_t nbytes, int device) override { alloc_.deallocate(p, nbytes, device); }
+  void copy(void* dst, const void* src, std::size_t nbytes) override;
+  void copy_to_host(void* dst, const void* src, std::size_t nbytes) override;
+  void copy_from_host(void* dst, const void* src, std::size_t nbytes) override;
+
+  void fill(Tensor& out, double value) override;
+  void unary(UnaryOp op, const Tensor& x, Tensor& out) override;
+  void unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y, Tensor& grad_x) override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
+  void affine_scalar(const Tensor& x, float mul, float add, Tensor& out) override;
+  void axpy(float alpha, const Tensor& x, Tensor& y) override;
+  void scale(Tensor& x, float factor) override;
+  void divide(Tensor& x, float divisor) override;
+  void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+            std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) override;
+  void sum_to_period(const Tensor& in, Tensor& out, float scale) override;
+  void sum_dim(const Tensor& in, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out,
+               float scale) override;
+  void expand_dim(const Tensor& g, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out,
+                  float scale) override;
+  void broadcast_rows(const Tensor& row, Tensor& out) override;
+  void transpose(const Tensor& in, int d0, int d1, Tensor& out) override;
+  void log_softmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override;
+  void log_softmax_backward(const Tensor& grad_y, const Tensor& y, std::int64_t outer, std::int64_t d,
+                            std::int64_t inner, Tensor& grad_x) override;
+  void cross_entropy(const Tensor& logits, const Tensor& target, Tensor& probs, Tensor& loss) override;
+  void cross_entropy_backward(const Tensor& probs, const Tensor& target, const Tensor& grad_loss, float scale,
+                              Tensor& grad_logits) override;
+  std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override;
+  void convert(const Tensor& src, Tensor& dst) override;
+  void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdUpdate& u) override;
+  void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& max_exp_avg_sq,
+                   const AdamUpdate& u) override;
+
+ private:
+  cublasHandle_t blas(int device);
+  CachingAllocator alloc_;
+  std::mutex blas_mu_;
+  cublasHandle_t handles_[64] = {};
+};
+
+/// The process-wide table (registered by the plugin's create()).
+CudaKernels& table();
+
+}  // namespace phalanx::cuda
