@@ -1,5 +1,6 @@
 #include "cpu/cpu_kernels.hpp"
 
+#include "cpu/small_gemm.hpp"
 #include "phalanx/core/half.hpp"
 
 #include <cblas.h>
@@ -129,6 +130,10 @@ void CpuKernels::divide(Tensor& x, float d) {
 void CpuKernels::gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
                       float alpha, const float* a, std::int64_t lda, const float* b,
                       std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  if (m * n * k <= cpu::kSmallGemmMacs) {
+    cpu::small_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
