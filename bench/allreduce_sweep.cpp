@@ -14,8 +14,6 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -49,32 +47,13 @@ double time_us(std::int64_t n, Fn&& fn, const std::function<void()>& barrier) {
   return (bench::now_s() - t) / iters * 1e6;
 }
 
-/// Runs `body(rank)` in 2 forked processes; rank 0's stdout lines "key value" are returned.
+/// Runs `body(rank, out)` on 2 forked ranks; parses rank 0's "key value" lines.
 std::map<std::string, double> run_two(const std::function<void(int, FILE*)>& body) {
-  const std::string out = "/tmp/phalanx_bench_ar_" + std::to_string(::getpid());
-  std::vector<pid_t> pids;
-  for (int r = 0; r < 2; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      FILE* f = r == 0 ? std::fopen(out.c_str(), "w") : nullptr;
-      try {
-        body(r, f);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "bench rank %d: %s\n", r, e.what());
-        ::_exit(1);
-      }
-      if (f) std::fclose(f);
-      ::_exit(0);
-    }
-    pids.push_back(pid);
-  }
-  for (pid_t p : pids) ::waitpid(p, nullptr, 0);
   std::map<std::string, double> m;
-  std::ifstream in(out);
+  std::istringstream in(bench::run_ranks(2, body));
   std::string k;
   double v;
   while (in >> k >> v) m[k] = v;
-  std::remove(out.c_str());
   return m;
 }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <set>
 
+#include "phalanx/core/autograd.hpp"
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/error.hpp"
 
@@ -47,15 +48,7 @@ void Optimizer::add_param_group(std::vector<Tensor> params, const Options& overr
 ParamState& Optimizer::state_of(std::size_t g, std::size_t i) { return state_[g][i]; }
 
 void Optimizer::zero_grad(bool set_to_none) {
-  for (auto& g : groups_)
-    for (auto& p : g.params) {
-      Tensor grad = p.grad();
-      if (!grad.defined()) continue;
-      if (set_to_none)
-        p.set_grad(Tensor());
-      else
-        grad.zero_();
-    }
+  for (auto& g : groups_) zero_grads(g.params, set_to_none);
 }
 
 namespace {

@@ -30,6 +30,17 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
   return {};
 }
 
+void zero_grads(const std::vector<Tensor>& params, bool set_to_none) {
+  for (const auto& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (set_to_none)
+      p.set_grad(Tensor());
+    else
+      g.zero_();
+  }
+}
+
 namespace autograd {
 
 Edge gradient_edge(const Tensor& t) {

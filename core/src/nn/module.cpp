@@ -104,16 +104,7 @@ void Module::to(Device device) {
   }
 }
 
-void Module::zero_grad(bool set_to_none) {
-  for (auto& [n, p] : named_parameters()) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (set_to_none)
-      p.set_grad(Tensor());
-    else
-      g.zero_();
-  }
-}
+void Module::zero_grad(bool set_to_none) { zero_grads(parameters(), set_to_none); }
 
 std::string Module::str() const {
   std::string out = describe();

@@ -70,6 +70,10 @@ class NoGradGuard {
   bool prev_;
 };
 
+/// Clears the gradients of `params`: undefined (set_to_none) or zero-filled in place.
+/// Module::zero_grad and Optimizer::zero_grad both come here.
+void zero_grads(const std::vector<Tensor>& params, bool set_to_none);
+
 /// Queues `fn` to run once when the backward pass in progress on this thread ends
 /// (DDP waits for its buckets there). Throws AutogradError outside backward.
 void queue_backward_callback(std::function<void()> fn);
