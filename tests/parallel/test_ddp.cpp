@@ -278,3 +278,30 @@ TEST_CASE("a second backward without a forward is an error; a world of one is a 
     CHECK(one.parameters()[i].grad().to_vector<float>() == plain->parameters()[i].grad().to_vector<float>());
   CHECK(one.state_dict().names() == plain->state_dict().names());  // same names as the plain model
 }
+
+TEST_CASE("a peer that dies mid-training: the survivor's backward raises a CommError naming the bucket") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  const auto results = run_processes(2, [&](int rank) {
+    set_rank_env(rank, 2, port);
+    ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+    parallel::InitOptions o;
+    o.timeout = std::chrono::seconds(20);
+    auto pg = parallel::init_process_group(o);
+    DDP ddp(make_model("mlp"), pg);
+    const Data d = make_data(16, 16, 5);
+    for (int step = 0;; ++step) {
+      if (rank == 1 && step == 3) ::raise(SIGKILL);
+      try {
+        cross_entropy(ddp.forward(d.x), d.y).backward();
+      } catch (const CommError& e) {
+        const std::string m = e.what();
+        std::fprintf(stderr, "rank 0 saw: %s\n", e.what());
+        return m.find("gradient bucket") != std::string::npos && m.find("allreduce #") != std::string::npos ? 0 : 4;
+      }
+      if (step > 1000) return 5;
+    }
+  }, std::chrono::seconds(60));
+  CHECK(results[0].exit_code == 0);
+  CHECK(results[1].signal == SIGKILL);
+}
