@@ -130,7 +130,7 @@ void CpuKernels::divide(Tensor& x, float d) {
 void CpuKernels::gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
                       float alpha, const float* a, std::int64_t lda, const float* b,
                       std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  if (m * n * k <= cpu::kSmallGemmMacs) {
+  if (m * n * k <= cpu::kSmallGemmMacs || cpu::own_gemm_for_all_sizes()) {
     cpu::small_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }

@@ -1,6 +1,10 @@
 #include "cpu/small_gemm.hpp"
 
+#include <cblas.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <cstring>
 #include <vector>
 
@@ -49,47 +53,78 @@ void block_cols(const float* __restrict a, std::int64_t lda, const float* __rest
 
 }  // namespace
 
+namespace {
+struct Policy {
+  bool own_for_all = false;
+  const char* text = "tiny products: own kernel; others: OpenBLAS";
+};
+Policy decide() {
+  Policy p;
+  const char* env = std::getenv("PHALANX_GEMM");
+  const std::string mode = env ? env : "auto";
+  if (mode == "own") {
+    p.own_for_all = true;
+    p.text = "own kernel for every size (PHALANX_GEMM=own)";
+  } else if (mode == "blas") {
+    p.text = "tiny products: own kernel; others: OpenBLAS (PHALANX_GEMM=blas)";
+  } else {
+    const std::string core = openblas_get_corename();
+    static const char* generic[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom",
+                                    "Katmai", "Coppermine", "Northwood", "Banias", "generic"};
+    bool is_generic = false;
+    for (const char* g : generic) is_generic = is_generic || core == g;
+    if (is_generic && __builtin_cpu_supports("avx2")) {
+      p.own_for_all = true;
+      p.text = "own kernel for every size (OpenBLAS fell back to its generic pre-AVX core on this AVX2 CPU)";
+    }
+  }
+  return p;
+}
+const Policy& policy() {
+  static const Policy p = decide();
+  return p;
+}
+}  // namespace
+
+bool own_gemm_for_all_sizes() { return policy().own_for_all; }
+const char* gemm_policy() { return policy().text; }
+
 void small_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
                 std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  const std::int64_t n16 = (n + kCols - 1) / kCols * kCols;
-  thread_local std::vector<float> bbuf, abuf, zero;
-  // op(B) as row-major [k, n16]: used in place when it already is one, else packed once
-  // (transposed and/or zero-padded to whole blocks).
-  const float* B = b;
-  std::int64_t lB = ldb;
-  if (tb || n != n16) {
-    bbuf.resize(static_cast<std::size_t>(k * n16));
-    for (std::int64_t p = 0; p < k; ++p) {
-      float* row = bbuf.data() + p * n16;
-      for (std::int64_t j = 0; j < n; ++j) row[j] = tb ? b[j * ldb + p] : b[p * ldb + j];
-      for (std::int64_t j = n; j < n16; ++j) row[j] = 0.f;
-    }
-    B = bbuf.data();
-    lB = n16;
-  }
+  // Column slabs of op(B) outer, row blocks of op(A) inner. Each 16-column slab of op(B) is
+  // packed into a contiguous k x 16 buffer (transposed and zero-padded as needed): rows of B
+  // lie a whole row apart, and reading them in place maps them all to the same cache set.
+  // A transposed A is packed once into 4-column panels; a plain A is read in place (four
+  // contiguous row streams).
+  thread_local std::vector<float> slab, apack, zero;
+  slab.resize(static_cast<std::size_t>(k * kCols));
   if (zero.size() < static_cast<std::size_t>(k)) zero.assign(static_cast<std::size_t>(k), 0.f);
+  const std::int64_t m4 = (m + kRows - 1) / kRows * kRows;
+  if (ta) {  // once: 4-column panels of op(A), each k x 4 contiguous
+    apack.resize(static_cast<std::size_t>(m4 * k));
+    for (std::int64_t i = 0; i < m4; i += kRows)
+      for (std::int64_t p = 0; p < k; ++p) {
+        float* dst = apack.data() + i * k + p * kRows;
+        for (std::int64_t r = 0; r < kRows; ++r) dst[r] = i + r < m ? a[p * lda + i + r] : 0.f;
+      }
+  }
   v16 acc[kRows];
-  for (std::int64_t i = 0; i < m; i += kRows) {
-    const std::int64_t rows = std::min<std::int64_t>(kRows, m - i);
-    // A transposed with a partial last block: pack those columns (4 x k, zero-padded)
-    const float* acol = a + i;
-    std::int64_t lcol = lda;
-    if (ta && rows < kRows) {
-      abuf.assign(static_cast<std::size_t>(k * kRows), 0.f);
-      for (std::int64_t p = 0; p < k; ++p)
-        for (std::int64_t r = 0; r < rows; ++r) abuf[p * kRows + r] = a[p * lda + i + r];
-      acol = abuf.data();
-      lcol = kRows;
+  for (std::int64_t j = 0; j < n; j += kCols) {
+    const std::int64_t cols = std::min<std::int64_t>(kCols, n - j);
+    for (std::int64_t p = 0; p < k; ++p) {
+      float* dst = slab.data() + p * kCols;
+      for (std::int64_t q = 0; q < cols; ++q) dst[q] = tb ? b[(j + q) * ldb + p] : b[p * ldb + j + q];
+      for (std::int64_t q = cols; q < kCols; ++q) dst[q] = 0.f;
     }
-    const float* rowp[kRows];
-    if (!ta)
-      for (int r = 0; r < kRows; ++r) rowp[r] = r < rows ? a + (i + r) * lda : zero.data();
-    for (std::int64_t j = 0; j < n16; j += kCols) {
-      if (ta)
-        block_cols(acol, lcol, B + j, lB, k, acc);
-      else
-        block_rows(rowp[0], rowp[1], rowp[2], rowp[3], B + j, lB, k, acc);
-      const std::int64_t cols = std::min<std::int64_t>(kCols, n - j);
+    for (std::int64_t i = 0; i < m; i += kRows) {
+      const std::int64_t rows = std::min<std::int64_t>(kRows, m - i);
+      if (ta) {
+        block_cols(apack.data() + i * k, kRows, slab.data(), kCols, k, acc);
+      } else {
+        const float* rowp[kRows];
+        for (int r = 0; r < kRows; ++r) rowp[r] = r < rows ? a + (i + r) * lda : zero.data();
+        block_rows(rowp[0], rowp[1], rowp[2], rowp[3], slab.data(), kCols, k, acc);
+      }
       for (std::int64_t r = 0; r < rows; ++r) {
         float* crow = c + (i + r) * ldc + j;
         for (std::int64_t q = 0; q < cols; ++q) crow[q] = alpha * acc[r][q] + (beta == 0.f ? 0.f : beta * crow[q]);

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include "cpu/small_gemm.hpp"
 #include "phalanx/core/error.hpp"
 
 namespace phalanx {
@@ -14,7 +15,7 @@ void set_num_threads(int n) {
 int get_num_threads() { return openblas_get_num_threads(); }
 
 std::string blas_info() {
-  return std::string(openblas_get_config()) + " (core: " + openblas_get_corename() + ")";
+  return std::string(openblas_get_config()) + " (core: " + openblas_get_corename() + "); GEMM: " + cpu::gemm_policy();
 }
 
 }  // namespace phalanx
