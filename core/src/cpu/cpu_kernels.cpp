@@ -130,7 +130,9 @@ void CpuKernels::divide(Tensor& x, float d) {
 void CpuKernels::gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
                       float alpha, const float* a, std::int64_t lda, const float* b,
                       std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  if (m * n * k <= cpu::kSmallGemmMacs || cpu::own_gemm_for_all_sizes()) {
+  // Phalanx's kernel is single-threaded: for large products it replaces a generic OpenBLAS
+  // only when OpenBLAS would run single-threaded too (each data-parallel worker does).
+  if (m * n * k <= cpu::kSmallGemmMacs || (cpu::own_gemm_for_all_sizes() && openblas_get_num_threads() == 1)) {
     cpu::small_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }

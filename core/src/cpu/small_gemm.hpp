@@ -4,8 +4,9 @@
 //  - for tiny products (at most kSmallGemmMacs multiply-adds, the textbook's 64-32-10 MLP),
 //    where OpenBLAS's per-call overhead dominates;
 //  - for every size when OpenBLAS fell back to a generic pre-AVX core on a CPU it does not
-//    know (OpenBLAS 0.3.21 picks "Prescott" on Sapphire Rapids) while the CPU has AVX2:
-//    then this kernel is 2-2.5x faster than OpenBLAS.
+//    know (OpenBLAS 0.3.21 picks "Prescott" on Sapphire Rapids) while the CPU has AVX2, and
+//    OpenBLAS runs single-threaded (as every data-parallel worker does): then this kernel is
+//    2-2.5x faster than OpenBLAS.
 // PHALANX_GEMM=blas|own|auto overrides the choice (auto is the default).
 #include <cstdint>
 
