@@ -16,8 +16,10 @@
 // batch (the same update: DDP averages the shard gradients into the global batch's).
 //
 // Options: --check (exit non-zero unless the PyTorch figures are matched), --plot F.svg
-// (the training-loss curves), --metrics F.jsonl (one record per configuration and epoch).
+// (the training-loss curves), --metrics F.jsonl (one record per configuration and epoch),
+// --device cuda (each worker on GPU LOCAL_RANK; the backend then defaults to NCCL).
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -71,7 +73,7 @@ struct Run {
 };
 
 /// Trains one configuration on `pg` (every rank of it calls this).
-Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg) {
+Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg, Device dev) {
   const std::int64_t n = data.x.shape()[0];
   const int world = pg->size(), rank = pg->rank();
   const optim::ScalingPlan plan = plan_for(c, world, n);
@@ -80,6 +82,7 @@ Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg) {
 
   auto net = nn::mlp({64, 32, 10});
   net->load_state_dict(data.init);                              // the textbook's initial weights
+  net->to(dev);
   auto model = std::make_shared<parallel::DDP>(net, pg);        // [2] wrap the model
   samplers::DistributedSamplerOptions so;
   so.num_replicas = world;
@@ -99,19 +102,21 @@ Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg) {
     Tensor stats = zeros({2});  // loss sum and step count, summed over workers below
     for (samplers::Batch& b : loader) {
       opt.zero_grad();
-      Tensor loss = cross_entropy(model->forward(b.x), b.y);
+      Tensor loss = cross_entropy(model->forward(b.x.to(dev)), b.y.to(dev));
       loss.backward();
       opt.step();
       if (warmup) warmup->step();
       stats.data<float>()[0] += loss.item();
       stats.data<float>()[1] += 1;
     }
-    pg->allreduce(stats)->wait();
+    Tensor on = stats.to(dev);  // NCCL reduces device tensors
+    pg->allreduce(on)->wait();
+    stats = on.to(Device::cpu());
     run.epoch_loss.push_back(stats.data<float>()[0] / stats.data<float>()[1]);
   }
   // ---- END TRAINING LOOP ----
   NoGradGuard no_grad;
-  run.final_loss = cross_entropy(model->forward(data.x), data.y).item();
+  run.final_loss = cross_entropy(model->forward(data.x.to(dev)), data.y.to(dev)).item();
   return run;
 }
 
@@ -119,19 +124,24 @@ Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg) {
 
 int main(int argc, char** argv) {
   bool check = false;
-  std::string plot, metrics;
+  std::string plot, metrics, device = "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--check") check = true;
     else if (a == "--plot" && i + 1 < argc) plot = argv[++i];
     else if (a == "--metrics" && i + 1 < argc) metrics = argv[++i];
+    else if (a == "--device" && i + 1 < argc) device = argv[++i];
     else {
-      std::fprintf(stderr, "usage: lr_scaling_study [--check] [--plot F.svg] [--metrics F.jsonl]\n");
+      std::fprintf(stderr, "usage: lr_scaling_study [--check] [--plot F.svg] [--metrics F.jsonl] [--device cpu|cuda]\n");
       return 2;
     }
   }
   set_num_threads(1);
-  auto world = parallel::init_process_group();  // [1] a world of one, or the launcher's workers
+  Device dev = Device::parse(device);
+  if (!dev.is_cpu() && std::getenv("LOCAL_RANK")) dev = Device::cuda(std::atoi(std::getenv("LOCAL_RANK")));
+  parallel::InitOptions io;
+  io.device = device;
+  auto world = parallel::init_process_group(io);  // [1] a world of one, or the launcher's workers
   const int W = world->size(), rank = world->rank();
   if (256 % W != 0) {
     if (rank == 0) std::fprintf(stderr, "lr_scaling_study: run it with 1, 2, 4, 8 ... workers (W must divide 256)\n");
@@ -149,9 +159,9 @@ int main(int argc, char** argv) {
     const bool solo = c.workers == 1;
     Run r;
     if (!solo)
-      r = train(data, c, world);
+      r = train(data, c, world, dev);
     else if (rank == 0)
-      r = train(data, c, alone);
+      r = train(data, c, alone, dev);
     world->barrier()->wait();
     runs.push_back(r);
   }

@@ -23,6 +23,8 @@ PY
 echo "== the textbook's single run on the GPU (NCCL, world of one; PyTorch 1.13 on CPU: 1.5834)"
 "$BUILD"/bin/phalanx-train --train-x /tmp/phalanx_x.npy --train-y /tmp/phalanx_y.npy --init /tmp/phalanx_init.npz \
   --global-batch 64 --lr 0.1 --epochs 30 --no-shuffle --eval-train --device cuda --backend nccl | tail -2 || rc=1
+echo "== the case study's example on the GPU (one process)"
+"$BUILD"/examples/lr_scaling_study --device cuda --check || rc=1
 echo "== MLP step, GPU, against PyTorch CUDA on the same GPU"
 "$BUILD"/bench/bench_mlp_step --device cuda || rc=1
 echo "gpu-check: exit $rc"
