@@ -16,7 +16,7 @@
 using namespace phalanx;
 using namespace phalanx::samplers;
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   int epochs = 5;
   std::string dir = kFashionMnistDir;
   float require = 0;  // --require ACC: exit non-zero below this final test accuracy
@@ -101,4 +101,13 @@ int main(int argc, char** argv) {
   if (rank == 0 && require > 0)
     std::printf("best test accuracy %.4f (required %.2f): %s\n", best, require, best >= require ? "ok" : "NOT REACHED");
   return best >= require ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // a clear one-line error, never an abort
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    return 1;
+  }
 }

@@ -122,7 +122,7 @@ Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg, Device d
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   bool check = false;
   std::string plot, metrics, device = "cpu";
   for (int i = 1; i < argc; ++i) {
@@ -218,4 +218,13 @@ int main(int argc, char** argv) {
   if (check) std::printf("check: %s\n", ok ? "passed" : "FAILED");
   parallel::destroy_process_group();
   return check && !ok ? 1 : 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // a clear one-line error, never an abort
+    std::fprintf(stderr, "lr_scaling_study: %s\n", e.what());
+    return 1;
+  }
 }

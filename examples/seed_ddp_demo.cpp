@@ -13,7 +13,7 @@
 
 using namespace phalanx;
 
-int main() {
+int run() {
   auto pg = parallel::init_process_group();  // [1] rank and world size from the launcher
   const int rank = pg->rank();
 
@@ -49,4 +49,13 @@ int main() {
   std::printf("rank %d of %d: weight checksum %.6f\n", rank, pg->size(), checksum);
   parallel::destroy_process_group();
   return 0;
+}
+
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {  // a clear one-line error, never an abort
+    std::fprintf(stderr, "seed_ddp_demo: %s\n", e.what());
+    return 1;
+  }
 }
