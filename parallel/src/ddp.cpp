@@ -19,7 +19,8 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
   verify_same_model(*pg_, named);
   std::vector<Tensor> state;
   for (auto& [n, p] : named) state.push_back(p);
-  for (auto& [n, b] : module_->named_buffers()) state.push_back(b);
+  for (auto& [n, b] : module_->named_buffers()) buffers_.push_back(b);
+  state.insert(state.end(), buffers_.begin(), buffers_.end());
   broadcast_coalesced(*pg_, state, 0);
   reducer_ = std::make_unique<Reducer>(named, pg_, options_);
 }
@@ -28,11 +29,7 @@ DistributedDataParallel::~DistributedDataParallel() = default;
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
   if (!reducer_) return module_->forward(x);
-  if (options_.broadcast_buffers) {
-    std::vector<Tensor> buffers;
-    for (auto& [n, b] : module_->named_buffers()) buffers.push_back(b);
-    if (!buffers.empty()) broadcast_coalesced(*pg_, buffers, 0);
-  }
+  if (options_.broadcast_buffers && !buffers_.empty()) broadcast_coalesced(*pg_, buffers_, 0);
   Tensor out = module_->forward(x);
   if (grad_mode_enabled() && out.requires_grad()) reducer_->arm(out);
   return out;

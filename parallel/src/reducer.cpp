@@ -19,6 +19,7 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroup
     params_.push_back(p);
   }
   const std::size_t n = params_.size();
+  for (std::size_t p = 0; p < n; ++p) index_[params_[p].impl()] = p;
   bucket_of_.resize(n);
   views_.resize(n);
   ready_.assign(n, 0);
@@ -96,8 +97,6 @@ void Reducer::arm(const Tensor& output) {
   if (!find_unused_) return;
   // Walk the graph from the output; leaves never reached are unused in this iteration.
   std::fill(unused_.begin(), unused_.end(), 1);
-  std::unordered_map<const TensorImpl*, std::size_t> index;
-  for (std::size_t p = 0; p < params_.size(); ++p) index[params_[p].impl()] = p;
   std::vector<Node*> stack;
   std::unordered_map<Node*, bool> seen;
   if (output.defined() && output.grad_fn()) stack.push_back(output.grad_fn().get());
@@ -107,8 +106,8 @@ void Reducer::arm(const Tensor& output) {
     if (seen[n]) continue;
     seen[n] = true;
     if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
-      auto it = index.find(acc->leaf().impl());
-      if (it != index.end()) unused_[it->second] = 0;
+      auto it = index_.find(acc->leaf().impl());
+      if (it != index_.end()) unused_[it->second] = 0;
     }
     for (const Edge& e : n->next_edges)
       if (e.fn) stack.push_back(e.fn.get());

@@ -6,6 +6,7 @@
 // order); the end-of-backward callback waits for all of them.
 #include <chrono>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "phalanx/parallel/ddp.hpp"
@@ -49,6 +50,7 @@ class Reducer {
   std::vector<int> pending_;            // bucket -> parameters not yet ready in this pass
   std::vector<char> ready_;             // parameter -> ready in this pass
   std::vector<char> unused_;            // parameter -> not reached by the last forward
+  std::unordered_map<const TensorImpl*, std::size_t> index_;  // parameter identity -> index
   std::size_t next_launch_ = 0;
   bool find_unused_;
   bool sync_ = true;

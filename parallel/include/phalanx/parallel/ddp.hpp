@@ -74,6 +74,7 @@ class DistributedDataParallel : public nn::Module {
   nn::ModulePtr module_;
   ProcessGroupPtr pg_;
   DDPOptions options_;
+  std::vector<Tensor> buffers_;  // the module's buffers, listed once (broadcast each forward)
   std::unique_ptr<Reducer> reducer_;
 };
 
