@@ -16,6 +16,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "gloo_store_adapter.hpp"
 #include "phalanx/backends/prefix_store.hpp"
@@ -66,7 +67,7 @@ const ::gloo::ReductionFunction<T>* reduction(ReduceOp op) {
 
 std::size_t sync_max_bytes_from_env() {
   const char* s = std::getenv("PHALANX_GLOO_SYNC_MAX_BYTES");
-  if (!s || !*s) return 16u << 20;
+  if (!s || !*s) return std::numeric_limits<std::size_t>::max();  // every size (in chunks)
   char* end = nullptr;
   const long long v = std::strtoll(s, &end, 10);
   if (end == s || *end || v < 0)
@@ -115,6 +116,7 @@ GlooProcessGroup::GlooProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank
     ctx->connectFullMesh(adapter, device_);
     context_ = ctx;
     sync_max_bytes_ = sync_max_bytes_from_env();
+    if (const char* ch = std::getenv("PHALANX_GLOO_SYNC_CHUNK_BYTES")) sync_chunk_bytes_ = std::strtoull(ch, nullptr, 10);
     if (sync_max_bytes_ > 0 && c.size > 1) {
       auto sync_ctx = std::make_shared<::gloo::rendezvous::Context>(c.rank, c.size);
       sync_ctx->setTimeout(c.timeout);
@@ -182,8 +184,15 @@ void GlooProcessGroup::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq)
     using T = std::remove_pointer_t<decltype(tag)>;
     T* ptr = static_cast<T*>(t.raw_data());
     if (use_sync) {
-      ::gloo::AllreduceHalvingDoubling<T> a(sync_context_, {ptr}, static_cast<int>(n), reduction<T>(op));
-      a.run();
+      // Pieces of at most sync_chunk_elems: halving-doubling's bandwidth drops on messages
+      // much larger than a few MiB (its temporary buffers, the page faults on them), so a
+      // large message goes as a sequence of mid-sized ones (every rank cuts it alike).
+      const std::size_t chunk = std::max<std::size_t>(1, sync_chunk_bytes_ / sizeof(T));
+      for (std::size_t off = 0; off < n; off += chunk) {
+        const std::size_t len = std::min(chunk, n - off);
+        ::gloo::AllreduceHalvingDoubling<T> a(sync_context_, {ptr + off}, static_cast<int>(len), reduction<T>(op));
+        a.run();
+      }
       return;
     }
     switch (algo) {

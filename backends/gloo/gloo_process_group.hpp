@@ -13,10 +13,10 @@ class Device;
 
 namespace phalanx::gloo_backend {
 
-/// Allreduce algorithm, chosen per message size (docs/algorithms.md) unless forced with
-/// PHALANX_GLOO_ALLREDUCE=ring|bcube|ring_chunked|halving_doubling. Messages of at most
-/// PHALANX_GLOO_SYNC_MAX_BYTES (default 16 MiB; 0 disables) use halving-doubling over the
-/// busy-polling mesh.
+/// Allreduce algorithm (docs/algorithms.md): halving-doubling over the busy-polling mesh, in
+/// pieces of PHALANX_GLOO_SYNC_CHUNK_BYTES (default 1 MiB), for messages of at most
+/// PHALANX_GLOO_SYNC_MAX_BYTES (default: all; 0 disables the mesh); above that, or with
+/// PHALANX_GLOO_ALLREDUCE=ring|bcube|ring_chunked|halving_doubling, Gloo's event-driven mesh.
 enum class AllreduceAlgo { Auto, Ring, Bcube, RingChunked, HalvingDoubling };
 
 class GlooProcessGroup : public ProcessGroup {
@@ -49,6 +49,7 @@ class GlooProcessGroup : public ProcessGroup {
   // of small allreduces (docs/algorithms.md). Null when disabled.
   std::shared_ptr<::gloo::Context> sync_context_;
   std::size_t sync_max_bytes_ = 0;
+  std::size_t sync_chunk_bytes_ = 1u << 20;  ///< PHALANX_GLOO_SYNC_CHUNK_BYTES
   AllreduceAlgo algo_ = AllreduceAlgo::Auto;
 };
 
