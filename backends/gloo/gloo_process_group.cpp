@@ -117,13 +117,15 @@ GlooProcessGroup::GlooProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank
     context_ = ctx;
     sync_max_bytes_ = sync_max_bytes_from_env();
     if (const char* ch = std::getenv("PHALANX_GLOO_SYNC_CHUNK_BYTES")) sync_chunk_bytes_ = std::strtoull(ch, nullptr, 10);
+    const char* bp = std::getenv("PHALANX_GLOO_BUSY_POLL");
+    const bool busy_poll = !(bp && std::string(bp) == "0");
     if (sync_max_bytes_ > 0 && c.size > 1) {
       auto sync_ctx = std::make_shared<::gloo::rendezvous::Context>(c.rank, c.size);
       sync_ctx->setTimeout(c.timeout);
       StoreAdapter sync_adapter(std::make_shared<PrefixStore>("sync", c.store));
       sync_ctx->connectFullMesh(sync_adapter, device_);
       for (int r = 0; r < c.size; ++r)
-        if (r != c.rank) sync_ctx->getPair(r)->setSync(true, true);
+        if (r != c.rank) sync_ctx->getPair(r)->setSync(true, busy_poll);
       sync_context_ = sync_ctx;
     }
   } catch (const ::gloo::Exception& e) {

@@ -17,6 +17,7 @@ namespace phalanx::gloo_backend {
 /// pieces of PHALANX_GLOO_SYNC_CHUNK_BYTES (default 1 MiB), for messages of at most
 /// PHALANX_GLOO_SYNC_MAX_BYTES (default: all; 0 disables the mesh); above that, or with
 /// PHALANX_GLOO_ALLREDUCE=ring|bcube|ring_chunked|halving_doubling, Gloo's event-driven mesh.
+/// PHALANX_GLOO_BUSY_POLL=0 makes the sync mesh block instead of spin.
 enum class AllreduceAlgo { Auto, Ring, Bcube, RingChunked, HalvingDoubling };
 
 class GlooProcessGroup : public ProcessGroup {
