@@ -125,6 +125,12 @@ std::uint64_t Tensor::register_grad_accumulated_hook(GradAccumulatedHook hook) c
   return id;
 }
 
+void Tensor::set_grad_destination(const Tensor& destination) const {
+  if (destination.defined() && (destination.shape() != shape() || destination.dtype() != dtype()))
+    throw ShapeError("set_grad_destination(): " + destination.str() + " does not match " + str());
+  impl_->ensure_autograd().grad_destination = destination;
+}
+
 void Tensor::remove_grad_accumulated_hook(std::uint64_t handle) const {
   AutogradMeta* m = impl_ ? impl_->autograd() : nullptr;
   if (!m) return;

@@ -61,6 +61,8 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroup
     }
     buckets_.push_back(std::move(bucket));
   }
+  // Gradient-producing ops write each parameter's first gradient straight into its view.
+  for (std::size_t p = 0; p < n; ++p) params_[p].set_grad_destination(views_[p]);
   pending_.resize(buckets_.size());
   reset_pass();
   for (std::size_t p = 0; p < n; ++p)
@@ -68,7 +70,10 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroup
 }
 
 Reducer::~Reducer() {
-  for (std::size_t p = 0; p < params_.size(); ++p) params_[p].remove_grad_accumulated_hook(hook_ids_[p]);
+  for (std::size_t p = 0; p < params_.size(); ++p) {
+    params_[p].remove_grad_accumulated_hook(hook_ids_[p]);
+    params_[p].set_grad_destination(Tensor());
+  }
 }
 
 void Reducer::set_hook(CommHookPtr hook) {

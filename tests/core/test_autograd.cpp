@@ -98,3 +98,27 @@ TEST_CASE("inputs that do not require grad get none, and are not computed") {
   CHECK_FALSE(x.grad().defined());
   CHECK(w.grad().defined());
 }
+
+TEST_CASE("a grad destination receives the gradient without a copy, unless two paths meet") {
+  Tensor w = randn({4, 3}).requires_grad_();
+  Tensor dest = zeros({4, 3});
+  w.set_grad_destination(dest);
+  Tensor x = randn({5, 3});
+  sum(linear(x, w, Tensor())).backward();
+  CHECK(w.grad().raw_data() == dest.raw_data());  // written in place by LinearBackward
+  Tensor plain = randn({4, 3}).requires_grad_();
+  plain.copy_(w);
+  sum(linear(x, plain, Tensor())).backward();
+  CHECK(w.grad().to_vector<float>() == plain.grad().to_vector<float>());
+  // second pass with a defined grad: accumulates into it (still the destination)
+  sum(linear(x, w, Tensor())).backward();
+  CHECK(w.grad().raw_data() == dest.raw_data());
+  // two paths into the same leaf: the destination is not written twice, the sum is right
+  w.set_grad(Tensor());
+  Tensor y = add(linear(x, w, Tensor()), linear(x, w, Tensor()));
+  sum(y).backward();
+  CHECK(w.grad().raw_data() != dest.raw_data());
+  const auto two = w.grad().to_vector<float>(), one = plain.grad().to_vector<float>();
+  for (std::size_t i = 0; i < two.size(); ++i) CHECK(two[i] == doctest::Approx(2 * one[i]));  // two paths, plain holds one
+  CHECK_THROWS_AS(w.set_grad_destination(zeros({2})), ShapeError);
+}

@@ -305,3 +305,45 @@ TEST_CASE("a peer that dies mid-training: the survivor's backward raises a CommE
   CHECK(results[0].exit_code == 0);
   CHECK(results[1].signal == SIGKILL);
 }
+
+namespace {
+/// The same Linear applied twice: its parameters get gradients along two paths.
+class Tied : public nn::Module {
+ public:
+  Tied() {
+    Generator g(11);
+    inner = register_module("inner", std::make_shared<nn::Linear>(16, 16, true, &g));
+    head = register_module("head", std::make_shared<nn::Linear>(16, 5, true, &g));
+  }
+  Tensor forward(const Tensor& x) override { return head->forward(tanh(inner->forward(tanh(inner->forward(x))))); }
+  std::string describe() const override { return "Tied"; }
+  std::shared_ptr<nn::Linear> inner, head;
+};
+}  // namespace
+
+TEST_CASE("a parameter reached along two paths accumulates both (gradients written into buckets)") {
+  const Data d = make_data(32, 16, 5);
+  auto ref = std::make_shared<Tied>();
+  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions{0.1, 0.9});
+  for (int s = 0; s < 3; ++s) {
+    ref_opt.zero_grad();
+    cross_entropy(ref->forward(d.x), d.y).backward();
+    ref_opt.step();
+  }
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("gloo", rank, 2, store);
+    DDP ddp(std::make_shared<Tied>(), pg);
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+    Tensor xb = d.x.narrow_rows(rank * 16, rank * 16 + 16), yb = d.y.narrow_rows(rank * 16, rank * 16 + 16);
+    for (int s = 0; s < 3; ++s) {
+      opt.zero_grad();
+      cross_entropy(ddp.forward(xb), yb).backward();
+      opt.step();
+    }
+    std::vector<Tensor> got, want;
+    for (auto& p : ddp.parameters()) got.push_back(p);
+    for (auto& p : ref->parameters()) want.push_back(p);
+    check_close(got, want, 1e-5, rank);
+  });
+}

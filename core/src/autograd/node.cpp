@@ -17,7 +17,10 @@ void set_grad_mode(bool enabled) { t_grad_mode = enabled; }
 
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
   AutogradMeta& meta = leaf_.impl()->ensure_autograd();
-  if (!meta.grad.defined()) {
+  if (!meta.grad.defined() && meta.grad_destination.defined() &&
+      grad.impl() == meta.grad_destination.impl()) {
+    meta.grad = grad;  // produced in place (gradient_buffer): adopt the destination itself
+  } else if (!meta.grad.defined()) {
     // Steal the incoming buffer when nobody else holds it; otherwise keep our own copy so a
     // later in-place accumulation cannot write into another tensor.
     const bool sole_owner =
@@ -54,6 +57,21 @@ Edge gradient_edge(const Tensor& t) {
     m->accumulator = acc;
   }
   return {acc};
+}
+
+Tensor gradient_buffer(const Node& node, std::size_t i, const Shape& shape, Device device) {
+  if (i < node.next_edges.size()) {
+    if (auto* acc = dynamic_cast<AccumulateGrad*>(node.next_edges[i].fn.get())) {
+      const AutogradMeta* m = acc->leaf().impl()->autograd();
+      // Only the last producer, with nothing summed before it: otherwise two producers
+      // could write the same destination, or a partial sum would have to be added to it.
+      if (m && m->grad_destination.defined() && !m->grad.defined() && acc->pending_inputs() == 1 &&
+          !acc->has_partial_gradient() && m->grad_destination.shape() == shape &&
+          m->grad_destination.device() == device)
+        return m->grad_destination;
+    }
+  }
+  return Tensor::empty(shape, DType::Float32, device);
 }
 
 bool record(const std::shared_ptr<Node>& node, std::initializer_list<const Tensor*> inputs,

@@ -17,12 +17,12 @@ class MatmulBackward final : public Node {
     DeviceKernels& kern = kernels_for(g.device());
     Tensor ga, gb;
     if (needs_grad(*this, 0)) {  // dA = dC B^T
-      ga = Tensor::empty({m, k}, DType::Float32, g.device());
+      ga = autograd::gradient_buffer(*this, 0, {m, k}, g.device());
       kern.gemm(false, true, m, k, n, 1.f, g.data<float>(), n, b_.data<float>(), n, 0.f,
                 ga.data<float>(), k);
     }
     if (needs_grad(*this, 1)) {  // dB = A^T dC
-      gb = Tensor::empty({k, n}, DType::Float32, g.device());
+      gb = autograd::gradient_buffer(*this, 1, {k, n}, g.device());
       kern.gemm(true, false, k, n, m, 1.f, a_.data<float>(), k, g.data<float>(), n, 0.f,
                 gb.data<float>(), n);
     }
@@ -50,12 +50,12 @@ class LinearBackward final : public Node {
              0.f, gx.data<float>(), in_f);
     }
     if (needs_grad(*this, 1)) {  // dW = dY^T X
-      gw = Tensor::empty(w_.shape(), DType::Float32, g.device());
+      gw = autograd::gradient_buffer(*this, 1, w_.shape(), g.device());
       k.gemm(true, false, out_f, in_f, rows, 1.f, g.data<float>(), out_f, x_.data<float>(), in_f,
              0.f, gw.data<float>(), in_f);
     }
     if (has_bias_ && needs_grad(*this, 2)) {  // db = column sums of dY
-      gb = Tensor::empty({out_f}, DType::Float32, g.device());
+      gb = autograd::gradient_buffer(*this, 2, {out_f}, g.device());
       k.sum_to_period(g, gb, 1.f);
     }
     return {gx, gw, gb};

@@ -20,6 +20,10 @@ struct Edge {
 
 class Node {
  public:
+  /// Inputs of this node still to arrive in the backward pass in progress (-1 outside one).
+  int pending_inputs() const { return pending_; }
+  /// Whether some gradient already arrived for this node in the pass in progress.
+  bool has_partial_gradient() const { return grad_in_.defined(); }
   Node();
   virtual ~Node() = default;
   /// Gradients for each input given the gradient of the (single) output.
@@ -86,6 +90,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
               bool retain_graph);
 /// The edge that a gradient for `t` flows along (its grad_fn, or its leaf accumulator).
 Edge gradient_edge(const Tensor& t);
+/// The tensor a node should write the gradient for its input `i` into: the leaf's
+/// grad destination when that input is a leaf with one, whose gradient is still undefined,
+/// and which this node is the only one left to feed in this pass; otherwise a new tensor.
+Tensor gradient_buffer(const Node& node, std::size_t i, const Shape& shape, Device device);
 /// Connects `node` to `inputs` and makes it the grad_fn of `output` when any input requires
 /// grad and grad mode is on. Returns whether the node was recorded.
 bool record(const std::shared_ptr<Node>& node, std::initializer_list<const Tensor*> inputs,

@@ -63,6 +63,10 @@ class Tensor {
   /// for remove_grad_accumulated_hook.
   std::uint64_t register_grad_accumulated_hook(GradAccumulatedHook hook) const;
   void remove_grad_accumulated_hook(std::uint64_t handle) const;
+  /// Asks the op that produces this leaf's first gradient of a backward pass to write it
+  /// into `destination` (same shape; undefined clears it). The gradient then lives there
+  /// without a copy, unless the leaf is reached along several paths.
+  void set_grad_destination(const Tensor& destination) const;
 
   // ---- shape and copies ----
   Tensor reshape(const Shape& shape) const;  ///< shares storage (all tensors are contiguous)

@@ -18,6 +18,10 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;              // non-leaf: the node that made it
   std::weak_ptr<AccumulateGrad> accumulator;  // leaf: created on first use
   std::vector<std::pair<std::uint64_t, GradAccumulatedHook>> hooks;
+  // Where this leaf's first gradient of a pass should be written (DDP points it at the
+  // leaf's slice of a bucket): the op producing the gradient writes there directly, so
+  // the gradient is not copied. See autograd::gradient_buffer.
+  Tensor grad_destination;
 };
 
 class TensorImpl {
