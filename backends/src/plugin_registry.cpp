@@ -61,7 +61,7 @@ std::vector<std::string> plugin_search_path(const std::string& explicit_path) {
       if (x == d) return;
     dirs.push_back(d);
   };
-  if (!explicit_path.empty()) add(is_file(explicit_path) ? explicit_path : explicit_path);
+  add(explicit_path);  // a file or a directory; empty is skipped
   if (const char* env = std::getenv("PHALANX_PLUGIN_PATH")) {
     std::stringstream ss(env);
     std::string d;

@@ -16,11 +16,6 @@ using namespace tcpstore;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-std::string env_token() {
-  const char* t = std::getenv("PHALANX_RDZV_TOKEN");
-  return t ? t : "";
-}
-
 /// Connects (retrying with backoff until the deadline) and performs the handshake.
 int connect_and_hello(const std::string& host, int port, const std::string& token,
                       std::chrono::milliseconds timeout) {
@@ -62,7 +57,7 @@ int connect_and_hello(const std::string& host, int port, const std::string& toke
 }  // namespace
 
 TcpStore::TcpStore(const TcpStoreOptions& o)
-    : host_(o.host), port_(o.port), token_(o.token.empty() ? env_token() : o.token),
+    : host_(o.host), port_(o.port), token_(token_or_env(o.token)),
       endpoint_(o.host + ":" + std::to_string(o.port)) {
   timeout_ = o.timeout;
   idle_.push_back(connect_and_hello(host_, port_, token_, o.timeout));

@@ -1,6 +1,7 @@
 #pragma once
 // Frames of the TCP store protocol (docs/store_protocol.md).
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -12,6 +13,13 @@ namespace phalanx::tcpstore {
 enum Cmd : std::uint8_t { kHello = 1, kSet, kGet, kAdd, kCas, kWait, kCheck, kDelete, kNumKeys };
 enum Status : std::uint8_t { kOk = 0, kBadToken = 1, kError = 2 };
 constexpr std::uint32_t kMaxFrame = 64u << 20;  // larger frames are refused
+
+/// The job token when the options name none: PHALANX_RDZV_TOKEN, or "" (no token).
+inline std::string token_or_env(const std::string& token) {
+  if (!token.empty()) return token;
+  const char* t = std::getenv("PHALANX_RDZV_TOKEN");
+  return t ? t : "";
+}
 
 /// Builds a frame: [u32 length][payload].
 class Writer {

@@ -33,15 +33,8 @@ struct TcpStoreServer::State {
   std::vector<Conn> conns;
 };
 
-namespace {
-std::string env_token() {
-  const char* t = std::getenv("PHALANX_RDZV_TOKEN");
-  return t ? t : "";
-}
-}  // namespace
-
 TcpStoreServer::TcpStoreServer(const TcpStoreOptions& o)
-    : host_(o.host), token_(o.token.empty() ? env_token() : o.token), state_(std::make_unique<State>()) {
+    : host_(o.host), token_(token_or_env(o.token)), state_(std::make_unique<State>()) {
   listen_fd_ = net::listen_on(o.host, o.port, &port_);
   if (::pipe2(wake_fd_, O_CLOEXEC | O_NONBLOCK) != 0) {
     ::close(listen_fd_);
