@@ -74,6 +74,14 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std
   return std::make_unique<optim::AdamW>(ps, o);
 }
 
+/// Sums a small host tensor of counters over the ranks. The group may be NCCL, which only
+/// reduces device tensors, so the reduction happens on `device`.
+Tensor sum_over_ranks(const Tensor& host, ProcessGroup& pg, Device device) {
+  Tensor on = host.to(device);
+  pg.allreduce(on)->wait();
+  return on.to(Device::cpu());
+}
+
 /// (mean loss, accuracy) over a dataset, this rank's shard, summed over ranks.
 std::pair<double, double> evaluate(nn::Module& model, const std::shared_ptr<TensorDataset>& ds, ProcessGroup& pg) {
   NoGradGuard no_grad;
@@ -109,10 +117,7 @@ std::pair<double, double> evaluate(nn::Module& model, const std::shared_ptr<Tens
     }
     s[2] += static_cast<float>(n);
   }
-  // The group may be NCCL (CUDA tensors only): reduce the three numbers where it can.
-  Tensor on = stats.to(model.parameters().front().device());
-  pg.allreduce(on)->wait();
-  stats = on.to(Device::cpu());
+  stats = sum_over_ranks(stats, pg, model.parameters().front().device());
   s = stats.data<float>();
   return {s[0] / s[2], s[1] / s[2]};
 }
@@ -257,11 +262,7 @@ int run_training(const TrainConfig& c) {
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save_checkpoint();
     }
     skip_batches = 0;
-    {
-      Tensor on = stats.to(dev);
-      pg->allreduce(on)->wait();
-      stats = on.to(Device::cpu());
-    }
+    stats = sum_over_ranks(stats, *pg, dev);
     last_epoch_loss = stats.data<float>()[0] / std::max(1.f, stats.data<float>()[1]);
     nlohmann::json rec{{"epoch", epoch}, {"train_loss", last_epoch_loss}};
     train_curve.x.push_back(static_cast<double>(epoch + 1));
