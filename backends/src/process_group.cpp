@@ -15,7 +15,7 @@ std::chrono::milliseconds default_timeout() {
                         "' is not a positive number of seconds");
     return std::chrono::milliseconds(static_cast<std::int64_t>(secs * 1000));
   }
-  return std::chrono::seconds(300);
+  return kDefaultTimeout;
 }
 
 ProcessGroup::ProcessGroup(int rank, int size, std::chrono::milliseconds timeout, bool inline_ops)

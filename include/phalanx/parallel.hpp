@@ -12,6 +12,8 @@
 #include "phalanx/backends/work.hpp"
 #include "phalanx/backends/world_of_one.hpp"
 #include "phalanx/parallel/comm_hook.hpp"
+#include "phalanx/parallel/consistency.hpp"
 #include "phalanx/parallel/ddp.hpp"
+#include "phalanx/parallel/failure.hpp"
 #include "phalanx/parallel/init.hpp"
 #include "phalanx/parallel/launch_env.hpp"

@@ -32,7 +32,16 @@ struct TrainConfig {
   bool eval_train = false;
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;  ///< steps; 0 = at the end of each epoch when a dir is given
-  bool resume = false;
+  int keep_checkpoints = 3;           ///< --keep-checkpoints: how many complete checkpoints stay on disk
+  bool resume = false;                ///< --resume: resume from the latest checkpoint if one exists, else start fresh
+  std::string resume_from;            ///< --resume-from PATH: this checkpoint; an error when it does not exist
+  // learning-rate schedule after the warmup: constant | cosine | step | multistep
+  std::string lr_schedule = "constant";
+  std::int64_t lr_step_size = 0;             ///< step: decay every N steps
+  std::vector<std::int64_t> lr_milestones;   ///< multistep: decay at these steps
+  double lr_gamma = 0.1;                     ///< step/multistep: the decay factor
+  bool allow_nonfinite = false;  ///< --allow-nonfinite: keep training through a NaN/inf loss
+  bool check_data = true;        ///< --no-data-check clears it: skip the non-finite scan of loaded data
 };
 
 /// Parses argv (and --config). Returns false with `exit_code` set for --help or an error

@@ -14,7 +14,10 @@
 #include <phalanx/core/kernels.hpp>
 #include <phalanx/phalanx.hpp>
 
+#include "evaluation.hpp"
+#include "progress_bar.hpp"
 #include "svg_chart.hpp"
+#include "trainer_data.hpp"
 
 namespace phalanx::trainer {
 
@@ -26,42 +29,6 @@ using samplers::DataLoader;
 using samplers::DistributedSampler;
 using samplers::TensorDataset;
 
-struct Datasets {
-  std::shared_ptr<TensorDataset> train, test;
-};
-
-Datasets load_data(const TrainConfig& c) {
-  const std::int64_t classes = c.model.back(), dim = c.model.front();
-  Datasets d;
-  if (!c.dataset.empty()) {
-    const auto colon = c.dataset.find(':');
-    const std::string name = c.dataset.substr(0, colon);
-    if (name != "fashion-mnist") throw ValueError("--dataset '" + name + "' is unknown (known: fashion-mnist[:DIR])");
-    const std::string dir = colon == std::string::npos ? samplers::kFashionMnistDir : c.dataset.substr(colon + 1);
-    samplers::MnistOptions mo;
-    mo.standardize = true;
-    d.train = samplers::load_mnist(dir, mo);
-    mo.train = false;
-    d.test = samplers::load_mnist(dir, mo);
-  } else {
-    d.train = samplers::load_npy_dataset(c.train_x, c.train_y, classes);
-    if (!c.test_x.empty()) d.test = samplers::load_npy_dataset(c.test_x, c.test_y, classes);
-  }
-  for (const auto* ds : {&d.train, &d.test}) {
-    if (!*ds) continue;
-    if ((*ds)->feature_shape() != Shape{dim})
-      throw ShapeError(detail::concat("the data has ", shape_str((*ds)->feature_shape()), " features per sample but --model starts with ",
-                                      dim, " inputs"));
-    if ((*ds)->label_dtype() != DType::Int64) throw TypeError("labels must be integer class indices");
-    try {
-      TensorDataset check((*ds)->features(), (*ds)->labels(), classes);  // validates every label
-    } catch (const ValueError& e) {
-      throw ValueError(std::string(e.what()) + ": --model must end with the number of classes");
-    }
-  }
-  return d;
-}
-
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& ps, double lr) {
   if (c.optimizer == "sgd") {
     optim::SGDOptions o{lr, c.momentum, 0.0, c.weight_decay, c.nesterov};
@@ -72,61 +39,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std
   o.weight_decay = c.weight_decay;
   if (c.optimizer == "adam") return std::make_unique<optim::Adam>(ps, o);
   return std::make_unique<optim::AdamW>(ps, o);
-}
-
-/// Sums a small host tensor of counters over the ranks. The group may be NCCL, which only
-/// reduces device tensors, so the reduction happens on `device`.
-Tensor sum_over_ranks(const Tensor& host, ProcessGroup& pg, Device device) {
-  Tensor on = host.to(device);
-  pg.allreduce(on)->wait();
-  return on.to(Device::cpu());
-}
-
-/// (mean loss, accuracy) over a dataset, this rank's shard, summed over ranks.
-std::pair<double, double> evaluate(nn::Module& model, const std::shared_ptr<TensorDataset>& ds, ProcessGroup& pg) {
-  NoGradGuard no_grad;
-  samplers::DistributedSamplerOptions so;
-  so.shuffle = false;
-  so.num_replicas = pg.size();
-  so.rank = pg.rank();
-  // Without padding duplicates: drop_last=false pads, so count only this rank's real samples.
-  DistributedSampler sampler(ds->size(), so);
-  auto idx = sampler.indices();
-  Tensor stats = zeros({3}, DType::Float32);
-  float* s = stats.data<float>();
-  const std::int64_t classes = model.parameters().back().numel();
-  const std::int64_t real = std::max<std::int64_t>(0, std::min<std::int64_t>(
-      static_cast<std::int64_t>(idx.size()), (ds->size() - pg.rank() + pg.size() - 1) / pg.size()));
-  for (std::int64_t b = 0; b < real; b += 1024) {
-    const std::int64_t n = std::min<std::int64_t>(1024, real - b);
-    Shape xs = ds->feature_shape();
-    xs.insert(xs.begin(), n);
-    Tensor x = Tensor::empty(xs), y = Tensor::empty({n}, DType::Int64);
-    ds->gather(idx.data() + b, n, x, y);
-    const Device dev = model.parameters().front().device();
-    Tensor logits = model.forward(x.to(dev));
-    s[0] += cross_entropy(logits, y.to(dev), Reduction::Sum).item();
-    logits = logits.to(Device::cpu());
-    const float* l = logits.data<float>();
-    const auto* t = y.data<std::int64_t>();
-    for (std::int64_t i = 0; i < n; ++i) {
-      std::int64_t best = 0;
-      for (std::int64_t k = 1; k < classes; ++k)
-        if (l[i * classes + k] > l[i * classes + best]) best = k;
-      s[1] += best == t[i];
-    }
-    s[2] += static_cast<float>(n);
-  }
-  stats = sum_over_ranks(stats, pg, model.parameters().front().device());
-  s = stats.data<float>();
-  return {s[0] / s[2], s[1] / s[2]};
-}
-
-std::string fmt_time(double secs) {
-  const int t = static_cast<int>(secs + 0.5);
-  char b[32];
-  std::snprintf(b, sizeof b, "%d:%02d", t / 60, t % 60);
-  return b;
 }
 
 }  // namespace
@@ -214,7 +126,7 @@ int run_training(const TrainConfig& c) {
     metrics.open(c.metrics, c.resume ? std::ios::app : std::ios::trunc);
     if (!metrics) throw IoError("--metrics " + c.metrics + ": cannot write");
   }
-  const bool tty = rank == 0 && ::isatty(1);
+  ProgressBar progress(rank == 0 && ::isatty(1), c.epochs, steps_per_epoch, c.global_batch);
   if (rank == 0)
     std::printf("phalanx-train: %lld samples, model %s, %s, %d worker(s) on %s; %s\n", static_cast<long long>(n),
                 [&] { std::string s; for (auto w : c.model) s += (s.empty() ? "" : "-") + std::to_string(w); return s; }().c_str(),
@@ -231,7 +143,7 @@ int run_training(const TrainConfig& c) {
     model->train();
     Tensor stats = zeros({2});
     std::int64_t batch_index = 0;
-    const auto epoch_start = Clock::now();
+    progress.start_epoch(epoch, skip_batches);
     for (Batch& b : loader) {
       if (batch_index++ < skip_batches) continue;  // resuming mid-epoch: already trained on these
       opt->zero_grad();
@@ -247,18 +159,7 @@ int run_training(const TrainConfig& c) {
       if (metrics.is_open())
         metrics << nlohmann::json{{"step", step}, {"epoch", epoch}, {"loss", l},
                                   {"lr", opt->param_groups()[0].lr()}, {"seconds", secs}}.dump() << "\n";
-      if (tty) {
-        const double es = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-        const std::int64_t done = batch_index, total = steps_per_epoch;
-        const int bar = static_cast<int>(30.0 * done / total);
-        const double rate = (done - skip_batches) * c.global_batch / std::max(es, 1e-9);
-        const double eta = (total - done + (c.epochs - epoch - 1) * total) * c.global_batch / std::max(rate, 1e-9);
-        std::printf("\repoch %lld/%d [%s%s] step %lld/%lld loss %.4f %.0f samples/s ETA %s ",
-                    static_cast<long long>(epoch + 1), c.epochs, std::string(bar, '#').c_str(),
-                    std::string(30 - bar, '.').c_str(), static_cast<long long>(done), static_cast<long long>(total), l,
-                    rate, fmt_time(eta).c_str());
-        std::fflush(stdout);
-      }
+      progress.update(batch_index, l);
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save_checkpoint();
     }
     skip_batches = 0;
@@ -278,7 +179,7 @@ int run_training(const TrainConfig& c) {
     }
     if (metrics.is_open()) metrics << rec.dump() << "\n";
     if (rank == 0) {
-      if (tty) std::printf("\n");
+      progress.end_epoch();
       std::printf("epoch %lld: train loss %.4f", static_cast<long long>(epoch + 1), last_epoch_loss);
       if (data.test) std::printf(", test loss %.4f, test accuracy %.4f", rec["test_loss"].get<double>(), test_acc);
       std::printf("\n");

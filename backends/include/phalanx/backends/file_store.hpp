@@ -8,7 +8,7 @@ namespace phalanx {
 /// Waiting polls. Suited to rendezvous, not to heavy traffic.
 class FileStore : public Store {
  public:
-  explicit FileStore(std::string path, std::chrono::milliseconds timeout = std::chrono::seconds(300));
+  explicit FileStore(std::string path, std::chrono::milliseconds timeout = kDefaultTimeout);
   void set(const std::string& key, const Bytes& value) override;
   Bytes get(const std::string& key) override;
   std::int64_t add(const std::string& key, std::int64_t delta) override;

@@ -10,7 +10,7 @@ namespace phalanx {
 /// An in-process store for ranks run as threads (tests, single-process simulations).
 class MemoryStore : public Store {
  public:
-  explicit MemoryStore(std::chrono::milliseconds timeout = std::chrono::seconds(300)) { timeout_ = timeout; }
+  explicit MemoryStore(std::chrono::milliseconds timeout = kDefaultTimeout) { timeout_ = timeout; }
   void set(const std::string& key, const Bytes& value) override;
   Bytes get(const std::string& key) override;
   std::int64_t add(const std::string& key, std::int64_t delta) override;

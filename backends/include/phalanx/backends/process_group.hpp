@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "phalanx/backends/default_timeout.hpp"
 #include "phalanx/backends/reduce_op.hpp"
 #include "phalanx/backends/work.hpp"
 #include "phalanx/core/tensor.hpp"
@@ -31,12 +32,10 @@ struct BackendConfig {
   int rank = 0;
   int size = 1;
   std::shared_ptr<Store> store;  ///< rendezvous store (already prefixed for this group)
-  std::chrono::milliseconds timeout{300000};
+  std::chrono::milliseconds timeout{kDefaultTimeout};
   std::string hostname = "127.0.0.1";  ///< address this rank listens on
 };
 
-/// The default operation timeout: PHALANX_TIMEOUT (seconds) when set, else 300 s.
-std::chrono::milliseconds default_timeout();
 
 class ProcessGroup {
  public:

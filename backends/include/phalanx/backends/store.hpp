@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "phalanx/backends/default_timeout.hpp"
+
 namespace phalanx {
 
 using Bytes = std::vector<std::uint8_t>;
@@ -42,7 +44,7 @@ class Store {
   }
 
  protected:
-  std::chrono::milliseconds timeout_{300000};
+  std::chrono::milliseconds timeout_{kDefaultTimeout};
 };
 
 using StorePtr = std::shared_ptr<Store>;

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "phalanx/backends/default_timeout.hpp"
 #include "phalanx/backends/store.hpp"
 
 namespace phalanx {
@@ -22,7 +23,7 @@ struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   int port = 0;                 ///< server: 0 picks a free port (see TcpStoreServer::port())
   std::string token;            ///< job token ("" = none); defaults to PHALANX_RDZV_TOKEN
-  std::chrono::milliseconds timeout{300000};
+  std::chrono::milliseconds timeout{kDefaultTimeout};
 };
 
 class TcpStoreServer {

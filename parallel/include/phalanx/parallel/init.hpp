@@ -26,7 +26,7 @@ struct InitOptions {
   std::string init_method;  ///< "" or "env://", "file:///path", "tcp://host:port"
   int rank = -1;            ///< -1 = from the environment
   int world_size = -1;      ///< -1 = from the environment
-  std::chrono::milliseconds timeout{0};  ///< 0 = PHALANX_TIMEOUT or 300 s
+  std::chrono::milliseconds timeout{0};  ///< 0 = default_timeout(): PHALANX_TIMEOUT or kDefaultTimeout (300 s)
   std::string plugin_path;  ///< explicit plugin file or directory
   std::string device;       ///< "" = PHALANX_DEVICE or "cpu"
   std::string config_file;  ///< "" = PHALANX_CONFIG

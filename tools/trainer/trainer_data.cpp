@@ -1,0 +1,39 @@
+#include "trainer_data.hpp"
+
+#include <phalanx/phalanx.hpp>
+
+namespace phalanx::trainer {
+
+Datasets load_data(const TrainConfig& c) {
+  const std::int64_t classes = c.model.back(), dim = c.model.front();
+  Datasets d;
+  if (!c.dataset.empty()) {
+    const auto colon = c.dataset.find(':');
+    const std::string name = c.dataset.substr(0, colon);
+    if (name != "fashion-mnist") throw ValueError("--dataset '" + name + "' is unknown (known: fashion-mnist[:DIR])");
+    const std::string dir = colon == std::string::npos ? samplers::kFashionMnistDir : c.dataset.substr(colon + 1);
+    samplers::MnistOptions mo;
+    mo.standardize = true;
+    d.train = samplers::load_mnist(dir, mo);
+    mo.train = false;
+    d.test = samplers::load_mnist(dir, mo);
+  } else {
+    d.train = samplers::load_npy_dataset(c.train_x, c.train_y, classes);
+    if (!c.test_x.empty()) d.test = samplers::load_npy_dataset(c.test_x, c.test_y, classes);
+  }
+  for (const auto* ds : {&d.train, &d.test}) {
+    if (!*ds) continue;
+    if ((*ds)->feature_shape() != Shape{dim})
+      throw ShapeError(detail::concat("the data has ", shape_str((*ds)->feature_shape()), " features per sample but --model starts with ",
+                                      dim, " inputs"));
+    if ((*ds)->label_dtype() != DType::Int64) throw TypeError("labels must be integer class indices");
+    try {
+      samplers::TensorDataset check((*ds)->features(), (*ds)->labels(), classes);  // validates every label
+    } catch (const ValueError& e) {
+      throw ValueError(std::string(e.what()) + ": --model must end with the number of classes");
+    }
+  }
+  return d;
+}
+
+}  // namespace phalanx::trainer
