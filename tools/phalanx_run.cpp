@@ -1,14 +1,17 @@
 // phalanx-run: the launcher (torchrun for Phalanx). See `phalanx-run --help` and
 // docs/launcher.md.
 #include <fcntl.h>
+#include <sys/random.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 
 #include <phalanx/parallel.hpp>
 
+#include "launcher/job_rounds.hpp"
 #include "launcher/launch_options.hpp"
 #include "launcher/worker_group.hpp"
 
@@ -16,40 +19,86 @@ using namespace phalanx;
 using namespace phalanx::launcher;
 
 namespace {
-std::string random_token() {
-  unsigned char b[16] = {0};
-  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    if (::read(fd, b, sizeof b) < 0) {
+
+/// 16 random bytes as hex; false (with `error` set) when the system cannot give them: an
+/// all-zero token would let any process on the host join the job.
+bool random_token(std::string& token, std::string& error) {
+  unsigned char b[16];
+  std::size_t got = 0;
+  while (got < sizeof b) {
+    const ssize_t n = ::getrandom(b + got, sizeof b - got, 0);
+    if (n > 0) got += static_cast<std::size_t>(n);
+    else if (n < 0 && errno == EINTR) continue;
+    else break;  // ENOSYS (old kernel) or another failure: try /dev/urandom
+  }
+  if (got < sizeof b) {
+    got = 0;
+    const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      error = std::string("cannot open /dev/urandom: ") + std::strerror(errno);
+      return false;
     }
+    while (got < sizeof b) {
+      const ssize_t n = ::read(fd, b + got, sizeof b - got);
+      if (n > 0) got += static_cast<std::size_t>(n);
+      else if (n < 0 && errno == EINTR) continue;
+      else break;
+    }
+    const int read_errno = errno;
     ::close(fd);
+    if (got < sizeof b) {
+      error = "short read of /dev/urandom (" + std::to_string(got) + " of 16 bytes" +
+              (read_errno ? std::string(": ") + std::strerror(read_errno) : std::string()) + ")";
+      return false;
+    }
   }
   static const char* hex = "0123456789abcdef";
-  std::string t;
-  for (unsigned char c : b) t += hex[c >> 4], t += hex[c & 15];
-  return t;
+  token.clear();
+  for (unsigned char c : b) token += hex[c >> 4], token += hex[c & 15];
+  return true;
 }
 
-void print_failure(const Outcome& r, int world) {
-  std::string how = r.term_signal ? "was killed by signal " + std::to_string(r.term_signal) + " (" +
-                                        strsignal(r.term_signal) + ")"
-                                  : "exited with code " + std::to_string(r.exit_code);
-  std::fprintf(stderr, "phalanx-run: rank %d (pid %d) %s; stopped the other %d of %d worker(s) on this node.\n",
-               r.failed_rank, r.failed_pid, how.c_str(), r.stopped_others, world);
-  if (!r.tail.empty()) {
-    std::fprintf(stderr, "phalanx-run: last %zu line(s) of rank %d:\n", r.tail.size(), r.failed_rank);
-    for (const auto& l : r.tail) std::fprintf(stderr, "  | %s\n", l.c_str());
+void print_tail(int rank, const std::vector<std::string>& tail) {
+  if (!tail.empty()) {
+    std::fprintf(stderr, "phalanx-run: last %zu line(s) of rank %d:\n", tail.size(), rank);
+    for (const auto& l : tail) std::fprintf(stderr, "  | %s\n", l.c_str());
   } else {
-    std::fprintf(stderr, "phalanx-run: rank %d printed nothing.\n", r.failed_rank);
+    std::fprintf(stderr, "phalanx-run: rank %d printed nothing.\n", rank);
   }
 }
+
+void print_failure(const std::string& lead, const WorkerFailure& f, const std::vector<std::string>& tail,
+                   int stopped, int local_world, int nnodes) {
+  const std::string where = nnodes > 1 ? " on node " + std::to_string(f.node) : "";
+  // Its own words from its failure record (not the launcher's own "killed by signal" post).
+  const bool own_words = !f.message.empty() && f.message.rfind("killed by signal", 0) != 0;
+  const std::string detail = own_words ? " (it said: " + f.message + ")" : "";
+  std::fprintf(stderr, "phalanx-run: %srank %d%s (pid %d) %s%s", lead.c_str(), f.rank, where.c_str(), f.pid,
+               describe_exit(f).c_str(), detail.c_str());
+  if (stopped >= 0)
+    std::fprintf(stderr, "; stopped the other %d of %d worker(s) on this node.\n", stopped, local_world);
+  else
+    std::fprintf(stderr, ".\n");
+  print_tail(f.rank, tail);
+}
+
+std::chrono::milliseconds ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   LaunchOptions o;
   int code = 0;
   if (!parse_options(argc, argv, o, code)) return code;
-  if (o.rdzv_token.empty() && o.nnodes == 1) o.rdzv_token = random_token();
+  if (o.rdzv_token.empty() && o.nnodes == 1) {
+    std::string error;
+    if (!random_token(o.rdzv_token, error)) {
+      std::fprintf(stderr, "phalanx-run: cannot make a job token: %s; pass one with --rdzv-token\n", error.c_str());
+      return 1;
+    }
+  }
   install_signal_handlers();
 
   // The launcher of node 0 hosts the job's rendezvous store for the whole job (restarts
@@ -69,22 +118,120 @@ int main(int argc, char** argv) {
     }
     port = server->port();
   }
+  // The launcher's own client of the job's store: failure records (blame), and with several
+  // nodes the rounds the launchers agree on.
+  std::shared_ptr<Store> store;
+  {
+    TcpStoreOptions co;
+    co.host = o.master_addr;
+    co.port = port;
+    co.token = o.rdzv_token;
+    co.timeout = o.node_rank == 0 ? std::chrono::milliseconds(5000) : ms(o.rdzv_timeout);
+    try {
+      store = std::make_shared<TcpStore>(co);
+    } catch (const std::exception& e) {
+      if (o.nnodes > 1) {
+        std::fprintf(stderr, "phalanx-run: node %d: %s\n", o.node_rank, e.what());
+        return 1;
+      }
+      // One node: blame by what the launcher sees alone.
+    }
+  }
+  std::unique_ptr<JobRounds> rounds;
+  if (o.nnodes > 1) {
+    const auto tick = std::min(std::max(ms(o.monitor_interval), std::chrono::milliseconds(20)),
+                               std::chrono::milliseconds(1000));
+    rounds = std::make_unique<JobRounds>(store, o.nnodes, o.node_rank, tick, ms(o.rdzv_timeout));
+  }
 
+  const bool progress = ::isatty(1) == 1;
   const int world = o.nnodes * o.nproc_per_node;
-  for (int attempt = 0;; ++attempt) {
-    const Outcome r = run_workers(o, port, o.rdzv_token, attempt);
-    if (r.ok) return 0;
+  for (int k = 0;; ++k) {
+    Attempt a;
+    a.master_port = port;
+    a.token = o.rdzv_token;
+    a.restart_count = k;
+    a.store = store.get();
+    a.progress_passthrough = progress;
+    if (rounds) {
+      rounds->begin(k);
+      a.stop_fd = rounds->wake_fd();
+      a.stop_reason = [&] { return rounds->why(); };
+      a.on_first_failure = [&, k](const WorkerFailure& f) {
+        rounds->close(k, "rank " + std::to_string(f.rank) + " " + describe_exit(f));
+      };
+    }
+    const Outcome r = run_workers(o, a);
     if (r.interrupted) {
+      if (rounds) {
+        rounds->close(k, std::string("its launcher got ") + strsignal(r.signal_received));
+        NodeReport mine;
+        mine.node = o.node_rank;
+        mine.interrupted = r.signal_received;
+        try {
+          store->set("phalanx/launch/r" + std::to_string(k) + "/report/" + std::to_string(o.node_rank), to_json(mine));
+        } catch (const std::exception&) {
+        }
+      }
       std::fprintf(stderr, "phalanx-run: got %s, stopped all workers.\n", strsignal(r.signal_received));
       return 128 + r.signal_received;
     }
-    print_failure(r, o.nproc_per_node);
-    if (attempt >= o.max_restarts) {
-      if (o.max_restarts > 0)
-        std::fprintf(stderr, "phalanx-run: giving up after %d restart(s).\n", o.max_restarts);
-      return r.term_signal ? 128 + r.term_signal : (r.exit_code ? r.exit_code : 1);
+
+    std::optional<WorkerFailure> blamed = r.blamed;
+    std::vector<std::string> tail = r.tail;
+    if (!rounds) {
+      if (r.ok) return 0;
+      print_failure("", *blamed, tail, r.stopped_others, o.nproc_per_node, 1);
+    } else {
+      if (!r.stopped_because.empty())
+        std::fprintf(stderr, "phalanx-run: node %d: stopped %d worker(s): %s\n", o.node_rank, r.stopped_others,
+                     r.stopped_because.c_str());
+      NodeReport mine;
+      mine.node = o.node_rank;
+      mine.ok = r.ok;
+      mine.max_restarts = o.max_restarts;
+      mine.failure = r.blamed;
+      mine.tail = r.tail;
+      std::vector<NodeReport> reports;
+      try {
+        reports = rounds->exchange(k, mine);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "phalanx-run: node %d: %s\n", o.node_rank, e.what());
+        if (r.blamed) print_failure("on this node, ", *r.blamed, r.tail, -1, o.nproc_per_node, o.nnodes);
+        return r.blamed ? exit_code_for(*r.blamed) : 1;
+      }
+      for (const auto& rep : reports)
+        if (rep.interrupted) {
+          std::fprintf(stderr, "phalanx-run: node %d's launcher got %s; the job ends.\n", rep.node,
+                       strsignal(rep.interrupted));
+          rounds->finish(k);
+          return 1;
+        }
+      const auto verdict = job_blame(reports);
+      if (!verdict) {
+        bool all_ok = true;
+        for (const auto& rep : reports) all_ok = all_ok && rep.ok;
+        if (all_ok) {
+          rounds->finish(k);
+          return 0;
+        }
+      }
+      if (verdict) {
+        blamed = verdict->failure;
+        tail = verdict->tail;
+        print_failure("the job failed in round " + std::to_string(k) + ": ", *blamed, tail, -1, o.nproc_per_node,
+                      o.nnodes);
+      } else {
+        std::fprintf(stderr, "phalanx-run: round %d was stopped before any worker failed.\n", k);
+      }
+      o.max_restarts = reports[0].max_restarts;  // node 0's budget is the job's
     }
-    std::fprintf(stderr, "phalanx-run: restarting the group (restart %d of %d, world size %d).\n", attempt + 1,
+    if (k >= o.max_restarts) {
+      if (o.max_restarts > 0) std::fprintf(stderr, "phalanx-run: giving up after %d restart(s).\n", o.max_restarts);
+      if (rounds) rounds->finish(k);
+      return blamed ? exit_code_for(*blamed) : 1;
+    }
+    std::fprintf(stderr, "phalanx-run: restarting the group (restart %d of %d, world size %d).\n", k + 1,
                  o.max_restarts, world);
   }
 }

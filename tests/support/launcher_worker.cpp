@@ -5,6 +5,14 @@
 //   selfkill R DIR      rank R kills itself with SIGKILL mid-job
 //   sleep DIR           sleep (for SIGINT tests)
 //   fail-once DIR       rank 1 fails on the first attempt only; then everyone succeeds
+//   spin DIR            allreduce until stopped; a rank whose collective fails (a peer
+//                       died) says so and exits 1, as a survivor does
+//   print-sleep DIR     print a line, then sleep (live output)
+//   print-crash SIG DIR print two lines, then die by SIG (abort or segv)
+//   progress DIR        rank 0 draws a '\r' progress bar (40 redraws, 25 ms apart), ends it
+//                       with a newline and prints "bar done"; PHALANX_PROGRESS is recorded
+//   kill-node1-once DIR on the first attempt, the first rank of node 1 (RANK == LOCAL_WORLD_SIZE)
+//                       kills itself with SIGKILL after one allreduce; then everyone succeeds
 #include <signal.h>
 #include <unistd.h>
 
@@ -38,10 +46,35 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(60));
     return 0;
   }
+  if (mode == "print-sleep") {
+    std::printf("rank %d is up\n", rank);  // no fflush: the launcher makes stdout line-buffered
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    return 0;
+  }
+  if (mode == "print-crash") {
+    std::printf("rank %d about to crash\n", rank);
+    std::printf("the last words of rank %d\n", rank);
+    if (std::string(argv[2]) == "segv") ::raise(SIGSEGV);
+    std::abort();
+  }
+  if (mode == "progress") {
+    std::ofstream(dir + "/progress_env_" + std::to_string(rank)) << env("PHALANX_PROGRESS");
+    if (rank == 0) {
+      for (int i = 1; i <= 40; ++i) {
+        std::printf("\rstep %d/40", i);
+        std::fflush(stdout);
+        std::this_thread::sleep_for(std::chrono::milliseconds(25));
+      }
+      std::printf("\n");
+    }
+    std::printf("bar done\n");
+    return 0;
+  }
   if (mode == "env") {
     std::ofstream f(dir + "/env_" + std::to_string(rank));
     for (const char* n : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                          "PHALANX_RESTART_COUNT", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PHALANX_STORE_HOSTED"})
+                          "PHALANX_RESTART_COUNT", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PHALANX_STORE_HOSTED",
+                          "PHALANX_LINE_BUFFERED", "PYTHONUNBUFFERED"})
       f << n << "=" << env(n) << "\n";
     f << "TOKEN_LEN=" << env("PHALANX_RDZV_TOKEN").size() << "\n";
   }
@@ -56,6 +89,29 @@ int main(int argc, char** argv) {
   if (t.data<float>()[0] != world * (world + 1) / 2.f) {
     std::fprintf(stderr, "wrong allreduce result %f\n", t.data<float>()[0]);
     return 9;
+  }
+  if (mode == "spin") {
+    std::ofstream(dir + "/ready_" + std::to_string(rank) + "_" + env("PHALANX_RESTART_COUNT")) << "1";
+    try {
+      for (;;) {
+        pg->allreduce(t)->wait();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d lost a peer: %s\n", rank, e.what());
+      return 1;
+    }
+  }
+  if (mode == "kill-node1-once" && env("PHALANX_RESTART_COUNT") == "0" && env("RANK") == env("LOCAL_WORLD_SIZE")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ::raise(SIGKILL);
+  }
+  if (mode == "kill-node1-once" && env("PHALANX_RESTART_COUNT") == "0") {
+    try {
+      for (;;) pg->allreduce(t)->wait();
+    } catch (const std::exception&) {
+      return 1;  // a survivor
+    }
   }
   if (mode == "fail" || mode == "selfkill") {
     const int victim = std::atoi(argv[2]);

@@ -18,94 +18,12 @@
 
 #include <phalanx/phalanx.hpp>
 
+#include "tools/launcher_harness.hpp"
+
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-namespace {
-
-std::string make_dir() {
-  static int n = 0;
-  const std::string d = "/tmp/phalanx_launch_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
-  std::system(("rm -rf " + d).c_str());
-  ::mkdir(d.c_str(), 0700);
-  return d;
-}
-
-struct Launch {
-  pid_t pid = 0;
-  std::string out;  // file holding stdout+stderr
-};
-
-Launch start(const std::vector<std::string>& args, const std::string& dir) {
-  Launch l;
-  l.out = dir + "/launcher.out";
-  l.pid = ::fork();
-  if (l.pid == 0) {
-    FILE* f = std::fopen(l.out.c_str(), "a");
-    ::dup2(fileno(f), 1);
-    ::dup2(fileno(f), 2);
-    std::vector<char*> argv{const_cast<char*>(PHALANX_RUN)};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::setenv("PHALANX_TIMEOUT", "30", 1);
-    ::execv(PHALANX_RUN, argv.data());
-    ::_exit(127);
-  }
-  return l;
-}
-
-/// Waits for the launcher; returns its exit code (-1 on timeout, then it is killed).
-int finish(const Launch& l, std::chrono::seconds timeout = 60s) {
-  const auto deadline = Clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    if (::waitpid(l.pid, &status, WNOHANG) == l.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (Clock::now() > deadline) {
-      ::kill(l.pid, SIGKILL);
-      ::waitpid(l.pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::map<std::string, std::string> read_env(const std::string& path) {
-  std::map<std::string, std::string> m;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    const auto eq = line.find('=');
-    if (eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return m;
-}
-
-std::vector<pid_t> worker_pids(const std::string& dir, int world, int attempt = 0) {
-  std::vector<pid_t> out;
-  for (int r = 0; r < world; ++r) {
-    std::ifstream f(dir + "/pid_" + std::to_string(r) + "_" + std::to_string(attempt));
-    pid_t p = 0;
-    if (f >> p) out.push_back(p);
-  }
-  return out;
-}
-
-bool all_gone(const std::vector<pid_t>& pids) {
-  for (pid_t p : pids)
-    if (::kill(p, 0) == 0 || errno != ESRCH) return false;
-  return true;
-}
-
-const std::string kWorker = PHALANX_LAUNCHER_WORKER;
-
-}  // namespace
+using namespace launcher_harness;
 
 TEST_CASE("environment propagation for 1, 2 and 4 workers") {
   for (int n : {1, 2, 4}) {
@@ -126,6 +44,8 @@ TEST_CASE("environment propagation for 1, 2 and 4 workers") {
       CHECK(e["OMP_NUM_THREADS"] == "1");
       CHECK(e["OPENBLAS_NUM_THREADS"] == "1");
       CHECK(e["PHALANX_STORE_HOSTED"] == "1");
+      CHECK(e["PHALANX_LINE_BUFFERED"] == "1");
+      CHECK(e["PYTHONUNBUFFERED"] == "1");
       CHECK(e["TOKEN_LEN"] == "32");
       if (r == 0) port = e["MASTER_PORT"];
       CHECK(e["MASTER_PORT"] == port);
@@ -228,7 +148,9 @@ TEST_CASE("invalid options are rejected before anything starts") {
   CHECK(finish(start({"--nnodes", "2", kWorker, "env", dir}, dir)) == 2);  // no --master-port
   CHECK(finish(start({"--nnodes", "2", "--node-rank", "2", "--master-port", "1234", kWorker, "env", dir}, dir)) == 2);
   CHECK(finish(start({"--nproc-per-node", "2", "/nonexistent/program"}, dir)) == 2);
-  CHECK(finish(start({"--bogus-flag", "1", kWorker}, dir)) != 0);
+  CHECK(finish(start({"--bogus-flag", "1", kWorker}, dir)) == 2);  // usage errors exit 2, CLI11's too
+  CHECK(finish(start({"--max-restarts", "-1", kWorker, "env", dir}, dir)) == 2);
+  CHECK(finish(start({"--help"}, dir)) == 0);
   CHECK(worker_pids(dir, 1).empty());  // nothing started
   const std::string out = slurp(dir + "/launcher.out");
   CHECK(out.find("must be a positive integer or 'auto'") != std::string::npos);

@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <sstream>
 
 namespace phalanx::launcher {
@@ -26,11 +29,15 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
       "  phalanx-run --nproc-per-node 4 ./train --epochs 3\n\n"
       "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
       "PHALANX_RDZV_TOKEN, PHALANX_RESTART_COUNT and PHALANX_STORE_HOSTED=1 (the launcher of node 0\n"
-      "hosts the job's rendezvous store, so workers may start in any order), plus\n"
-      "OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 unless already set. Output lines are\n"
+      "hosts the job's rendezvous store, so workers may start in any order), PHALANX_LINE_BUFFERED=1\n"
+      "and PYTHONUNBUFFERED=1 (live output), PHALANX_PROGRESS=1 for rank 0 when this launcher's\n"
+      "stdout is a terminal (its '\\r' progress bar is redrawn in place, at most 10 times a second),\n"
+      "plus OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 unless already set. Output lines are\n"
       "prefixed with the rank. When a worker fails, the others are stopped (SIGTERM, then\n"
-      "SIGKILL after the grace period) and a summary names the rank, its exit status and the\n"
-      "tail of its output.",
+      "SIGKILL after the grace period) and a summary names the rank that failed first, its exit\n"
+      "status and the tail of its output; the exit code is that worker's (128 + signal for a\n"
+      "signal), 2 for a usage error. With several nodes, a failure on any node restarts (or ends)\n"
+      "the whole job: the launchers agree on each round through node 0's store.",
       "phalanx-run"};
   std::string nproc = "1";
   app.add_option("--nproc-per-node,--nproc_per_node", nproc, "workers on this node: N or 'auto' (= cores)")
@@ -56,6 +63,10 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   app.add_option("--rdzv-token", o.rdzv_token,
                  "job token (default: PHALANX_RDZV_TOKEN, else random for a single node); every "
                  "node of a multi-node job needs the same one");
+  app.add_option("--rdzv-timeout", o.rdzv_timeout,
+                 "several nodes: seconds to wait for node 0's store at start, and for another node's "
+                 "launcher that stopped answering, before giving up")
+      ->capture_default_str()->check(CLI::Range(0.1, 86400.0));
   app.footer("\nEverything from the worker program on (or after --) is passed to the workers.");
   // Split argv by hand: the launcher's options, then the program and its own arguments
   // (which may look like options: `phalanx-run --nproc-per-node 2 sh -c '...'`).
@@ -77,7 +88,8 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   try {
     app.parse(reversed);
   } catch (const CLI::ParseError& e) {
-    exit_code = app.exit(e);
+    // --help exits 0; every usage error exits 2 (CLI11's own codes differ per error).
+    exit_code = app.exit(e) == 0 ? 0 : 2;
     return false;
   }
   auto fail = [&](const std::string& msg) {
@@ -103,6 +115,13 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
     return fail("worker program '" + o.command[0] + "' not found or not executable");
   if (o.rdzv_token.empty())
     if (const char* t = std::getenv("PHALANX_RDZV_TOKEN")) o.rdzv_token = t;
+  if (!o.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.log_dir, ec);
+    if (ec || ::access(o.log_dir.c_str(), W_OK | X_OK) != 0)
+      return fail("--log-dir '" + o.log_dir + "': cannot create or write to it (" +
+                  (ec ? ec.message() : std::string(std::strerror(errno))) + "); give a writable folder");
+  }
   return true;
 }
 

@@ -18,6 +18,7 @@ struct LaunchOptions {
   std::string backend;
   double timeout = 0;  ///< seconds; 0 = leave PHALANX_TIMEOUT as is
   std::string rdzv_token;
+  double rdzv_timeout = 60.0;  ///< seconds a launcher waits for a silent peer launcher (several nodes)
   std::vector<std::string> command;  ///< program and its arguments
 };
 

@@ -7,12 +7,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
+
+#include "failure_records.hpp"
+#include "output_relay.hpp"
 
 extern char** environ;
 
@@ -42,65 +47,92 @@ void on_child(int) {
   }
 }
 
+void write_all(int fd, const std::string& text) {
+  std::size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    off += static_cast<std::size_t>(n);
+  }
+}
+
 struct Stream {
   int fd = -1;
-  std::string partial;
-  int out_fd;  // 1 or 2
+  int out_fd = 1;  // 1 or 2
+  LineSplitter splitter;
 };
 
 struct Worker {
   int rank = 0, local_rank = 0;
   pid_t pid = 0;
   bool exited = false;
-  int status = 0;
+  unsigned sent_signals = 0;  // bit s: the launcher sent it signal s
   Stream out, err;
   std::deque<std::string> tail;
   FILE* log = nullptr;
 };
 
-void emit(Worker& w, Stream& s, const std::string& line) {
-  const std::string text = "[" + std::to_string(w.rank) + "] " + line + "\n";
-  // One write per line: lines of different workers never interleave mid-line.
-  std::size_t off = 0;
-  while (off < text.size()) {
-    const ssize_t n = ::write(s.out_fd, text.data() + off, text.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    off += static_cast<std::size_t>(n);
+/// Writes worker output: lines prefixed with the rank (one write() each, so lines of
+/// different workers never interleave mid-line), rank 0's redraws through the relay.
+class Relay {
+ public:
+  explicit Relay(bool passthrough)
+      : progress_(passthrough ? std::make_unique<ProgressRelay>([](const std::string& s) { write_all(1, s); })
+                              : nullptr) {}
+
+  void events(Worker& w, Stream& s, const std::vector<LineSplitter::Event>& evs) {
+    const bool bar_stream = progress_ && w.rank == 0 && s.out_fd == 1;
+    for (const auto& e : evs) {
+      if (e.progress) {
+        if (bar_stream) progress_->update(e.text, Clock::now());
+        continue;  // redraws never reach logs or the tail; the line they end in does
+      }
+      if (progress_) {
+        progress_->before_line();
+        if (bar_stream) progress_->end_bar();
+      }
+      line(w, s, e.text);
+    }
   }
-  if (w.log) {
-    std::fwrite(line.data(), 1, line.size(), w.log);
-    std::fputc('\n', w.log);
-    std::fflush(w.log);
+  void flush() {
+    if (progress_) progress_->flush(Clock::now());
   }
-  w.tail.push_back(line);
-  if (w.tail.size() > kTailLines) w.tail.pop_front();
-}
+  Clock::time_point next_due() const { return progress_ ? progress_->next_due() : Clock::time_point::max(); }
+
+ private:
+  static void line(Worker& w, Stream& s, const std::string& text) {
+    write_all(s.out_fd, "[" + std::to_string(w.rank) + "] " + text + "\n");
+    if (w.log) {
+      std::fwrite(text.data(), 1, text.size(), w.log);
+      std::fputc('\n', w.log);
+      std::fflush(w.log);
+    }
+    w.tail.push_back(text);
+    if (w.tail.size() > kTailLines) w.tail.pop_front();
+  }
+  std::unique_ptr<ProgressRelay> progress_;
+};
 
 /// Reads what is available; returns false at end of stream.
-bool pump(Worker& w, Stream& s) {
+bool pump(Relay& relay, Worker& w, Stream& s) {
   char buf[65536];
   const ssize_t n = ::read(s.fd, buf, sizeof buf);
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+  std::vector<LineSplitter::Event> evs;
   if (n <= 0) {
-    if (!s.partial.empty()) emit(w, s, s.partial);
-    s.partial.clear();
+    s.splitter.finish(evs);
+    relay.events(w, s, evs);
     ::close(s.fd);
     s.fd = -1;
     return false;
   }
-  s.partial.append(buf, static_cast<std::size_t>(n));
-  std::size_t start = 0, nl;
-  while ((nl = s.partial.find('\n', start)) != std::string::npos) {
-    emit(w, s, s.partial.substr(start, nl - start));
-    start = nl + 1;
-  }
-  s.partial.erase(0, start);
+  s.splitter.feed(buf, static_cast<std::size_t>(n), evs);
+  relay.events(w, s, evs);
   return true;
 }
 
-std::vector<std::string> worker_env(const LaunchOptions& o, const Worker& w, int master_port,
-                                    const std::string& token, int restart_count) {
+std::vector<std::string> worker_env(const LaunchOptions& o, const Worker& w, const Attempt& a) {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
@@ -113,10 +145,15 @@ std::vector<std::string> worker_env(const LaunchOptions& o, const Worker& w, int
   env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc_per_node);
   env["GROUP_RANK"] = std::to_string(o.node_rank);
   env["MASTER_ADDR"] = o.master_addr;
-  env["MASTER_PORT"] = std::to_string(master_port);
-  env["PHALANX_RESTART_COUNT"] = std::to_string(restart_count);
+  env["MASTER_PORT"] = std::to_string(a.master_port);
+  env["PHALANX_RESTART_COUNT"] = std::to_string(a.restart_count);
   env["PHALANX_STORE_HOSTED"] = "1";
-  if (!token.empty()) env["PHALANX_RDZV_TOKEN"] = token;
+  // Live output: stdout line-buffered in Phalanx programs (and Python), so lines arrive as
+  // they are written and a crashing worker's last lines are not lost.
+  env["PHALANX_LINE_BUFFERED"] = "1";
+  env["PYTHONUNBUFFERED"] = "1";
+  if (a.progress_passthrough && w.rank == 0) env["PHALANX_PROGRESS"] = "1";
+  if (!a.token.empty()) env["PHALANX_RDZV_TOKEN"] = a.token;
   if (!o.backend.empty()) env["PHALANX_BACKEND"] = o.backend;
   if (o.timeout > 0) env["PHALANX_TIMEOUT"] = std::to_string(o.timeout);
   // One compute thread per worker unless the user chose otherwise.
@@ -130,6 +167,7 @@ std::vector<std::string> worker_env(const LaunchOptions& o, const Worker& w, int
 void signal_all(std::vector<Worker>& ws, int sig) {
   for (auto& w : ws)
     if (!w.exited) {
+      w.sent_signals |= 1u << sig;
       if (::kill(-w.pid, sig) != 0) ::kill(w.pid, sig);  // its process group, else itself
     }
 }
@@ -153,7 +191,7 @@ void install_signal_handlers() {
   ::signal(SIGPIPE, SIG_IGN);
 }
 
-Outcome run_workers(const LaunchOptions& o, int master_port, const std::string& token, int restart_count) {
+Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
   std::vector<Worker> ws(o.nproc_per_node);
   const std::string program = resolve_program(o.command[0]);
   const pid_t launcher = ::getpid();
@@ -163,7 +201,7 @@ Outcome run_workers(const LaunchOptions& o, int master_port, const std::string& 
     w.rank = o.node_rank * o.nproc_per_node + i;
     if (!o.log_dir.empty()) {
       const std::string path = o.log_dir + "/rank_" + std::to_string(w.rank) + ".log";
-      w.log = std::fopen(path.c_str(), restart_count == 0 ? "w" : "a");
+      w.log = std::fopen(path.c_str(), a.restart_count == 0 ? "w" : "a");
       if (!w.log) std::fprintf(stderr, "phalanx-run: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
     }
     int out[2], err[2];
@@ -173,11 +211,11 @@ Outcome run_workers(const LaunchOptions& o, int master_port, const std::string& 
     }
     // Everything exec needs is prepared before fork: the launcher has threads (the store
     // server), so the child may only call async-signal-safe functions.
-    const std::vector<std::string> env = worker_env(o, w, master_port, token, restart_count);
+    const std::vector<std::string> env = worker_env(o, w, a);
     std::vector<char*> envp, argv;
     for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
     envp.push_back(nullptr);
-    for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
+    for (const auto& arg : o.command) argv.push_back(const_cast<char*>(arg.c_str()));
     argv.push_back(nullptr);
     const pid_t pid = ::fork();
     if (pid < 0) {
@@ -200,32 +238,48 @@ Outcome run_workers(const LaunchOptions& o, int master_port, const std::string& 
     ::close(out[1]);
     ::close(err[1]);
     w.pid = pid;
-    w.out = {out[0], {}, 1};
-    w.err = {err[0], {}, 2};
+    w.out.fd = out[0];
+    w.out.out_fd = 1;
+    w.err.fd = err[0];
+    w.err.out_fd = 2;
   }
 
   Outcome result;
+  Relay relay(a.progress_passthrough);
+  std::vector<WorkerFailure> failures;
   int alive = o.nproc_per_node;
   bool stopping = false;
+  int round = 0;
   Clock::time_point kill_at{};
-  const int interval_ms = std::max(1, static_cast<int>(o.monitor_interval * 1000));
+  const auto interval = std::chrono::milliseconds(std::max(1, static_cast<int>(o.monitor_interval * 1000)));
+  auto stop_all = [&] {
+    for (auto& other : ws)
+      if (!other.exited) ++result.stopped_others;
+    signal_all(ws, SIGTERM);
+    stopping = true;
+    kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(o.grace_period * 1000));
+  };
   std::vector<pollfd> pfds;
   std::vector<std::pair<Worker*, Stream*>> owners;
-  for (;;) {
+  for (;; ++round) {
     pfds.clear();
     owners.clear();
     pfds.push_back({g_signal_pipe[0], POLLIN, 0});
-    owners.emplace_back(nullptr, nullptr);
     pfds.push_back({g_child_pipe[0], POLLIN, 0});
-    owners.emplace_back(nullptr, nullptr);
+    pfds.push_back({stopping ? -1 : a.stop_fd, POLLIN, 0});  // negative fds are ignored
     for (auto& w : ws)
       for (Stream* s : {&w.out, &w.err})
         if (s->fd >= 0) {
           pfds.push_back({s->fd, POLLIN, 0});
           owners.emplace_back(&w, s);
         }
-    if (alive == 0 && pfds.size() == 2) break;
-    ::poll(pfds.data(), pfds.size(), interval_ms);
+    if (alive == 0 && owners.empty()) break;
+    const auto now = Clock::now();
+    auto wait = interval;
+    if (relay.next_due() != Clock::time_point::max())
+      wait = std::min(wait, std::max(std::chrono::milliseconds(1),
+                                     std::chrono::duration_cast<std::chrono::milliseconds>(relay.next_due() - now)));
+    ::poll(pfds.data(), pfds.size(), static_cast<int>(wait.count()));
     if (pfds[1].revents & POLLIN) {
       char b[64];
       while (::read(g_child_pipe[0], b, sizeof b) > 0) {
@@ -238,36 +292,48 @@ Outcome run_workers(const LaunchOptions& o, int master_port, const std::string& 
       if (!result.interrupted) {
         result.interrupted = true;
         result.signal_received = g_last_signal;
-        signal_all(ws, SIGTERM);
-        stopping = true;
-        kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(o.grace_period * 1000));
+        if (!stopping) stop_all();
       }
     }
-    // Reap first (exit order matters for naming the first failure), then relay output.
+    if (pfds[2].revents && !stopping) {
+      result.stopped_because = a.stop_reason ? a.stop_reason() : "stopped from outside this node";
+      stop_all();
+    }
+    // Reap every worker that has exited (one poll round), then relay output.
+    const std::size_t first_new = failures.size();
     for (auto& w : ws) {
       if (w.exited) continue;
       int status = 0;
       if (::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
       w.exited = true;
-      w.status = status;
       --alive;
-      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && result.failed_rank < 0 && !result.interrupted) {
-        result.failed_rank = w.rank;
-        result.failed_pid = w.pid;
-        result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-        result.term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-        if (!stopping) {
-          for (auto& other : ws)
-            if (!other.exited) ++result.stopped_others;
-          signal_all(ws, SIGTERM);
-          stopping = true;
-          kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(o.grace_period * 1000));
-        }
-      }
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+      WorkerFailure f;
+      f.node = o.node_rank;
+      f.rank = w.rank;
+      f.pid = w.pid;
+      f.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+      f.term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      f.signal_from_launcher = f.term_signal != 0 && f.term_signal < 32 && (w.sent_signals >> f.term_signal & 1u);
+      f.after_stop = stopping;
+      f.reap_round = round;
+      f.unix_ns = unix_now_ns();
+      failures.push_back(f);
     }
-    for (std::size_t i = 2; i < pfds.size(); ++i)
-      if (pfds[i].revents) pump(*owners[i].first, *owners[i].second);
+    if (failures.size() > first_new && !stopping) {
+      // This node's first failure: the first of this round (one the launcher did not cause).
+      const std::vector<WorkerFailure> fresh(failures.begin() + first_new, failures.end());
+      WorkerFailure first = fresh[pick_blamed(fresh)];
+      if (first.term_signal != 0 && a.store && post_first_failure(*a.store, a.restart_count, first)) {
+        for (auto& f : failures)
+          if (f.rank == first.rank) f.is_first = true;
+      }
+      if (a.on_first_failure) a.on_first_failure(first);
+      stop_all();
+    }
+    for (std::size_t i = 3; i < pfds.size(); ++i)
+      if (pfds[i].revents) pump(relay, *owners[i - 3].first, *owners[i - 3].second);
+    relay.flush();
     if (stopping && alive > 0 && Clock::now() >= kill_at) {
       signal_all(ws, SIGKILL);
       kill_at = Clock::now() + std::chrono::hours(1);
@@ -278,21 +344,32 @@ Outcome run_workers(const LaunchOptions& o, int master_port, const std::string& 
         for (Stream* s : {&w.out, &w.err})
           if (s->fd >= 0) {
             pollfd p{s->fd, POLLIN, 0};
-            while (::poll(&p, 1, 50) > 0 && pump(w, *s)) {
+            while (::poll(&p, 1, 50) > 0 && pump(relay, w, *s)) {
             }
             if (s->fd >= 0) {
+              std::vector<LineSplitter::Event> evs;
+              s->splitter.finish(evs);
+              relay.events(w, *s, evs);
               ::close(s->fd);
               s->fd = -1;
             }
           }
+      relay.flush();
       break;
     }
   }
-  for (auto& w : ws) {
-    if (w.log) std::fclose(w.log);
-    if (w.rank == result.failed_rank) result.tail.assign(w.tail.begin(), w.tail.end());
+  // Blame with what the ranks themselves said (their failure records), when they said it.
+  if (a.store)
+    for (auto& f : failures) read_failure_record(*a.store, a.restart_count, f);
+  const int blamed = pick_blamed(failures);
+  if (blamed >= 0 && !result.interrupted) {
+    result.blamed = failures[blamed];
+    for (auto& w : ws)
+      if (w.rank == result.blamed->rank) result.tail.assign(w.tail.begin(), w.tail.end());
   }
-  result.ok = result.failed_rank < 0 && !result.interrupted;
+  for (auto& w : ws)
+    if (w.log) std::fclose(w.log);
+  result.ok = !result.blamed && !result.interrupted && result.stopped_because.empty();
   return result;
 }
 

@@ -1,28 +1,46 @@
 #pragma once
 // Starting, watching and stopping one attempt of a node's workers.
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <phalanx/backends/store.hpp>
+
+#include "blame.hpp"
 #include "launch_options.hpp"
 
 namespace phalanx::launcher {
 
+/// What one attempt needs besides the options.
+struct Attempt {
+  int master_port = 0;
+  std::string token;
+  int restart_count = 0;
+  Store* store = nullptr;  ///< the job's store, for failure records (null: blame by exits alone)
+  bool progress_passthrough = false;  ///< draw rank 0's '\r' redraws on our terminal
+  /// Readable when the attempt must end because of something outside this node (another
+  /// node's failure, a lost store); -1: none. `stop_reason` then says why.
+  int stop_fd = -1;
+  std::function<std::string()> stop_reason;
+  /// Called once, at this node's first worker failure (to tell the other nodes).
+  std::function<void(const WorkerFailure&)> on_first_failure;
+};
+
 struct Outcome {
-  bool ok = false;           ///< every worker exited 0
+  bool ok = false;           ///< every worker exited 0 and nothing stopped them
   bool interrupted = false;  ///< the launcher got SIGINT/SIGTERM
   int signal_received = 0;
-  int failed_rank = -1;      ///< the first worker that failed
-  int failed_pid = 0;
-  int exit_code = 0;         ///< its exit code, or 0 when killed by a signal
-  int term_signal = 0;       ///< the signal that killed it
-  std::vector<std::string> tail;  ///< its last output lines
-  int stopped_others = 0;    ///< workers the launcher had to stop
+  std::string stopped_because;          ///< non-empty: stopped from outside this node (why)
+  std::optional<WorkerFailure> blamed;  ///< the worker that failed first on this node
+  std::vector<std::string> tail;        ///< its last output lines
+  int stopped_others = 0;               ///< workers the launcher had to stop
 };
 
 /// Installs SIGINT/SIGTERM handlers that the run loop watches (call once).
 void install_signal_handlers();
 
-/// Runs the node's workers once (restart `restart_count`) and returns how it ended.
-Outcome run_workers(const LaunchOptions& o, int master_port, const std::string& token, int restart_count);
+/// Runs the node's workers once and returns how it ended.
+Outcome run_workers(const LaunchOptions& o, const Attempt& a);
 
 }  // namespace phalanx::launcher

@@ -1,0 +1,103 @@
+#include "failure_records.hpp"
+
+#include <chrono>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+namespace phalanx::launcher {
+
+using nlohmann::json;
+
+std::string failure_key(int restart_count, const std::string& rank_or_first) {
+  return "phalanx/r" + std::to_string(restart_count) + "/failure/" + rank_or_first;
+}
+
+std::int64_t unix_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+namespace {
+bool get_if_present(Store& store, const std::string& key, json& out) {
+  if (!store.check({key})) return false;
+  const Bytes b = store.get(key);
+  out = json::parse(b.begin(), b.end(), nullptr, false);
+  return out.is_object();
+}
+}  // namespace
+
+void read_failure_record(Store& store, int restart_count, WorkerFailure& f) {
+  try {
+    json rec;
+    if (get_if_present(store, failure_key(restart_count, std::to_string(f.rank)), rec)) {
+      f.has_record = true;
+      f.secondary = rec.value("secondary", false);
+      f.message = rec.value("message", std::string());
+      if (rec.contains("unix_ns") && rec["unix_ns"].is_number_integer()) f.unix_ns = rec["unix_ns"].get<std::int64_t>();
+    }
+    json first;
+    if (get_if_present(store, failure_key(restart_count, "first"), first) && first.value("rank", -1) == f.rank) {
+      f.is_first = true;
+      if (!f.has_record) f.message = first.value("message", std::string());
+    }
+  } catch (const std::exception&) {
+    // The store is gone (its host exited): blame by what the launcher saw.
+  }
+}
+
+bool post_first_failure(Store& store, int restart_count, const WorkerFailure& f) {
+  const std::string message = "killed by signal " + std::to_string(f.term_signal) + " (" +
+                              (sigabbrev_np(f.term_signal) ? std::string("SIG") + sigabbrev_np(f.term_signal) : "?") +
+                              ")";
+  const json rec = {{"rank", f.rank}, {"message", message}, {"secondary", false}, {"unix_ns", f.unix_ns}};
+  const std::string text = rec.dump();
+  const Bytes desired(text.begin(), text.end());
+  try {
+    return store.compare_set(failure_key(restart_count, "first"), {}, desired) == desired;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+std::string to_json(const WorkerFailure& f) {
+  return json{{"node", f.node},
+              {"rank", f.rank},
+              {"pid", f.pid},
+              {"exit_code", f.exit_code},
+              {"term_signal", f.term_signal},
+              {"signal_from_launcher", f.signal_from_launcher},
+              {"after_stop", f.after_stop},
+              {"reap_round", f.reap_round},
+              {"unix_ns", f.unix_ns},
+              {"has_record", f.has_record},
+              {"secondary", f.secondary},
+              {"is_first", f.is_first},
+              {"message", f.message}}
+      .dump();
+}
+
+bool from_json(const std::string& text, WorkerFailure& f) {
+  const json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return false;
+  try {
+    f.node = j.at("node").get<int>();
+    f.rank = j.at("rank").get<int>();
+    f.pid = j.at("pid").get<int>();
+    f.exit_code = j.at("exit_code").get<int>();
+    f.term_signal = j.at("term_signal").get<int>();
+    f.signal_from_launcher = j.at("signal_from_launcher").get<bool>();
+    f.after_stop = j.at("after_stop").get<bool>();
+    f.reap_round = j.at("reap_round").get<int>();
+    f.unix_ns = j.at("unix_ns").get<std::int64_t>();
+    f.has_record = j.at("has_record").get<bool>();
+    f.secondary = j.at("secondary").get<bool>();
+    f.is_first = j.at("is_first").get<bool>();
+    f.message = j.at("message").get<std::string>();
+  } catch (const json::exception&) {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace phalanx::launcher

@@ -1,0 +1,199 @@
+#include "job_rounds.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+#include <phalanx/backends/comm_error.hpp>
+
+#include "failure_records.hpp"
+
+namespace phalanx::launcher {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+std::string round_key(int k, const std::string& what) { return "phalanx/launch/r" + std::to_string(k) + "/" + what; }
+std::string alive_key(int node) { return "phalanx/launch/alive/" + std::to_string(node); }
+std::string text_of(const Bytes& b) { return std::string(b.begin(), b.end()); }
+}  // namespace
+
+std::string to_json(const NodeReport& r) {
+  json j = {{"node", r.node}, {"ok", r.ok}, {"interrupted", r.interrupted}, {"max_restarts", r.max_restarts},
+            {"tail", r.tail}};
+  if (r.failure) j["failure"] = json::parse(to_json(*r.failure));
+  return j.dump();
+}
+
+bool from_json(const std::string& text, NodeReport& r) {
+  const json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return false;
+  try {
+    r.node = j.at("node").get<int>();
+    r.ok = j.at("ok").get<bool>();
+    r.interrupted = j.at("interrupted").get<int>();
+    r.max_restarts = j.at("max_restarts").get<int>();
+    r.tail = j.at("tail").get<std::vector<std::string>>();
+    r.failure.reset();
+    if (j.contains("failure")) {
+      WorkerFailure f;
+      if (!from_json(j["failure"].dump(), f)) return false;
+      r.failure = f;
+    }
+  } catch (const json::exception&) {
+    return false;
+  }
+  return true;
+}
+
+std::optional<NodeReport> job_blame(const std::vector<NodeReport>& reports) {
+  const NodeReport* best = nullptr;
+  for (const auto& r : reports)
+    if (r.failure && (!best || job_blame_before(*r.failure, *best->failure))) best = &r;
+  if (!best) return std::nullopt;
+  return *best;
+}
+
+JobRounds::JobRounds(std::shared_ptr<Store> store, int nnodes, int node, std::chrono::milliseconds tick,
+                     std::chrono::milliseconds stale_after)
+    : store_(std::move(store)), nnodes_(nnodes), node_(node), tick_(tick), stale_after_(stale_after) {
+  if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) throw std::runtime_error("phalanx-run: pipe failed");
+  thread_ = std::thread([this] { heartbeat_loop(); });
+}
+
+JobRounds::~JobRounds() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    quit_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  ::close(wake_[0]);
+  ::close(wake_[1]);
+}
+
+void JobRounds::wake() {
+  if (woken_.exchange(true)) return;
+  const char b = 1;
+  if (::write(wake_[1], &b, 1) < 0) {
+  }
+}
+
+std::string JobRounds::why() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return why_;
+}
+
+void JobRounds::begin(int k) {
+  char b[16];
+  while (::read(wake_[0], b, sizeof b) > 0) {
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    why_.clear();
+  }
+  woken_ = false;
+  round_ = k;
+  cv_.notify_all();
+}
+
+void JobRounds::heartbeat_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!quit_) {
+    const int k = round_.load();
+    lock.unlock();
+    std::string why;
+    try {
+      store_->add(alive_key(node_), 1);
+      if (k >= 0 && !woken_ && store_->check({round_key(k, "closed")})) {
+        const std::string closer = text_of(store_->get(round_key(k, "closed")));
+        if (closer.rfind("node " + std::to_string(node_) + ":", 0) != 0) why = closer;
+      }
+    } catch (const std::exception& e) {
+      why = std::string("lost the job's store (is node 0's launcher gone?): ") + e.what();
+    }
+    lock.lock();
+    if (!why.empty() && k == round_.load() && !woken_) {
+      why_ = why;
+      wake();
+    }
+    cv_.wait_for(lock, tick_, [this] { return quit_; });
+  }
+}
+
+void JobRounds::close(int k, const std::string& what) {
+  const std::string text = "node " + std::to_string(node_) + ": " + what;
+  try {
+    store_->compare_set(round_key(k, "closed"), {}, Bytes(text.begin(), text.end()));
+  } catch (const std::exception&) {
+    // The store is gone: the other nodes find out on their own.
+  }
+}
+
+void JobRounds::check_peers_alive(std::vector<std::pair<std::int64_t, Clock::time_point>>& seen) {
+  const auto now = Clock::now();
+  for (int n = 0; n < nnodes_; ++n) {
+    if (n == node_) continue;
+    const std::int64_t v = store_->add(alive_key(n), 0);
+    if (v != seen[n].first) {
+      seen[n] = {v, now};
+    } else if (now - seen[n].second > stale_after_) {
+      throw std::runtime_error("node " + std::to_string(n) + "'s launcher stopped answering (no sign of life for " +
+                               std::to_string(stale_after_.count() / 1000.0).substr(0, 5) +
+                               " s, --rdzv-timeout): it is gone or stuck; giving up");
+    }
+  }
+}
+
+std::vector<NodeReport> JobRounds::exchange(int k, const NodeReport& mine) {
+  std::vector<std::string> keys;
+  for (int n = 0; n < nnodes_; ++n) keys.push_back(round_key(k, "report/" + std::to_string(n)));
+  try {
+    store_->set(keys[node_], to_json(mine));
+    std::vector<std::pair<std::int64_t, Clock::time_point>> seen(nnodes_, {-1, Clock::now()});
+    for (;;) {
+      try {
+        store_->wait(keys, std::chrono::milliseconds(200));
+        break;
+      } catch (const TimeoutError&) {
+        check_peers_alive(seen);
+      }
+    }
+    std::vector<NodeReport> out(nnodes_);
+    for (int n = 0; n < nnodes_; ++n)
+      if (!from_json(text_of(store_->get(keys[n])), out[n]))
+        throw std::runtime_error("node " + std::to_string(n) + "'s report for round " + std::to_string(k) +
+                                 " is unreadable (different phalanx-run versions?)");
+    return out;
+  } catch (const CommError& e) {
+    throw std::runtime_error(std::string("lost the job's store (is node 0's launcher gone?): ") + e.what());
+  }
+}
+
+void JobRounds::finish(int k) {
+  try {
+    if (node_ != 0) {
+      store_->set(round_key(k, "read/" + std::to_string(node_)), std::string("1"));
+      return;
+    }
+    std::vector<std::string> keys;
+    for (int n = 1; n < nnodes_; ++n) keys.push_back(round_key(k, "read/" + std::to_string(n)));
+    std::vector<std::pair<std::int64_t, Clock::time_point>> seen(nnodes_, {-1, Clock::now()});
+    const auto deadline = Clock::now() + stale_after_;
+    while (Clock::now() < deadline) {
+      try {
+        store_->wait(keys, std::chrono::milliseconds(200));
+        return;
+      } catch (const TimeoutError&) {
+        check_peers_alive(seen);
+      }
+    }
+  } catch (const std::exception&) {
+    // Best effort: a node that does not read the verdict finds the store gone and says so.
+  }
+}
+
+}  // namespace phalanx::launcher

@@ -1,0 +1,87 @@
+#pragma once
+// Restarts that rendezvous across nodes: the launchers of a multi-node job agree on each
+// round (attempt) through the job's store, like torchrun's rendezvous rounds. A failure on
+// any node closes the round; every launcher stops its workers, reports how its node ended,
+// and all of them read the same reports, so they blame the same rank and either start round
+// k+1 together or all give up. Keys (root keys of the job's store):
+//   phalanx/launch/alive/<node>       a counter each launcher bumps while it lives
+//   phalanx/launch/r<k>/closed        set by the first launcher whose node failed in round k
+//   phalanx/launch/r<k>/report/<node> how round k ended on that node (JSON)
+//   phalanx/launch/r<k>/read/<node>   that node has read every report (node 0 then may exit)
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <phalanx/backends/store.hpp>
+
+#include "blame.hpp"
+
+namespace phalanx::launcher {
+
+/// How one round ended on one node.
+struct NodeReport {
+  int node = 0;
+  bool ok = false;                  ///< its workers all exited 0
+  int interrupted = 0;              ///< the signal its launcher got (0: none)
+  int max_restarts = 0;             ///< its --max-restarts (node 0's decides)
+  std::optional<WorkerFailure> failure;  ///< its first failure
+  std::vector<std::string> tail;         ///< that worker's last lines
+};
+
+std::string to_json(const NodeReport& r);
+bool from_json(const std::string& text, NodeReport& r);
+
+/// The round's verdict from every node's report: the worker to blame (by job_blame_before)
+/// and the node it ran on; nullopt when every node succeeded.
+std::optional<NodeReport> job_blame(const std::vector<NodeReport>& reports);
+
+class JobRounds {
+ public:
+  /// Starts the heartbeat (every launcher must construct one for the job's life).
+  /// `stale_after`: how long a silent peer launcher is waited for before giving up.
+  JobRounds(std::shared_ptr<Store> store, int nnodes, int node, std::chrono::milliseconds tick,
+            std::chrono::milliseconds stale_after);
+  ~JobRounds();
+  JobRounds(const JobRounds&) = delete;
+  JobRounds& operator=(const JobRounds&) = delete;
+
+  /// Watches round k: wake_fd() becomes readable when another node closes it or the store
+  /// is lost (why() then says which).
+  void begin(int k);
+  int wake_fd() const { return wake_[0]; }
+  std::string why() const;
+  /// This node failed in round k: tell the others (first close wins; never throws).
+  void close(int k, const std::string& what);
+  /// Publishes this node's report for round k and returns every node's, in node order.
+  /// Throws std::runtime_error with a one-line message when the store is lost or a peer's
+  /// launcher stops answering for stale_after.
+  std::vector<NodeReport> exchange(int k, const NodeReport& mine);
+  /// The job ends after round k: node 0 waits (bounded) until every node has read the
+  /// reports before its store goes away; the others say they have.
+  void finish(int k);
+
+ private:
+  void heartbeat_loop();
+  void wake();
+  /// Throws when a peer's heartbeat has not moved for stale_after.
+  void check_peers_alive(std::vector<std::pair<std::int64_t, std::chrono::steady_clock::time_point>>& seen);
+  std::shared_ptr<Store> store_;
+  int nnodes_, node_;
+  std::chrono::milliseconds tick_, stale_after_;
+  int wake_[2] = {-1, -1};
+  std::atomic<int> round_{-1};
+  std::atomic<bool> woken_{false};
+  mutable std::mutex mu_;
+  std::string why_;
+  std::condition_variable cv_;
+  bool quit_ = false;
+  std::thread thread_;
+};
+
+}  // namespace phalanx::launcher
