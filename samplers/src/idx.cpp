@@ -2,6 +2,8 @@
 
 #include <zlib.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -19,7 +21,8 @@ std::uint32_t be32(const unsigned char* p) {
   return (std::uint32_t(p[0]) << 24) | (std::uint32_t(p[1]) << 16) | (std::uint32_t(p[2]) << 8) | p[3];
 }
 
-void read_exact(gzFile f, void* buf, std::size_t n, const std::string& path, const char* what) {
+// Reads up to n bytes; fewer only at the end of the (decompressed) data.
+std::size_t read_some(gzFile f, void* buf, std::size_t n, const std::string& path, const char* what) {
   std::size_t got = 0;
   auto* p = static_cast<unsigned char*>(buf);
   while (got < n) {
@@ -29,10 +32,16 @@ void read_exact(gzFile f, void* buf, std::size_t n, const std::string& path, con
       const char* msg = gzerror(f, &errnum);
       throw IoError(path + ": corrupt compressed data while reading " + what + " (" + msg + ")");
     }
-    if (r == 0)
-      throw IoError(detail::concat(path, ": truncated: expected ", n, " bytes of ", what, ", got ", got));
+    if (r == 0) break;
     got += static_cast<std::size_t>(r);
   }
+  return got;
+}
+
+void read_exact(gzFile f, void* buf, std::size_t n, const std::string& path, const char* what) {
+  const std::size_t got = read_some(f, buf, n, path, what);
+  if (got < n)
+    throw IoError(detail::concat(path, ": truncated: expected ", n, " bytes of ", what, ", got ", got));
 }
 }  // namespace
 
@@ -52,11 +61,33 @@ Tensor load_idx(const std::string& path) {
   read_exact(f.get(), dims_raw.data(), dims_raw.size(), path, "the dimensions");
   Shape shape;
   for (int i = 0; i < ndim; ++i) shape.push_back(be32(&dims_raw[4 * i]));
+  // The header is not trusted: the values it promises must fit an int64 tensor, and so must
+  // the product of its non-zero dimensions (numel_of() multiplies them all) ...
+  constexpr std::uint64_t kMaxValues = std::uint64_t(1) << 56;
+  std::uint64_t nonzero = 1;
+  for (const std::int64_t d : shape) {
+    if (d == 0) continue;
+    if (nonzero > kMaxValues / static_cast<std::uint64_t>(d))
+      throw IoError(path + ": the IDX header promises " + shape_str(shape) +
+                    " values, more than 2^56: corrupt header?");
+    nonzero *= static_cast<std::uint64_t>(d);
+  }
   const std::int64_t n = numel_of(shape);
-  std::vector<unsigned char> bytes(static_cast<std::size_t>(n));
-  read_exact(f.get(), bytes.data(), bytes.size(), path, "the data");
+  // ... and memory grows with the data actually read, never with what the header promises
+  // (a 20-byte file cannot claim gigabytes).
+  std::vector<unsigned char> bytes;
+  std::size_t got = 0;
+  while (got < static_cast<std::size_t>(n)) {
+    const std::size_t want = std::min<std::size_t>(n - got, std::max<std::size_t>(got, 1u << 20));
+    bytes.resize(got + want);
+    got += read_some(f.get(), bytes.data() + got, want, path, "the data");
+    if (got < bytes.size())
+      throw IoError(detail::concat(path, ": truncated: expected ", n, " bytes of the data, got ", got));
+  }
+  // One more read: trailing bytes mean a wrong header; for a .gz file it also checks the
+  // stream's CRC-32 and length, so a damaged archive is refused rather than read as data.
   unsigned char extra;
-  if (gzread(f.get(), &extra, 1) > 0)
+  if (read_some(f.get(), &extra, 1, path, "the end of the data") > 0)
     throw IoError(path + ": trailing bytes after " + shape_str(shape) + " values: corrupt header?");
   Tensor t = Tensor::empty(shape, DType::Int64);
   auto* o = t.data<std::int64_t>();

@@ -1,9 +1,11 @@
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 
 #include <phalanx/phalanx.hpp>
 
@@ -52,5 +54,41 @@ TEST_CASE("truncated, corrupt and missing IDX files name the file and the proble
   CHECK(load_idx(p).to_vector<std::int64_t>() == std::vector<std::int64_t>{4, 5});
   CHECK_THROWS_WITH_AS(load_idx("/nonexistent.idx"), doctest::Contains("/nonexistent.idx"), IoError);
   CHECK_THROWS_WITH_AS(load_mnist("/nonexistent"), doctest::Contains("dataset-fashion-mnist"), IoError);
+  std::remove(p.c_str());
+}
+
+TEST_CASE("an IDX header cannot make the reader allocate what the file does not hold") {
+  const std::string p = "/tmp/phalanx_idx_header_" + std::to_string(::getpid());
+  auto write = [&](std::initializer_list<unsigned char> bytes) {
+    std::ofstream f(p, std::ios::binary);
+    for (unsigned char b : bytes) f.put(static_cast<char>(b));
+  };
+  // 4 GiB promised, 3 bytes present: refused as truncated (memory follows the data read).
+  write({0, 0, 8, 1, 0xff, 0xff, 0xff, 0xff, 1, 2, 3});
+  CHECK_THROWS_WITH_AS(load_idx(p), doctest::Contains("truncated: expected 4294967295 bytes of the data, got 3"), IoError);
+  // 2^96 values (and, with a zero dimension, a product numel_of() would overflow on).
+  write({0, 0, 8, 4, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0});
+  CHECK_THROWS_WITH_AS(load_idx(p), doctest::Contains("more than 2^56"), IoError);
+  // A zero dimension is an empty tensor.
+  write({0, 0, 8, 2, 0, 0, 0, 0, 0, 0, 0, 7});
+  CHECK(load_idx(p).shape() == Shape{0, 7});
+  // A .gz file whose CRC-32 does not match its data is refused, not read.
+  {
+    gzFile g = gzopen(p.c_str(), "wb");
+    const unsigned char file[] = {0, 0, 8, 1, 0, 0, 0, 2, 4, 5};
+    gzwrite(g, file, sizeof file);
+    gzclose(g);
+  }
+  std::string gz;
+  {
+    std::ifstream f(p, std::ios::binary);
+    gz.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  gz[gz.size() - 8] ^= 0x01;  // the trailer's CRC-32
+  {
+    std::ofstream f(p, std::ios::binary);
+    f.write(gz.data(), static_cast<std::streamsize>(gz.size()));
+  }
+  CHECK_THROWS_WITH_AS(load_idx(p), doctest::Contains("corrupt compressed data"), IoError);
   std::remove(p.c_str());
 }
