@@ -84,3 +84,24 @@ macro(phalanx_probe_optional_parts)
     phalanx_optional(MPI FALSE "MPI not found (apt-get install libopenmpi-dev)")
   endif()
 endmacro()
+
+# PHALANX_FUZZ: a build for the libFuzzer harnesses (tests/fuzz, docs/reliability.md) with
+# clang. Everything is compiled with AddressSanitizer and UBSan (UB aborts) plus libFuzzer's
+# coverage; no plugins, tools, tests, benchmarks or examples: only the library and the
+# harnesses. Use a separate build directory (scripts/fuzz.sh uses build-fuzz/).
+option(PHALANX_FUZZ "Build only the library (sanitized) and the libFuzzer harnesses (clang)" OFF)
+if(PHALANX_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "Phalanx: PHALANX_FUZZ=ON needs clang (libFuzzer): configure with "
+                        "-DCMAKE_CXX_COMPILER=clang++, or run scripts/fuzz.sh build")
+  endif()
+  foreach(opt CUDA NCCL MPI GLOO)
+    set(PHALANX_WITH_${opt} OFF)
+  endforeach()
+  foreach(part TESTS BENCH EXAMPLES)
+    set(PHALANX_BUILD_${part} OFF)
+  endforeach()
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
+                      -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()
