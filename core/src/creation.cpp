@@ -52,7 +52,8 @@ Tensor arange(std::int64_t n, DType dtype, Device device) {
 }
 
 Tensor randn(const Shape& shape, Generator* gen) {
-  Generator& g = gen ? *gen : default_generator();
+  GeneratorGuard guard(gen);
+  Generator& g = guard.get();
   Tensor t = Tensor::empty(shape);
   float* p = t.data<float>();
   for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = g.normal();
@@ -60,7 +61,8 @@ Tensor randn(const Shape& shape, Generator* gen) {
 }
 
 Tensor rand(const Shape& shape, float lo, float hi, Generator* gen) {
-  Generator& g = gen ? *gen : default_generator();
+  GeneratorGuard guard(gen);
+  Generator& g = guard.get();
   Tensor t = Tensor::empty(shape);
   float* p = t.data<float>();
   const float span = hi - lo;
@@ -70,7 +72,8 @@ Tensor rand(const Shape& shape, float lo, float hi, Generator* gen) {
 
 Tensor randint(std::int64_t high, const Shape& shape, Generator* gen) {
   if (high <= 0) throw ValueError(detail::concat("randint(): high must be > 0, got ", high));
-  Generator& g = gen ? *gen : default_generator();
+  GeneratorGuard guard(gen);
+  Generator& g = guard.get();
   Tensor t = Tensor::empty(shape, DType::Int64);
   auto* p = t.data<std::int64_t>();
   for (std::int64_t i = 0; i < t.numel(); ++i)

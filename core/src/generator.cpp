@@ -76,11 +76,28 @@ float Generator::normal() {
   return static_cast<float>(r * std::cos(theta));
 }
 
+namespace {
+std::mutex& default_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
 Generator& default_generator() {
   static Generator g(0);
   return g;
 }
 
-void manual_seed(std::uint64_t seed) { default_generator().manual_seed(seed); }
+void manual_seed(std::uint64_t seed) {
+  std::lock_guard<std::mutex> lock(default_mutex());
+  default_generator().manual_seed(seed);
+}
+
+GeneratorGuard::GeneratorGuard(Generator* gen) : gen_(gen) {
+  if (!gen_) {
+    lock_ = std::unique_lock<std::mutex>(default_mutex());
+    gen_ = &default_generator();
+  }
+}
 
 }  // namespace phalanx

@@ -11,6 +11,7 @@
 #include "phalanx/backends/tcp_store.hpp"
 #include "phalanx/backends/work.hpp"
 #include "phalanx/backends/world_of_one.hpp"
+#include "phalanx/parallel/checkpoint.hpp"
 #include "phalanx/parallel/comm_hook.hpp"
 #include "phalanx/parallel/consistency.hpp"
 #include "phalanx/parallel/ddp.hpp"

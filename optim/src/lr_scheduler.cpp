@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+
+#include "phalanx/core/creation.hpp"
 
 #include "phalanx/core/error.hpp"
 
@@ -12,7 +15,49 @@ namespace phalanx::optim {
 namespace {
 constexpr double kPi = 3.141592653589793;
 std::int64_t py_mod(std::int64_t a, std::int64_t m) { return ((a % m) + m) % m; }
+
+Tensor int_scalar(std::int64_t v) { return tensor(std::vector<std::int64_t>{v}, {}); }
+Tensor rates(const std::vector<double>& v) {
+  std::vector<std::int64_t> bits(v.size());
+  if (!v.empty()) std::memcpy(bits.data(), v.data(), v.size() * sizeof(double));
+  return tensor(bits, {static_cast<std::int64_t>(v.size())});
+}
+const Tensor& need(const TensorMap& m, const std::string& key, std::int64_t numel) {
+  const Tensor* t = m.find(key);
+  if (!t) throw ValueError("scheduler state has no '" + key + "'");
+  if (t->dtype() != DType::Int64 || (numel >= 0 && t->numel() != numel))
+    throw ValueError(detail::concat("scheduler state: '", key, "' must be ", numel < 0 ? 1 : numel,
+                                    " int64 value(s), got ", t->numel(), " of ", dtype_name(t->dtype())));
+  return *t;
+}
+std::vector<double> to_rates(const Tensor& t) {
+  std::vector<double> v(static_cast<std::size_t>(t.numel()));
+  const auto bits = t.to_vector<std::int64_t>();
+  if (!v.empty()) std::memcpy(v.data(), bits.data(), v.size() * sizeof(double));
+  return v;
+}
 }  // namespace
+
+TensorMap LRScheduler::state_dict() const {
+  TensorMap m;
+  m.set("last_epoch", int_scalar(last_epoch_));
+  m.set("step_count", int_scalar(step_count_));
+  m.set("base_lrs", rates(base_lrs_));
+  m.set("last_lr", rates(last_lr_));
+  return m;
+}
+
+void LRScheduler::load_state_dict(const TensorMap& m) {
+  const auto groups = static_cast<std::int64_t>(base_lrs_.size());
+  const Tensor& epoch = need(m, "last_epoch", 1);
+  const Tensor& count = need(m, "step_count", 1);
+  const Tensor& base = need(m, "base_lrs", groups);
+  const Tensor& last = need(m, "last_lr", groups);
+  last_epoch_ = epoch.item_int();
+  step_count_ = count.item_int();
+  base_lrs_ = to_rates(base);
+  last_lr_ = to_rates(last);
+}
 
 LRScheduler::LRScheduler(Optimizer& opt) : opt_(opt) {
   for (auto& g : opt.param_groups()) {
@@ -182,6 +227,42 @@ SequentialLR::SequentialLR(Optimizer& opt, std::vector<std::shared_ptr<LRSchedul
   for (auto& s : schedulers_) --s->last_epoch_;
   schedulers_[0]->initial_step();
   last_lr_ = schedulers_[0]->get_last_lr();
+}
+
+TensorMap SequentialLR::state_dict() const {
+  TensorMap m;
+  m.set("last_epoch", int_scalar(last_epoch_));
+  m.set("last_lr", rates(last_lr_));
+  for (std::size_t i = 0; i < schedulers_.size(); ++i)
+    for (const auto& [k, v] : schedulers_[i]->state_dict()) m.set("schedulers." + std::to_string(i) + "." + k, v);
+  return m;
+}
+
+void SequentialLR::load_state_dict(const TensorMap& m) {
+  const Tensor& epoch = need(m, "last_epoch", 1);
+  const Tensor& last = need(m, "last_lr", static_cast<std::int64_t>(last_lr_.size()));
+  std::vector<TensorMap> parts(schedulers_.size());
+  for (const auto& [k, v] : m) {
+    if (k.rfind("schedulers.", 0) != 0) continue;
+    const auto dot = k.find('.', 11);
+    const std::string idx = k.substr(11, dot == std::string::npos ? std::string::npos : dot - 11);
+    if (dot == std::string::npos || idx.empty() || idx.size() > 6 || idx.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoul(idx) >= schedulers_.size())
+      throw ValueError(detail::concat("scheduler state key '", k, "' does not name one of the ", schedulers_.size(),
+                                      " schedulers"));
+    parts[std::stoul(idx)].set(k.substr(dot + 1), v);
+  }
+  // Validate every part before changing anything: load into copies of the state first.
+  std::vector<TensorMap> before;
+  for (auto& s : schedulers_) before.push_back(s->state_dict());
+  try {
+    for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers_[i]->load_state_dict(parts[i]);
+  } catch (...) {
+    for (std::size_t i = 0; i < schedulers_.size(); ++i) schedulers_[i]->load_state_dict(before[i]);
+    throw;
+  }
+  last_epoch_ = epoch.item_int();
+  last_lr_ = to_rates(last);
 }
 
 void SequentialLR::step() {

@@ -1,7 +1,10 @@
 #include "progress_bar.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace phalanx::trainer {
@@ -22,11 +25,23 @@ void ProgressBar::start_epoch(std::int64_t epoch, std::int64_t skipped) {
   epoch_ = epoch;
   skipped_ = skipped;
   epoch_start_ = std::chrono::steady_clock::now();
+  drawn_ = false;
+}
+
+bool ProgressBar::wanted(int rank) {
+  if (rank != 0) return false;
+  if (const char* e = std::getenv("PHALANX_PROGRESS")) return std::string(e) == "1";
+  return ::isatty(1) != 0;
 }
 
 void ProgressBar::update(std::int64_t done, double loss) {
   if (!enabled_) return;
-  const double es = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
+  const auto now = std::chrono::steady_clock::now();
+  // At most 10 redraws a second; an epoch's last step is always drawn.
+  if (drawn_ && done < steps_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+  drawn_ = true;
+  last_draw_ = now;
+  const double es = std::chrono::duration<double>(now - epoch_start_).count();
   const int bar = static_cast<int>(30.0 * done / steps_);
   const double rate = (done - skipped_) * global_batch_ / std::max(es, 1e-9);
   const double eta = (steps_ - done + (epochs_ - epoch_ - 1) * steps_) * global_batch_ / std::max(rate, 1e-9);

@@ -15,6 +15,7 @@
 #include <phalanx/phalanx.hpp>
 
 #include "evaluation.hpp"
+#include "metrics_log.hpp"
 #include "progress_bar.hpp"
 #include "svg_chart.hpp"
 #include "trainer_data.hpp"
@@ -39,6 +40,57 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std
   o.weight_decay = c.weight_decay;
   if (c.optimizer == "adam") return std::make_unique<optim::Adam>(ps, o);
   return std::make_unique<optim::AdamW>(ps, o);
+}
+
+// The rate schedule: the warmup (LinearLR), then constant, cosine, step or multistep.
+struct Schedule {
+  std::shared_ptr<optim::LRScheduler> single;
+  std::unique_ptr<optim::SequentialLR> sequence;
+  void step() {
+    if (sequence) sequence->step();
+    else if (single) single->step();
+  }
+  bool empty() const { return !single && !sequence; }
+  TensorMap state_dict() const { return sequence ? sequence->state_dict() : single ? single->state_dict() : TensorMap{}; }
+  void load_state_dict(const TensorMap& m) {
+    if (sequence) sequence->load_state_dict(m);
+    else if (single) single->load_state_dict(m);
+  }
+};
+
+Schedule make_schedule(const TrainConfig& c, optim::Optimizer& opt, double scale, std::int64_t total_steps) {
+  Schedule s;
+  std::shared_ptr<optim::LRScheduler> warmup, main;
+  if (c.warmup_steps > 0) warmup = std::make_shared<optim::LinearLR>(opt, 1.0 / std::max(2.0, scale), 1.0, c.warmup_steps);
+  if (c.lr_schedule == "cosine") {
+    main = std::make_shared<optim::CosineAnnealingLR>(opt, std::max<std::int64_t>(1, total_steps - c.warmup_steps));
+  } else if (c.lr_schedule == "step") {
+    if (c.lr_step_size < 1) throw ValueError("--lr-schedule step needs --lr-step-size N (N >= 1 steps)");
+    main = std::make_shared<optim::StepLR>(opt, c.lr_step_size, c.lr_gamma);
+  } else if (c.lr_schedule == "multistep") {
+    if (c.lr_milestones.empty()) throw ValueError("--lr-schedule multistep needs --lr-milestones S1,S2,...");
+    main = std::make_shared<optim::MultiStepLR>(opt, c.lr_milestones, c.lr_gamma);
+  } else if (c.lr_schedule != "constant") {
+    throw ValueError("--lr-schedule '" + c.lr_schedule + "' is unknown (constant, cosine, step or multistep)");
+  }
+  if (warmup && main)
+    s.sequence = std::make_unique<optim::SequentialLR>(opt, std::vector<std::shared_ptr<optim::LRScheduler>>{warmup, main},
+                                                       std::vector<std::int64_t>{c.warmup_steps});
+  else
+    s.single = warmup ? warmup : main;
+  return s;
+}
+
+std::string fmt_g(double v) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%.17g", v);
+  return b;
+}
+
+std::string widths_str(const std::vector<std::int64_t>& w) {
+  std::string s;
+  for (auto x : w) s += (s.empty() ? "" : "-") + std::to_string(x);
+  return s;
 }
 
 }  // namespace
@@ -86,86 +138,164 @@ int run_training(const TrainConfig& c) {
   lo.prefetch = 2;
   DataLoader loader(data.train, lo, sampler);
   const std::int64_t steps_per_epoch = loader.num_batches();
-  std::unique_ptr<optim::LinearLR> warmup;
-  if (c.warmup_steps > 0) warmup = std::make_unique<optim::LinearLR>(*opt, 1.0 / std::max(2.0, plan.scale), 1.0, c.warmup_steps);
+  Schedule schedule = make_schedule(c, *opt, plan.scale, steps_per_epoch * c.epochs);
 
-  // ---- resume ----
-  std::int64_t step = 0, start_epoch = 0, skip_batches = 0;
-  const std::string ckpt = c.checkpoint_dir.empty() ? "" : c.checkpoint_dir + "/checkpoint.npz";
-  if (!c.checkpoint_dir.empty() && rank == 0) ::mkdir(c.checkpoint_dir.c_str(), 0755);
-  if (c.resume) {
-    if (::access(ckpt.c_str(), R_OK) != 0) throw IoError("--resume: no checkpoint at " + ckpt);
-    const TensorMap state = load_npz(ckpt);
-    TensorMap model_state, opt_state;
-    for (const auto& [k, v] : state) {
-      if (k.rfind("model.", 0) == 0) model_state.set(k.substr(6), v);
-      if (k.rfind("optim.", 0) == 0) opt_state.set(k.substr(6), v);
-    }
-    net->load_state_dict(model_state);
-    step = state.at("meta.step").item_int();
-    start_epoch = step / steps_per_epoch;
-    skip_batches = step % steps_per_epoch;
-    if (state.at("meta.world_size").item_int() != world || state.at("meta.global_batch").item_int() != c.global_batch)
-      throw ConfigError("--resume: the checkpoint was written with another world size or global batch; resume with the same ones");
-    for (std::int64_t i = 0; i < step && warmup; ++i) warmup->step();  // the schedule is deterministic
-    opt->load_state_dict(opt_state);  // after the schedule: the saved rate wins
+  // ---- resume: --resume-from PATH, --resume (the newest checkpoint if there is one), or a
+  // restart by phalanx-run --max-restarts (PHALANX_RESTART_COUNT > 0) with a checkpoint dir ----
+  std::unique_ptr<parallel::CheckpointDir> ckdir;
+  if (!c.checkpoint_dir.empty()) ckdir = std::make_unique<parallel::CheckpointDir>(c.checkpoint_dir, c.keep_checkpoints);
+  const int restart = parallel::read_launch_env().restart_count;
+  std::string resume_path;
+  if (!c.resume_from.empty()) {
+    if (::access(c.resume_from.c_str(), R_OK) != 0)
+      throw IoError("--resume-from " + c.resume_from + ": no such checkpoint (or not readable)");
+    resume_path = c.resume_from;
+  } else if (ckdir && (c.resume || restart > 0)) {
+    if (auto latest = ckdir->latest()) resume_path = *latest;
+    else if (rank == 0)
+      std::printf("phalanx-train: no checkpoint in %s yet; starting from step 0\n", c.checkpoint_dir.c_str());
   }
-  auto save_checkpoint = [&] {
-    if (rank != 0 || ckpt.empty()) return;
-    TensorMap s;
-    for (const auto& [k, v] : net->state_dict()) s.set("model." + k, v);
-    for (const auto& [k, v] : opt->state_dict()) s.set("optim." + k, v);
-    s.set("meta.step", tensor(std::vector<std::int64_t>{step}, {}));
-    s.set("meta.world_size", tensor(std::vector<std::int64_t>{world}, {}));
-    s.set("meta.global_batch", tensor(std::vector<std::int64_t>{c.global_batch}, {}));
-    save_npz(ckpt, s);  // atomic: a temporary file renamed into place
+  std::int64_t step = 0, start_epoch = 0, skip_batches = 0;
+  Tensor stats = zeros({2});  // this rank's (loss sum, steps) of the epoch in progress
+  tools::Series train_curve{"train loss", {}, {}}, test_curve{"test loss", {}, {}};
+  parallel::CheckpointManifest resumed;
+  if (!resume_path.empty()) {
+    const TensorMap model_now = net->state_dict(), opt_now = opt->state_dict();
+    parallel::CheckpointExpect expect;
+    expect.world_size = world;
+    expect.global_batch = c.global_batch;
+    expect.micro_batch = plan.per_rank_batch;
+    expect.model = &model_now;
+    expect.optimizer = &opt_now;
+    parallel::LoadedCheckpoint ck = parallel::load_checkpoint(resume_path, expect);
+    net->load_state_dict(ck.state.model);
+    opt->load_state_dict(ck.state.optimizer);  // the rates as they were
+    if (schedule.empty() != ck.state.scheduler.empty())
+      throw ConfigError("checkpoint " + resume_path + (schedule.empty() ? " has an LR schedule and this run has none"
+                                                                      : " has no LR schedule and this run has one") +
+                        ": resume with the same --warmup-steps and --lr-schedule");
+    try {
+      schedule.load_state_dict(ck.state.scheduler);
+    } catch (const ValueError& e) {
+      throw ConfigError("checkpoint " + resume_path + ": its LR schedule does not fit this run's (" + e.what() +
+                        "): resume with the same --warmup-steps and --lr-schedule");
+    }
+    step = ck.state.step;
+    start_epoch = ck.state.epoch;
+    skip_batches = ck.state.step_in_epoch;
+    if (skip_batches > steps_per_epoch || step != start_epoch * steps_per_epoch + skip_batches)
+      throw ConfigError(detail::concat("checkpoint ", resume_path, " is at step ", step, " (epoch ", start_epoch + 1,
+                                       ", step ", skip_batches, " in it) but this run has ", steps_per_epoch,
+                                       " steps per epoch: resume with the same data and --drop-last"));
+    if (const Tensor* t = ck.state.user.find("epoch_stats"))  // every rank's partial sums
+      if (t->numel() == 2 * world) stats = tensor(std::vector<float>{t->to_vector<float>()[2 * rank], t->to_vector<float>()[2 * rank + 1]}, {2});
+    for (auto* curve : {&train_curve, &test_curve})
+      if (const Tensor* t = ck.state.user.find(curve == &train_curve ? "train_curve" : "test_curve"))
+        for (float v : t->to_vector<float>()) {
+          curve->x.push_back(static_cast<double>(curve->x.size() + 1));
+          curve->y.push_back(v);
+        }
+    resumed = ck.manifest;
+  }
+  // Settings that must agree across ranks, compared before any collective of training.
+  parallel::check_consistent({{"global batch", std::to_string(c.global_batch)},
+                              {"model", widths_str(c.model) + " " + c.activation + (c.init.empty() ? "" : " init " + c.init)},
+                              {"optimizer", c.optimizer + " lr " + fmt_g(plan.lr) + " momentum " + fmt_g(c.momentum) +
+                                                " weight decay " + fmt_g(c.weight_decay) + (c.nesterov ? " nesterov" : "")},
+                              {"lr schedule", c.lr_schedule + " warmup " + std::to_string(c.warmup_steps) + " step size " +
+                                                  std::to_string(c.lr_step_size) + " milestones " + widths_str(c.lr_milestones) +
+                                                  " gamma " + fmt_g(c.lr_gamma)},
+                              {"epochs", std::to_string(c.epochs)},
+                              {"seed", std::to_string(c.seed)},
+                              {"shuffle", c.shuffle ? "on" : "off"},
+                              {"drop last", c.drop_last ? "on" : "off"},
+                              {"checkpoint every", std::to_string(c.checkpoint_every)},
+                              {"resume step", std::to_string(step)}},
+                             pg);
+
+  MetricsLog metrics;
+  if (rank == 0 && !c.metrics.empty()) {
+    if (resume_path.empty()) metrics.open_fresh(c.metrics);
+    else metrics.open_resumed(c.metrics, step, start_epoch);
+  }
+  // Every rank takes part (the partial epoch sums are gathered); rank 0 writes.
+  auto save_checkpoint = [&](std::int64_t epoch, std::int64_t in_epoch) {
+    if (!ckdir) return;
+    Tensor all = zeros({world, 2});
+    all.data<float>()[2 * rank] = stats.data<float>()[0];
+    all.data<float>()[2 * rank + 1] = stats.data<float>()[1];
+    all = sum_over_ranks(all, *pg, dev);
+    if (rank != 0) return;
+    metrics.flush();  // the metrics file is never behind a checkpoint
+    parallel::CheckpointState s;
+    s.model = net->state_dict();
+    s.optimizer = opt->state_dict();
+    s.scheduler = schedule.state_dict();
+    s.step = step;
+    s.epoch = epoch;
+    s.step_in_epoch = in_epoch;
+    s.world_size = world;
+    s.global_batch = c.global_batch;
+    s.micro_batch = plan.per_rank_batch;
+    s.generators["default"] = GeneratorGuard(nullptr).get().get_state();
+    s.user.set("epoch_stats", all);
+    std::vector<float> tc(train_curve.y.begin(), train_curve.y.end()), ec(test_curve.y.begin(), test_curve.y.end());
+    s.user.set("train_curve", tensor(tc, {static_cast<std::int64_t>(tc.size())}));
+    s.user.set("test_curve", tensor(ec, {static_cast<std::int64_t>(ec.size())}));
+    ckdir->save(s);
   };
 
-  std::ofstream metrics;
-  if (rank == 0 && !c.metrics.empty()) {
-    metrics.open(c.metrics, c.resume ? std::ios::app : std::ios::trunc);
-    if (!metrics) throw IoError("--metrics " + c.metrics + ": cannot write");
-  }
-  ProgressBar progress(rank == 0 && ::isatty(1), c.epochs, steps_per_epoch, c.global_batch);
-  if (rank == 0)
+  ProgressBar progress(ProgressBar::wanted(rank), c.epochs, steps_per_epoch, c.global_batch);
+  if (rank == 0) {
     std::printf("phalanx-train: %lld samples, model %s, %s, %d worker(s) on %s; %s\n", static_cast<long long>(n),
-                [&] { std::string s; for (auto w : c.model) s += (s.empty() ? "" : "-") + std::to_string(w); return s; }().c_str(),
-                c.optimizer.c_str(), world, pg->backend_name().c_str(), plan.describe().c_str());
+                widths_str(c.model).c_str(), c.optimizer.c_str(), world, pg->backend_name().c_str(), plan.describe().c_str());
+    if (!resume_path.empty())
+      std::printf("phalanx-train: resumed at step %lld (epoch %lld, checkpoint written at %s) from %s\n",
+                  static_cast<long long>(step), static_cast<long long>(start_epoch + 1), resumed.written_at().c_str(),
+                  resume_path.c_str());
+    std::fflush(stdout);
+  }
 
-  tools::Series train_curve{"train loss", {}, {}}, test_curve{"test loss", {}, {}};
   const auto t0 = Clock::now();
-  double last_epoch_loss = std::nan("");
+  double last_epoch_loss = train_curve.y.empty() ? std::nan("") : train_curve.y.back();
   double test_acc = -1;
+  const std::int64_t resumed_step = step;
 
   // ---- TRAINING LOOP ----
   for (std::int64_t epoch = start_epoch; epoch < c.epochs; ++epoch) {
     sampler->set_epoch(epoch);
     model->train();
-    Tensor stats = zeros({2});
     std::int64_t batch_index = 0;
     progress.start_epoch(epoch, skip_batches);
     for (Batch& b : loader) {
       if (batch_index++ < skip_batches) continue;  // resuming mid-epoch: already trained on these
       opt->zero_grad();
       Tensor loss = cross_entropy(model->forward(b.x.to(dev)), b.y.to(dev));
+      const float l = loss.item();
+      // A non-finite loss stops here, before its gradients reach any weight (and before any
+      // checkpoint could hold them): the last good checkpoint stays the newest.
+      if (!std::isfinite(l) && !c.allow_nonfinite)
+        throw ValueError(detail::concat("non-finite loss (", l, ") at step ", step + 1, " (epoch ", epoch + 1,
+                                        ", step ", batch_index, " of ", steps_per_epoch, ")",
+                                        ckdir ? "; the last good checkpoint is kept in " + c.checkpoint_dir : std::string(),
+                                        "; lower --lr, check the data, or pass --allow-nonfinite to train on"));
+      const double lr_used = opt->param_groups()[0].lr();  // before the schedule moves it
       loss.backward();
       opt->step();
-      if (warmup) warmup->step();
+      schedule.step();
       ++step;
-      const float l = loss.item();
       stats.data<float>()[0] += l;
       stats.data<float>()[1] += 1;
-      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (metrics.is_open())
-        metrics << nlohmann::json{{"step", step}, {"epoch", epoch}, {"loss", l},
-                                  {"lr", opt->param_groups()[0].lr()}, {"seconds", secs}}.dump() << "\n";
+      if (metrics.enabled())
+        metrics.step(step, epoch + 1, l, lr_used, std::chrono::duration<double>(Clock::now() - t0).count());
       progress.update(batch_index, l);
-      if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save_checkpoint();
+      if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save_checkpoint(epoch, batch_index);
     }
     skip_batches = 0;
-    stats = sum_over_ranks(stats, *pg, dev);
-    last_epoch_loss = stats.data<float>()[0] / std::max(1.f, stats.data<float>()[1]);
-    nlohmann::json rec{{"epoch", epoch}, {"train_loss", last_epoch_loss}};
+    Tensor sums = sum_over_ranks(stats, *pg, dev);
+    stats = zeros({2});
+    last_epoch_loss = sums.data<float>()[0] / std::max(1.f, sums.data<float>()[1]);
+    nlohmann::json rec{{"epoch", epoch + 1}, {"train_loss", last_epoch_loss}};
     train_curve.x.push_back(static_cast<double>(epoch + 1));
     train_curve.y.push_back(last_epoch_loss);
     if (data.test) {
@@ -177,7 +307,7 @@ int run_training(const TrainConfig& c) {
       test_curve.x.push_back(static_cast<double>(epoch + 1));
       test_curve.y.push_back(tl);
     }
-    if (metrics.is_open()) metrics << rec.dump() << "\n";
+    metrics.record(rec);
     if (rank == 0) {
       progress.end_epoch();
       std::printf("epoch %lld: train loss %.4f", static_cast<long long>(epoch + 1), last_epoch_loss);
@@ -185,8 +315,10 @@ int run_training(const TrainConfig& c) {
       std::printf("\n");
       std::fflush(stdout);
     }
-    if (c.checkpoint_every == 0) save_checkpoint();
+    if (c.checkpoint_every == 0 && epoch + 1 < c.epochs) save_checkpoint(epoch + 1, 0);
   }
+  // The final checkpoint, always (unless this run resumed from the end and trained nothing).
+  if (step != resumed_step || start_epoch < c.epochs || resume_path.empty()) save_checkpoint(c.epochs, 0);
   // ---- END TRAINING LOOP ----
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
@@ -195,7 +327,7 @@ int run_training(const TrainConfig& c) {
     model->eval();
     final_loss = evaluate(*model, data.train, *pg).first;
     if (rank == 0) std::printf("final mean loss over the training set: %.6f\n", final_loss);
-    if (metrics.is_open()) metrics << nlohmann::json{{"eval_train_loss", final_loss}}.dump() << "\n";
+    metrics.record(nlohmann::json{{"eval_train_loss", final_loss}});
   }
   if (rank == 0 && !c.save.empty()) save_npz(c.save, net->state_dict());
   if (rank == 0 && !c.plot.empty()) {

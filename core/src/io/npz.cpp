@@ -1,7 +1,14 @@
 // .npz: a zip of .npy members named "<key>.npy", read and written through libzip.
+// Reading verifies every member's CRC-32 (as numpy does); writing is durable: a temporary
+// file, fsync, rename into place, fsync of the directory.
+#include <fcntl.h>
+#include <unistd.h>
 #include <zip.h>
 
+#include <array>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -13,34 +20,139 @@ namespace {
 struct ZipCloser {
   void operator()(zip_t* z) const { zip_discard(z); }
 };
+
+std::string hex32(std::uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%08x", v);
+  return b;
+}
+
+// fsync of a file or directory; throws with the path on failure.
+void sync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) throw IoError(path + ": cannot open to sync (" + std::strerror(errno) + ")");
+  const int rc = ::fsync(fd);
+  const int e = errno;
+  ::close(fd);
+  // Some file systems do not sync directories (EINVAL); the rename is still atomic there.
+  if (rc != 0 && !(directory && (e == EINVAL || e == EROFS)))
+    throw IoError(path + ": fsync failed (" + std::strerror(e) + ")");
+}
+
+constexpr const char* kFileTag = "phalanx-file-crc32:";
+
+// Replaces the placeholder at the end of the file with the CRC-32 of everything before it.
+void seal(const std::string& path, const std::string& placeholder) {
+  std::FILE* fp = std::fopen(path.c_str(), "r+b");
+  if (!fp) throw IoError(path + ": cannot reopen to seal (" + std::strerror(errno) + ")");
+  std::uint32_t crc = 0;
+  std::string tail;
+  char chunk[1 << 16];
+  std::size_t got;
+  while ((got = std::fread(chunk, 1, sizeof chunk, fp)) > 0) {
+    tail.append(chunk, got);
+    if (tail.size() > placeholder.size() + sizeof chunk) {
+      const std::size_t keep = placeholder.size();
+      crc = crc32(tail.data(), tail.size() - keep, crc);
+      tail.erase(0, tail.size() - keep);
+    }
+  }
+  bool ok = !std::ferror(fp) && tail.size() >= placeholder.size() &&
+            tail.compare(tail.size() - placeholder.size(), placeholder.size(), placeholder) == 0;
+  if (ok) {
+    crc = crc32(tail.data(), tail.size() - 8, crc);
+    const std::string h = hex32(crc);
+    ok = std::fseek(fp, -8, SEEK_END) == 0 && std::fwrite(h.data(), 1, 8, fp) == 8;
+  }
+  ok = std::fclose(fp) == 0 && ok;
+  if (!ok) throw IoError(path + ": cannot seal the file with its checksum");
+}
+
+std::string dir_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
 }  // namespace
 
-TensorMap load_npz(const std::string& path) {
-  int err = 0;
-  std::unique_ptr<zip_t, ZipCloser> z(zip_open(path.c_str(), ZIP_RDONLY, &err));
+std::uint32_t crc32(const void* data, std::size_t size, std::uint32_t crc) {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (std::size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+TensorMap load_npz(const std::string& path) { return load_npz(path, nullptr); }
+
+TensorMap load_npz(const std::string& path, NpzReadInfo* info) {
+  // The whole file is read once: its checksum is verified over exactly the bytes parsed.
+  std::string bytes;
+  {
+    std::FILE* fp = std::fopen(path.c_str(), "rb");
+    if (!fp) throw IoError(path + ": cannot open for reading (" + std::strerror(errno) + ")");
+    char chunk[1 << 16];
+    std::size_t got;
+    while ((got = std::fread(chunk, 1, sizeof chunk, fp)) > 0) bytes.append(chunk, got);
+    const bool failed = std::ferror(fp);
+    std::fclose(fp);
+    if (failed) throw IoError(path + ": read failed");
+  }
+  const std::size_t tag = std::strlen(kFileTag);
+  const bool tagged = bytes.size() > tag + 8 && bytes.compare(bytes.size() - tag - 8, tag, kFileTag) == 0;
+  if (info) info->file_checksum = tagged;
+  zip_error_t ze;
+  zip_error_init(&ze);
+  zip_source_t* src = zip_source_buffer_create(bytes.data(), bytes.size(), 0, &ze);
+  std::unique_ptr<zip_t, ZipCloser> z(src ? zip_open_from_source(src, ZIP_RDONLY, &ze) : nullptr);
   if (!z) {
-    zip_error_t ze;
-    zip_error_init_with_code(&ze, err);
+    if (src) zip_source_free(src);
     std::string msg = path + ": cannot open as .npz (" + zip_error_strerror(&ze) + ")";
     zip_error_fini(&ze);
     throw IoError(msg);
   }
+  zip_error_fini(&ze);
   TensorMap out;
   const zip_int64_t n = zip_get_num_entries(z.get(), 0);
   for (zip_int64_t i = 0; i < n; ++i) {
     zip_stat_t st;
-    if (zip_stat_index(z.get(), i, 0, &st) != 0) throw IoError(path + ": corrupt zip directory");
+    if (zip_stat_index(z.get(), i, 0, &st) != 0 || !(st.valid & ZIP_STAT_NAME) || !(st.valid & ZIP_STAT_SIZE))
+      throw IoError(path + ": corrupt zip directory");
     std::string name = st.name;
+    if (st.size > (1ull << 40)) throw IoError(path + ": member '" + name + "' claims an impossible size");
     zip_file_t* f = zip_fopen_index(z.get(), i, 0);
-    if (!f) throw IoError(path + ": cannot read member '" + name + "'");
+    if (!f) throw IoError(path + ": cannot read member '" + name + "' (" + zip_strerror(z.get()) + ")");
     std::vector<char> buf(st.size);
-    const zip_int64_t got = zip_fread(f, buf.data(), st.size);
+    const zip_int64_t got = st.size ? zip_fread(f, buf.data(), st.size) : 0;
     zip_fclose(f);
     if (got != static_cast<zip_int64_t>(st.size))
       throw IoError(path + ": member '" + name + "' is truncated or corrupt");
+    if (st.valid & ZIP_STAT_CRC) {
+      const std::uint32_t have = crc32(buf.data(), buf.size());
+      if (have != st.crc)
+        throw IoError(path + ": member '" + name + "' fails its CRC-32 checksum (stored " + hex32(st.crc) +
+                      ", computed " + hex32(have) + "): the file is damaged");
+    }
     if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0)
       name.resize(name.size() - 4);
+    if (out.contains(name)) throw IoError(path + ": member '" + name + "' appears twice");
     out.set(name, parse_npy(buf.data(), buf.size(), path + "[" + name + "]"));
+  }
+  // The members are sound (each named when its CRC fails); now the bytes between them.
+  if (tagged) {
+    const std::string stored = bytes.substr(bytes.size() - 8);
+    const std::string have = hex32(crc32(bytes.data(), bytes.size() - 8));
+    if (stored != have)
+      throw IoError(path + ": file checksum mismatch (CRC-32 stored " + stored + ", computed " + have +
+                    "): the file is damaged");
   }
   return out;
 }
@@ -60,16 +172,34 @@ void save_npz(const std::string& path, const TensorMap& tensors) {
     if (idx < 0) {
       if (src) zip_source_free(src);
       zip_discard(z);
+      std::remove(tmp.c_str());
       throw IoError(path + ": cannot add member '" + name + "'");
     }
     zip_set_file_compression(z, idx, ZIP_CM_STORE, 0);  // like numpy.savez
   }
+  // The archive comment (the file's last bytes, ignored by numpy) carries a CRC-32 of every
+  // byte before it: headers and directory included, so no flipped byte goes unnoticed.
+  const std::string placeholder = std::string(kFileTag) + "00000000";
+  zip_set_archive_comment(z, placeholder.data(), static_cast<zip_uint16_t>(placeholder.size()));
   if (zip_close(z) != 0) {
     std::string msg = path + ": write failed (" + zip_strerror(z) + ")";
     zip_discard(z);
+    std::remove(tmp.c_str());
     throw IoError(msg);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw IoError(path + ": rename failed");
+  try {
+    seal(tmp, placeholder);
+    sync_path(tmp, false);  // the content is on disk before the name points at it
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw IoError(path + ": rename failed (" + why + ")");
+  }
+  sync_path(dir_of(path), true);  // and the new name itself
 }
 
 }  // namespace phalanx

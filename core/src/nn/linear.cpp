@@ -20,7 +20,8 @@ Linear::Linear(std::int64_t in, std::int64_t out, bool with_bias, Generator* gen
 void Linear::reset_parameters(Generator* gen) {
   // PyTorch: kaiming_uniform_(a=sqrt(5)) gives bound 1/sqrt(fan_in) for the weight; the bias
   // uses the same bound.
-  Generator& g = gen ? *gen : default_generator();
+  GeneratorGuard guard(gen);
+  Generator& g = guard.get();
   const float bound = 1.f / std::sqrt(static_cast<float>(in_features));
   NoGradGuard no_grad;
   weight.copy_(rand(weight.shape(), -bound, bound, &g));

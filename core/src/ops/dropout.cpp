@@ -10,7 +10,8 @@ Tensor dropout(const Tensor& x, float p, bool training, Generator* gen) {
   if (!(p >= 0.f && p <= 1.f))
     throw ValueError(detail::concat("dropout: probability must be in [0, 1], got ", p));
   if (!training || p == 0.f) return x;
-  Generator& g = gen ? *gen : default_generator();
+  GeneratorGuard guard(gen);
+  Generator& g = guard.get();
   // The mask is drawn on the host so it is the same for every device.
   Tensor mask = Tensor::empty(x.shape());
   float* m = mask.data<float>();

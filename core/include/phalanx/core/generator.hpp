@@ -4,6 +4,7 @@
 // bits; normals use Box-Muller computed in double. Integer draws in [0, n) use rejection,
 // so they are exact (the samplers' shuffle relies on this).
 #include <cstdint>
+#include <mutex>
 
 namespace phalanx {
 
@@ -39,9 +40,23 @@ class Generator {
   float spare_ = 0.f;
 };
 
-/// The process-wide default generator (used when no generator is passed).
+/// The process-wide default generator (used when no generator is passed). Other threads
+/// may draw from it at the same time: draw through a GeneratorGuard, which holds its lock.
 Generator& default_generator();
-/// Seeds the default generator.
+/// Seeds the default generator (under its lock).
 void manual_seed(std::uint64_t seed);
+
+/// `gen`, or the default generator with its lock held for the guard's lifetime:
+///   GeneratorGuard guard(gen); Generator& g = guard.get();
+/// A caller-owned generator is not locked (it is the caller's to share).
+class GeneratorGuard {
+ public:
+  explicit GeneratorGuard(Generator* gen);
+  Generator& get() { return *gen_; }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+  Generator* gen_;
+};
 
 }  // namespace phalanx

@@ -2,6 +2,8 @@
 // NumPy .npy and .npz files. Reads float32/float64 (as float32) and int64/int32/uint8
 // (as int64), C order; writes float32 and int64. .npz archives are NumPy's zip (stored or
 // deflated), so `np.savez("w.npz", **{k: v.numpy() for k, v in sd.items()})` loads here.
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "phalanx/core/tensor.hpp"
@@ -15,8 +17,19 @@ void save_npy(const std::string& path, const Tensor& t);
 Tensor parse_npy(const void* bytes, std::size_t size, const std::string& what);
 std::string serialize_npy(const Tensor& t);
 
+/// Verifies every member's CRC-32, and for a file Phalanx wrote the CRC-32 of the whole
+/// file; a damaged file is an IoError naming the file (and the member).
 TensorMap load_npz(const std::string& path);
-/// Writes atomically (a temporary file renamed into place).
+struct NpzReadInfo {
+  bool file_checksum = false;  ///< the file carried (and passed) Phalanx's whole-file CRC-32
+};
+TensorMap load_npz(const std::string& path, NpzReadInfo* info);
+/// Writes atomically and durably: a temporary file, fsync, renamed into place, fsync of the
+/// directory. A crash leaves either the old file or the new one, never a mix. The archive
+/// comment (ignored by numpy) holds a CRC-32 of every byte before it.
 void save_npz(const std::string& path, const TensorMap& tensors);
+
+/// CRC-32 (zip/zlib polynomial); `crc` continues a running value.
+std::uint32_t crc32(const void* data, std::size_t size, std::uint32_t crc = 0);
 
 }  // namespace phalanx

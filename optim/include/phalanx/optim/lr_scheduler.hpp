@@ -22,6 +22,14 @@ class LRScheduler {
   std::int64_t last_epoch() const { return last_epoch_; }
   const std::vector<double>& base_lrs() const { return base_lrs_; }
 
+  /// The schedule's position: last_epoch, step_count, base_lrs, last_lr (rates as the
+  /// int64 bits of their doubles, so a restore is exact). The rates in the optimizer's
+  /// groups are the optimizer's state: restore both to resume a run.
+  TensorMap state_dict() const;
+  /// Restores state_dict()'s values; throws ValueError (changing nothing) when a key is
+  /// missing or the group count differs.
+  void load_state_dict(const TensorMap& state);
+
  protected:
   explicit LRScheduler(Optimizer& opt);
   /// The chainable form: the next rates given the groups' current ones.
@@ -109,6 +117,9 @@ class SequentialLR {
   void step();
   std::vector<double> get_last_lr() const { return last_lr_; }
   std::int64_t last_epoch() const { return last_epoch_; }
+  /// last_epoch, last_lr and each scheduler's state under "schedulers.<i>.".
+  TensorMap state_dict() const;
+  void load_state_dict(const TensorMap& state);
 
  private:
   Optimizer& opt_;

@@ -1,0 +1,107 @@
+// A folder of step-numbered checkpoints: checkpoint-<step>[.<n>].npz, newest kept_last kept.
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <tuple>
+
+#include "phalanx/core/error.hpp"
+#include "phalanx/parallel/checkpoint.hpp"
+
+namespace phalanx::parallel {
+
+namespace {
+
+// "checkpoint-0000000012.npz" -> (12, 0); "checkpoint-0000000012.3.npz" -> (12, 3).
+bool parse_name(const std::string& name, std::int64_t& step, std::int64_t& n) {
+  static const std::string pre = "checkpoint-", post = ".npz";
+  if (name.size() <= pre.size() + post.size() || name.rfind(pre, 0) != 0 ||
+      name.compare(name.size() - post.size(), post.size(), post) != 0)
+    return false;
+  const std::string mid = name.substr(pre.size(), name.size() - pre.size() - post.size());
+  const auto dot = mid.find('.');
+  const std::string a = mid.substr(0, dot), b = dot == std::string::npos ? "0" : mid.substr(dot + 1);
+  for (const auto* part : {&a, &b})
+    if (part->empty() || part->size() > 18 || part->find_first_not_of("0123456789") != std::string::npos) return false;
+  step = std::stoll(a);
+  n = std::stoll(b);
+  return true;
+}
+
+std::string name_for(std::int64_t step, std::int64_t n) {
+  char b[64];
+  if (n == 0) std::snprintf(b, sizeof b, "checkpoint-%010lld.npz", static_cast<long long>(step));
+  else std::snprintf(b, sizeof b, "checkpoint-%010lld.%lld.npz", static_cast<long long>(step), static_cast<long long>(n));
+  return b;
+}
+
+bool exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+void make_dirs(const std::string& dir) {
+  for (std::size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos != dir.size() && dir[pos] != '/') continue;
+    const std::string part = dir.substr(0, pos);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
+      throw IoError("checkpoint folder " + dir + ": cannot create " + part + " (" + std::strerror(errno) + ")");
+  }
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw IoError("checkpoint folder " + dir + ": exists and is not a folder");
+}
+
+}  // namespace
+
+CheckpointDir::CheckpointDir(std::string dir, int keep_last) : dir_(std::move(dir)), keep_last_(keep_last) {
+  if (dir_.empty()) throw ValueError("CheckpointDir: the folder name is empty");
+  if (keep_last < 1) throw ValueError(detail::concat("CheckpointDir: keep_last must be >= 1, got ", keep_last));
+  while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+  make_dirs(dir_);
+}
+
+std::vector<std::string> CheckpointDir::list() const {
+  std::vector<std::tuple<std::int64_t, std::int64_t, std::string>> found;
+  DIR* d = ::opendir(dir_.c_str());
+  if (!d) throw IoError("checkpoint folder " + dir_ + ": cannot list (" + std::strerror(errno) + ")");
+  while (const dirent* e = ::readdir(d)) {
+    std::int64_t step, n;
+    if (parse_name(e->d_name, step, n)) found.emplace_back(step, n, dir_ + "/" + e->d_name);
+  }
+  ::closedir(d);
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::get<2>(f));
+  return out;
+}
+
+std::optional<std::string> CheckpointDir::latest() const {
+  const auto all = list();
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+std::string CheckpointDir::save(const CheckpointState& state) {
+  // A file of this step that this object did not write (a damaged one kept for inspection,
+  // or another run's) is never replaced: the new one gets the next free suffix.
+  std::string path;
+  for (std::int64_t n = 0;; ++n) {
+    path = dir_ + "/" + name_for(state.step, n);
+    if (!exists(path) || std::find(written_.begin(), written_.end(), path) != written_.end()) break;
+  }
+  save_checkpoint(path, state);
+  if (std::find(written_.begin(), written_.end(), path) == written_.end()) written_.push_back(path);
+  // Only now, with a newer one complete, the oldest beyond keep_last go.
+  auto all = list();
+  while (all.size() > static_cast<std::size_t>(keep_last_)) {
+    if (all.front() != path) std::remove(all.front().c_str());
+    all.erase(all.begin());
+  }
+  return path;
+}
+
+}  // namespace phalanx::parallel

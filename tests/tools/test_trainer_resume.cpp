@@ -1,0 +1,262 @@
+// phalanx-train under faults: a worker killed with SIGKILL at a random step resumes under
+// phalanx-run --max-restarts and ends bit-identical; a damaged checkpoint is refused and kept
+// as it was; a non-finite loss stops training with the last good checkpoint kept; metrics
+// are not duplicated by a resume.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <phalanx/phalanx.hpp>
+
+using namespace phalanx;
+
+namespace {
+
+std::string dir() {
+  static const std::string d = [] {
+    const std::string p = "/tmp/phalanx_resume_" + std::to_string(::getpid());
+    std::system(("rm -rf " + p + " && mkdir -p " + p).c_str());
+    const TensorMap f = load_npz(std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.npz");
+    save_npy(p + "/x.npy", f.at("x"));
+    save_npy(p + "/y.npy", f.at("y"));
+    TensorMap init;
+    for (const char* k : {"0.weight", "0.bias", "2.weight", "2.bias"}) init.set(k, f.at(k));
+    save_npz(p + "/init.npz", init);
+    return p;
+  }();
+  return d;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& cmd) {
+  const std::string log = dir() + "/out.txt";
+  const int status = std::system((cmd + " > " + log + " 2>&1").c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(log)};
+}
+
+const std::string kTrain = std::string(PHALANX_TRAIN) + " --train-x " + dir() + "/x.npy --train-y " + dir() +
+                           "/y.npy --init " + dir() + "/init.npz";
+
+bool same_weights(const std::string& a, const std::string& b) {
+  const TensorMap x = load_npz(a), y = load_npz(b);
+  if (x.names() != y.names()) return false;
+  for (const auto& [k, v] : x)
+    if (v.to_vector<float>() != y.at(k).to_vector<float>()) return false;
+  return true;
+}
+
+// The newest checkpoint's step in `d`, -1 when there is none.
+std::int64_t newest_step(const std::string& d) {
+  std::int64_t best = -1;
+  if (DIR* h = ::opendir(d.c_str())) {
+    while (const dirent* e = ::readdir(h)) {
+      long long s;
+      if (std::sscanf(e->d_name, "checkpoint-%lld", &s) == 1) best = std::max<std::int64_t>(best, s);
+    }
+    ::closedir(h);
+  }
+  return best;
+}
+
+// The live children of `parent` whose command line mentions phalanx-train.
+std::vector<pid_t> workers_of(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* proc = ::opendir("/proc");
+  while (const dirent* e = proc ? ::readdir(proc) : nullptr) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    const std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    char state;
+    int ppid;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != parent || state == 'Z') continue;
+    if (slurp("/proc/" + std::to_string(pid) + "/cmdline").find("phalanx-train") != std::string::npos) out.push_back(pid);
+  }
+  if (proc) ::closedir(proc);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("kill -9 of a random worker at a random step: the restarted job resumes and ends bit-identical") {
+  const std::string opts = " --global-batch 64 --lr 0.1 --momentum 0.9 --warmup-steps 6 --seed 5 --epochs 12";
+  const std::string ref = dir() + "/ref.npz";
+  auto r = run(std::string(PHALANX_RUN) + " --nproc-per-node 2 " + kTrain + opts + " --save " + ref);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const std::int64_t total = 12 * 8;
+  std::mt19937 rng(static_cast<unsigned>(::getpid()));
+  for (int trial = 0; trial < 2; ++trial) {
+    CAPTURE(trial);
+    const std::string d = dir() + "/kill" + std::to_string(trial), out = d + ".npz", log = d + ".log";
+    std::system(("rm -rf " + d).c_str());
+    const std::int64_t target = std::uniform_int_distribution<std::int64_t>(6, total / 2)(rng);
+    const std::string cmd = "exec " + std::string(PHALANX_RUN) + " --max-restarts 2 --nproc-per-node 2 " + kTrain + opts +
+                            " --checkpoint-dir " + d + " --checkpoint-every 3 --resume --save " + out + " > " + log + " 2>&1";
+    const pid_t launcher = ::fork();
+    if (launcher == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Wait for the target step's checkpoint, then SIGKILL one worker, chosen at random.
+    bool killed = false;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!killed && std::chrono::steady_clock::now() < deadline) {
+      int st;
+      if (::waitpid(launcher, &st, WNOHANG) == launcher) FAIL("the job ended before the kill; log:\n" << slurp(log));
+      if (newest_step(d) >= target) {
+        const auto ws = workers_of(launcher);
+        if (ws.size() == 2) {
+          const pid_t victim = ws[std::uniform_int_distribution<std::size_t>(0, 1)(rng)];
+          killed = ::kill(victim, SIGKILL) == 0;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    REQUIRE(killed);
+    int status = 0;
+    ::waitpid(launcher, &status, 0);
+    const std::string text = slurp(log);
+    INFO(text);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    const auto at = text.find("resumed at step ");
+    REQUIRE(at != std::string::npos);
+    CHECK(std::atoll(text.c_str() + at + 16) > 0);
+    CHECK(text.find("checkpoint written at ") != std::string::npos);
+    CHECK(same_weights(ref, out));  // bit for bit
+    CHECK(newest_step(d) == total);  // the final checkpoint
+  }
+}
+
+TEST_CASE("a checkpoint with one flipped byte: non-zero exit naming the file and the checksum; the file is unchanged") {
+  const std::string d = dir() + "/flip", opts = " --global-batch 64 --lr 0.1 --epochs 2 --checkpoint-dir " + d;
+  std::system(("rm -rf " + d).c_str());
+  auto r = run(kTrain + opts + " --checkpoint-every 5");
+  REQUIRE(r.code == 0);
+  const std::string path = d + "/checkpoint-0000000016.npz";  // the final one
+  std::string bytes = slurp(path);
+  REQUIRE(bytes.size() > 4000);
+  const auto w = bytes.find("model.0.weight.npy");
+  REQUIRE(w != std::string::npos);
+  bytes[w + 300] ^= 0x01;  // inside the first layer's weights
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  for (const std::string& how : {std::string(" --resume"), " --resume-from " + path}) {
+    CAPTURE(how);
+    r = run(kTrain + opts + " --epochs 3" + how);
+    INFO(r.out);
+    CHECK(r.code != 0);
+    CHECK(r.out.find(path) != std::string::npos);
+    CHECK(r.out.find("checksum") != std::string::npos);
+    CHECK(r.out.find("epoch 3") == std::string::npos);  // nothing trained
+    CHECK(slurp(path) == bytes);                         // unchanged, not overwritten
+  }
+  // The older checkpoint is still there to fall back to, and it resumes.
+  r = run(kTrain + opts + " --epochs 3 --resume-from " + d + "/checkpoint-0000000015.npz");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("resumed at step 15 (epoch 2, checkpoint written at ") != std::string::npos);
+  CHECK(slurp(path) == bytes);  // the damaged one is kept; the new final one has its own name
+  CHECK(::access((d + "/checkpoint-0000000024.npz").c_str(), F_OK) == 0);
+}
+
+TEST_CASE("--resume without a checkpoint starts fresh; --resume-from a missing file is an error") {
+  const std::string d = dir() + "/fresh";
+  std::system(("rm -rf " + d).c_str());
+  auto r = run(kTrain + " --epochs 1 --checkpoint-dir " + d + " --resume");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("no checkpoint in " + d + " yet; starting from step 0") != std::string::npos);
+  CHECK(::access((d + "/checkpoint-0000000008.npz").c_str(), F_OK) == 0);  // the final one, always
+  r = run(kTrain + " --epochs 1 --resume-from " + d + "/nope.npz");
+  CHECK(r.code != 0);
+  CHECK(r.out.find(d + "/nope.npz: no such checkpoint") != std::string::npos);
+  // Another global batch: refused with both values.
+  r = run(kTrain + " --epochs 2 --global-batch 128 --checkpoint-dir " + d + " --resume");
+  CHECK(r.code != 0);
+  CHECK(r.out.find("global batch 64, this run has 128") != std::string::npos);
+}
+
+TEST_CASE("a resumed run's metrics hold each step once, epochs numbered from 1, the epoch loss over the whole epoch") {
+  const std::string d = dir() + "/metrics", m = dir() + "/m.jsonl", m_full = dir() + "/m_full.jsonl";
+  std::system(("rm -rf " + d).c_str());
+  const std::string opts = " --global-batch 64 --lr 0.1 --warmup-steps 4 --lr-schedule step --lr-step-size 5 --lr-gamma 0.5 --seed 2";
+  auto full = run(kTrain + opts + " --epochs 3 --metrics " + m_full);
+  REQUIRE(full.code == 0);
+  auto a = run(kTrain + opts + " --epochs 1 --checkpoint-dir " + d + " --checkpoint-every 5 --metrics " + m);
+  REQUIRE(a.code == 0);
+  // Simulate a crash after step 5's checkpoint: drop the final checkpoint (step 8).
+  std::remove((d + "/checkpoint-0000000008.npz").c_str());
+  auto b = run(kTrain + opts + " --epochs 3 --checkpoint-dir " + d + " --resume --metrics " + m);
+  INFO(b.out);
+  REQUIRE(b.code == 0);
+  CHECK(b.out.find("resumed at step 5 (epoch 1,") != std::string::npos);
+  // The resumed file equals the uninterrupted one, but for the wall-clock seconds.
+  auto strip = [](const std::string& path) {
+    std::vector<nlohmann::json> v;
+    std::ifstream f(path);
+    std::string line;
+    while (std::getline(f, line)) {
+      auto j = nlohmann::json::parse(line);
+      j.erase("seconds");
+      v.push_back(j);
+    }
+    return v;
+  };
+  const auto got = strip(m), want = strip(m_full);
+  CHECK(got.size() == 24 + 3);
+  CHECK(got == want);
+  CHECK(want.front()["epoch"] == 1);
+  CHECK(want.front()["lr"].get<double>() < 0.1);  // the warmup's first rate, the one step 1 used
+}
+
+TEST_CASE("a non-finite loss stops training at that step; the last good checkpoint is kept") {
+  // Row 150 of the data overflows the first layer: the loss of step 3 (rows 128-191) is NaN.
+  TensorMap f = load_npz(std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.npz");
+  std::vector<float> x = f.at("x").to_vector<float>();
+  const std::int64_t dim = f.at("x").shape()[1];
+  for (std::int64_t k = 0; k < dim; ++k) x[150 * dim + k] = 3e38f;
+  save_npy(dir() + "/x_big.npy", tensor(x, f.at("x").shape()));
+  const std::string d = dir() + "/nan";
+  std::system(("rm -rf " + d).c_str());
+  const std::string cmd = std::string(PHALANX_TRAIN) + " --train-x " + dir() + "/x_big.npy --train-y " + dir() +
+                          "/y.npy --init " + dir() + "/init.npz --no-shuffle --global-batch 64 --epochs 2 --checkpoint-dir " +
+                          d + " --checkpoint-every 1";
+  auto r = run(cmd);
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("non-finite loss (") != std::string::npos);
+  CHECK(r.out.find("at step 3 (epoch 1, step 3 of 8)") != std::string::npos);
+  CHECK(r.out.find("--allow-nonfinite") != std::string::npos);
+  CHECK(newest_step(d) == 2);
+  const auto ck = parallel::load_checkpoint(d + "/checkpoint-0000000002.npz");
+  for (const auto& [k, v] : ck.state.model)
+    for (float w : v.to_vector<float>()) REQUIRE(std::isfinite(w));
+  r = run(cmd + " --allow-nonfinite");
+  CHECK(r.code == 0);
+}

@@ -1,0 +1,36 @@
+#pragma once
+// phalanx-train's --metrics file: JSON Lines, one record per step and one per epoch, written
+// by rank 0. Epochs are numbered from 1, as on the console. On resume the records after the
+// checkpoint's position are dropped first, so a resumed run never duplicates a record.
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace phalanx::trainer {
+
+class MetricsLog {
+ public:
+  MetricsLog() = default;
+  /// Opens `path` for a fresh run (truncated). Throws IoError naming the file.
+  void open_fresh(const std::string& path);
+  /// Opens `path` to continue a run resumed at global step `step`, epoch `epoch` (0-based,
+  /// the epoch in progress): keeps the step records up to `step` and the epoch records of
+  /// the epochs before `epoch` (1-based numbers <= epoch), drops the rest (and any torn last
+  /// line), then appends. A missing file is started fresh.
+  void open_resumed(const std::string& path, std::int64_t step, std::int64_t epoch);
+  bool enabled() const { return out_.is_open(); }
+  /// One step: `epoch` 1-based; `lr` the rate this step used.
+  void step(std::int64_t step, std::int64_t epoch, double loss, double lr, double seconds);
+  void record(const nlohmann::json& rec);
+  /// Pushes the buffered records to the file (before a checkpoint, so the file is never
+  /// behind a checkpoint that a restart resumes from).
+  void flush();
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace phalanx::trainer
