@@ -45,6 +45,18 @@ class Writer {
   Bytes buf_;
 };
 
+/// The header of a reply carrying a value: [u32 length][u8 kOk][u32 value size]; the
+/// value's bytes follow (sent from the stored value itself, without a copy).
+inline Bytes value_reply_header(std::size_t value_size) {
+  Bytes h(9);
+  const auto len = static_cast<std::uint32_t>(5 + value_size);
+  const auto vs = static_cast<std::uint32_t>(value_size);
+  std::memcpy(h.data(), &len, 4);
+  h[4] = kOk;
+  std::memcpy(h.data() + 5, &vs, 4);
+  return h;
+}
+
 /// Reads fields from a payload; every read checks bounds (ok() turns false on overrun).
 class Reader {
  public:
@@ -62,8 +74,11 @@ class Reader {
     return s;
   }
   Bytes bytes() {
-    const std::string s = str();
-    return Bytes(s.begin(), s.end());
+    const std::uint32_t n = u32();
+    if (!ok_ || n > n_ - pos_) { ok_ = false; return {}; }
+    Bytes b(p_ + pos_, p_ + pos_ + n);
+    pos_ += n;
+    return b;
   }
 
  private:

@@ -6,8 +6,12 @@
 // [fields], strings as [u32 length][bytes]. The first frame of a connection is HELLO with
 // the job token; a server with a token drops (and logs) a connection that presents
 // another one. Malformed, oversized or truncated frames close that connection only; the
-// server keeps serving the others.
+// server keeps serving the others. Before the handshake no frame may exceed a few KiB;
+// buffers and connections are capped (TcpStoreLimits); replies are queued per connection
+// and written without blocking, so a client that stops reading is dropped on its own.
 #include <atomic>
+#include <chrono>
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,11 +23,28 @@
 
 namespace phalanx {
 
+/// The server's defences (docs/store_protocol.md). An offender is dropped and logged; the
+/// other connections keep being served.
+struct TcpStoreLimits {
+  std::size_t max_frame_before_hello = 4096;   ///< largest frame accepted before HELLO succeeds
+  std::size_t max_frame = 64u << 20;           ///< largest frame afterwards (a value of ~64 MiB)
+  /// Replies queued for one connection that its client has not read yet; one reply of
+  /// max_frame always fits, so only a client that stops reading exceeds it.
+  std::size_t max_output_per_connection = (64u << 20) + (1u << 20);
+  /// Bytes received but not yet handled, plus replies not yet sent, over all connections
+  /// (a reply's value shared with the store's data is counted per connection only).
+  std::size_t max_buffered_total = std::size_t{512} << 20;
+  int max_connections = 4096;  ///< also kept below this process's open-file limit
+  /// A connection that has not completed HELLO by then is dropped.
+  std::chrono::milliseconds hello_timeout{10000};
+};
+
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   int port = 0;                 ///< server: 0 picks a free port (see TcpStoreServer::port())
   std::string token;            ///< job token ("" = none); defaults to PHALANX_RDZV_TOKEN
   std::chrono::milliseconds timeout{kDefaultTimeout};
+  TcpStoreLimits limits;        ///< server only
 };
 
 class TcpStoreServer {
@@ -36,16 +57,27 @@ class TcpStoreServer {
   const std::string& host() const { return host_; }
   /// Connections refused for a wrong or missing token so far.
   int rejected_connections() const { return rejected_.load(); }
+  /// Connections dropped by the server so far for breaking the protocol or a limit
+  /// (wrong tokens included; peers that simply closed are not counted).
+  int dropped_connections() const { return dropped_.load(); }
 
  private:
   struct State;
+  struct Conn;
   void serve();
+  void accept_all();
+  void read_from(Conn& c);
+  void write_to(Conn& c);
+  void sweep();
+  void log_drop(int fd, const std::string& reason);
   std::string host_;
   int port_ = 0;
   int listen_fd_ = -1;
   int wake_fd_[2] = {-1, -1};
   std::string token_;
   std::atomic<int> rejected_{0};
+  std::atomic<int> dropped_{0};
+  TcpStoreLimits limits_;
   std::unique_ptr<State> state_;
   std::thread thread_;
 };

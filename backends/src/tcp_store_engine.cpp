@@ -1,0 +1,387 @@
+#include "tcp_store_engine.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "phalanx/backends/comm_error.hpp"
+#include "tcp_store_protocol.hpp"
+
+namespace phalanx::tcpstore {
+
+namespace {
+constexpr std::size_t kShrinkAbove = 1u << 20;  // give back input buffers larger than this
+
+/// A key as shown in a message: at most 100 characters.
+std::string shown(const std::string& key) {
+  return key.size() <= 100 ? key : key.substr(0, 100) + "...";
+}
+}  // namespace
+
+Engine::Engine(std::string token, const TcpStoreLimits& limits) : token_(std::move(token)), limits_(limits) {
+  limits_.max_frame = std::min<std::size_t>(limits_.max_frame, kMaxFrame);  // what clients accept
+  limits_.max_frame_before_hello = std::min(limits_.max_frame_before_hello, limits_.max_frame);
+}
+
+Engine::Id Engine::open() {
+  const Id id = next_id_++;
+  conns_.emplace(id, Conn{});
+  return id;
+}
+
+Engine::Conn* Engine::find(Id id) {
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : &it->second;
+}
+
+const Engine::Conn* Engine::find(Id id) const {
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : &it->second;
+}
+
+void Engine::close(Id id) {
+  Conn* c = find(id);
+  if (!c) return;
+  buffered_ -= c->in.size() + c->out_owned;
+  if (c->parked) {
+    auto it = waiters_.find(c->parked_on);
+    if (it != waiters_.end()) {
+      auto& ids = it->second;
+      ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+      if (ids.empty()) waiters_.erase(it);
+    }
+  }
+  conns_.erase(id);
+}
+
+void Engine::drop(Conn& c, std::string reason, bool keep_output) {
+  if (c.closing) return;
+  c.closing = true;
+  c.reason = std::move(reason);
+  if (!keep_output) {
+    buffered_ -= c.out_owned;
+    c.out.clear();
+    c.out_off = c.out_bytes = c.out_owned = 0;
+  }
+}
+
+std::size_t Engine::input_cap(const Conn& c) const {
+  return 4 + (c.hello ? limits_.max_frame : limits_.max_frame_before_hello);
+}
+
+std::size_t Engine::room(Id id) const {
+  const Conn* c = find(id);
+  if (!c || c->closing) return 0;
+  const std::size_t cap = input_cap(*c);
+  return c->in.size() < cap ? cap - c->in.size() : 0;
+}
+
+void Engine::feed(Id id, const std::uint8_t* data, std::size_t n) {
+  Conn* c = find(id);
+  if (!c || c->closing || n == 0) return;
+  if (n > room(id)) {  // the server reads at most room(); more is a bug in the caller
+    drop(*c, "more input than the connection's buffer allows", false);
+    return;
+  }
+  if (c->in.empty()) {
+    const std::size_t used = consume(id, *c, data, n);  // complete frames, without a copy
+    if (!c->closing) stash(*c, data + used, n - used);
+  } else {
+    if (!stash(*c, data, n)) return;
+    take(id, *c);
+  }
+  // Parked requests this input answered: handle what their connections sent meanwhile.
+  for (std::size_t i = 0; i < woken_.size(); ++i) {
+    Conn* w = find(woken_[i]);
+    if (w && !w->closing && !w->parked && !w->in.empty()) take(woken_[i], *w);
+  }
+  woken_.clear();
+}
+
+bool Engine::stash(Conn& c, const std::uint8_t* p, std::size_t n) {
+  if (n == 0) return true;
+  if (buffered_ + n > limits_.max_buffered_total) {
+    drop(c, detail::concat("the store's buffers are full (", buffered_, " bytes over all connections, limit ",
+                           limits_.max_buffered_total, "); this connection asked for ", n, " more"),
+         false);
+    return false;
+  }
+  c.in.insert(c.in.end(), p, p + n);
+  buffered_ += n;
+  fit_buffer(c);
+  return true;
+}
+
+void Engine::fit_buffer(Conn& c) {
+  // Room for the whole frame at once, so that a large value is not copied while it grows;
+  // a buffer that held a large frame is given back once that frame is handled.
+  std::size_t need = c.in.size();
+  if (need >= 4) {
+    std::uint32_t len;
+    std::memcpy(&len, c.in.data(), 4);
+    if (len > 0 && len <= input_cap(c) - 4) need = std::max(need, 4 + static_cast<std::size_t>(len));
+  }
+  if (c.in.capacity() < need) {
+    c.in.reserve(need);
+  } else if (c.in.capacity() > std::max(need, kShrinkAbove)) {
+    Bytes fitted;
+    fitted.reserve(need);
+    fitted.assign(c.in.begin(), c.in.end());
+    c.in.swap(fitted);
+  }
+}
+
+void Engine::take(Id id, Conn& c) {
+  const std::size_t used = consume(id, c, c.in.data(), c.in.size());
+  if (c.closing) {
+    buffered_ -= c.in.size();
+    c.in = Bytes();
+    return;
+  }
+  if (used == 0) return;
+  c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(used));
+  buffered_ -= used;
+  fit_buffer(c);
+}
+
+std::size_t Engine::consume(Id id, Conn& c, const std::uint8_t* p, std::size_t n) {
+  std::size_t pos = 0;
+  while (!c.closing && !c.parked && n - pos >= 4) {
+    std::uint32_t len;
+    std::memcpy(&len, p + pos, 4);
+    if (len == 0) {
+      drop(c, "sent an empty frame", false);
+      break;
+    }
+    const std::size_t limit = input_cap(c) - 4;
+    if (len > limit) {
+      drop(c, c.hello ? detail::concat("sent a frame of ", len, " bytes (limit ", limit, ")")
+                      : detail::concat("announced a frame of ", len, " bytes before the token handshake (limit ",
+                                       limit, ")"),
+           false);
+      break;
+    }
+    if (n - pos - 4 < len) break;  // truncated so far: wait for more
+    handle(id, c, p + pos + 4, len);
+    pos += 4 + static_cast<std::size_t>(len);
+  }
+  return pos;
+}
+
+const std::string* Engine::first_missing(const std::vector<std::string>& keys) const {
+  for (const auto& k : keys)
+    if (!data_.count(k)) return &k;
+  return nullptr;
+}
+
+void Engine::reply(Conn& c, Bytes frame, Value value) {
+  if (c.closing) return;
+  if (value && value->empty()) value = nullptr;
+  const std::size_t own = frame.size(), total = own + (value ? value->size() : 0);
+  if (c.out_bytes + total > limits_.max_output_per_connection) {
+    drop(c, detail::concat("does not read its replies (", c.out_bytes + total, " bytes queued, limit ",
+                           limits_.max_output_per_connection, ")"),
+         false);
+    return;
+  }
+  if (buffered_ + own > limits_.max_buffered_total) {
+    drop(c, detail::concat("the store's buffers are full (", buffered_, " bytes over all connections, limit ",
+                           limits_.max_buffered_total, ")"),
+         false);
+    return;
+  }
+  c.out.push_back(Chunk{std::move(frame), std::move(value)});
+  c.out_bytes += total;
+  c.out_owned += own;
+  buffered_ += own;
+}
+
+void Engine::set_value(const std::string& key, Value v) {
+  data_[key] = std::move(v);
+  wake(key);
+}
+
+void Engine::wake(const std::string& key) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  const std::vector<Id> ids = std::move(it->second);
+  waiters_.erase(it);
+  for (Id wid : ids) {
+    Conn* w = find(wid);
+    if (!w || !w->parked) continue;
+    w->parked = false;
+    answer_or_park(wid, *w, w->parked_cmd, std::move(w->parked_keys));
+    if (!w->parked) woken_.push_back(wid);
+  }
+}
+
+void Engine::answer_or_park(Id id, Conn& c, std::uint8_t cmd, std::vector<std::string> keys) {
+  if (const std::string* missing = first_missing(keys)) {
+    c.parked = true;
+    c.parked_cmd = cmd;
+    c.parked_on = *missing;
+    c.parked_keys = std::move(keys);
+    waiters_[c.parked_on].push_back(id);
+    return;
+  }
+  if (cmd == kGet) {
+    const Value& v = data_.at(keys[0]);
+    reply(c, value_reply_header(v->size()), v);
+  } else {
+    reply(c, Writer(kOk).finish());
+  }
+}
+
+void Engine::handle(Id id, Conn& c, const std::uint8_t* p, std::size_t n) {
+  Reader r(p, n);
+  const std::uint8_t cmd = r.u8();
+  auto malformed = [&](const char* what) {
+    drop(c, detail::concat("sent a malformed ", what, " request"), false);
+  };
+  if (!c.hello) {
+    if (cmd != kHello) return drop(c, "sent a request before the token handshake (HELLO)", false);
+    const std::string token = r.str();
+    if (!r.ok() || !r.done()) return malformed("HELLO");
+    if (!token_.empty() && token != token_) {
+      ++rejected_;
+      reply(c, Writer(kBadToken).finish());
+      return drop(c, "wrong job token (PHALANX_RDZV_TOKEN)", true);
+    }
+    c.hello = true;
+    return reply(c, Writer(kOk).finish());
+  }
+  switch (cmd) {
+    case kSet: {
+      std::string key = r.str();
+      Bytes v = r.bytes();
+      if (!r.ok() || !r.done()) return malformed("SET");
+      set_value(key, std::make_shared<const Bytes>(std::move(v)));
+      return reply(c, Writer(kOk).finish());
+    }
+    case kGet:
+    case kWait: {
+      std::vector<std::string> keys;
+      if (cmd == kGet) {
+        keys.push_back(r.str());
+      } else {
+        const std::uint32_t count = r.u32();
+        if (r.ok() && count <= n / 4) {  // every key takes at least its 4-byte length
+          keys.reserve(count);
+          for (std::uint32_t i = 0; i < count && r.ok(); ++i) keys.push_back(r.str());
+        } else {
+          return malformed("WAIT");
+        }
+      }
+      if (!r.ok() || !r.done()) return malformed(cmd == kGet ? "GET" : "WAIT");
+      return answer_or_park(id, c, cmd, std::move(keys));
+    }
+    case kAdd: {
+      std::string key = r.str();
+      const std::int64_t delta = r.i64();
+      if (!r.ok() || !r.done()) return malformed("ADD");
+      std::int64_t v = delta;
+      auto it = data_.find(key);
+      if (it != data_.end()) {
+        const Bytes& old = *it->second;
+        if (old.size() > 24)
+          return reply(c, Writer(kError)
+                              .str(detail::concat("store: key '", shown(key), "' holds ", old.size(),
+                                                  " bytes, not an integer"))
+                              .finish());
+        std::int64_t base = 0;
+        try {
+          base = parse_store_int(old, shown(key));
+        } catch (const ValueError& e) {
+          return reply(c, Writer(kError).str(e.what()).finish());
+        }
+        if (__builtin_add_overflow(base, delta, &v))
+          return reply(c, Writer(kError)
+                              .str(detail::concat("store: adding ", delta, " to key '", shown(key), "' (", base,
+                                                  ") overflows a 64-bit integer"))
+                              .finish());
+      }
+      const std::string s = std::to_string(v);
+      set_value(key, std::make_shared<const Bytes>(s.begin(), s.end()));
+      return reply(c, Writer(kOk).i64(v).finish());
+    }
+    case kCas: {
+      std::string key = r.str();
+      Bytes expected = r.bytes(), desired = r.bytes();
+      if (!r.ok() || !r.done()) return malformed("COMPARE_SET");
+      auto it = data_.find(key);
+      if ((it == data_.end() && expected.empty()) || (it != data_.end() && *it->second == expected))
+        set_value(key, std::make_shared<const Bytes>(std::move(desired)));
+      auto now = data_.find(key);
+      if (now == data_.end()) return reply(c, value_reply_header(0));
+      return reply(c, value_reply_header(now->second->size()), now->second);
+    }
+    case kCheck: {
+      const std::uint32_t count = r.u32();
+      if (!r.ok() || count > n / 4) return malformed("CHECK");
+      bool all = true;
+      for (std::uint32_t i = 0; i < count && r.ok(); ++i) all = data_.count(r.str()) > 0 && all;
+      if (!r.ok() || !r.done()) return malformed("CHECK");
+      return reply(c, Writer(kOk).u8(all ? 1 : 0).finish());
+    }
+    case kDelete: {
+      std::string key = r.str();
+      if (!r.ok() || !r.done()) return malformed("DELETE");
+      const bool erased = data_.erase(key) > 0;
+      return reply(c, Writer(kOk).u8(erased ? 1 : 0).finish());
+    }
+    case kNumKeys:
+      if (!r.done()) return malformed("NUM_KEYS");
+      return reply(c, Writer(kOk).i64(static_cast<std::int64_t>(data_.size())).finish());
+    default:
+      return drop(c, detail::concat("sent an unknown command (", int(cmd), ")"), false);
+  }
+}
+
+std::pair<const std::uint8_t*, std::size_t> Engine::output(Id id) const {
+  const Conn* c = find(id);
+  if (!c || c->out.empty()) return {nullptr, 0};
+  const Chunk& f = c->out.front();
+  if (c->out_off < f.own.size()) return {f.own.data() + c->out_off, f.own.size() - c->out_off};
+  const std::size_t off = c->out_off - f.own.size();
+  return {f.value->data() + off, f.value->size() - off};
+}
+
+void Engine::wrote(Id id, std::size_t n) {
+  Conn* c = find(id);
+  if (!c || c->out.empty() || n == 0) return;
+  const Chunk& f = c->out.front();
+  const std::size_t seg = f.own.size() + (f.value ? f.value->size() : 0);
+  n = std::min(n, output(id).second);  // output() hands out one segment at a time
+  if (c->out_off < f.own.size()) {
+    c->out_owned -= n;
+    buffered_ -= n;
+  }
+  c->out_off += n;
+  c->out_bytes -= n;
+  if (c->out_off == seg) {
+    c->out.pop_front();
+    c->out_off = 0;
+  }
+}
+
+std::size_t Engine::queued(Id id) const {
+  const Conn* c = find(id);
+  return c ? c->out_bytes : 0;
+}
+
+bool Engine::closing(Id id) const {
+  const Conn* c = find(id);
+  return !c || c->closing;
+}
+
+const std::string& Engine::reason(Id id) const {
+  static const std::string none;
+  const Conn* c = find(id);
+  return c ? c->reason : none;
+}
+
+bool Engine::authenticated(Id id) const {
+  const Conn* c = find(id);
+  return c && c->hello;
+}
+
+}  // namespace phalanx::tcpstore

@@ -1,0 +1,432 @@
+// A store that can't be knocked over: the request engine without sockets (frame limits
+// before the handshake, buffer caps, parked requests), then the server against floods of
+// unauthenticated connections, clients that stop reading, and the connection cap.
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "../../backends/src/tcp_store_engine.hpp"
+#include "../../backends/src/tcp_store_protocol.hpp"
+#include "support/multirank.hpp"
+
+using namespace phalanx;
+using namespace phalanx::tcpstore;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+Bytes b(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+/// Feeds a frame in pieces of at most `piece` bytes, as the server would.
+void feed(Engine& e, Engine::Id id, const Bytes& bytes, std::size_t piece = 65536) {
+  for (std::size_t i = 0; i < bytes.size() && !e.closing(id);) {
+    const std::size_t n = std::min({piece, bytes.size() - i, e.room(id)});
+    REQUIRE(n > 0);
+    e.feed(id, bytes.data() + i, n);
+    i += n;
+  }
+}
+
+/// Everything the engine queued for a connection, as if the client read it all.
+Bytes drain(Engine& e, Engine::Id id) {
+  Bytes all;
+  for (auto [p, n] = e.output(id); n > 0; std::tie(p, n) = e.output(id)) {
+    all.insert(all.end(), p, p + n);
+    e.wrote(id, n);
+  }
+  return all;
+}
+
+/// The payloads of the frames in `bytes`.
+std::vector<Bytes> frames(const Bytes& bytes) {
+  std::vector<Bytes> out;
+  for (std::size_t i = 0; i + 4 <= bytes.size();) {
+    std::uint32_t len;
+    std::memcpy(&len, bytes.data() + i, 4);
+    REQUIRE(i + 4 + len <= bytes.size());
+    out.emplace_back(bytes.begin() + i + 4, bytes.begin() + i + 4 + len);
+    i += 4 + len;
+  }
+  return out;
+}
+
+Engine::Id hello(Engine& e, const std::string& token = "tok") {
+  const Engine::Id id = e.open();
+  feed(e, id, Writer(kHello).str(token).finish());
+  REQUIRE(drain(e, id) == Writer(kOk).finish());
+  return id;
+}
+
+Bytes value_reply(const Bytes& v) { return Writer(kOk).bytes(v).finish(); }
+}  // namespace
+
+TEST_CASE("store engine: every request, fed one byte at a time") {
+  Engine e("tok", TcpStoreLimits{});
+  const Engine::Id id = hello(e);
+  Bytes in;
+  for (const Bytes& f : {Writer(kSet).str("a").bytes(b("1")).finish(), Writer(kGet).str("a").finish(),
+                         Writer(kAdd).str("n").i64(5).finish(), Writer(kAdd).str("n").i64(-7).finish(),
+                         Writer(kCas).str("c").bytes({}).bytes(b("x")).finish(),
+                         Writer(kCas).str("c").bytes(b("y")).bytes(b("z")).finish(),
+                         Writer(kCheck).u32(2).str("a").str("c").finish(), Writer(kDelete).str("a").finish(),
+                         Writer(kNumKeys).finish()})
+    in.insert(in.end(), f.begin(), f.end());
+  feed(e, id, in, 1);
+  const auto got = frames(drain(e, id));
+  REQUIRE(got.size() == 9);
+  CHECK(got[0] == Bytes{kOk});
+  CHECK(got[1] == frames(value_reply(b("1")))[0]);
+  CHECK(got[2] == frames(Writer(kOk).i64(5).finish())[0]);
+  CHECK(got[3] == frames(Writer(kOk).i64(-2).finish())[0]);
+  CHECK(got[4] == frames(value_reply(b("x")))[0]);
+  CHECK(got[5] == frames(value_reply(b("x")))[0]);
+  CHECK(got[6] == Bytes{kOk, 1});
+  CHECK(got[7] == Bytes{kOk, 1});
+  CHECK(got[8] == frames(Writer(kOk).i64(2).finish())[0]);
+  CHECK(e.buffered_total() == 0);
+  CHECK_FALSE(e.closing(id));
+}
+
+TEST_CASE("store engine: before the handshake, no frame over 4 KiB is buffered") {
+  Engine e("tok", TcpStoreLimits{});
+  const Engine::Id id = e.open();
+  CHECK(e.room(id) == 4 + 4096);
+  const std::uint32_t huge = 64u << 20;
+  Bytes header(4);
+  std::memcpy(header.data(), &huge, 4);
+  e.feed(id, header.data(), 2);  // even a split length prefix is checked before any payload
+  CHECK_FALSE(e.closing(id));
+  e.feed(id, header.data() + 2, 2);
+  CHECK(e.closing(id));
+  CHECK(doctest::String(e.reason(id).c_str()) == doctest::Contains("before the token handshake (limit 4096)"));
+  CHECK(e.room(id) == 0);
+  e.close(id);
+  CHECK(e.buffered_total() == 0);
+
+  // A frame of exactly the limit is fine (and then refused as a non-HELLO).
+  const Engine::Id id2 = e.open();
+  Bytes f = Writer(kSet).str(std::string(4096 - 9, 'k')).bytes({}).finish();
+  REQUIRE(f.size() == 4 + 4096);
+  feed(e, id2, f, 1000);
+  CHECK(doctest::String(e.reason(id2).c_str()) == doctest::Contains("before the token handshake (HELLO)"));
+
+  // A wrong token: refused with a reply, counted.
+  const Engine::Id id3 = e.open();
+  feed(e, id3, Writer(kHello).str("other").finish());
+  CHECK(e.closing(id3));
+  CHECK(drain(e, id3) == Writer(kBadToken).finish());
+  CHECK(e.rejected_tokens() == 1);
+}
+
+TEST_CASE("store engine: authenticated clients still send values of almost 64 MiB") {
+  Engine e("tok", TcpStoreLimits{});
+  const Engine::Id id = hello(e);
+  CHECK(e.room(id) == 4 + (64u << 20));
+  Bytes big((64u << 20) - 64, 3);
+  feed(e, id, Writer(kSet).str("big").bytes(big).finish());
+  CHECK(drain(e, id) == Writer(kOk).finish());
+  CHECK(e.buffered_total() == 0);
+  feed(e, id, Writer(kGet).str("big").finish());
+  CHECK(e.queued(id) == 9 + big.size());
+  CHECK(e.buffered_total() == 9);  // the value itself is shared with the store, not copied
+  CHECK(drain(e, id) == value_reply(big));
+  // One byte over the limit is refused, naming it.
+  Bytes over(4);
+  const std::uint32_t n = (64u << 20) + 1;
+  std::memcpy(over.data(), &n, 4);
+  e.feed(id, over.data(), 4);
+  CHECK(doctest::String(e.reason(id).c_str()) == doctest::Contains("sent a frame of 67108865 bytes"));
+}
+
+TEST_CASE("store engine: parked GET and WAIT wake on another connection's SET, then go on") {
+  Engine e("", TcpStoreLimits{});
+  const Engine::Id getter = hello(e, ""), waiter = hello(e, ""), setter = hello(e, "");
+  // The getter pipelines a NUM_KEYS behind its parked GET: answered only after the GET.
+  Bytes in = Writer(kGet).str("k").finish();
+  const Bytes nk = Writer(kNumKeys).finish();
+  in.insert(in.end(), nk.begin(), nk.end());
+  feed(e, getter, in);
+  feed(e, waiter, Writer(kWait).u32(2).str("k").str("j").finish());
+  CHECK(e.queued(getter) == 0);
+  feed(e, setter, Writer(kSet).str("k").bytes(b("v")).finish());
+  const auto got = frames(drain(e, getter));
+  REQUIRE(got.size() == 2);
+  CHECK(got[0] == frames(value_reply(b("v")))[0]);
+  CHECK(got[1] == frames(Writer(kOk).i64(1).finish())[0]);
+  CHECK(e.queued(waiter) == 0);  // still missing "j"
+  feed(e, setter, Writer(kAdd).str("j").i64(1).finish());
+  CHECK(drain(e, waiter) == Writer(kOk).finish());
+  // A parked connection that goes away leaves nothing behind.
+  const Engine::Id gone = hello(e, "");
+  feed(e, gone, Writer(kGet).str("never").finish());
+  e.close(gone);
+  feed(e, setter, Writer(kSet).str("never").bytes(b("x")).finish());
+  CHECK(e.connections() == 3);
+}
+
+TEST_CASE("store engine: a client that does not read its replies is dropped alone") {
+  TcpStoreLimits lim;
+  lim.max_output_per_connection = 3u << 20;
+  Engine e("", lim);
+  const Engine::Id slow = hello(e, ""), other = hello(e, "");
+  feed(e, other, Writer(kSet).str("v").bytes(Bytes(1u << 20, 1)).finish());
+  drain(e, other);
+  const Bytes get = Writer(kGet).str("v").finish();
+  feed(e, slow, get);
+  feed(e, slow, get);
+  CHECK_FALSE(e.closing(slow));
+  feed(e, slow, get);  // 3 MiB + 27 bytes queued
+  CHECK(e.closing(slow));
+  CHECK(doctest::String(e.reason(slow).c_str()) == doctest::Contains("does not read its replies"));
+  CHECK(e.queued(slow) == 0);
+  feed(e, other, Writer(kNumKeys).finish());
+  CHECK(drain(e, other) == Writer(kOk).i64(1).finish());
+}
+
+TEST_CASE("store engine: the total buffer cap drops the connection that would pass it") {
+  TcpStoreLimits lim;
+  lim.max_buffered_total = 1u << 20;
+  Engine e("", lim);
+  const Engine::Id a = hello(e, ""), c = hello(e, "");
+  const Bytes frame = Writer(kSet).str("x").bytes(Bytes(700u << 10, 1)).finish();
+  feed(e, a, Bytes(frame.begin(), frame.begin() + (600u << 10)));  // a partial frame: buffered
+  CHECK(e.buffered_total() == 600u << 10);
+  feed(e, c, Bytes(frame.begin(), frame.begin() + (600u << 10)));
+  CHECK(e.closing(c));
+  CHECK(doctest::String(e.reason(c).c_str()) == doctest::Contains("buffers are full"));
+  CHECK_FALSE(e.closing(a));
+  e.close(c);
+  feed(e, a, Bytes(frame.begin() + (600u << 10), frame.end()));
+  CHECK(drain(e, a) == Writer(kOk).finish());
+  CHECK(e.buffered_total() == 0);
+}
+
+TEST_CASE("store engine: ADD overflow and ADD on a large value answer errors") {
+  Engine e("", TcpStoreLimits{});
+  const Engine::Id id = hello(e, "");
+  feed(e, id, Writer(kAdd).str("n").i64(INT64_MAX).finish());
+  drain(e, id);
+  feed(e, id, Writer(kAdd).str("n").i64(1).finish());
+  auto got = frames(drain(e, id));
+  REQUIRE(got.size() == 1);
+  CHECK(got[0][0] == kError);
+  CHECK(std::string(got[0].begin(), got[0].end()).find("overflows") != std::string::npos);
+  feed(e, id, Writer(kSet).str("big").bytes(Bytes(1000, '7')).finish());
+  feed(e, id, Writer(kAdd).str("big").i64(1).finish());
+  got = frames(drain(e, id));
+  REQUIRE(got.size() == 2);
+  CHECK(got[1][0] == kError);
+  CHECK(got[1].size() < 200);
+  CHECK_FALSE(e.closing(id));
+}
+
+// ---- the server, over sockets --------------------------------------------------------
+
+namespace {
+int connect_raw(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return fd;
+}
+
+long status_kib(pid_t pid, const char* field) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(field, 0) == 0) return std::stol(line.substr(std::strlen(field) + 1));
+  return -1;
+}
+
+/// True when the peer has closed fd (EOF or reset) within `within`.
+bool closed_by_peer(int fd, std::chrono::milliseconds within) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(within.count())) <= 0) return false;
+  char c;
+  return ::recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+}  // namespace
+
+TEST_CASE("TCP store: 200 unauthenticated 64 MiB frames barely move the store's memory") {
+  int ready[2], quit[2];
+  REQUIRE(::pipe(ready) == 0);
+  REQUIRE(::pipe(quit) == 0);
+  std::fflush(stderr);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // the store's process
+    ::close(ready[0]);
+    ::close(quit[1]);
+    ::dup2(::open("/dev/null", O_WRONLY), 2);  // 200 drop lines are expected
+    TcpStoreOptions so;
+    so.token = "job";
+    TcpStoreServer server(so);
+    const int port = server.port();
+    if (::write(ready[1], &port, sizeof port) != sizeof port) ::_exit(1);
+    char c;
+    while (::read(quit[0], &c, 1) > 0) {
+    }
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  ::close(quit[0]);
+  int port = 0;
+  REQUIRE(::read(ready[0], &port, sizeof port) == sizeof port);
+  TcpStoreOptions o;
+  o.port = port;
+  o.token = "job";
+  o.timeout = 5s;
+  TcpStore s(o);
+  s.set("warm", b("up"));
+  const long rss_before = status_kib(child, "VmRSS:");
+  REQUIRE(rss_before > 0);
+
+  constexpr int kConns = 200;
+  const std::uint32_t len = 64u << 20;
+  const Bytes chunk(1u << 20, 0x5a);
+  std::vector<int> fds;
+  std::vector<std::size_t> sent(kConns, 0);
+  std::vector<bool> cut(kConns, false);
+  for (int i = 0; i < kConns; ++i) {
+    fds.push_back(connect_raw(port));
+    REQUIRE(::send(fds.back(), &len, 4, MSG_NOSIGNAL) == 4);
+    ::fcntl(fds.back(), F_SETFL, O_NONBLOCK);
+  }
+  // Each pushes its 64 MiB until the store cuts it off.
+  const auto deadline = Clock::now() + 30s;
+  int open_conns = kConns;
+  while (open_conns > 0 && Clock::now() < deadline) {
+    std::vector<pollfd> p;
+    for (int i = 0; i < kConns; ++i)
+      if (!cut[i] && sent[i] < len) p.push_back({fds[i], POLLOUT, 0});
+    if (p.empty()) break;
+    ::poll(p.data(), p.size(), 100);
+    for (auto& q : p) {
+      if (!q.revents) continue;
+      const int i = static_cast<int>(std::find(fds.begin(), fds.end(), q.fd) - fds.begin());
+      const ssize_t w = ::send(q.fd, chunk.data(), std::min<std::size_t>(chunk.size(), len - sent[i]), MSG_NOSIGNAL);
+      if (w > 0) sent[i] += static_cast<std::size_t>(w);
+      else if (errno != EAGAIN) cut[i] = true, --open_conns;
+    }
+  }
+  const long hwm_after = status_kib(child, "VmHWM:"), rss_after = status_kib(child, "VmRSS:");
+  const int cut_off = static_cast<int>(std::count(cut.begin(), cut.end(), true));
+  std::size_t most = 0;
+  for (auto n : sent) most = std::max(most, n);
+  MESSAGE("store RSS before " << rss_before << " KiB, peak during the flood " << hwm_after << " KiB (+"
+                              << (hwm_after - rss_before) << " KiB), after " << rss_after << " KiB; " << cut_off
+                              << " of " << kConns << " connections cut off, at most " << most
+                              << " bytes accepted by the kernel for one");
+  CHECK(cut_off == kConns);
+  CHECK(hwm_after - rss_before < 64 * 1024);
+  // ... and it still serves.
+  s.set("after", b("flood"));
+  CHECK(s.get_string("after") == "flood");
+  for (int fd : fds) ::close(fd);
+  ::close(quit[1]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(WIFEXITED(status));
+}
+
+TEST_CASE("TCP store: a client that stops reading delays nobody, and is dropped alone") {
+  TcpStoreOptions so;
+  so.token = "job";
+  TcpStoreServer server(so);
+  TcpStoreOptions o;
+  o.port = server.port();
+  o.token = "job";
+  o.timeout = 10s;
+  TcpStore good(o);
+  const Bytes big(16u << 20, 9);
+  good.set("big", big);
+
+  const int bad = connect_raw(server.port());
+  const Bytes hi = Writer(kHello).str("job").finish();
+  REQUIRE(::send(bad, hi.data(), hi.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(hi.size()));
+  std::uint8_t reply[5];
+  REQUIRE(::recv(bad, reply, 5, MSG_WAITALL) == 5);
+  const Bytes get = Writer(kGet).str("big").finish();
+
+  auto max_latency = [&](int requests) {
+    Clock::duration worst{};
+    for (int i = 0; i < requests; ++i) {
+      const auto t0 = Clock::now();
+      good.set("k", b(std::to_string(i)));
+      CHECK(good.get_string("k") == std::to_string(i));
+      good.add("n", 1);
+      worst = std::max(worst, Clock::now() - t0);
+    }
+    return std::chrono::duration<double, std::milli>(worst).count();
+  };
+  // Four 16 MiB replies unread: just under the per-connection cap, so it stays connected.
+  for (int i = 0; i < 4; ++i) REQUIRE(::send(bad, get.data(), get.size(), MSG_NOSIGNAL) > 0);
+  std::this_thread::sleep_for(50ms);
+  const double stalled_ms = max_latency(200);
+  CHECK(server.dropped_connections() == 0);
+  // Many more: its queue passes the cap and it is dropped; the others never notice.
+  std::thread flood([&] {
+    for (int i = 0; i < 100; ++i)
+      if (::send(bad, get.data(), get.size(), MSG_NOSIGNAL) <= 0) break;
+  });
+  const double flood_ms = max_latency(200);
+  flood.join();
+  MESSAGE("slowest of 3 requests (set, get, add) while a client stalls: " << stalled_ms
+                                                                           << " ms; while it floods: " << flood_ms
+                                                                           << " ms");
+  CHECK(stalled_ms < 500);
+  CHECK(flood_ms < 500);
+  for (int i = 0; i < 100 && server.dropped_connections() == 0; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(server.dropped_connections() == 1);
+  ::close(bad);
+  CHECK(good.get("big") == big);
+}
+
+TEST_CASE("TCP store: the connection cap evicts handshake-less connections first") {
+  TcpStoreOptions so;
+  so.limits.max_connections = 4;
+  so.limits.hello_timeout = 60s;
+  TcpStoreServer server(so);
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(connect_raw(server.port()));
+  std::this_thread::sleep_for(50ms);
+  TcpStoreOptions o;
+  o.port = server.port();
+  o.timeout = 5s;
+  auto a = std::make_unique<TcpStore>(o);  // evicts the oldest idle connection
+  a->set("x", b("1"));
+  CHECK(closed_by_peer(idle[0], 2000ms));
+  std::vector<std::unique_ptr<TcpStore>> more;
+  for (int i = 0; i < 3; ++i) more.push_back(std::make_unique<TcpStore>(o));
+  for (int fd : idle) CHECK(closed_by_peer(fd, 2000ms));
+  // Now every slot has completed the handshake: a fifth client is refused.
+  o.timeout = 300ms;
+  CHECK_THROWS_AS(TcpStore{o}, TimeoutError);
+  CHECK(a->get_string("x") == "1");
+  CHECK(server.dropped_connections() >= 5);
+  for (int fd : idle) ::close(fd);
+}
+
+TEST_CASE("TCP store: a connection that never says HELLO is dropped after hello_timeout") {
+  TcpStoreOptions so;
+  so.limits.hello_timeout = 200ms;
+  TcpStoreServer server(so);
+  const int fd = connect_raw(server.port());
+  CHECK(closed_by_peer(fd, 3000ms));
+  CHECK(server.dropped_connections() == 1);
+  ::close(fd);
+}
