@@ -130,8 +130,13 @@ GlooProcessGroup::GlooProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank
     }
   } catch (const ::gloo::Exception& e) {
     shutdown();
-    throw CommError(detail::concat("gloo rendezvous on rank ", c.rank, " of ", c.size,
-                                   " failed: ", e.what()));
+    const std::string what = e.what();
+    const std::string msg = detail::concat("gloo rendezvous on rank ", c.rank, " of ", c.size, " failed: ", what);
+    // A peer that never connected is a timeout, and stays one (callers catch TimeoutError).
+    if (what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos)
+      throw TimeoutError(msg + " (a peer did not connect within " + std::to_string(c.timeout.count() / 1000.0) +
+                         " s; raise PHALANX_TIMEOUT if ranks start far apart)");
+    throw CommError(msg);
   } catch (...) {
     shutdown();
     throw;

@@ -26,7 +26,12 @@ class LockedFile {
       throw ConfigError("file store: cannot open " + path + ": " + std::strerror(errno) +
                         " (the file:// path must be on a filesystem every rank can write)");
     while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
-      if (errno != EINTR) throw IoError("file store: cannot lock " + path + ": " + std::strerror(errno));
+      if (errno != EINTR) {
+        const int err = errno;
+        ::close(fd_);  // the destructor does not run for a constructor that throws
+        fd_ = -1;
+        throw IoError("file store: cannot lock " + path + ": " + std::strerror(err));
+      }
     }
   }
   ~LockedFile() {

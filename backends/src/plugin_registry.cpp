@@ -115,7 +115,14 @@ const phalanx_plugin_descriptor& load_plugin(const std::string& name, const std:
                               ". Build the plugin (CMake option PHALANX_WITH_<NAME>), or point "
                               "PHALANX_PLUGIN_PATH at the directory that holds it");
   }
-  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // Closed again on every error path below; kept open (for the process's life) once loaded.
+  struct Handle {
+    void* h;
+    ~Handle() {
+      if (h) ::dlclose(h);
+    }
+  } guard{::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)};
+  void* handle = guard.h;
   if (!handle)
     throw PluginNotFoundError("backend '" + name + "': " + path + " exists but cannot be loaded: " +
                               ::dlerror() + " (a missing dependency? check it with ldd)");
@@ -134,6 +141,7 @@ const phalanx_plugin_descriptor& load_plugin(const std::string& name, const std:
                          (d->name ? d->name : "") + "' (or has no factory); the file name and the "
                          "descriptor must agree");
   g_loaded[name] = d;
+  guard.h = nullptr;  // loaded: the descriptor points into the library
   return *d;
 }
 
@@ -176,6 +184,10 @@ ProcessGroupPtr create_process_group(const std::string& name, const BackendConfi
   auto* pg = static_cast<ProcessGroup*>(obj);
   auto destroy = d.destroy;
   return ProcessGroupPtr(pg, [destroy](ProcessGroup* p) {
+    // An aborted group's worker may still be blocked inside the backend (a peer that
+    // stopped without closing its connections): give it a moment, then leave the group
+    // alive rather than hang here; its thread ends with the process.
+    if (p->is_aborted() && !p->stop_threads(std::chrono::milliseconds(500))) return;
     if (destroy) destroy(p);
     else delete p;
   });

@@ -18,37 +18,95 @@ std::chrono::milliseconds default_timeout() {
   return kDefaultTimeout;
 }
 
+namespace {
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+}  // namespace
+
 ProcessGroup::ProcessGroup(int rank, int size, std::chrono::milliseconds timeout, bool inline_ops)
     : rank_(rank), size_(size), timeout_(timeout), inline_ops_(inline_ops) {
   if (size < 1) throw ConfigError(detail::concat("world size must be >= 1, got ", size));
   if (rank < 0 || rank >= size)
     throw ConfigError(detail::concat("rank ", rank, " is outside [0, ", size, ")"));
+  worker_exited_ = inline_ops_;
+  completer_exited_ = true;  // started with the first deferred completion
   if (!inline_ops_) worker_ = std::thread([this] { worker_loop(); });
 }
 
 ProcessGroup::~ProcessGroup() { shutdown(); }
 
-void ProcessGroup::shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
+bool ProcessGroup::stop_threads(std::chrono::milliseconds grace) {
+  std::unique_lock<std::mutex> lock(mu_);
+  stopping_ = true;
   cv_.notify_all();
   completion_cv_.notify_all();
+  const auto exited = [&] { return worker_exited_ && completer_exited_; };
+  if (grace.count() < 0)
+    exit_cv_.wait(lock, exited);
+  else if (!exit_cv_.wait_for(lock, grace, exited))
+    return false;  // a thread is blocked in the backend: do not join (nor destroy)
+  lock.unlock();
   if (worker_.joinable()) worker_.join();
   if (completer_.joinable()) completer_.join();
+  return true;
+}
+
+void ProcessGroup::shutdown() {
+  stop_threads();
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto& [work, waiter] : completions_)
     work->finish(std::make_exception_ptr(CommError(detail::concat(
         work->op(), " #", work->sequence_number(), " on rank ", rank_,
         ": the process group was destroyed before it completed"))));
   completions_.clear();
   // Anything still queued never ran: fail it rather than leave a waiter hanging.
-  for (auto& [work, fn] : queue_)
-    work->finish(std::make_exception_ptr(CommError(detail::concat(
-        work->op(), " #", work->sequence_number(), " on rank ", rank_,
+  for (auto& item : queue_)
+    item.work->finish(std::make_exception_ptr(CommError(detail::concat(
+        item.work->op(), " #", item.work->sequence_number(), " on rank ", rank_,
         ": the process group was destroyed before it ran"))));
   queue_.clear();
+}
+
+void ProcessGroup::abort(std::exception_ptr error) {
+  if (!error) error = std::make_exception_ptr(CommError("the process group was aborted"));
+  std::vector<WorkPtr> victims;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abort_error_) return;
+    abort_error_ = error;
+    if (broken_.empty()) broken_ = message_of(error);
+    if (running_) victims.push_back(running_);
+    if (completing_) victims.push_back(completing_);
+    for (auto& item : queue_) victims.push_back(item.work);
+    queue_.clear();  // never started: nothing in the backend refers to them
+    // Deferred completions stay queued (the backend may still write into their buffers);
+    // only their Works finish now.
+    for (auto& c : completions_) victims.push_back(c.first);
+  }
+  for (auto& w : victims) w->finish(error);
+}
+
+bool ProcessGroup::is_aborted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return abort_error_ != nullptr;
+}
+
+void ProcessGroup::set_failure_hook(FailureHook hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failure_hook_ = std::move(hook);
+}
+
+void ProcessGroup::set_collective_check(CollectiveCheck check) {
+  std::lock_guard<std::mutex> lock(mu_);
+  collective_check_ = std::move(check);
+  checking_.store(static_cast<bool>(collective_check_), std::memory_order_relaxed);
 }
 
 std::string ProcessGroup::describe(const std::string& op, std::uint64_t seq) const {
@@ -60,10 +118,14 @@ std::uint64_t ProcessGroup::sequence_number() const {
   return next_seq_;
 }
 
-WorkPtr ProcessGroup::enqueue(const char* op, std::function<void(std::uint64_t)> fn) {
+WorkPtr ProcessGroup::enqueue(const char* op, std::function<void(std::uint64_t)> fn, std::string signature) {
   std::unique_lock<std::mutex> lock(mu_);
   const std::uint64_t seq = next_seq_++;
   auto work = std::make_shared<Work>(op, seq, rank_, timeout_ + std::chrono::seconds(5));
+  if (abort_error_) {
+    work->finish(abort_error_);  // the failure that ended the group, as it was reported
+    return work;
+  }
   if (stopping_) {
     work->finish(std::make_exception_ptr(CommError(describe(op, seq) + ": the process group is shut down")));
     return work;
@@ -74,17 +136,13 @@ WorkPtr ProcessGroup::enqueue(const char* op, std::function<void(std::uint64_t)>
                   broken_ + "); destroy it and re-initialise, or restart the job")));
     return work;
   }
+  Item item{work, std::move(fn), std::move(signature)};
   if (inline_ops_) {
     lock.unlock();
-    try {
-      fn(seq);
-      work->finish();
-    } catch (...) {
-      work->finish(std::current_exception());
-    }
+    run_item(item);
     return work;
   }
-  queue_.emplace_back(work, std::move(fn));
+  queue_.push_back(std::move(item));
   lock.unlock();
   cv_.notify_one();
   return work;
@@ -92,36 +150,63 @@ WorkPtr ProcessGroup::enqueue(const char* op, std::function<void(std::uint64_t)>
 
 void ProcessGroup::worker_loop() {
   for (;;) {
-    std::pair<WorkPtr, std::function<void(std::uint64_t)>> item;
+    Item item;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
-      if (stopping_) return;       // shutdown() fails what is left
+      if (stopping_ || queue_.empty()) {  // shutdown() fails what is left
+        worker_exited_ = true;
+        exit_cv_.notify_all();
+        return;
+      }
       item = std::move(queue_.front());
       queue_.pop_front();
+      running_ = item.work;
     }
-    try {
-      item.second(item.first->sequence_number());
-      if (pending_waiter_) {
-        std::lock_guard<std::mutex> lock(mu_);
-        completions_.emplace_back(item.first, std::move(pending_waiter_));
-        pending_waiter_ = nullptr;
-        if (!completer_.joinable()) completer_ = std::thread([this] { completion_loop(); });
-        completion_cv_.notify_all();
-      } else {
-        item.first->finish();
-      }
-    } catch (const std::exception& e) {
-      pending_waiter_ = nullptr;
-      mark_broken(e.what());
-      item.first->finish(std::current_exception());
-    } catch (...) {
-      pending_waiter_ = nullptr;
-      mark_broken("unknown error");
-      item.first->finish(std::current_exception());
-    }
+    run_item(item);
+    std::lock_guard<std::mutex> lock(mu_);
+    running_.reset();
   }
+}
+
+void ProcessGroup::run_item(Item& item) {
+  try {
+    if (!item.signature.empty() && collective_check_) collective_check_(collective_index_++, item.signature);
+    item.fn(item.work->sequence_number());
+    if (pending_waiter_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      completions_.emplace_back(item.work, std::move(pending_waiter_));
+      pending_waiter_ = nullptr;
+      if (!completer_.joinable()) {
+        completer_exited_ = false;
+        completer_ = std::thread([this] { completion_loop(); });
+      }
+      completion_cv_.notify_all();
+    } else {
+      item.work->finish();
+    }
+  } catch (...) {
+    pending_waiter_ = nullptr;
+    fail_item(item.work, std::current_exception());
+  }
+}
+
+void ProcessGroup::fail_item(const WorkPtr& work, std::exception_ptr error) {
+  FailureHook hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (abort_error_) {  // already failed from outside; this is the backend catching up
+      work->finish(abort_error_);
+      return;
+    }
+    hook = failure_hook_;
+  }
+  // The hook posts this rank's failure record and may name the peer that failed first
+  // (its contract: it does not throw).
+  if (hook)
+    if (std::exception_ptr better = hook(error, describe(work->op(), work->sequence_number()))) error = better;
+  mark_broken(message_of(error).c_str());
+  work->finish(error);
 }
 
 void ProcessGroup::mark_broken(const char* what) {
@@ -137,20 +222,23 @@ void ProcessGroup::completion_loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       completion_cv_.wait(lock, [&] { return stopping_ || !completions_.empty(); });
-      if (stopping_ || completions_.empty()) return;
+      if (stopping_ || completions_.empty()) {
+        completer_exited_ = true;
+        exit_cv_.notify_all();
+        return;
+      }
       item = std::move(completions_.front());
       completions_.pop_front();
+      completing_ = item.first;
     }
     try {
       item.second();
       item.first->finish();
-    } catch (const std::exception& e) {
-      mark_broken(e.what());
-      item.first->finish(std::current_exception());
     } catch (...) {
-      mark_broken("unknown error");
-      item.first->finish(std::current_exception());
+      fail_item(item.first, std::current_exception());
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    completing_.reset();
   }
 }
 
@@ -166,6 +254,12 @@ void ProcessGroup::check_peer(int peer, const char* op) const {
 }
 
 namespace {
+/// "allreduce(sum, float32 [4, 3])": what PHALANX_DEBUG=detail compares across ranks.
+std::string signature(const char* op, const Tensor& t, const std::string& extra = {}) {
+  return detail::concat(op, "(", extra, extra.empty() ? "" : ", ", dtype_name(t.dtype()), " ",
+                        shape_str(t.shape()), ")");
+}
+std::string root_of(int root) { return "root " + std::to_string(root); }
 void check_tensor(const Tensor& t, const char* op, const char* what) {
   if (!t.defined()) throw ValueError(detail::concat(op, ": ", what, " is undefined"));
 }
@@ -189,13 +283,15 @@ WorkPtr ProcessGroup::allreduce(Tensor t, ReduceOp op) {
     throw TypeError(std::string("allreduce: ") + dtype_name(t.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && t.dtype() != DType::Float32)
     throw TypeError("allreduce: avg needs a float32 tensor");
-  return enqueue("allreduce", [this, t, op](std::uint64_t seq) mutable { run_allreduce(t, op, seq); });
+  return enqueue("allreduce", [this, t, op](std::uint64_t seq) mutable { run_allreduce(t, op, seq); },
+                 checking_.load(std::memory_order_relaxed) ? signature("allreduce", t, reduce_op_name(op)) : std::string());
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor t, int root) {
   check_tensor(t, "broadcast", "tensor");
   check_root(root, "broadcast");
-  return enqueue("broadcast", [this, t, root](std::uint64_t seq) mutable { run_broadcast(t, root, seq); });
+  return enqueue("broadcast", [this, t, root](std::uint64_t seq) mutable { run_broadcast(t, root, seq); },
+                 checking_.load(std::memory_order_relaxed) ? signature("broadcast", t, root_of(root)) : std::string());
 }
 
 WorkPtr ProcessGroup::allgather(std::vector<Tensor> outputs, Tensor input) {
@@ -203,7 +299,7 @@ WorkPtr ProcessGroup::allgather(std::vector<Tensor> outputs, Tensor input) {
   check_list(outputs, input, size_, "allgather", "output");
   return enqueue("allgather", [this, outputs, input](std::uint64_t seq) mutable {
     run_allgather(outputs, input, seq);
-  });
+  }, checking_.load(std::memory_order_relaxed) ? signature("allgather", input) : std::string());
 }
 
 WorkPtr ProcessGroup::reduce_scatter(Tensor output, std::vector<Tensor> inputs, ReduceOp op) {
@@ -213,14 +309,17 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor output, std::vector<Tensor> inputs, 
     throw TypeError("reduce_scatter: avg needs float32 tensors");
   return enqueue("reduce_scatter", [this, output, inputs, op](std::uint64_t seq) mutable {
     run_reduce_scatter(output, inputs, op, seq);
-  });
+  }, checking_.load(std::memory_order_relaxed) ? signature("reduce_scatter", output, reduce_op_name(op)) : std::string());
 }
 
 WorkPtr ProcessGroup::reduce(Tensor t, int root, ReduceOp op) {
   check_tensor(t, "reduce", "tensor");
   check_root(root, "reduce");
   if (op == ReduceOp::Avg && t.dtype() != DType::Float32) throw TypeError("reduce: avg needs a float32 tensor");
-  return enqueue("reduce", [this, t, root, op](std::uint64_t seq) mutable { run_reduce(t, root, op, seq); });
+  return enqueue("reduce", [this, t, root, op](std::uint64_t seq) mutable { run_reduce(t, root, op, seq); },
+                 checking_.load(std::memory_order_relaxed)
+                     ? signature("reduce", t, std::string(reduce_op_name(op)) + ", " + root_of(root))
+                     : std::string());
 }
 
 WorkPtr ProcessGroup::gather(std::vector<Tensor> outputs, Tensor input, int root) {
@@ -229,7 +328,7 @@ WorkPtr ProcessGroup::gather(std::vector<Tensor> outputs, Tensor input, int root
   if (rank_ == root) check_list(outputs, input, size_, "gather", "output");
   return enqueue("gather", [this, outputs, input, root](std::uint64_t seq) mutable {
     run_gather(outputs, input, root, seq);
-  });
+  }, checking_.load(std::memory_order_relaxed) ? signature("gather", input, root_of(root)) : std::string());
 }
 
 WorkPtr ProcessGroup::scatter(Tensor output, std::vector<Tensor> inputs, int root) {
@@ -238,11 +337,12 @@ WorkPtr ProcessGroup::scatter(Tensor output, std::vector<Tensor> inputs, int roo
   if (rank_ == root) check_list(inputs, output, size_, "scatter", "input");
   return enqueue("scatter", [this, output, inputs, root](std::uint64_t seq) mutable {
     run_scatter(output, inputs, root, seq);
-  });
+  }, checking_.load(std::memory_order_relaxed) ? signature("scatter", output, root_of(root)) : std::string());
 }
 
 WorkPtr ProcessGroup::barrier() {
-  return enqueue("barrier", [this](std::uint64_t seq) { run_barrier(seq); });
+  return enqueue("barrier", [this](std::uint64_t seq) { run_barrier(seq); },
+                 checking_.load(std::memory_order_relaxed) ? std::string("barrier()") : std::string());
 }
 
 WorkPtr ProcessGroup::send(Tensor t, int dst, int tag) {

@@ -26,13 +26,15 @@ std::exception_ptr Work::exception() const {
   return error_;
 }
 
-void Work::finish(std::exception_ptr error) {
+bool Work::finish(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return false;  // the first outcome stands (an abort may race the backend)
     done_ = true;
     error_ = error;
   }
   cv_.notify_all();
+  return true;
 }
 
 const char* reduce_op_name(ReduceOp op) {

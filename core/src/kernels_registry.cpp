@@ -1,4 +1,5 @@
 #include <array>
+#include <atomic>
 #include <mutex>
 #include <string>
 
@@ -12,26 +13,40 @@ DeviceKernels& cpu_kernels();  // core/src/cpu/cpu_kernels.cpp
 bool load_device_plugin(DeviceType type, std::string* reason);
 
 namespace {
-std::array<DeviceKernels*, kNumDeviceTypes>& table() {
-  static std::array<DeviceKernels*, kNumDeviceTypes> t{&cpu_kernels(), nullptr};
-  return t;
+// Read on every kernel call from any thread, written once when a device plugin loads: the
+// slots are atomics (an acquire load is a plain load on x86 and ARMv8's ldar), and loading
+// a plugin is serialised by load_mu.
+using Table = std::array<std::atomic<DeviceKernels*>, kNumDeviceTypes>;
+Table& table() {
+  static Table* t = [] {
+    auto* tbl = new Table;  // never destroyed: kernels may run during static destruction
+    for (auto& slot : *tbl) slot.store(nullptr, std::memory_order_relaxed);
+    (*tbl)[static_cast<int>(DeviceType::CPU)].store(&cpu_kernels(), std::memory_order_release);
+    return tbl;
+  }();
+  return *t;
 }
+std::mutex load_mu;
 }  // namespace
 
 DeviceKernels& kernels_for(Device device) {
-  DeviceKernels* k = table()[static_cast<int>(device.type)];
-  if (!k) {
-    std::string reason;
-    if (load_device_plugin(device.type, &reason)) k = table()[static_cast<int>(device.type)];
-    if (!k)
-      throw TypeError("no kernels for device " + device.str() + ": " + reason +
-                      " (use the CPU: PHALANX_DEVICE=cpu / --device cpu)");
+  auto& slot = table()[static_cast<int>(device.type)];
+  DeviceKernels* k = slot.load(std::memory_order_acquire);
+  if (k) return *k;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(load_mu);
+    k = slot.load(std::memory_order_acquire);
+    if (!k && load_device_plugin(device.type, &reason)) k = slot.load(std::memory_order_acquire);
   }
+  if (!k)
+    throw TypeError("no kernels for device " + device.str() + ": " + reason +
+                    " (use the CPU: PHALANX_DEVICE=cpu / --device cpu)");
   return *k;
 }
 
 void register_device_kernels(DeviceType type, DeviceKernels* k) {
-  table()[static_cast<int>(type)] = k;
+  table()[static_cast<int>(type)].store(k, std::memory_order_release);
 }
 
 }  // namespace phalanx

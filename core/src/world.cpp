@@ -1,6 +1,9 @@
 #include "phalanx/core/world.hpp"
 
+#include <cstdlib>
 #include <mutex>
+
+#include "phalanx/core/error.hpp"
 
 namespace phalanx {
 
@@ -17,6 +20,29 @@ WorldInfo default_world() {
 void set_default_world(WorldInfo w) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_world = w;
+}
+
+int launch_world_size(std::string* source) {
+  for (const char* name : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"}) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (source) *source = name;
+    return (*end == '\0' && n >= 1 && n < (1L << 30)) ? static_cast<int>(n) : 1;
+  }
+  return 1;
+}
+
+void require_world_initialized(const std::string& who) {
+  const WorldInfo w = default_world();
+  if (w.initialized || w.size > 1) return;
+  std::string source;
+  const int n = launch_world_size(&source);
+  if (n > 1)
+    throw ValueError(detail::concat(who, ": the launch environment says ", source, "=", n,
+                                    " but no process group is initialised, so this worker would train "
+                                    "alone as a world of one; call parallel::init_process_group() first"));
 }
 
 }  // namespace phalanx

@@ -3,13 +3,16 @@
 #include "model_sync.hpp"
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/autograd.hpp"
+#include "phalanx/core/world.hpp"
 #include "phalanx/parallel/init.hpp"
 #include "reducer.hpp"
 
 namespace phalanx::parallel {
 
 DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGroupPtr pg, DDPOptions options)
-    : module_(std::move(module)), pg_(pg ? std::move(pg) : default_process_group()), options_(options) {
+    : module_(std::move(module)),
+      pg_(pg ? std::move(pg) : (require_world_initialized("DDP"), default_process_group())),
+      options_(options) {
   if (!module_) throw ValueError("DDP: the module is null");
   if (!(options_.bucket_cap_mb > 0) || !(options_.first_bucket_mb > 0))
     throw ValueError("DDP: bucket sizes must be positive");

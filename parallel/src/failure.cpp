@@ -1,6 +1,42 @@
-// PLACEHOLDER (issue 12, "errors travel"): replaced by the real implementation.
 #include "phalanx/parallel/failure.hpp"
 
+#include "failure_records.hpp"
+#include "phalanx/backends/tcp_store.hpp"
+#include "phalanx/parallel/launch_env.hpp"
+
 namespace phalanx::parallel {
-void report_failure(const std::string&) noexcept {}
+
+namespace {
+
+/// Before init_process_group (a rank that fails while loading its data): the launch
+/// environment names the store, so the others, already waiting in rendezvous, still learn
+/// why. Null when there is no multi-rank environment or the store cannot be reached soon.
+std::shared_ptr<FailureContext> context_from_environment() {
+  try {
+    const LaunchEnv env = read_launch_env();
+    if (env.world_size <= 1 || env.master_addr.empty() || env.master_port <= 0) return nullptr;
+    TcpStoreOptions so;
+    so.host = env.master_addr;
+    so.port = env.master_port;
+    so.timeout = std::chrono::seconds(2);
+    auto ctx = std::make_shared<FailureContext>();
+    ctx->root = std::make_shared<TcpStore>(so);
+    ctx->rank = env.rank;
+    ctx->restart = env.restart_count;
+    return ctx;
+  } catch (const std::exception&) {
+    return nullptr;  // a bad environment or no store: nobody to tell
+  }
+}
+
+}  // namespace
+
+void report_failure(const std::string& message) noexcept {
+  auto ctx = failure_context();
+  if (!ctx) ctx = context_from_environment();
+  if (!ctx) return;
+  // A rank whose group was ended by a peer's failure reports a consequence, not a cause.
+  ctx->post(message, ctx->peer_failed.load());
+}
+
 }  // namespace phalanx::parallel

@@ -16,6 +16,9 @@
 #include "phalanx/backends/world_of_one.hpp"
 #include "phalanx/core/world.hpp"
 #include "phalanx/parallel/launch_env.hpp"
+#include "desync_check.hpp"
+#include "failure_aware_store.hpp"
+#include "failure_watcher.hpp"
 
 namespace phalanx::parallel {
 
@@ -26,6 +29,7 @@ struct State {
   ProcessGroupPtr group;
   std::unique_ptr<TcpStoreServer> server;  // when this rank hosts the store
   StorePtr store;
+  std::unique_ptr<FailureWatcher> watcher;  // aborts the group when another rank fails
 };
 State& state() {
   // Never destroyed: a process that exits without destroy_process_group() drops its
@@ -65,6 +69,48 @@ bool is_loopback(const std::string& host) {
   return host.empty() || host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
+/// Every rank checks in once: a duplicate rank or a disagreement on the world is an error
+/// on every rank, not a hang.
+void check_in(Store& prefixed, int rank, int world, const std::string& backend,
+              std::chrono::milliseconds timeout) {
+  char hostname[256] = {0};
+  ::gethostname(hostname, sizeof hostname - 1);
+  const std::string mine = detail::concat(world, "|", backend, "|pid ", ::getpid(), " on ", hostname);
+  const Bytes mine_b(mine.begin(), mine.end());
+  const Bytes got = prefixed.compare_set("rank/" + std::to_string(rank), {}, mine_b);
+  if (got != mine_b) {
+    const std::string theirs(got.begin(), got.end());
+    const auto who = [](const std::string& v) { return v.substr(v.find("pid")); };
+    throw ConfigError(detail::concat("rank ", rank, " is taken twice: this worker (", who(mine), ") and another (",
+                                     who(theirs), ") were both given RANK=", rank,
+                                     "; every worker needs its own rank"));
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back("rank/" + std::to_string(r));
+  try {
+    prefixed.wait(keys, timeout);
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < world; ++r)
+      if (!prefixed.check({"rank/" + std::to_string(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    throw TimeoutError(detail::concat("rendezvous timed out after ", timeout.count() / 1000.0, " s on rank ", rank,
+                                      ": rank(s) ", missing, " of ", world,
+                                      " never joined (did they start? do they use the same MASTER_ADDR, "
+                                      "MASTER_PORT and WORLD_SIZE?)"));
+  }
+  for (int r = 0; r < world; ++r) {
+    const std::string theirs = prefixed.get_string("rank/" + std::to_string(r));
+    const auto bar1 = theirs.find('|'), bar2 = theirs.find('|', bar1 + 1);
+    const std::string their_world = theirs.substr(0, bar1);
+    const std::string their_backend = theirs.substr(bar1 + 1, bar2 - bar1 - 1);
+    if (their_world != std::to_string(world) || their_backend != backend)
+      throw ConfigError(detail::concat("rank ", r, " was started with world size ", their_world, " and backend '",
+                                       their_backend, "', but rank ", rank, " with world size ", world,
+                                       " and backend '", backend, "'; every worker needs the same WORLD_SIZE and backend"));
+  }
+
+}
+
 }  // namespace
 
 std::string resolve_backend(const InitOptions& o, int world_size) {
@@ -94,12 +140,13 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     throw ConfigError(detail::concat("init_process_group: rank ", rank, " is not below the world size ", world));
   const auto timeout = o.timeout.count() > 0 ? o.timeout : default_timeout();
   const std::string backend = resolve_backend(o, world);
+  const bool debug_detail = debug_detail_enabled();
 
   if (backend == "single") {
     if (world != 1)
       throw ConfigError(detail::concat("backend 'single' is a world of one, but WORLD_SIZE is ", world));
     s.group = std::make_shared<WorldOfOneProcessGroup>(timeout);
-    set_default_world({0, 1});
+    set_default_world({0, 1, true});
     return s.group;
   }
 
@@ -142,62 +189,44 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
       return std::string(buf);
     }());
   }
-  auto prefixed = std::make_shared<PrefixStore>("phalanx/r" + std::to_string(env.restart_count) + "/default", store);
-
-  // Every rank checks in once: a duplicate rank or a disagreement on the world is an error
-  // on every rank, not a hang.
-  char hostname[256] = {0};
-  ::gethostname(hostname, sizeof hostname - 1);
-  const std::string mine = detail::concat(world, "|", backend, "|pid ", ::getpid(), " on ", hostname);
-  const Bytes mine_b(mine.begin(), mine.end());
-  const Bytes got = prefixed->compare_set("rank/" + std::to_string(rank), {}, mine_b);
-  if (got != mine_b) {
-    const std::string theirs(got.begin(), got.end());
-    const auto who = [](const std::string& v) { return v.substr(v.find("pid")); };
-    throw ConfigError(detail::concat("rank ", rank, " is taken twice: this worker (", who(mine), ") and another (",
-                                     who(theirs), ") were both given RANK=", rank,
-                                     "; every worker needs its own rank"));
-  }
-  std::vector<std::string> keys;
-  for (int r = 0; r < world; ++r) keys.push_back("rank/" + std::to_string(r));
+  // From here the store is reachable: a failure on this rank is posted there, so the other
+  // ranks fail at once (docs/errors.md), and theirs reach this rank's waits.
+  auto ctx = std::make_shared<FailureContext>();
+  ctx->root = store;
+  ctx->rank = rank;
+  ctx->restart = env.restart_count;
+  set_failure_context(ctx);
+  auto prefixed = std::make_shared<FailureAwareStore>(
+      std::make_shared<PrefixStore>("phalanx/r" + std::to_string(env.restart_count) + "/default", store), ctx);
   try {
-    prefixed->wait(keys, timeout);
-  } catch (const TimeoutError&) {
-    std::string missing;
-    for (int r = 0; r < world; ++r)
-      if (!prefixed->check({"rank/" + std::to_string(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    throw TimeoutError(detail::concat("rendezvous timed out after ", timeout.count() / 1000.0, " s on rank ", rank,
-                                      ": rank(s) ", missing, " of ", world,
-                                      " never joined (did they start? do they use the same MASTER_ADDR, "
-                                      "MASTER_PORT and WORLD_SIZE?)"));
+    check_in(*prefixed, rank, world, backend, timeout);
+    BackendConfig cfg;
+    cfg.rank = rank;
+    cfg.size = world;
+    cfg.store = prefixed;
+    cfg.timeout = timeout;
+    cfg.hostname = host;
+    ProcessGroupPtr group = create_process_group(backend, cfg, o.plugin_path);
+    group->set_failure_hook(make_failure_hook(ctx));
+    if (debug_detail) group->set_collective_check(make_desync_check(prefixed, rank, world));
+    s.watcher = std::make_unique<FailureWatcher>(ctx, group);
+    s.group = group;
+  } catch (...) {
+    const std::exception_ptr error = std::current_exception();
+    ctx->post(error_message(error), is_secondary_failure(error) || ctx->peer_failed.load());
+    throw;
   }
-  for (int r = 0; r < world; ++r) {
-    const std::string theirs = prefixed->get_string("rank/" + std::to_string(r));
-    const auto bar1 = theirs.find('|'), bar2 = theirs.find('|', bar1 + 1);
-    const std::string their_world = theirs.substr(0, bar1);
-    const std::string their_backend = theirs.substr(bar1 + 1, bar2 - bar1 - 1);
-    if (their_world != std::to_string(world) || their_backend != backend)
-      throw ConfigError(detail::concat("rank ", r, " was started with world size ", their_world, " and backend '",
-                                       their_backend, "', but rank ", rank, " with world size ", world,
-                                       " and backend '", backend, "'; every worker needs the same WORLD_SIZE and backend"));
-  }
-
-  BackendConfig cfg;
-  cfg.rank = rank;
-  cfg.size = world;
-  cfg.store = prefixed;
-  cfg.timeout = timeout;
-  cfg.hostname = host;
-  s.group = create_process_group(backend, cfg, o.plugin_path);
   s.store = store;
-  set_default_world({rank, world});
+  set_default_world({rank, world, true});
   return s.group;
 }
 
 void destroy_process_group() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
+  s.watcher.reset();  // first: it must not abort a group that is going away
   s.group.reset();
+  set_failure_context(nullptr);
   s.store.reset();
   s.server.reset();
   set_default_world({0, 1});

@@ -95,9 +95,52 @@ void Reducer::reset_pass() {
   in_pass_ = false;
 }
 
+namespace {
+
+/// Adds DDP's context to a communication error without changing its kind (callers catch
+/// TimeoutError apart from other CommErrors). A peer's failure keeps its own message.
+[[noreturn]] void rethrow_with_context(const std::exception_ptr& error, const std::string& context) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const PeerFailedError&) {
+    throw;  // "rank R failed: <its message> (...)" already says everything
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(context + e.what());
+  } catch (const DesyncError& e) {
+    throw DesyncError(context + e.what());
+  } catch (const CommError& e) {
+    throw CommError(context + e.what());
+  }
+}
+
+}  // namespace
+
+void Reducer::abandon_pass() {
+  // The previous backward stopped part-way (an exception inside the autograd graph or a
+  // hook): its end-of-backward callback never ran. Complete the buckets it launched, so no
+  // collective still writes into the gradient buffers, then start afresh. The gradients of
+  // that pass are partial: zero them before the next backward (optimizer.zero_grad()).
+  std::exception_ptr error;
+  std::size_t failed = 0;
+  for (std::size_t b = 0; b < next_launch_; ++b) {
+    try {
+      hook_->finish(*pg_, buckets_[b]);
+    } catch (const CommError&) {
+      if (!error) {
+        error = std::current_exception();
+        failed = b;
+      }
+    }
+  }
+  armed_ = false;
+  reset_pass();
+  if (error)
+    rethrow_with_context(error, detail::concat("DDP: the previous backward stopped part-way, and completing its "
+                                               "gradient bucket ", failed, " failed: "));
+}
+
 void Reducer::arm(const Tensor& output) {
-  if (in_pass_)
-    throw AutogradError("DDP: forward called while the previous backward's reduction is unfinished");
+  if (in_pass_) abandon_pass();
   armed_ = true;
   if (!find_unused_) return;
   // Walk the graph from the output; leaves never reached are unused in this iteration.
@@ -175,27 +218,32 @@ void Reducer::finalize() {
     int count = 0;
     for (std::size_t p = 0; p < params_.size(); ++p)
       if (!ready_[p] && count++ < 5) missing += (missing.empty() ? "" : ", ") + names_[p];
-    // Complete what was launched so the group stays in step, then report.
+    // Complete what was launched so the group stays in step, then report (with the first
+    // communication error, if completing a bucket failed too).
+    std::string comm_failure;
     for (std::size_t b = 0; b < next_launch_; ++b) {
       try {
         hook_->finish(*pg_, buckets_[b]);
-      } catch (...) {
+      } catch (const CommError& e) {
+        if (comm_failure.empty())
+          comm_failure = detail::concat(" (completing gradient bucket ", b, " failed too: ", e.what(), ")");
       }
     }
     reset_pass();
     throw AutogradError(detail::concat(
         "DDP: ", count, " parameter(s) got no gradient in this backward pass (", missing,
         "): they were not used to compute the loss. Pass find_unused_parameters=true to DDPOptions "
-        "if parts of the model are unused in some iterations, or remove them from the model"));
+        "if parts of the model are unused in some iterations, or remove them from the model", comm_failure));
   }
   const auto wait_start = Clock::now();
   for (auto& b : buckets_) {
     try {
       hook_->finish(*pg_, b);
-    } catch (const CommError& e) {
+    } catch (const CommError&) {
       reset_pass();
-      throw CommError(detail::concat("DDP: reducing gradient bucket ", b.index, " (", b.params.size(),
-                                     " parameter(s), ", b.buffer.numel() * 4, " bytes) failed: ", e.what()));
+      rethrow_with_context(std::current_exception(),
+                           detail::concat("DDP: reducing gradient bucket ", b.index, " (", b.params.size(),
+                                          " parameter(s), ", b.buffer.numel() * 4, " bytes) failed: "));
     }
   }
   const auto end = Clock::now();

@@ -38,6 +38,7 @@ class Reducer {
   void launch_in_order();
   void finalize();
   void reset_pass();
+  void abandon_pass();
 
   std::vector<Tensor> params_;
   std::vector<std::string> names_;

@@ -347,3 +347,61 @@ TEST_CASE("a parameter reached along two paths accumulates both (gradients writt
     check_close(got, want, 1e-5, rank);
   });
 }
+
+TEST_CASE("an exception in the middle of a backward does not wedge the reducer: the next forward recovers") {
+  const Data d = make_data(16, 16, 5);
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("gloo", rank, 2, store);
+    DDPOptions o;
+    o.first_bucket_mb = o.bucket_cap_mb = 0.0005;  // ~128 floats: several buckets, some launched before the throw
+    auto model = many_small_one_large();
+    DDP ddp(model, pg, o);
+    REQUIRE_RANK(rank, ddp.bucket_layout().size() > 2, "several buckets");
+    // The first layer's weight gets its gradient last: by then earlier buckets are in flight.
+    bool fail = true;
+    const Tensor first = model->parameters()[0];
+    const auto id = first.register_grad_accumulated_hook([&](const Tensor&) {
+      if (fail) throw ValueError("injected failure inside backward");
+    });
+    try {
+      cross_entropy(ddp.forward(d.x), d.y).backward();
+      REQUIRE_RANK(rank, false, "expected the injected failure");
+    } catch (const ValueError& e) {
+      REQUIRE_RANK(rank, std::string(e.what()).find("injected") != std::string::npos, e.what());
+    }
+    fail = false;
+    first.remove_grad_accumulated_hook(id);
+    // Before the fix every later forward threw "previous backward's reduction is unfinished".
+    ddp.zero_grad();
+    cross_entropy(ddp.forward(d.x), d.y).backward();
+    auto ref = many_small_one_large();  // same initial weights, same data on both ranks
+    cross_entropy(ref->forward(d.x), d.y).backward();
+    const auto got = ddp.parameters(), want = ref->parameters();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const auto g = got[i].grad().to_vector<float>(), w = want[i].grad().to_vector<float>();
+      for (std::size_t k = 0; k < g.size(); ++k)
+        REQUIRE_RANK(rank, std::abs(g[k] - w[k]) < 1e-5, "gradients after recovery equal one process on the same batch");
+    }
+  });
+}
+
+TEST_CASE("a timed-out bucket stays a TimeoutError through DDP (not a plain CommError)") {
+  const Data d = make_data(8, 16, 5);
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("gloo", rank, 2, store, std::chrono::milliseconds(1500));
+    DDP ddp(make_model("mlp"), pg);
+    pg->barrier()->wait();
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(4));  // takes no part in rank 0's backward
+      return;
+    }
+    try {
+      cross_entropy(ddp.forward(d.x), d.y).backward();
+      REQUIRE_RANK(rank, false, "expected a timeout");
+    } catch (const TimeoutError& e) {
+      REQUIRE_RANK(rank, std::string(e.what()).find("gradient bucket") != std::string::npos, e.what());
+    }
+  });
+}

@@ -10,6 +10,12 @@ namespace phalanx {
 class CommError : public Error { using Error::Error; };
 /// An operation or a rendezvous did not finish within its timeout.
 class TimeoutError : public CommError { using CommError::CommError; };
+/// Another rank failed and posted its error ("rank R failed: <its message>"); this rank's
+/// pending and later operations fail with it (docs/errors.md).
+class PeerFailedError : public CommError { using CommError::CommError; };
+/// PHALANX_DEBUG=detail found ranks issuing different collectives (op, dtype, shape, root)
+/// at the same point; the message names both ranks and both calls.
+class DesyncError : public CommError { using CommError::CommError; };
 /// Bad launch configuration: RANK/WORLD_SIZE values, a missing MASTER_ADDR, a port in use,
 /// mismatched world sizes or duplicate ranks across workers.
 class ConfigError : public Error { using Error::Error; };

@@ -7,10 +7,12 @@
 // same order), while the caller keeps computing. A backend implements the synchronous
 // `run_*` hooks. After an operation fails the group is broken: later operations fail at
 // once with an error naming the first failure.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -69,6 +71,32 @@ class ProcessGroup {
   /// How many operations have been issued.
   std::uint64_t sequence_number() const;
 
+  /// Ends the group from any thread (parallel::init_process_group's failure watcher calls it
+  /// when another rank posts its failure): the running operation, everything queued and
+  /// every later operation fail at once with `error`, even while the worker thread is still
+  /// blocked inside the backend (its Work is completed from here; the backend's own result
+  /// arrives later and is ignored). Idempotent: the first error stands.
+  void abort(std::exception_ptr error);
+  bool is_aborted() const;
+
+  /// Called on the worker thread when an operation fails on this rank, with the error and
+  /// the operation's description; returns the error its Work should carry (e.g. the failing
+  /// peer's own message). Set before the first operation; null = none.
+  using FailureHook = std::function<std::exception_ptr(std::exception_ptr error, const std::string& what)>;
+  void set_failure_hook(FailureHook hook);
+  /// PHALANX_DEBUG=detail: called on the worker thread before each collective (not send or
+  /// recv) with the collective's index among collectives and its signature, e.g.
+  /// "allreduce(sum, float32 [4, 3])"; throws to fail that collective. Set before the first
+  /// operation; null (the default) costs one branch per call.
+  using CollectiveCheck = std::function<void(std::uint64_t index, const std::string& signature)>;
+  void set_collective_check(CollectiveCheck check);
+
+  /// Stops the worker threads: waits for the running operations to return, at most `grace`
+  /// (negative = no limit). False when a thread is still blocked in the backend after
+  /// `grace`: the group must then not be destroyed (plugin_registry leaks an aborted group
+  /// whose worker is stuck rather than hang the process; the thread ends with the process).
+  bool stop_threads(std::chrono::milliseconds grace = std::chrono::milliseconds(-1));
+
  protected:
   /// `inline_ops`: run operations on the caller's thread (no worker thread), for backends
   /// whose operations are trivial (the world of one).
@@ -97,7 +125,14 @@ class ProcessGroup {
   std::string describe(const std::string& op, std::uint64_t seq) const;
 
  private:
-  WorkPtr enqueue(const char* op, std::function<void(std::uint64_t)> fn);
+  struct Item {
+    WorkPtr work;
+    std::function<void(std::uint64_t)> fn;
+    std::string signature;  // non-empty only with a collective check
+  };
+  WorkPtr enqueue(const char* op, std::function<void(std::uint64_t)> fn, std::string signature = {});
+  void run_item(Item& item);
+  void fail_item(const WorkPtr& work, std::exception_ptr error);
   void worker_loop();
   void completion_loop();
   void mark_broken(const char* what);
@@ -109,7 +144,15 @@ class ProcessGroup {
   bool inline_ops_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<WorkPtr, std::function<void(std::uint64_t)>>> queue_;
+  std::deque<Item> queue_;
+  WorkPtr running_;                  // the operation the worker is running now
+  std::exception_ptr abort_error_;   // set by abort()
+  FailureHook failure_hook_;
+  CollectiveCheck collective_check_;
+  std::atomic<bool> checking_{false};  // collective_check_ is set (read on the caller's thread)
+  std::uint64_t collective_index_ = 0;  // worker thread only
+  std::condition_variable exit_cv_;
+  bool worker_exited_ = false, completer_exited_ = false;
   std::uint64_t next_seq_ = 0;
   bool stopping_ = false;
   std::string broken_;  // non-empty once an operation failed
@@ -119,6 +162,7 @@ class ProcessGroup {
   std::deque<std::pair<WorkPtr, std::function<void()>>> completions_;
   std::condition_variable completion_cv_;
   std::thread completer_;
+  WorkPtr completing_;  // the deferred completion running now
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;

@@ -26,8 +26,9 @@ class Work {
   const std::string& op() const { return op_; }
   std::uint64_t sequence_number() const { return seq_; }
 
-  /// Called by the backend once the operation ended (error null on success).
-  void finish(std::exception_ptr error = nullptr);
+  /// Called by the backend once the operation ended (error null on success), or by an
+  /// abort from another thread. Idempotent: only the first call counts (returns true).
+  bool finish(std::exception_ptr error = nullptr);
 
  private:
   std::string op_;

@@ -4,7 +4,9 @@
 namespace phalanx::samplers {
 
 struct DistributedSamplerOptions {
-  int num_replicas = -1;  ///< -1: the default world's size (1 before init_process_group)
+  /// -1: the default world's size (1 before init_process_group; with -1 here or for rank,
+  /// a launch environment of WORLD_SIZE > 1 without an initialised group is an error)
+  int num_replicas = -1;
   int rank = -1;          ///< -1: the default world's rank
   bool shuffle = true;
   std::uint64_t seed = 0;

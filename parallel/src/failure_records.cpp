@@ -1,0 +1,133 @@
+#include "failure_records.hpp"
+
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "phalanx/backends/comm_error.hpp"
+
+namespace phalanx::parallel {
+
+namespace {
+std::mutex g_mu;
+std::shared_ptr<FailureContext> g_ctx;
+
+}  // namespace
+
+std::string error_message(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+std::string encode_failure(const FailureRecord& r) {
+  nlohmann::json j;
+  j["rank"] = r.rank;
+  j["message"] = r.message;
+  j["secondary"] = r.secondary;
+  j["unix_ns"] = r.unix_ns;
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::optional<FailureRecord> decode_failure(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("rank") || !j["rank"].is_number_integer()) return std::nullopt;
+  FailureRecord r;
+  r.rank = j["rank"].get<int>();
+  if (j.contains("message") && j["message"].is_string()) r.message = j["message"].get<std::string>();
+  if (j.contains("secondary") && j["secondary"].is_boolean()) r.secondary = j["secondary"].get<bool>();
+  if (j.contains("unix_ns") && j["unix_ns"].is_number_integer()) r.unix_ns = j["unix_ns"].get<std::int64_t>();
+  return r;
+}
+
+std::optional<FailureRecord> FailureContext::peer_first_failure() const {
+  const std::string k = key("first");
+  if (!root->check({k})) return std::nullopt;
+  auto r = decode_failure(root->get_string(k));
+  if (!r || r->rank == rank) return std::nullopt;
+  return r;
+}
+
+void FailureContext::post(std::string message, bool secondary) const noexcept {
+  try {
+    FailureRecord r;
+    r.rank = rank;
+    r.message = one_line(std::move(message));
+    r.secondary = secondary;
+    r.unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::system_clock::now().time_since_epoch()).count();
+    const std::string json = encode_failure(r);
+    const Bytes value(json.begin(), json.end());
+    root->set(key(std::to_string(rank)), value);
+    if (!secondary) root->compare_set(key("first"), {}, value);
+  } catch (const std::exception&) {
+    // The store is gone (its host exited): the others see this process's exit instead.
+  }
+}
+
+std::exception_ptr peer_failed_error(const FailureRecord& r, const std::string& noticed) {
+  return std::make_exception_ptr(PeerFailedError(
+      detail::concat("rank ", r.rank, " failed: ", r.message, noticed.empty() ? "" : " (", noticed,
+                     noticed.empty() ? "" : ")")));
+}
+
+std::shared_ptr<FailureContext> failure_context() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_ctx;
+}
+
+void set_failure_context(std::shared_ptr<FailureContext> ctx) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_ctx = std::move(ctx);
+}
+
+bool is_secondary_failure(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const DesyncError&) {
+    return false;  // both sides of a desync are at fault; each is a primary failure
+  } catch (const CommError&) {
+    return true;  // a lost connection, a timeout, a peer's posted failure
+  } catch (...) {
+    return false;
+  }
+}
+
+ProcessGroup::FailureHook make_failure_hook(std::shared_ptr<FailureContext> ctx, std::chrono::milliseconds grace) {
+  return [ctx, grace](std::exception_ptr error, const std::string& what) -> std::exception_ptr {
+    const bool secondary = is_secondary_failure(error);
+    std::exception_ptr better;
+    if (secondary) {
+      // A peer that failed posts its record before it exits, so by the time its connection
+      // closes here the record is usually there; wait briefly in case it is on its way.
+      const auto deadline = std::chrono::steady_clock::now() + grace;
+      for (;;) {
+        try {
+          if (auto first = ctx->peer_first_failure()) {
+            better = peer_failed_error(*first, "noticed by " + what);
+            ctx->peer_failed = true;
+            break;
+          }
+        } catch (const std::exception&) {
+          break;  // the store is unreachable: keep the backend's own error
+        }
+        if (std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    ctx->post(error_message(better ? better : error), secondary);
+    return better;
+  };
+}
+
+}  // namespace phalanx::parallel

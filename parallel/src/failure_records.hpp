@@ -1,0 +1,68 @@
+#pragma once
+// Failure records in the job's rendezvous store (the contract with phalanx-run, see
+// docs/errors.md): `phalanx/r<k>/failure/<rank>` holds a rank's failure as JSON
+// {"rank", "message", "secondary", "unix_ns"}; `phalanx/r<k>/failure/first` the first
+// primary (not secondary) failure, set once. <k> is PHALANX_RESTART_COUNT.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "phalanx/backends/process_group.hpp"
+#include "phalanx/backends/store.hpp"
+
+namespace phalanx::parallel {
+
+struct FailureRecord {
+  int rank = -1;
+  std::string message;     ///< one line
+  bool secondary = false;  ///< this rank failed because another failed or vanished
+  std::int64_t unix_ns = 0;
+};
+
+/// What this process needs to post and watch failure records: the root store, this rank
+/// and the attempt. Installed by init_process_group as soon as the store is reachable.
+struct FailureContext {
+  StorePtr root;
+  int rank = 0;
+  int restart = 0;
+  std::atomic<bool> peer_failed{false};  ///< a peer's failure reached this rank
+
+  std::string key(const std::string& leaf) const {
+    return "phalanx/r" + std::to_string(restart) + "/failure/" + leaf;
+  }
+  /// failure/first when another rank posted it (no waiting); nullopt otherwise.
+  std::optional<FailureRecord> peer_first_failure() const;
+  /// Posts failure/<rank> and, for a primary failure, failure/first. Never throws (a
+  /// store that cannot be reached leaves the others to notice the exit instead).
+  void post(std::string message, bool secondary) const noexcept;
+};
+
+std::string encode_failure(const FailureRecord& r);
+std::optional<FailureRecord> decode_failure(const std::string& json);
+
+/// The error a peer's failure becomes on this rank: PeerFailedError
+/// "rank R failed: <message> (<where this rank noticed it>)".
+std::exception_ptr peer_failed_error(const FailureRecord& r, const std::string& noticed);
+
+/// The process's context (null before init_process_group reached a store).
+std::shared_ptr<FailureContext> failure_context();
+void set_failure_context(std::shared_ptr<FailureContext> ctx);
+
+/// The hook ProcessGroup calls on the worker thread when an operation fails here: posts
+/// this rank's record (secondary for communication errors) and, for a lost peer, returns
+/// the peer's own failure when it posted one within `grace`.
+ProcessGroup::FailureHook make_failure_hook(std::shared_ptr<FailureContext> ctx,
+                                            std::chrono::milliseconds grace = std::chrono::milliseconds(500));
+
+/// True when `error` means this rank failed because of another rank (CommError other than
+/// a desync, or a PeerFailedError).
+bool is_secondary_failure(const std::exception_ptr& error);
+std::string one_line(std::string s);
+/// what() of an exception_ptr ("unknown error" for a non-std exception).
+std::string error_message(const std::exception_ptr& error);
+
+}  // namespace phalanx::parallel
