@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# kill -9 of a random worker at a random step, N trials (default 20): each job runs under
+# phalanx-run --max-restarts 2 --nproc-per-node 2 with checkpoints every 3 steps and
+# --resume; a trial passes when the job exits 0, its log shows a resume at a step > 0, and
+# the final weights (--save) are bit-identical to an uninterrupted run's.
+#   scripts/kill_resume_trials.sh [BUILD_DIR] [TRIALS]
+set -u
+BUILD=${1:-build}
+TRIALS=${2:-20}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+RUN="$ROOT/$BUILD/bin/phalanx-run"
+TRAIN="$ROOT/$BUILD/bin/phalanx-train"
+[ -x "$RUN" ] && [ -x "$TRAIN" ] || { echo "kill_resume_trials: build phalanx-run and phalanx-train in $BUILD first" >&2; exit 2; }
+W=$(mktemp -d /tmp/phalanx_kill_trials.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+
+# The case study's data as .npy files (stdlib Python only: the members are .npy already).
+python3 - "$ROOT/examples/data/seed_case_study.npz" "$W" <<'PY'
+import sys, zipfile
+src, out = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(src) as z:
+    for m in ("x", "y"):
+        open(f"{out}/{m}.npy", "wb").write(z.read(m + ".npy"))
+PY
+"$TRAIN" --help >/dev/null 2>&1 || true
+EPOCHS=12; STEPS=$((EPOCHS * 8))
+OPTS="--train-x $W/x.npy --train-y $W/y.npy --model 64-32-10 --global-batch 64 --lr 0.1 --momentum 0.9 --warmup-steps 6 --seed 5 --epochs $EPOCHS"
+
+same_weights() {  # member bytes equal (the zip headers carry timestamps)
+  python3 - "$1" "$2" <<'PY'
+import sys, zipfile
+a, b = (zipfile.ZipFile(p) for p in sys.argv[1:3])
+na, nb = sorted(a.namelist()), sorted(b.namelist())
+sys.exit(0 if na == nb and all(a.read(n) == b.read(n) for n in na) else 1)
+PY
+}
+newest_step() {
+  ls "$1" 2>/dev/null | sed -n 's/^checkpoint-0*\([0-9][0-9]*\)\(\.[0-9]*\)\{0,1\}\.npz$/\1/p' | sort -n | tail -1
+}
+
+"$RUN" --nproc-per-node 2 "$TRAIN" $OPTS --save "$W/ref.npz" > "$W/ref.log" 2>&1 || { cat "$W/ref.log"; exit 1; }
+
+pass=0; resumed_steps=()
+for t in $(seq 1 "$TRIALS"); do
+  D="$W/t$t"; target=$((6 + RANDOM % (STEPS - 12)))
+  start=$(date +%s.%N)
+  "$RUN" --max-restarts 2 --nproc-per-node 2 "$TRAIN" $OPTS --checkpoint-dir "$D" --checkpoint-every 3 --resume \
+    --save "$D.npz" > "$D.log" 2>&1 &
+  launcher=$!
+  killed=""
+  while kill -0 "$launcher" 2>/dev/null; do
+    s=$(newest_step "$D"); s=${s:-0}
+    if [ "$s" -ge "$target" ]; then
+      mapfile -t ws < <(pgrep -P "$launcher" -f phalanx-train)
+      if [ "${#ws[@]}" -eq 2 ]; then
+        victim=${ws[$((RANDOM % 2))]}
+        kill -9 "$victim" 2>/dev/null && killed="$victim (newest checkpoint at step $s)" && break
+      fi
+    fi
+    sleep 0.002
+  done
+  wait "$launcher"; code=$?
+  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  resumed=$(grep -o 'resumed at step [0-9]*' "$D.log" | head -1 | grep -o '[0-9]*$')
+  ok=no
+  if [ -n "$killed" ] && [ "$code" -eq 0 ] && [ "${resumed:-0}" -gt 0 ] && same_weights "$W/ref.npz" "$D.npz"; then
+    ok=yes; pass=$((pass + 1)); resumed_steps+=("$resumed")
+  fi
+  printf 'trial %2d: target step %3d, killed %s, exit %d, resumed at step %s, %.1f s, bit-identical+complete: %s\n' \
+    "$t" "$target" "${killed:-nothing (job ended first)}" "$code" "${resumed:-none}" "$secs" "$ok"
+  [ "$ok" = yes ] || { echo "--- log of trial $t:"; tail -20 "$D.log"; }
+done
+echo "kill_resume_trials: $pass of $TRIALS jobs completed, resumed at a step > 0 and ended bit-identical (resume steps: ${resumed_steps[*]:-})"
+[ "$pass" -eq "$TRIALS" ]
