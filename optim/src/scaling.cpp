@@ -19,14 +19,15 @@ ScalingPlan linear_scaling(const ScalingOptions& o) {
     throw ValueError(detail::concat("linear scaling: global batch ", o.global_batch,
                                     " is smaller than the world size ", o.world_size,
                                     ": some workers would get no samples; raise the global batch "
-                                    "or use fewer workers"));
+                                    "(phalanx-train: --global-batch) or use fewer workers"));
   const std::int64_t rem = o.global_batch % o.world_size;
   if (rem != 0 && o.remainder == RemainderPolicy::Error)
     throw ValueError(detail::concat(
         "linear scaling: world size ", o.world_size, " does not divide the global batch ",
         o.global_batch, " (remainder ", rem, "); choose a global batch that is a multiple of ",
-        o.world_size, " (e.g. ", o.global_batch - rem, " or ", o.global_batch - rem + o.world_size,
-        "), or allow uneven shares with RemainderPolicy::Uneven"));
+        o.world_size, " (phalanx-train: --global-batch ", o.global_batch - rem, " or ",
+        o.global_batch - rem + o.world_size,
+        "), or, in C++, allow uneven shares with ScalingOptions::remainder = RemainderPolicy::Uneven"));
   if (o.warmup_epochs < 0) throw ValueError("linear scaling: warmup_epochs must be >= 0");
   if (o.warmup_epochs > 0 && o.dataset_size < 1)
     throw ValueError("linear scaling: warmup in epochs needs the dataset size");

@@ -1,6 +1,9 @@
 #include "phalanx/samplers/dataset.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <fstream>
 
 #include "phalanx/core/error.hpp"
 #include "phalanx/core/kernels.hpp"
@@ -23,7 +26,7 @@ TensorDataset::TensorDataset(Tensor features, Tensor labels, std::int64_t num_cl
     throw TypeError("TensorDataset: data must be on the CPU (batches are moved by the trainer)");
   if (num_classes > 0) {
     if (labels_.dtype() != DType::Int64)
-      throw TypeError("TensorDataset: class labels must be integers, got float32");
+      throw TypeError(detail::concat("TensorDataset: class labels must be integers, got ", dtype_name(labels_.dtype())));
     const std::int64_t bad = kernels_for(Device::cpu()).find_label_out_of_range(labels_, num_classes);
     if (bad >= 0)
       throw ValueError(detail::concat("TensorDataset: label[", bad, "] = ",
@@ -50,16 +53,108 @@ void TensorDataset::gather(const std::int64_t* idx, std::int64_t count, Tensor& 
   }
 }
 
+namespace {
+
+// The dtype an .npy file stores, as NumPy names it, read from its header (only on the error
+// path: the loaded tensor has already been converted).
+std::string stored_npy_dtype(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::string head(4096, '\0');
+  f.read(&head[0], static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<std::size_t>(f.gcount()));
+  const auto key = head.find("'descr'");
+  const auto open = key == std::string::npos ? key : head.find('\'', key + 7);
+  const auto close = open == std::string::npos ? open : head.find('\'', open + 1);
+  if (close == std::string::npos) return "floating point";
+  const std::string descr = head.substr(open + 1, close - open - 1);
+  if (descr == "<f8") return "float64";
+  if (descr == "<f4") return "float32";
+  if (descr == "<f2") return "float16";
+  return "floating point (" + descr + ")";
+}
+
+std::string member_list(const TensorMap& m) {
+  std::string s;
+  for (const auto& name : m.names()) s += (s.empty() ? "" : ", ") + name;
+  return s;
+}
+
+// First non-finite element (or -1) and how many there are, in one pass that tests 4096
+// values at a time with integer operations and looks closer only at a chunk that has one.
+std::int64_t find_nonfinite(const float* p, std::int64_t n, std::int64_t& count) {
+  constexpr std::int64_t kChunk = 4096;
+  std::int64_t first = -1;
+  count = 0;
+  for (std::int64_t s = 0; s < n; s += kChunk) {
+    const std::int64_t e = std::min(n, s + kChunk);
+    std::uint32_t any = 0;
+    for (std::int64_t i = s; i < e; ++i) {
+      std::uint32_t bits;
+      std::memcpy(&bits, p + i, 4);
+      any |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    if (!any) continue;
+    for (std::int64_t i = s; i < e; ++i)
+      if (!std::isfinite(p[i])) {
+        if (first < 0) first = i;
+        ++count;
+      }
+  }
+  return first;
+}
+
+void check_finite(const Tensor& x, const std::string& what) {
+  std::int64_t count = 0;
+  const std::int64_t bad = find_nonfinite(x.data<float>(), x.numel(), count);
+  if (bad < 0) return;
+  const std::int64_t row_len = x.numel() / x.shape()[0];
+  const float v = x.data<float>()[bad];
+  throw ValueError(detail::concat(what, ": row ", bad / row_len, x.dim() == 2 ? ", column " : ", element ",
+                                  bad % row_len, " is ", std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf", " (", count,
+                                  count == 1 ? " non-finite value" : " non-finite values",
+                                  " in all); the features must be finite numbers"));
+}
+
+}  // namespace
+
+Tensor load_array(const std::string& spec) {
+  const auto colon = spec.rfind(".npz:");
+  const bool npz_path = spec.size() > 4 && spec.compare(spec.size() - 4, 4, ".npz") == 0;
+  if (colon == std::string::npos && !npz_path) return load_npy(spec);
+  const std::string path = colon == std::string::npos ? spec : spec.substr(0, colon + 4);
+  const std::string key = colon == std::string::npos ? "" : spec.substr(colon + 5);
+  const TensorMap m = load_npz(path);
+  if (key.empty())
+    throw ValueError(path + " is an .npz archive: name the array as " + path + ":KEY (members: " + member_list(m) + ")");
+  const Tensor* t = m.find(key);
+  if (!t) throw ValueError(path + " has no member '" + key + "' (members: " + member_list(m) + ")");
+  return *t;
+}
+
 std::shared_ptr<TensorDataset> load_npy_dataset(const std::string& fpath, const std::string& lpath,
-                                                std::int64_t num_classes) {
-  Tensor x = load_npy(fpath);
-  Tensor y = load_npy(lpath);
+                                                const NpyDatasetOptions& o) {
+  Tensor x = load_array(fpath);
+  Tensor y = load_array(lpath);
   if (x.dtype() != DType::Float32)
-    throw TypeError(fpath + ": features must be floating point");
+    throw TypeError(fpath + ": features must be float32 or float64, got " + dtype_name(x.dtype()));
   if (x.dim() < 1 || y.dim() < 1 || x.shape()[0] != y.shape()[0])
     throw ShapeError(fpath + " and " + lpath + ": " + shape_str(x.shape()) + " features but " +
                      shape_str(y.shape()) + " labels; the first dimensions must agree");
-  return std::make_shared<TensorDataset>(x, y, num_classes);
+  if (o.num_classes > 0 && y.dtype() != DType::Int64) {
+    const bool npz = lpath.find(".npz:") != std::string::npos;
+    const std::string stored = npz ? "floating point (float32 or float64)" : stored_npy_dtype(lpath);
+    throw TypeError(lpath + ": labels are " + stored + ", but class labels must be integers; convert them with " +
+                    "y.astype(np.int64) before saving");
+  }
+  if (o.check_finite && x.numel() > 0) check_finite(x, fpath);
+  return std::make_shared<TensorDataset>(x, y, o.num_classes);
+}
+
+std::shared_ptr<TensorDataset> load_npy_dataset(const std::string& fpath, const std::string& lpath,
+                                                std::int64_t num_classes) {
+  NpyDatasetOptions o;
+  o.num_classes = num_classes;
+  return load_npy_dataset(fpath, lpath, o);
 }
 
 }  // namespace phalanx::samplers

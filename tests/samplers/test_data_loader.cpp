@@ -1,7 +1,11 @@
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 
 #include <phalanx/phalanx.hpp>
 
@@ -87,5 +91,36 @@ TEST_CASE("dataset errors") {
   save_npy(fy, tensor(std::vector<std::int64_t>{0, 1}, {2}));
   CHECK_THROWS_WITH_AS(load_npy_dataset(fx, fy), doctest::Contains("first dimensions must agree"), ShapeError);
   std::remove(fx.c_str());
+  std::remove(fy.c_str());
+}
+
+TEST_CASE("load_npy_dataset: .npz members, non-finite features, float labels") {
+  const std::string fz = "/tmp/phalanx_ds_" + std::to_string(::getpid()) + ".npz";
+  Tensor x = randn({6, 4});
+  x.data<float>()[4 * 4 + 2] = -std::numeric_limits<float>::infinity();
+  TensorMap m;
+  m.set("x", x);
+  m.set("y", tensor(std::vector<std::int64_t>{0, 1, 2, 1, 0, 2}, {6}));
+  m.set("yf", tensor(std::vector<float>{0, 1, 2, 1, 0, 2}, {6}));
+  save_npz(fz, m);
+  CHECK_THROWS_WITH_AS(load_npy_dataset(fz + ":x", fz + ":y", 3), doctest::Contains((fz + ":x: row 4, column 2 is -inf (1 non-finite value in all)").c_str()),
+                       ValueError);
+  NpyDatasetOptions o;
+  o.num_classes = 3;
+  o.check_finite = false;
+  auto ds = load_npy_dataset(fz + ":x", fz + ":y", o);
+  CHECK(ds->size() == 6);
+  CHECK(std::isinf(ds->features().data<float>()[18]));
+  CHECK_THROWS_WITH_AS(load_npy_dataset(fz + ":x", fz + ":yf", o), doctest::Contains("labels are floating point"), TypeError);
+  CHECK_THROWS_WITH_AS(load_array(fz + ":z"), doctest::Contains((fz + " has no member 'z' (members: x, y, yf)").c_str()), ValueError);
+  CHECK_THROWS_WITH_AS(load_array(fz), doctest::Contains(("name the array as " + fz + ":KEY").c_str()), ValueError);
+  CHECK(load_array(fz + ":y").to_vector<std::int64_t>() == m.at("y").to_vector<std::int64_t>());
+  // A float32 .npy of labels: the message names the stored dtype
+  const std::string fy = "/tmp/phalanx_ds_yf_" + std::to_string(::getpid()) + ".npy";
+  save_npy(fy, m.at("yf"));
+  CHECK_THROWS_WITH_AS(load_npy_dataset(fz + ":x", fy, o),
+                       doctest::Contains((fy + ": labels are float32, but class labels must be integers; convert them with y.astype(np.int64)").c_str()),
+                       TypeError);
+  std::remove(fz.c_str());
   std::remove(fy.c_str());
 }

@@ -1,12 +1,327 @@
 #include "train_config.hpp"
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include <phalanx/core/error.hpp>
 
 namespace phalanx::trainer {
+
+namespace {
+
+constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+
+// ---- numbers with ranges: "--lr nan: expected a finite number > 0" ----
+
+[[noreturn]] void bad_value(const std::string& option, const std::string& text, const std::string& range) {
+  throw ValueError(option + " " + (text.empty() ? "''" : text) + ": expected " + range);
+}
+
+// A real number in (lo, hi) or [lo, hi] (open or closed at each end), finite.
+double real_in(const std::string& option, const std::string& text, double lo, bool lo_open, double hi, bool hi_open,
+               const std::string& range) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' || !std::isfinite(v) ||
+      (lo_open ? v <= lo : v < lo) || (hi_open ? v >= hi : v > hi))
+    bad_value(option, text, range);
+  return v;
+}
+
+std::int64_t int_in(const std::string& option, const std::string& text, std::int64_t lo, std::int64_t hi,
+                    const std::string& range) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' || errno == ERANGE || v < lo ||
+      v > hi)
+    bad_value(option, text, range);
+  return v;
+}
+
+std::uint64_t uint64_of(const std::string& option, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = text.empty() ? 0 : std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0])) || *end != '\0' || errno == ERANGE)
+    bad_value(option, text, "an integer in [0, 18446744073709551615]");
+  return v;
+}
+
+std::int64_t positive(const std::string& option, const std::string& text) {
+  return int_in(option, text, 1, kInt64Max, "an integer in [1, 9223372036854775807]");
+}
+std::int64_t non_negative(const std::string& option, const std::string& text) {
+  return int_in(option, text, 0, kInt64Max, "an integer in [0, 9223372036854775807]");
+}
+double positive_real(const std::string& option, const std::string& text) {
+  return real_in(option, text, 0, true, HUGE_VAL, false, "a finite number > 0");
+}
+
+std::string with_commas(const std::vector<std::int64_t>& v) {
+  std::string s;
+  for (auto x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+std::vector<std::int64_t> milestones_of(const std::string& text) {
+  const std::string range = "strictly increasing step numbers >= 1, e.g. 100,200,300";
+  std::vector<std::int64_t> out;
+  std::size_t start = 0;
+  while (true) {
+    const auto comma = text.find(',', start);
+    const std::string part = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    errno = 0;
+    char* end = nullptr;
+    const long long v = part.empty() ? 0 : std::strtoll(part.c_str(), &end, 10);
+    if (part.empty() || !std::isdigit(static_cast<unsigned char>(part[0])) || *end != '\0' || errno == ERANGE ||
+        v < 1 || (!out.empty() && v <= out.back()))
+      bad_value("--lr-milestones", text, range);
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string bytes_str(double b) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (b >= 1024 && u < 6) b /= 1024, ++u;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+// The MLP's float32 weights and their gradients must fit in this machine's memory; a
+// parameter count that overflows, or one far too large, is named here rather than ending in
+// std::bad_alloc halfway through the set-up.
+void check_model_size(const std::string& text, const std::vector<std::int64_t>& w) {
+  std::int64_t params = 0;
+  bool overflow = false;
+  for (std::size_t i = 0; i + 1 < w.size() && !overflow; ++i) {
+    std::int64_t layer = 0;
+    overflow = __builtin_mul_overflow(w[i], w[i + 1], &layer) || __builtin_add_overflow(layer, w[i + 1], &layer) ||
+               __builtin_add_overflow(params, layer, &params);
+  }
+  if (overflow) throw ValueError("--model " + text + ": the parameter count does not fit in a 64-bit integer");
+  const double need = static_cast<double>(params) * 4 * 2;  // float32 weights + their gradients
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const double have = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+  if (have > 0 && need > have)
+    throw ValueError("--model " + text + ": " + std::to_string(params) + " parameters need " + bytes_str(need) +
+                     " for float32 weights and gradients alone, more than this machine's " + bytes_str(have) +
+                     " of memory; use narrower layers");
+}
+
+// ---- the options ----
+
+// Every numeric option arrives as text and is converted in apply_numbers(), so that a bad
+// value in a config file or on the command line gets the same one-line error.
+struct RawOptions {
+  std::string model = "64-32-10", config;
+  std::string lr, momentum, weight_decay, global_batch, base_lr, base_batch, warmup_steps, epochs, seed;
+  std::string checkpoint_every, keep_checkpoints, lr_step_size, lr_milestones, lr_gamma;
+  bool no_shuffle = false, shuffle = false, no_data_check = false;
+};
+
+void add_options(CLI::App& app, TrainConfig& c, RawOptions& r) {
+  auto real = [&](const char* name, std::string& into, const char* help, const char* def) {
+    return app.add_option(name, into, help)->type_name("FLOAT")->default_str(def);
+  };
+  auto integer = [&](const char* name, std::string& into, const char* help, const char* def) {
+    return app.add_option(name, into, help)->type_name("INT")->default_str(def);
+  };
+  app.add_option("--config", r.config, "JSON file with options (command-line values win)");
+  app.add_option("--train-x", c.train_x, "training features, float32 [N, D]: F.npy or F.npz:KEY");
+  app.add_option("--train-y", c.train_y, "training labels, integer [N]: F.npy or F.npz:KEY");
+  app.add_option("--dataset", c.dataset, "a built-in dataset instead: fashion-mnist[:DIR]");
+  app.add_option("--test-x", c.test_x, "test features: F.npy or F.npz:KEY");
+  app.add_option("--test-y", c.test_y, "test labels: F.npy or F.npz:KEY");
+  app.add_flag("--no-data-check", r.no_data_check, "skip the scan of the features for NaN/inf (for huge data)");
+  app.add_option("--model", r.model, "layer widths, e.g. 64-32-10")->capture_default_str();
+  app.add_option("--activation", c.activation, "relu or tanh")->check(CLI::IsMember({"relu", "tanh"}))->capture_default_str();
+  app.add_option("--init", c.init, "initial weights .npz with PyTorch state_dict names (0.weight, ...)");
+  integer("--seed", r.seed, "seed of the initialisation and the shuffle, in [0, 2^64)", "0");
+  app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}))->capture_default_str();
+  real("--lr", r.lr, "learning rate > 0 (default 0.1, or use --base-lr/--base-batch)", "0.1");
+  real("--momentum", r.momentum, "SGD momentum, in [0, 1)", "0");
+  app.add_flag("--nesterov", c.nesterov, "Nesterov momentum (SGD)");
+  real("--weight-decay", r.weight_decay, "weight decay, >= 0", "0");
+  integer("--global-batch", r.global_batch, "samples per step over all workers (each gets B / world size), >= 1", "64");
+  real("--base-lr", r.base_lr, "linear scaling: the rate tuned at --base-batch, > 0", "none");
+  integer("--base-batch", r.base_batch, "linear scaling: the global batch --base-lr was tuned at, >= 1", "none");
+  integer("--warmup-steps", r.warmup_steps, "linear warmup over N steps, >= 0", "0");
+  app.add_option("--lr-schedule", c.lr_schedule, "after the warmup: constant, cosine (to 0 at the last step), step or multistep")
+      ->check(CLI::IsMember({"constant", "cosine", "step", "multistep"}))->capture_default_str();
+  integer("--lr-step-size", r.lr_step_size, "step schedule: multiply the lr by --lr-gamma every N steps, >= 1", "none");
+  app.add_option("--lr-milestones", r.lr_milestones, "multistep schedule: multiply by --lr-gamma at these steps (A,B,C increasing)")
+      ->type_name("LIST")->default_str("none");
+  real("--lr-gamma", r.lr_gamma, "step/multistep decay factor, in (0, 1]", "0.1");
+  integer("--epochs", r.epochs, "epochs, >= 1 (capped by $PHALANX_TRAIN_MAX_EPOCHS when set)", "1");
+  app.add_flag("--shuffle", r.shuffle, "shuffle each epoch (the default)");
+  app.add_flag("--no-shuffle", r.no_shuffle, "keep the data order");
+  app.add_flag("--drop-last", c.drop_last, "drop the last incomplete batch (and the sampler's remainder)");
+  app.add_option("--backend", c.backend, "communication backend")->default_str("auto");
+  app.add_option("--device", c.device, "cpu or cuda")->capture_default_str();
+  app.add_option("--save", c.save, "write the final weights here (.npz, state_dict names)");
+  app.add_option("--metrics", c.metrics, "JSON Lines: one record per step and one per epoch");
+  app.add_option("--plot", c.plot, "SVG of the loss curves");
+  app.add_flag("--eval-train", c.eval_train, "evaluate the final mean loss over the whole training set");
+  app.add_flag("--allow-nonfinite", c.allow_nonfinite, "keep training through a NaN/inf loss (default: stop at that step)");
+  app.add_option("--checkpoint-dir", c.checkpoint_dir, "write checkpoints here (rank 0, atomically)");
+  integer("--checkpoint-every", r.checkpoint_every, "checkpoint every N steps, >= 0 (0: at the end of every epoch)", "0");
+  integer("--keep-checkpoints", r.keep_checkpoints, "complete checkpoints kept on disk, >= 1", "3");
+  app.add_flag("--resume", c.resume, "resume from the latest checkpoint in --checkpoint-dir if there is one, else start fresh");
+  app.add_option("--resume-from", c.resume_from, "resume from this checkpoint (an error when it does not exist)");
+}
+
+// Converts the numeric options that were given, each checked against its range.
+void apply_numbers(const CLI::App& app, const RawOptions& r, TrainConfig& c) {
+  auto given = [&](const char* name) { return app.count(name) > 0; };
+  if (given("--lr")) c.lr = positive_real("--lr", r.lr);
+  if (given("--base-lr")) c.base_lr = positive_real("--base-lr", r.base_lr);
+  if (given("--base-batch")) c.base_batch = positive("--base-batch", r.base_batch);
+  if (given("--momentum")) c.momentum = real_in("--momentum", r.momentum, 0, false, 1, true, "a number in [0, 1)");
+  if (given("--weight-decay"))
+    c.weight_decay = real_in("--weight-decay", r.weight_decay, 0, false, HUGE_VAL, false, "a finite number >= 0");
+  if (given("--global-batch")) c.global_batch = positive("--global-batch", r.global_batch);
+  if (given("--warmup-steps")) c.warmup_steps = non_negative("--warmup-steps", r.warmup_steps);
+  if (given("--epochs")) c.epochs = static_cast<int>(int_in("--epochs", r.epochs, 1, INT_MAX, "an integer in [1, 2147483647]"));
+  if (given("--seed")) c.seed = uint64_of("--seed", r.seed);
+  if (given("--checkpoint-every")) c.checkpoint_every = non_negative("--checkpoint-every", r.checkpoint_every);
+  if (given("--keep-checkpoints"))
+    c.keep_checkpoints = static_cast<int>(int_in("--keep-checkpoints", r.keep_checkpoints, 1, INT_MAX, "an integer in [1, 2147483647]"));
+  if (given("--lr-step-size")) c.lr_step_size = positive("--lr-step-size", r.lr_step_size);
+  if (given("--lr-milestones")) c.lr_milestones = milestones_of(r.lr_milestones);
+  if (given("--lr-gamma")) c.lr_gamma = real_in("--lr-gamma", r.lr_gamma, 0, true, 1, false, "a number in (0, 1]");
+  c.model = parse_widths(r.model);
+  check_model_size(r.model, c.model);
+  if (r.no_shuffle) c.shuffle = false;
+  if (r.no_data_check) c.check_data = false;
+}
+
+// Rules between options, checked once on the final values.
+void check_combination(const CLI::App& app, TrainConfig& c) {
+  if (c.dataset.empty() == c.train_x.empty()) throw ValueError("give either --train-x/--train-y or --dataset");
+  if (!c.train_x.empty() && c.train_y.empty()) throw ValueError("--train-x needs --train-y");
+  if (c.test_x.empty() != c.test_y.empty()) throw ValueError("--test-x and --test-y go together");
+  if (c.lr && (c.base_lr || c.base_batch)) throw ValueError("give either --lr or --base-lr with --base-batch, not both");
+  if (c.base_lr.has_value() != c.base_batch.has_value()) throw ValueError("--base-lr and --base-batch go together");
+  if (!c.lr && !c.base_lr) c.lr = 0.1;
+  if (c.resume && c.checkpoint_dir.empty())
+    throw ValueError("--resume needs --checkpoint-dir (where checkpoints are written and looked for)");
+  if (c.nesterov && (c.optimizer != "sgd" || c.momentum <= 0))
+    throw ValueError("--nesterov needs --optimizer sgd and --momentum > 0");
+  if (c.checkpoint_dir.empty())
+    for (const char* o : {"--checkpoint-every", "--keep-checkpoints"})
+      if (app.count(o) > 0) throw ValueError(std::string(o) + " needs --checkpoint-dir");
+  const bool step = c.lr_schedule == "step", multistep = c.lr_schedule == "multistep";
+  if (step && c.lr_step_size == 0) throw ValueError("--lr-schedule step needs --lr-step-size N");
+  if (multistep && c.lr_milestones.empty()) throw ValueError("--lr-schedule multistep needs --lr-milestones A,B,...");
+  if (!step && app.count("--lr-step-size") > 0) throw ValueError("--lr-step-size needs --lr-schedule step");
+  if (!multistep && app.count("--lr-milestones") > 0) throw ValueError("--lr-milestones needs --lr-schedule multistep");
+  if (!step && !multistep && app.count("--lr-gamma") > 0)
+    throw ValueError("--lr-gamma needs --lr-schedule step or multistep");
+}
+
+// PHALANX_TRAIN_MAX_EPOCHS=N caps --epochs (the README test runs the README's commands
+// through it); the cap is announced, so a capped run never passes for a full one.
+void apply_epoch_cap(TrainConfig& c) {
+  const char* env = std::getenv("PHALANX_TRAIN_MAX_EPOCHS");
+  if (!env || !*env) return;
+  const auto cap = int_in("PHALANX_TRAIN_MAX_EPOCHS", env, 1, INT_MAX, "an integer in [1, 2147483647]");
+  if (c.epochs <= cap) return;
+  const char* rank = std::getenv("RANK");
+  if (!rank || std::string(rank) == "0")
+    std::fprintf(stderr, "phalanx-train: PHALANX_TRAIN_MAX_EPOCHS=%lld caps --epochs %d at %lld\n",
+                 static_cast<long long>(cap), c.epochs, static_cast<long long>(cap));
+  c.epochs = static_cast<int>(cap);
+}
+
+// A JSON config's keys as argv-style "--key value" pairs, so one parser serves both.
+std::vector<std::string> config_args(const std::string& path, const CLI::App& app) {
+  std::ifstream f(path);
+  if (!f) throw ValueError("cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw ValueError(std::string("not valid JSON (") + e.what() + ")");
+  }
+  if (!j.is_object()) throw ValueError("expected a JSON object of options");
+  std::vector<std::string> args;
+  for (auto& [k, v] : j.items()) {
+    if (k == "config") throw ValueError("'config' cannot name another file");
+    if (k.empty() || k[0] == '-' || !app.get_option_no_throw("--" + k))
+      throw ValueError("unknown option '" + k + "' (the keys are phalanx-train's options without the dashes)");
+    if (v.is_boolean()) {
+      if (v.get<bool>()) args.push_back("--" + k);
+      else if (k == "shuffle") args.push_back("--no-shuffle");
+      continue;
+    }
+    args.push_back("--" + k);
+    if (v.is_string()) {
+      args.push_back(v.get<std::string>());
+    } else if (v.is_number_integer()) {
+      args.push_back(v.dump());
+    } else if (v.is_number()) {
+      args.push_back(v.dump());
+    } else if (v.is_array() && k == "lr-milestones") {
+      std::string list;
+      for (const auto& e : v) list += (list.empty() ? "" : ",") + (e.is_number() ? e.dump() : "'" + e.dump() + "'");
+      args.push_back(list);
+    } else {
+      throw ValueError("option '" + k + "' must be a string, number or boolean, got " + v.dump());
+    }
+  }
+  return args;
+}
+
+// "--lr -0.1" as "--lr=-0.1": CLI11 would read "-inf" or "-1e3" as short options.
+std::vector<std::string> join_negative_values(const std::vector<std::string>& args, const CLI::App& app) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const bool option = args[i].rfind("--", 0) == 0 && args[i].find('=') == std::string::npos;
+    const CLI::Option* opt = option ? app.get_option_no_throw(args[i]) : nullptr;
+    if (opt && opt->get_type_size() != 0 && i + 1 < args.size() && args[i + 1].size() > 1 && args[i + 1][0] == '-' &&
+        args[i + 1][1] != '-') {
+      out.push_back(args[i] + "=" + args[i + 1]);
+      ++i;
+    } else {
+      out.push_back(args[i]);
+    }
+  }
+  return out;
+}
+
+// One CLI11 parse of `args` into `c` (numbers converted and range-checked).
+void parse_args(std::vector<std::string> args, TrainConfig& c, CLI::App& app, RawOptions& r) {
+  args = join_negative_values(args, app);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  app.allow_extras(false);
+  for (auto* opt : app.get_options()) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.parse(reversed);
+  apply_numbers(app, r, c);
+}
+
+const char* kDescription =
+    "phalanx-train: train an MLP with DDP, alone or under phalanx-run.\n"
+    "Every option can also come from --config F.json (the same names without dashes).\n"
+    "Numbers are checked against the ranges below; a bad one is an error (exit 2).";
+
+}  // namespace
 
 std::vector<std::int64_t> parse_widths(const std::string& text) {
   std::vector<std::int64_t> w;
@@ -14,9 +329,14 @@ std::vector<std::int64_t> parse_widths(const std::string& text) {
   while (start <= text.size()) {
     const auto dash = text.find('-', start);
     const std::string part = text.substr(start, dash == std::string::npos ? std::string::npos : dash - start);
-    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || std::stoll(part) < 1)
+    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos)
       throw ValueError("--model '" + text + "' must be positive layer widths joined by '-', e.g. 64-32-10");
-    w.push_back(std::stoll(part));
+    errno = 0;
+    const long long v = std::strtoll(part.c_str(), nullptr, 10);
+    if (errno == ERANGE)
+      throw ValueError("--model '" + text + "': width " + part + " does not fit in a 64-bit integer");
+    if (v < 1) throw ValueError("--model '" + text + "' must be positive layer widths joined by '-', e.g. 64-32-10");
+    w.push_back(v);
     if (dash == std::string::npos) break;
     start = dash + 1;
   }
@@ -24,98 +344,43 @@ std::vector<std::int64_t> parse_widths(const std::string& text) {
   return w;
 }
 
-namespace {
-
-// Applies a JSON config's keys to argv-style "--key value" pairs, so one parser serves both.
-std::vector<std::string> config_args(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw ValueError("--config " + path + ": cannot open");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    throw ValueError("--config " + path + ": not valid JSON (" + e.what() + ")");
-  }
-  if (!j.is_object()) throw ValueError("--config " + path + ": expected a JSON object of options");
-  std::vector<std::string> args;
-  for (auto& [k, v] : j.items()) {
-    if (v.is_boolean()) {
-      if (v.get<bool>()) args.push_back("--" + k);
-      else if (k == "shuffle") args.push_back("--no-shuffle");
-      continue;
-    }
-    args.push_back("--" + k);
-    if (v.is_string()) args.push_back(v.get<std::string>());
-    else if (v.is_number_integer()) args.push_back(std::to_string(v.get<long long>()));
-    else if (v.is_number()) args.push_back(v.dump());
-    else throw ValueError("--config " + path + ": option '" + k + "' must be a string, number or boolean");
-  }
-  return args;
-}
-
-}  // namespace
-
 bool parse_config(int argc, char** argv, TrainConfig& c, int& exit_code) {
-  CLI::App app{"phalanx-train: train an MLP with DDP, alone or under phalanx-run.\n"
-               "Every option can also come from --config F.json (the same names without dashes).",
-               "phalanx-train"};
-  std::string model = "64-32-10", config;
-  double lr = -1, base_lr = -1;
-  std::int64_t base_batch = -1;
-  bool no_shuffle = false, shuffle = false;
-  app.add_option("--config", config, "JSON file with options (command-line values win)");
-  app.add_option("--train-x", c.train_x, "training features, float32 .npy [N, D]");
-  app.add_option("--train-y", c.train_y, "training labels, integer .npy [N]");
-  app.add_option("--dataset", c.dataset, "a built-in dataset instead: fashion-mnist[:DIR]");
-  app.add_option("--test-x", c.test_x, "test features .npy");
-  app.add_option("--test-y", c.test_y, "test labels .npy");
-  app.add_option("--model", model, "layer widths, e.g. 64-32-10")->capture_default_str();
-  app.add_option("--activation", c.activation, "relu or tanh")->check(CLI::IsMember({"relu", "tanh"}))->capture_default_str();
-  app.add_option("--init", c.init, "initial weights .npz with PyTorch state_dict names (0.weight, ...)");
-  app.add_option("--seed", c.seed, "seed of the initialisation and the shuffle")->capture_default_str();
-  app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}))->capture_default_str();
-  app.add_option("--lr", lr, "learning rate (or use --base-lr/--base-batch)");
-  app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
-  app.add_flag("--nesterov", c.nesterov, "Nesterov momentum (SGD)");
-  app.add_option("--weight-decay", c.weight_decay, "weight decay")->check(CLI::NonNegativeNumber);
-  app.add_option("--global-batch", c.global_batch, "samples per step over all workers (each gets B / world size)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--base-lr", base_lr, "linear scaling: the rate tuned at --base-batch")->check(CLI::PositiveNumber);
-  app.add_option("--base-batch", base_batch, "linear scaling: the global batch --base-lr was tuned at")->check(CLI::PositiveNumber);
-  app.add_option("--warmup-steps", c.warmup_steps, "linear warmup over N steps")->check(CLI::NonNegativeNumber);
-  app.add_option("--epochs", c.epochs, "epochs")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_flag("--shuffle", shuffle, "shuffle each epoch (default)");
-  app.add_flag("--no-shuffle", no_shuffle, "keep the data order");
-  app.add_flag("--drop-last", c.drop_last, "drop the last incomplete batch (and the sampler's remainder)");
-  app.add_option("--backend", c.backend, "communication backend (default: auto)");
-  app.add_option("--device", c.device, "cpu or cuda")->capture_default_str();
-  app.add_option("--save", c.save, "write the final weights here (.npz, state_dict names)");
-  app.add_option("--metrics", c.metrics, "JSON Lines: one record per step and one per epoch");
-  app.add_option("--plot", c.plot, "SVG of the loss curves");
-  app.add_flag("--eval-train", c.eval_train, "evaluate the final mean loss over the whole training set");
-  app.add_option("--checkpoint-dir", c.checkpoint_dir, "write checkpoints here (rank 0, atomically)");
-  app.add_option("--checkpoint-every", c.checkpoint_every, "checkpoint every N steps (default: every epoch)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_flag("--resume", c.resume, "continue from the checkpoint in --checkpoint-dir");
-
+  CLI::App app{kDescription, "phalanx-train"};
+  RawOptions raw;
+  add_options(app, c, raw);
   auto fail = [&](const std::string& msg) {
     std::fprintf(stderr, "phalanx-train: %s\n", msg.c_str());
     exit_code = 2;
     return false;
   };
+  std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    std::vector<std::string> args(argv + 1, argv + argc);
-    // A config file first, then the command line on top (later values win).
-    for (std::size_t i = 0; i + 1 < args.size(); ++i)
-      if (args[i] == "--config") {
-        auto from_file = config_args(args[i + 1]);
-        args.insert(args.begin(), from_file.begin(), from_file.end());
-        break;
+    // A config file first, checked on its own so that its errors name it; then the
+    // command line on top of it (later values win).
+    std::string config;
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      if (args[i] == "--config" && i + 1 < args.size()) config = args[i + 1];
+      if (args[i].rfind("--config=", 0) == 0) config = args[i].substr(9);
+    }
+    if (!config.empty()) {
+      std::vector<std::string> from_file;
+      try {
+        CLI::App file_app{kDescription, "phalanx-train"};
+        TrainConfig scratch;
+        RawOptions file_raw;
+        add_options(file_app, scratch, file_raw);
+        from_file = config_args(config, file_app);
+        parse_args(from_file, scratch, file_app, file_raw);
+      } catch (const CLI::ParseError& e) {
+        return fail("--config " + config + ": " + e.what());
+      } catch (const std::exception& e) {
+        return fail("--config " + config + ": " + e.what());
       }
-    std::vector<std::string> reversed(args.rbegin(), args.rend());
-    app.allow_extras(false);
-    for (auto* opt : app.get_options()) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    app.parse(reversed);
+      args.insert(args.begin(), from_file.begin(), from_file.end());
+    }
+    parse_args(args, c, app, raw);
+    check_combination(app, c);
+    apply_epoch_cap(c);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) {
       exit_code = app.exit(e);
@@ -125,23 +390,6 @@ bool parse_config(int argc, char** argv, TrainConfig& c, int& exit_code) {
   } catch (const std::exception& e) {
     return fail(e.what());
   }
-  try {
-    c.model = parse_widths(model);
-  } catch (const std::exception& e) {
-    return fail(e.what());
-  }
-  if (no_shuffle) c.shuffle = false;
-  if (lr > 0) c.lr = lr;
-  if (base_lr > 0) c.base_lr = base_lr;
-  if (base_batch > 0) c.base_batch = base_batch;
-  if (c.dataset.empty() == c.train_x.empty()) return fail("give either --train-x/--train-y or --dataset");
-  if (!c.train_x.empty() && c.train_y.empty()) return fail("--train-x needs --train-y");
-  if (c.test_x.empty() != c.test_y.empty()) return fail("--test-x and --test-y go together");
-  if (c.lr && (c.base_lr || c.base_batch)) return fail("give either --lr or --base-lr with --base-batch, not both");
-  if (c.base_lr.has_value() != c.base_batch.has_value()) return fail("--base-lr and --base-batch go together");
-  if (!c.lr && !c.base_lr) c.lr = 0.1;
-  if (c.resume && c.checkpoint_dir.empty()) return fail("--resume needs --checkpoint-dir");
-  if (c.nesterov && (c.optimizer != "sgd" || c.momentum <= 0)) return fail("--nesterov needs --optimizer sgd and --momentum > 0");
   return true;
 }
 

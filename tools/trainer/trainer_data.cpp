@@ -18,8 +18,11 @@ Datasets load_data(const TrainConfig& c) {
     mo.train = false;
     d.test = samplers::load_mnist(dir, mo);
   } else {
-    d.train = samplers::load_npy_dataset(c.train_x, c.train_y, classes);
-    if (!c.test_x.empty()) d.test = samplers::load_npy_dataset(c.test_x, c.test_y, classes);
+    samplers::NpyDatasetOptions o;
+    o.num_classes = classes;
+    o.check_finite = c.check_data;  // --no-data-check skips the scan
+    d.train = samplers::load_npy_dataset(c.train_x, c.train_y, o);
+    if (!c.test_x.empty()) d.test = samplers::load_npy_dataset(c.test_x, c.test_y, o);
   }
   for (const auto* ds : {&d.train, &d.test}) {
     if (!*ds) continue;

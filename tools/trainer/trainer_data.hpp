@@ -13,8 +13,9 @@ struct Datasets {
   std::shared_ptr<samplers::TensorDataset> train, test;
 };
 
-/// Loads --dataset or --train-x/--train-y (and --test-x/--test-y); throws a one-line
-/// error when the data does not fit the model (features, label dtype, label range).
+/// Loads --dataset or --train-x/--train-y (and --test-x/--test-y), each F.npy or F.npz:KEY;
+/// throws a one-line error when the data does not fit the model (features, label dtype,
+/// label range) or, unless --no-data-check, holds a NaN/inf (naming the file and row).
 Datasets load_data(const TrainConfig& config);
 
 }  // namespace phalanx::trainer

@@ -41,9 +41,23 @@ class TensorDataset : public Dataset {
   std::int64_t n_;
 };
 
-/// Features and labels from two .npy files (float32 [N, D]; integer labels [N]).
-std::shared_ptr<TensorDataset> load_npy_dataset(const std::string& features_path,
-                                                const std::string& labels_path,
+/// One array from "F.npy", or from the member KEY of an .npz archive written "F.npz:KEY"
+/// (errors name the file, and list the members when KEY is missing).
+Tensor load_array(const std::string& spec);
+
+struct NpyDatasetOptions {
+  std::int64_t num_classes = 0;  ///< > 0: labels must be integers in [0, num_classes)
+  /// Scan the features for NaN/inf (one pass over the data); a non-finite value is an error
+  /// naming the file, the row and the column. Turn off to skip the pass for huge data.
+  bool check_finite = true;
+};
+
+/// Features and labels from two arrays, each "F.npy" or "F.npz:KEY" (features float32 or
+/// float64 [N, ...]; integer labels [N]). Float labels are an error that names the stored
+/// dtype and the conversion to int64 when num_classes > 0.
+std::shared_ptr<TensorDataset> load_npy_dataset(const std::string& features, const std::string& labels,
+                                                const NpyDatasetOptions& options);
+std::shared_ptr<TensorDataset> load_npy_dataset(const std::string& features, const std::string& labels,
                                                 std::int64_t num_classes = 0);
 
 }  // namespace phalanx::samplers
