@@ -68,6 +68,10 @@ TcpStore::~TcpStore() {
 }
 
 Bytes TcpStore::request(const Bytes& frame, std::chrono::milliseconds timeout, const std::string& what) {
+  if (frame.size() - 4 > kMaxFrame)  // the server would drop the connection
+    throw ValueError(detail::concat("TCP store ", endpoint_, ": ", what, " needs a frame of ", frame.size() - 4,
+                                    " bytes, over the store's limit of ", kMaxFrame,
+                                    " (64 MiB); exchange large data through a collective, not the store"));
   int fd = -1;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -101,6 +101,22 @@ TEST_CASE("TcpStore against its server") {
   CHECK(s.get_string("shared") == "yes");
 }
 
+TEST_CASE("TCP store: values up to the 64 MiB frame limit; a larger one is a clear error") {
+  TcpStoreServer server(TcpStoreOptions{});
+  TcpStoreOptions o;
+  o.port = server.port();
+  o.timeout = 20s;
+  TcpStore s(o);
+  Bytes big((64u << 20) - 64, 0);
+  for (std::size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<std::uint8_t>(i >> 12);
+  s.set("big", big);
+  CHECK(s.get("big") == big);
+  CHECK(s.compare_set("big", big, b("small")) == b("small"));
+  big.resize(64u << 20);
+  CHECK_THROWS_WITH_AS(s.set("huge", big), doctest::Contains("over the store's limit"), ValueError);
+  CHECK(s.get_string("big") == "small");  // the connection is still good
+}
+
 TEST_CASE("TCP store: a wrong token is refused (and logged); the right one is served") {
   TcpStoreOptions so;
   so.token = "job-123";
