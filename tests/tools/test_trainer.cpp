@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -156,4 +158,62 @@ TEST_CASE("bad values are one-line errors before any training") {
   auto r = run(kData + " --global-batch 64", true, 3);
   CHECK(r.code != 0);
   CHECK(r.out.find("world size 3 does not divide the global batch 64") != std::string::npos);
+}
+
+namespace {
+std::vector<nlohmann::json> step_records(const std::string& path) {
+  std::vector<nlohmann::json> v;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("step")) v.push_back(j);
+  }
+  return v;
+}
+}  // namespace
+
+TEST_CASE("--lr-schedule: the metrics log the rate each step used; multistep milestones are global steps") {
+  const std::string m = dir() + "/sched.jsonl";
+  auto r = run(kData + " --global-batch 64 --lr 0.1 --epochs 1 --lr-schedule multistep --lr-milestones 3,5 --lr-gamma 0.5 --metrics " + m);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  auto s = step_records(m);
+  REQUIRE(s.size() == 8);
+  const double want[] = {0.1, 0.1, 0.1, 0.05, 0.05, 0.025, 0.025, 0.025};
+  for (int i = 0; i < 8; ++i) {
+    CAPTURE(i);
+    CHECK(s[i]["lr"].get<double>() == doctest::Approx(want[i]).epsilon(1e-12));
+    CHECK(s[i]["epoch"] == 1);  // numbered as the console numbers it
+  }
+  // Warmup 2 steps, then cosine to 0 at the last step.
+  r = run(kData + " --global-batch 64 --lr 0.1 --epochs 2 --warmup-steps 2 --lr-schedule cosine --metrics " + m);
+  REQUIRE(r.code == 0);
+  s = step_records(m);
+  REQUIRE(s.size() == 16);
+  CHECK(s[0]["lr"].get<double>() == doctest::Approx(0.05));  // the warmup's first rate, lr / 2
+  CHECK(s[2]["lr"].get<double>() == doctest::Approx(0.1));   // the cosine's start
+  CHECK(s[15]["lr"].get<double>() < 0.01);
+  for (int i = 3; i < 16; ++i) CHECK(s[i]["lr"].get<double>() < s[i - 1]["lr"].get<double>());
+  r = run(kData + " --epochs 1 --lr-schedule step");
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--lr-step-size") != std::string::npos);
+}
+
+TEST_CASE("the progress bar: only on request off a terminal, and at most 10 redraws a second") {
+  ::setenv("PHALANX_PROGRESS", "1", 1);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = run(kData + " --global-batch 8 --epochs 3");
+  ::unsetenv("PHALANX_PROGRESS");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto draws = std::count(r.out.begin(), r.out.end(), '\r');
+  CHECK(draws >= 3);  // one epoch's last step at least
+  // 192 steps: unthrottled that is 192 lines; allowed: the first and last of each epoch plus
+  // 10 a second.
+  CHECK(draws <= 3 * 2 + static_cast<long>(10 * secs) + 2);
+  CHECK(draws < 192);
+  r = run(kData + " --global-batch 8 --epochs 1");  // stdout is a file: no bar
+  CHECK(std::count(r.out.begin(), r.out.end(), '\r') == 0);
 }

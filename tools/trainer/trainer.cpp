@@ -69,7 +69,10 @@ Schedule make_schedule(const TrainConfig& c, optim::Optimizer& opt, double scale
     main = std::make_shared<optim::StepLR>(opt, c.lr_step_size, c.lr_gamma);
   } else if (c.lr_schedule == "multistep") {
     if (c.lr_milestones.empty()) throw ValueError("--lr-schedule multistep needs --lr-milestones S1,S2,...");
-    main = std::make_shared<optim::MultiStepLR>(opt, c.lr_milestones, c.lr_gamma);
+    // Milestones are global step numbers; after a warmup the schedule counts from its end.
+    std::vector<std::int64_t> at;
+    for (auto m : c.lr_milestones) at.push_back(std::max<std::int64_t>(0, m - c.warmup_steps));
+    main = std::make_shared<optim::MultiStepLR>(opt, at, c.lr_gamma);
   } else if (c.lr_schedule != "constant") {
     throw ValueError("--lr-schedule '" + c.lr_schedule + "' is unknown (constant, cosine, step or multistep)");
   }
