@@ -1,5 +1,9 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <thread>
+#include <vector>
+
 #include <cmath>
 
 #include <phalanx/phalanx.hpp>
@@ -77,4 +81,30 @@ TEST_CASE("seeded creation is reproducible") {
     CHECK(v >= 0);
     CHECK(v < 10);
   }
+}
+
+TEST_CASE("the default generator is safe to draw from on several threads at once") {
+  // Each draw through the default generator holds its lock for the whole tensor, so the
+  // threads' values are disjoint pieces of the one sequence: together, exactly its values.
+  manual_seed(5);
+  constexpr int kThreads = 4, kCalls = 200, kEach = 400;
+  std::vector<std::vector<float>> got(kThreads);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&got, t] {
+      for (int c = 0; c < kCalls; ++c) {
+        const auto v = rand({kEach}).to_vector<float>();
+        got[t].insert(got[t].end(), v.begin(), v.end());
+      }
+    });
+  for (auto& t : ts) t.join();
+  std::vector<float> all;
+  for (auto& g : got) all.insert(all.end(), g.begin(), g.end());
+  Generator ref(5);
+  std::vector<float> want;
+  for (int i = 0; i < kThreads * kCalls * kEach; ++i) want.push_back(ref.uniform());
+  std::sort(all.begin(), all.end());
+  std::sort(want.begin(), want.end());
+  CHECK(all == want);
+  manual_seed(0);
 }

@@ -252,9 +252,14 @@ int run_training(const TrainConfig& c) {
   if (rank == 0) {
     std::printf("phalanx-train: %lld samples, model %s, %s, %d worker(s) on %s; %s\n", static_cast<long long>(n),
                 widths_str(c.model).c_str(), c.optimizer.c_str(), world, pg->backend_name().c_str(), plan.describe().c_str());
-    if (!resume_path.empty())
+    if (!resume_path.empty() && start_epoch < c.epochs)
       std::printf("phalanx-train: resumed at step %lld (epoch %lld, checkpoint written at %s) from %s\n",
                   static_cast<long long>(step), static_cast<long long>(start_epoch + 1), resumed.written_at().c_str(),
+                  resume_path.c_str());
+    else if (!resume_path.empty())
+      std::printf("phalanx-train: resumed at step %lld (epoch %lld done, checkpoint written at %s) from %s: "
+                  "nothing left to train (raise --epochs to go on)\n",
+                  static_cast<long long>(step), static_cast<long long>(start_epoch), resumed.written_at().c_str(),
                   resume_path.c_str());
     std::fflush(stdout);
   }
