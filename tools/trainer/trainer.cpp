@@ -125,6 +125,24 @@ int run_training(const TrainConfig& c) {
     throw ValueError(detail::concat("--drop-last with a global batch of ", c.global_batch, " and only ", n,
                                     " samples leaves no step to take"));
 
+  // Settings that must agree across ranks, compared before the model is built
+  // and broadcast (a different --model would otherwise fail there, or hang).
+  parallel::check_consistent({{"global batch", std::to_string(c.global_batch)},
+                              {"model", widths_str(c.model) + " " + c.activation + (c.init.empty() ? "" : " init " + c.init)},
+                              {"optimizer", c.optimizer + " lr " + fmt_g(plan.lr) + " momentum " + fmt_g(c.momentum) +
+                                                " weight decay " + fmt_g(c.weight_decay) + (c.nesterov ? " nesterov" : "")},
+                              {"lr schedule", c.lr_schedule + " warmup " + std::to_string(c.warmup_steps) + " step size " +
+                                                  std::to_string(c.lr_step_size) + " milestones " + widths_str(c.lr_milestones) +
+                                                  " gamma " + fmt_g(c.lr_gamma)},
+                              {"epochs", std::to_string(c.epochs)},
+                              {"seed", std::to_string(c.seed)},
+                              {"shuffle", c.shuffle ? "on" : "off"},
+                              {"drop last", c.drop_last ? "on" : "off"},
+                              {"checkpoint every", std::to_string(c.checkpoint_every)},
+                              {"checkpoint dir", c.checkpoint_dir},
+                              {"resume", c.resume_from.empty() ? (c.resume ? "latest" : "no") : c.resume_from}},
+                             pg);
+
   Generator gen(c.seed);
   auto net = nn::mlp(c.model, c.activation, &gen);
   if (!c.init.empty()) net->load_state_dict(load_npz(c.init));
@@ -200,21 +218,9 @@ int run_training(const TrainConfig& c) {
         }
     resumed = ck.manifest;
   }
-  // Settings that must agree across ranks, compared before any collective of training.
-  parallel::check_consistent({{"global batch", std::to_string(c.global_batch)},
-                              {"model", widths_str(c.model) + " " + c.activation + (c.init.empty() ? "" : " init " + c.init)},
-                              {"optimizer", c.optimizer + " lr " + fmt_g(plan.lr) + " momentum " + fmt_g(c.momentum) +
-                                                " weight decay " + fmt_g(c.weight_decay) + (c.nesterov ? " nesterov" : "")},
-                              {"lr schedule", c.lr_schedule + " warmup " + std::to_string(c.warmup_steps) + " step size " +
-                                                  std::to_string(c.lr_step_size) + " milestones " + widths_str(c.lr_milestones) +
-                                                  " gamma " + fmt_g(c.lr_gamma)},
-                              {"epochs", std::to_string(c.epochs)},
-                              {"seed", std::to_string(c.seed)},
-                              {"shuffle", c.shuffle ? "on" : "off"},
-                              {"drop last", c.drop_last ? "on" : "off"},
-                              {"checkpoint every", std::to_string(c.checkpoint_every)},
-                              {"resume step", std::to_string(step)}},
-                             pg);
+  // Where the ranks resume must agree too (they read the same folder; a rank that found
+  // another file, or none, is named here rather than diverging silently).
+  parallel::check_consistent({{"resume step", std::to_string(step)}}, pg);
 
   MetricsLog metrics;
   if (rank == 0 && !c.metrics.empty()) {
