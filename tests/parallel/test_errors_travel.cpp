@@ -317,3 +317,11 @@ TEST_CASE("a world larger than one without a group: DDP and DistributedSampler n
   CHECK_NOTHROW(samplers::DistributedSampler(100));
   ::unsetenv("WORLD_SIZE");
 }
+
+TEST_CASE("report_failure without a group or a launch environment does nothing, at once") {
+  for (const char* v : {"WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RANK"}) ::unsetenv(v);
+  const auto t0 = std::chrono::steady_clock::now();
+  parallel::report_failure("nobody to tell");
+  CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
+  CHECK_NOTHROW(parallel::check_consistent({{"a", "1"}}, std::make_shared<WorldOfOneProcessGroup>()));
+}
