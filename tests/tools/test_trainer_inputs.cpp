@@ -151,6 +151,12 @@ TEST_CASE("sizes that overflow are named, not std::bad_alloc or stoll") {
                                                  "TiB", "of memory"});
   check_usage_error("--model 64-99999999999999999999-10", {"width 99999999999999999999 does not fit in a 64-bit integer"});
   check_usage_error("--model 64-4000000000000-4000000000000-10", {"the parameter count does not fit in a 64-bit integer"});
+  // a batch larger than the data (it once overflowed to zero steps and a loss of 0, exit 0)
+  const auto r = run(kData + " --global-batch 9223372036854775807");
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--global-batch 9223372036854775807 is larger than the training set (512 samples); use "
+                   "--global-batch 512 or less") != std::string::npos);
 }
 
 TEST_CASE("NaN in x.npy: an error naming the file, the row and the column; --no-data-check skips the scan") {

@@ -24,6 +24,11 @@ Datasets load_data(const TrainConfig& c) {
     d.train = samplers::load_npy_dataset(c.train_x, c.train_y, o);
     if (!c.test_x.empty()) d.test = samplers::load_npy_dataset(c.test_x, c.test_y, o);
   }
+  // One step would see at most the whole set; a larger batch would only skew the linear
+  // scaling (and overflow the batch arithmetic near 2^63).
+  if (c.global_batch > d.train->size())
+    throw ValueError(detail::concat("--global-batch ", c.global_batch, " is larger than the training set (",
+                                    d.train->size(), " samples); use --global-batch ", d.train->size(), " or less"));
   for (const auto* ds : {&d.train, &d.test}) {
     if (!*ds) continue;
     if ((*ds)->feature_shape() != Shape{dim})
