@@ -44,8 +44,10 @@ struct TrainConfig {
   bool check_data = true;        ///< --no-data-check clears it: skip the non-finite scan of loaded data
 };
 
-/// Parses argv (and --config). Returns false with `exit_code` set for --help or an error
-/// (already printed as one line).
+/// Parses argv (and --config). Every numeric option is checked against its range, a config
+/// file's values on their own first (its errors name it), then the options that only mean
+/// something together; $PHALANX_TRAIN_MAX_EPOCHS caps `epochs`. Returns false with
+/// `exit_code` set (0 for --help, 2 for an error, already printed as one line).
 bool parse_config(int argc, char** argv, TrainConfig& out, int& exit_code);
 
 /// "64-32-10" -> {64, 32, 10}; throws ValueError.
