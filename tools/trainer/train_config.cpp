@@ -155,7 +155,7 @@ void add_options(CLI::App& app, TrainConfig& c, RawOptions& r) {
   app.add_option("--init", c.init, "initial weights .npz with PyTorch state_dict names (0.weight, ...)");
   integer("--seed", r.seed, "seed of the initialisation and the shuffle, in [0, 2^64)", "0");
   app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}))->capture_default_str();
-  real("--lr", r.lr, "learning rate > 0 (default 0.1, or use --base-lr/--base-batch)", "0.1");
+  real("--lr", r.lr, "learning rate > 0 (or --base-lr with --base-batch)", "0.1");
   real("--momentum", r.momentum, "SGD momentum, in [0, 1)", "0");
   app.add_flag("--nesterov", c.nesterov, "Nesterov momentum (SGD)");
   real("--weight-decay", r.weight_decay, "weight decay, >= 0", "0");
