@@ -196,6 +196,19 @@ TEST_CASE("--resume without a checkpoint starts fresh; --resume-from a missing f
   r = run(kTrain + " --epochs 1 --resume-from " + d + "/nope.npz");
   CHECK(r.code != 0);
   CHECK(r.out.find(d + "/nope.npz: no such checkpoint") != std::string::npos);
+  // A restarted worker (phalanx-run --max-restarts sets PHALANX_RESTART_COUNT) resumes by
+  // itself, without --resume.
+  r = run("env PHALANX_RESTART_COUNT=1 " + kTrain + " --epochs 2 --checkpoint-dir " + d);
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("resumed at step 8 (epoch 2, checkpoint written at ") != std::string::npos);
+  // A fresh run into a folder of another run's checkpoints is refused (it would mix them).
+  const std::string before = slurp(d + "/checkpoint-0000000016.npz");
+  r = run(kTrain + " --epochs 3 --checkpoint-dir " + d);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("already holds checkpoints (newest " + d + "/checkpoint-0000000016.npz) and this run starts from step 0") !=
+        std::string::npos);
+  CHECK(slurp(d + "/checkpoint-0000000016.npz") == before);
   // Another global batch: refused with both values.
   r = run(kTrain + " --epochs 2 --global-batch 128 --checkpoint-dir " + d + " --resume");
   CHECK(r.code != 0);
@@ -257,6 +270,7 @@ TEST_CASE("a non-finite loss stops training at that step; the last good checkpoi
   const auto ck = parallel::load_checkpoint(d + "/checkpoint-0000000002.npz");
   for (const auto& [k, v] : ck.state.model)
     for (float w : v.to_vector<float>()) REQUIRE(std::isfinite(w));
+  std::system(("rm -rf " + d).c_str());
   r = run(cmd + " --allow-nonfinite");
   CHECK(r.code == 0);
 }

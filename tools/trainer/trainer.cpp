@@ -139,7 +139,6 @@ int run_training(const TrainConfig& c) {
                               {"shuffle", c.shuffle ? "on" : "off"},
                               {"drop last", c.drop_last ? "on" : "off"},
                               {"checkpoint every", std::to_string(c.checkpoint_every)},
-                              {"checkpoint dir", c.checkpoint_dir},
                               {"resume", c.resume_from.empty() ? (c.resume ? "latest" : "no") : c.resume_from}},
                              pg);
 
@@ -175,6 +174,12 @@ int run_training(const TrainConfig& c) {
     if (auto latest = ckdir->latest()) resume_path = *latest;
     else if (rank == 0)
       std::printf("phalanx-train: no checkpoint in %s yet; starting from step 0\n", c.checkpoint_dir.c_str());
+  } else if (ckdir) {
+    // A fresh run would mix its checkpoints with another run's (and a restart could then pick
+    // the other run's newest): refuse, naming both ways on.
+    if (auto latest = ckdir->latest())
+      throw ConfigError("--checkpoint-dir " + c.checkpoint_dir + " already holds checkpoints (newest " + *latest +
+                        ") and this run starts from step 0: pass --resume to continue from them, or use an empty folder");
   }
   std::int64_t step = 0, start_epoch = 0, skip_batches = 0;
   Tensor stats = zeros({2});  // this rank's (loss sum, steps) of the epoch in progress
