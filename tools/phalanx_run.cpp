@@ -126,7 +126,16 @@ int main(int argc, char** argv) {
     co.host = o.master_addr;
     co.port = port;
     co.token = o.rdzv_token;
-    co.timeout = o.node_rank == 0 ? std::chrono::milliseconds(5000) : ms(o.rdzv_timeout);
+    // Node 0's store is in this process. Another node waits for it as long as its workers
+    // would (--timeout, else PHALANX_TIMEOUT, else 300 s), and at least --rdzv-timeout.
+    std::chrono::milliseconds start_wait = ms(o.rdzv_timeout);
+    try {
+      start_wait = std::max(start_wait, o.timeout > 0 ? ms(o.timeout) : default_timeout());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "phalanx-run: %s\n", e.what());
+      return 2;
+    }
+    co.timeout = o.node_rank == 0 ? std::chrono::milliseconds(5000) : start_wait;
     try {
       store = std::make_shared<TcpStore>(co);
     } catch (const std::exception& e) {
@@ -157,6 +166,7 @@ int main(int argc, char** argv) {
       rounds->begin(k);
       a.stop_fd = rounds->wake_fd();
       a.stop_reason = [&] { return rounds->why(); };
+      a.store_lost = [&] { return rounds->store_lost(); };
       a.on_first_failure = [&, k](const WorkerFailure& f) {
         rounds->close(k, "rank " + std::to_string(f.rank) + " " + describe_exit(f));
       };
@@ -196,9 +206,12 @@ int main(int argc, char** argv) {
       try {
         reports = rounds->exchange(k, mine);
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "phalanx-run: node %d: %s\n", o.node_rank, e.what());
-        if (r.blamed) print_failure("on this node, ", *r.blamed, r.tail, -1, o.nproc_per_node, o.nnodes);
-        return r.blamed ? exit_code_for(*r.blamed) : 1;
+        if (r.stopped_because != e.what()) std::fprintf(stderr, "phalanx-run: node %d: %s\n", o.node_rank, e.what());
+        // A worker of this node that failed on its own is worth naming; one this launcher
+        // stopped is not the cause.
+        const bool own = r.blamed && blame_tier(*r.blamed) < 2;
+        if (own) print_failure("on this node, ", *r.blamed, r.tail, -1, o.nproc_per_node, o.nnodes);
+        return own ? exit_code_for(*r.blamed) : 1;
       }
       for (const auto& rep : reports)
         if (rep.interrupted) {

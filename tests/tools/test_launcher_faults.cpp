@@ -238,3 +238,22 @@ TEST_CASE("two launchers: node 0 gives up in time when node 1's launcher is gone
   CHECK(out0.find("node 1's launcher stopped answering") != std::string::npos);
   CHECK(secs < 30);
 }
+
+TEST_CASE("two launchers: node 1 stops at once when node 0's launcher (the store) is gone") {
+  TwoNodes job;
+  job.launch({}, {kWorker, "spin", job.dir});
+  REQUIRE(wait_ready(job.dir, 4));
+  const auto t0 = Clock::now();
+  ::kill(job.n0.pid, SIGKILL);
+  const int rc1 = finish(job.n1, 60s);
+  finish(job.n0, 5s);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::string out1 = slurp(job.n1.out);
+  INFO(out1);
+  CHECK(rc1 == 1);
+  CHECK(out1.find("lost the job's store (is node 0's launcher gone?)") != std::string::npos);
+  CHECK(secs < 10);  // measured: 0.1 s
+  const auto pids = worker_pids(job.dir, 4);
+  REQUIRE(pids.size() == 4);
+  CHECK(all_gone({pids[2], pids[3]}));  // node 1's (node 0's are orphans: init reaps them)
+}

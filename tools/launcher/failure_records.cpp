@@ -27,7 +27,7 @@ bool get_if_present(Store& store, const std::string& key, json& out) {
 }
 }  // namespace
 
-void read_failure_record(Store& store, int restart_count, WorkerFailure& f) {
+bool read_failure_record(Store& store, int restart_count, WorkerFailure& f) {
   try {
     json rec;
     if (get_if_present(store, failure_key(restart_count, std::to_string(f.rank)), rec)) {
@@ -42,8 +42,9 @@ void read_failure_record(Store& store, int restart_count, WorkerFailure& f) {
       if (!f.has_record) f.message = first.value("message", std::string());
     }
   } catch (const std::exception&) {
-    // The store is gone (its host exited): blame by what the launcher saw.
+    return false;  // the store is gone (its host exited): blame by what the launcher saw
   }
+  return true;
 }
 
 bool post_first_failure(Store& store, int restart_count, const WorkerFailure& f) {

@@ -12,8 +12,8 @@ namespace phalanx::launcher {
 std::string failure_key(int restart_count, const std::string& rank_or_first);
 
 /// Fills f's record fields from the store, when its rank posted one (never waits, never
-/// throws: a lost store leaves f as it is).
-void read_failure_record(Store& store, int restart_count, WorkerFailure& f);
+/// throws: returns false, leaving f as it is, when the store cannot be reached).
+bool read_failure_record(Store& store, int restart_count, WorkerFailure& f);
 
 /// Posts failure/first for a worker that a signal killed (the other ranks watch it to fail
 /// fast); returns true when this post is the first.

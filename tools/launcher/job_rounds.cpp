@@ -87,16 +87,23 @@ std::string JobRounds::why() const {
   return why_;
 }
 
+bool JobRounds::store_lost() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !lost_.empty();
+}
+
 void JobRounds::begin(int k) {
   char b[16];
   while (::read(wake_[0], b, sizeof b) > 0) {
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    why_.clear();
-  }
+  std::lock_guard<std::mutex> lock(mu_);
   woken_ = false;
   round_ = k;
+  why_.clear();
+  if (!lost_.empty()) {  // the store went away between rounds: this round ends at once
+    why_ = lost_;
+    wake();
+  }
   cv_.notify_all();
 }
 
@@ -105,7 +112,7 @@ void JobRounds::heartbeat_loop() {
   while (!quit_) {
     const int k = round_.load();
     lock.unlock();
-    std::string why;
+    std::string why, lost;
     try {
       store_->add(alive_key(node_), 1);
       if (k >= 0 && !woken_ && store_->check({round_key(k, "closed")})) {
@@ -113,18 +120,29 @@ void JobRounds::heartbeat_loop() {
         if (closer.rfind("node " + std::to_string(node_) + ":", 0) != 0) why = closer;
       }
     } catch (const std::exception& e) {
-      why = std::string("lost the job's store (is node 0's launcher gone?): ") + e.what();
+      why = lost = std::string("lost the job's store (is node 0's launcher gone?): ") + e.what();
     }
     lock.lock();
+    if (!lost.empty()) lost_ = lost;
     if (!why.empty() && k == round_.load() && !woken_) {
       why_ = why;
       wake();
     }
+    if (!lost_.empty()) return;  // nothing more to say to a store that is gone
     cv_.wait_for(lock, tick_, [this] { return quit_; });
   }
 }
 
+void JobRounds::throw_if_lost() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!lost_.empty()) throw std::runtime_error(lost_);
+}
+
 void JobRounds::close(int k, const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!lost_.empty()) return;
+  }
   const std::string text = "node " + std::to_string(node_) + ": " + what;
   try {
     store_->compare_set(round_key(k, "closed"), {}, Bytes(text.begin(), text.end()));
@@ -151,6 +169,7 @@ void JobRounds::check_peers_alive(std::vector<std::pair<std::int64_t, Clock::tim
 std::vector<NodeReport> JobRounds::exchange(int k, const NodeReport& mine) {
   std::vector<std::string> keys;
   for (int n = 0; n < nnodes_; ++n) keys.push_back(round_key(k, "report/" + std::to_string(n)));
+  throw_if_lost();
   try {
     store_->set(keys[node_], to_json(mine));
     std::vector<std::pair<std::int64_t, Clock::time_point>> seen(nnodes_, {-1, Clock::now()});
@@ -159,6 +178,7 @@ std::vector<NodeReport> JobRounds::exchange(int k, const NodeReport& mine) {
         store_->wait(keys, std::chrono::milliseconds(200));
         break;
       } catch (const TimeoutError&) {
+        throw_if_lost();
         check_peers_alive(seen);
       }
     }
@@ -175,6 +195,7 @@ std::vector<NodeReport> JobRounds::exchange(int k, const NodeReport& mine) {
 
 void JobRounds::finish(int k) {
   try {
+    throw_if_lost();
     if (node_ != 0) {
       store_->set(round_key(k, "read/" + std::to_string(node_)), std::string("1"));
       return;

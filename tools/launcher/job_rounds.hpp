@@ -56,6 +56,8 @@ class JobRounds {
   void begin(int k);
   int wake_fd() const { return wake_[0]; }
   std::string why() const;
+  /// True once the store is gone (node 0's launcher exited): nothing more can be said.
+  bool store_lost() const;
   /// This node failed in round k: tell the others (first close wins; never throws).
   void close(int k, const std::string& what);
   /// Publishes this node's report for round k and returns every node's, in node order.
@@ -69,6 +71,7 @@ class JobRounds {
  private:
   void heartbeat_loop();
   void wake();
+  void throw_if_lost() const;
   /// Throws when a peer's heartbeat has not moved for stale_after.
   void check_peers_alive(std::vector<std::pair<std::int64_t, std::chrono::steady_clock::time_point>>& seen);
   std::shared_ptr<Store> store_;
@@ -79,6 +82,7 @@ class JobRounds {
   std::atomic<bool> woken_{false};
   mutable std::mutex mu_;
   std::string why_;
+  std::string lost_;  ///< set once the store is gone: every later call fails at once with it
   std::condition_variable cv_;
   bool quit_ = false;
   std::thread thread_;

@@ -64,8 +64,8 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
                  "job token (default: PHALANX_RDZV_TOKEN, else random for a single node); every "
                  "node of a multi-node job needs the same one");
   app.add_option("--rdzv-timeout", o.rdzv_timeout,
-                 "several nodes: seconds to wait for node 0's store at start, and for another node's "
-                 "launcher that stopped answering, before giving up")
+                 "several nodes: seconds to wait for another node's launcher that stopped answering "
+                 "before giving up (and at least this long for node 0's store at start)")
       ->capture_default_str()->check(CLI::Range(0.1, 86400.0));
   app.footer("\nEverything from the worker program on (or after --) is passed to the workers.");
   // Split argv by hand: the launcher's options, then the program and its own arguments

@@ -324,7 +324,8 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
       // This node's first failure: the first of this round (one the launcher did not cause).
       const std::vector<WorkerFailure> fresh(failures.begin() + first_new, failures.end());
       WorkerFailure first = fresh[pick_blamed(fresh)];
-      if (first.term_signal != 0 && a.store && post_first_failure(*a.store, a.restart_count, first)) {
+      const bool store_ok = a.store && !(a.store_lost && a.store_lost());
+      if (first.term_signal != 0 && store_ok && post_first_failure(*a.store, a.restart_count, first)) {
         for (auto& f : failures)
           if (f.rank == first.rank) f.is_first = true;
       }
@@ -359,8 +360,9 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
     }
   }
   // Blame with what the ranks themselves said (their failure records), when they said it.
-  if (a.store)
-    for (auto& f : failures) read_failure_record(*a.store, a.restart_count, f);
+  auto store_ok = [&] { return a.store && !(a.store_lost && a.store_lost()); };
+  for (auto& f : failures)
+    if (!store_ok() || !read_failure_record(*a.store, a.restart_count, f)) break;
   const int blamed = pick_blamed(failures);
   if (blamed >= 0 && !result.interrupted) {
     result.blamed = failures[blamed];

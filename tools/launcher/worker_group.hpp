@@ -18,6 +18,7 @@ struct Attempt {
   std::string token;
   int restart_count = 0;
   Store* store = nullptr;  ///< the job's store, for failure records (null: blame by exits alone)
+  std::function<bool()> store_lost;  ///< true once the store is known gone (skip it then)
   bool progress_passthrough = false;  ///< draw rank 0's '\r' redraws on our terminal
   /// Readable when the attempt must end because of something outside this node (another
   /// node's failure, a lost store); -1: none. `stop_reason` then says why.
