@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include <phalanx/core/kernels.hpp>
@@ -166,19 +167,22 @@ int run_training(const TrainConfig& c) {
   if (!c.checkpoint_dir.empty()) ckdir = std::make_unique<parallel::CheckpointDir>(c.checkpoint_dir, c.keep_checkpoints);
   const int restart = parallel::read_launch_env().restart_count;
   std::string resume_path;
-  if (!c.resume_from.empty()) {
+  std::optional<std::string> newest = ckdir ? ckdir->latest() : std::nullopt;
+  if (restart > 0 && newest) {
+    resume_path = *newest;  // a restart goes on from where this job got to, whatever the first attempt's source
+  } else if (!c.resume_from.empty()) {
     if (::access(c.resume_from.c_str(), R_OK) != 0)
       throw IoError("--resume-from " + c.resume_from + ": no such checkpoint (or not readable)");
     resume_path = c.resume_from;
   } else if (ckdir && (c.resume || restart > 0)) {
-    if (auto latest = ckdir->latest()) resume_path = *latest;
+    if (newest) resume_path = *newest;
     else if (rank == 0)
       std::printf("phalanx-train: no checkpoint in %s yet; starting from step 0\n", c.checkpoint_dir.c_str());
   } else if (ckdir) {
     // A fresh run would mix its checkpoints with another run's (and a restart could then pick
     // the other run's newest): refuse, naming both ways on.
-    if (auto latest = ckdir->latest())
-      throw ConfigError("--checkpoint-dir " + c.checkpoint_dir + " already holds checkpoints (newest " + *latest +
+    if (newest)
+      throw ConfigError("--checkpoint-dir " + c.checkpoint_dir + " already holds checkpoints (newest " + *newest +
                         ") and this run starts from step 0: pass --resume to continue from them, or use an empty folder");
   }
   std::int64_t step = 0, start_epoch = 0, skip_batches = 0;
