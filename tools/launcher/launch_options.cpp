@@ -59,7 +59,7 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   app.add_option("--log-dir,--log_dir", o.log_dir, "write each rank's output to DIR/rank_<r>.log too");
   app.add_option("--backend", o.backend, "communication backend for the workers (PHALANX_BACKEND)");
   app.add_option("--timeout", o.timeout, "operation timeout in seconds for the workers (PHALANX_TIMEOUT)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(0.001, 1e6));
   app.add_option("--rdzv-token", o.rdzv_token,
                  "job token (default: PHALANX_RDZV_TOKEN, else random for a single node); every "
                  "node of a multi-node job needs the same one");
