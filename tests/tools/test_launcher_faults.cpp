@@ -257,3 +257,26 @@ TEST_CASE("two launchers: node 1 stops at once when node 0's launcher (the store
   REQUIRE(pids.size() == 4);
   CHECK(all_gone({pids[2], pids[3]}));  // node 1's (node 0's are orphans: init reaps them)
 }
+
+TEST_CASE("two launchers: a failure on node 1 stops node 0's workers even when they would wait on") {
+  TwoNodes job;
+  job.launch({}, {kWorker, "sleep", job.dir});  // no collectives: nothing fails on node 0 by itself
+  const auto wait_start = Clock::now();
+  while (worker_pids(job.dir, 4).size() < 4 && Clock::now() - wait_start < 30s) std::this_thread::sleep_for(10ms);
+  const auto pids = worker_pids(job.dir, 4);
+  REQUIRE(pids.size() == 4);
+  const auto t0 = Clock::now();
+  ::kill(pids[2], SIGKILL);
+  const int rc0 = finish(job.n0, 60s), rc1 = finish(job.n1, 60s);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::string out0 = slurp(job.n0.out), out1 = slurp(job.n1.out);
+  INFO(out0);
+  INFO(out1);
+  CHECK(rc0 == 128 + SIGKILL);
+  CHECK(rc1 == 128 + SIGKILL);
+  CHECK(out0.find("node 0: stopped 2 worker(s): node 1: rank 2 was killed by signal 9") != std::string::npos);
+  for (const std::string& out : {out0, out1})
+    CHECK(out.find("the job failed in round 0: rank 2 on node 1") != std::string::npos);
+  CHECK(secs < 15);  // a tick to see the close, then SIGTERM (the sleepers die at once)
+  CHECK(all_gone(pids));
+}
