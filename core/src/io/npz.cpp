@@ -75,20 +75,75 @@ std::string dir_of(const std::string& path) {
 }
 }  // namespace
 
+// CRC-32 by slicing-by-8 (eight table lookups per 8 bytes; several times faster than a
+// byte at a time): checkpoints are verified on every load.
 std::uint32_t crc32(const void* data, std::size_t size, std::uint32_t crc) {
-  static const std::array<std::uint32_t, 256> table = [] {
-    std::array<std::uint32_t, 256> t{};
+  using Tables = std::array<std::array<std::uint32_t, 256>, 8>;
+  static const Tables t = [] {
+    Tables x{};
     for (std::uint32_t i = 0; i < 256; ++i) {
       std::uint32_t c = i;
       for (int k = 0; k < 8; ++k) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
+      x[0][i] = c;
     }
-    return t;
+    for (std::uint32_t i = 0; i < 256; ++i)
+      for (int k = 1; k < 8; ++k) x[k][i] = (x[k - 1][i] >> 8) ^ x[0][x[k - 1][i] & 0xff];
+    return x;
   }();
   const auto* p = static_cast<const unsigned char*>(data);
   crc = ~crc;
-  for (std::size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  for (; size >= 8; size -= 8, p += 8) {
+    const std::uint32_t lo = crc ^ (std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 |
+                                    std::uint32_t(p[3]) << 24);
+    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^ t[3][p[4]] ^
+          t[2][p[5]] ^ t[1][p[6]] ^ t[0][p[7]];
+  }
+  for (; size > 0; --size, ++p) crc = t[0][(crc ^ *p) & 0xff] ^ (crc >> 8);
   return ~crc;
+}
+
+// The members of an in-memory archive; `check_members`: verify each member's CRC-32.
+static TensorMap read_members(const std::string& bytes, const std::string& path, bool check_members) {
+  zip_error_t ze;
+  zip_error_init(&ze);
+  zip_source_t* src = zip_source_buffer_create(bytes.data(), bytes.size(), 0, &ze);
+  std::unique_ptr<zip_t, ZipCloser> z(src ? zip_open_from_source(src, ZIP_RDONLY, &ze) : nullptr);
+  if (!z) {
+    if (src) zip_source_free(src);
+    std::string msg = path + ": cannot open as .npz (" + zip_error_strerror(&ze) + ")";
+    zip_error_fini(&ze);
+    throw IoError(msg);
+  }
+  zip_error_fini(&ze);
+  TensorMap out;
+  const zip_int64_t n = zip_get_num_entries(z.get(), 0);
+  for (zip_int64_t i = 0; i < n; ++i) {
+    zip_stat_t st;
+    if (zip_stat_index(z.get(), i, 0, &st) != 0 || !(st.valid & ZIP_STAT_NAME) || !(st.valid & ZIP_STAT_SIZE))
+      throw IoError(path + ": corrupt zip directory");
+    std::string name = st.name;
+    // A stored member is no larger than the archive, a deflated one at most ~1032 times.
+    if (st.size > bytes.size() * 1100ull + (1u << 20))
+      throw IoError(path + ": member '" + name + "' claims an impossible size (" + std::to_string(st.size) + " bytes)");
+    zip_file_t* f = zip_fopen_index(z.get(), i, 0);
+    if (!f) throw IoError(path + ": cannot read member '" + name + "' (" + zip_strerror(z.get()) + ")");
+    std::vector<char> buf(st.size);
+    const zip_int64_t got = st.size ? zip_fread(f, buf.data(), st.size) : 0;
+    zip_fclose(f);
+    if (got != static_cast<zip_int64_t>(st.size))
+      throw IoError(path + ": member '" + name + "' is truncated or corrupt");
+    if (check_members && (st.valid & ZIP_STAT_CRC)) {
+      const std::uint32_t have = crc32(buf.data(), buf.size());
+      if (have != st.crc)
+        throw IoError(path + ": member '" + name + "' fails its CRC-32 checksum (stored " + hex32(st.crc) +
+                      ", computed " + hex32(have) + "): the file is damaged");
+    }
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0)
+      name.resize(name.size() - 4);
+    if (out.contains(name)) throw IoError(path + ": member '" + name + "' appears twice");
+    out.set(name, parse_npy(buf.data(), buf.size(), path + "[" + name + "]"));
+  }
+  return out;
 }
 
 TensorMap load_npz(const std::string& path) { return load_npz(path, nullptr); }
@@ -109,52 +164,24 @@ TensorMap load_npz(const std::string& path, NpzReadInfo* info) {
   const std::size_t tag = std::strlen(kFileTag);
   const bool tagged = bytes.size() > tag + 8 && bytes.compare(bytes.size() - tag - 8, tag, kFileTag) == 0;
   if (info) info->file_checksum = tagged;
-  zip_error_t ze;
-  zip_error_init(&ze);
-  zip_source_t* src = zip_source_buffer_create(bytes.data(), bytes.size(), 0, &ze);
-  std::unique_ptr<zip_t, ZipCloser> z(src ? zip_open_from_source(src, ZIP_RDONLY, &ze) : nullptr);
-  if (!z) {
-    if (src) zip_source_free(src);
-    std::string msg = path + ": cannot open as .npz (" + zip_error_strerror(&ze) + ")";
-    zip_error_fini(&ze);
-    throw IoError(msg);
-  }
-  zip_error_fini(&ze);
-  TensorMap out;
-  const zip_int64_t n = zip_get_num_entries(z.get(), 0);
-  for (zip_int64_t i = 0; i < n; ++i) {
-    zip_stat_t st;
-    if (zip_stat_index(z.get(), i, 0, &st) != 0 || !(st.valid & ZIP_STAT_NAME) || !(st.valid & ZIP_STAT_SIZE))
-      throw IoError(path + ": corrupt zip directory");
-    std::string name = st.name;
-    if (st.size > (1ull << 40)) throw IoError(path + ": member '" + name + "' claims an impossible size");
-    zip_file_t* f = zip_fopen_index(z.get(), i, 0);
-    if (!f) throw IoError(path + ": cannot read member '" + name + "' (" + zip_strerror(z.get()) + ")");
-    std::vector<char> buf(st.size);
-    const zip_int64_t got = st.size ? zip_fread(f, buf.data(), st.size) : 0;
-    zip_fclose(f);
-    if (got != static_cast<zip_int64_t>(st.size))
-      throw IoError(path + ": member '" + name + "' is truncated or corrupt");
-    if (st.valid & ZIP_STAT_CRC) {
-      const std::uint32_t have = crc32(buf.data(), buf.size());
-      if (have != st.crc)
-        throw IoError(path + ": member '" + name + "' fails its CRC-32 checksum (stored " + hex32(st.crc) +
-                      ", computed " + hex32(have) + "): the file is damaged");
-    }
-    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0)
-      name.resize(name.size() - 4);
-    if (out.contains(name)) throw IoError(path + ": member '" + name + "' appears twice");
-    out.set(name, parse_npy(buf.data(), buf.size(), path + "[" + name + "]"));
-  }
-  // The members are sound (each named when its CRC fails); now the bytes between them.
+  // A file whose whole-file CRC-32 passes needs no member CRCs (they cover a subset of its
+  // bytes); when it fails, the members are checked first so the message can name one.
+  std::string stored_sum, computed_sum;
   if (tagged) {
-    const std::string stored = bytes.substr(bytes.size() - 8);
-    const std::string have = hex32(crc32(bytes.data(), bytes.size() - 8));
-    if (stored != have)
-      throw IoError(path + ": file checksum mismatch (CRC-32 stored " + stored + ", computed " + have +
-                    "): the file is damaged");
+    stored_sum = bytes.substr(bytes.size() - 8);
+    computed_sum = hex32(crc32(bytes.data(), bytes.size() - 8));
   }
-  return out;
+  const bool damaged = tagged && stored_sum != computed_sum;
+  const std::string file_sum_error = path + ": file checksum mismatch (CRC-32 stored " + stored_sum + ", computed " +
+                                     computed_sum + "): the file is damaged";
+  if (!damaged) return read_members(bytes, path, /*check_members=*/!tagged);
+  try {
+    read_members(bytes, path, true);
+  } catch (const IoError& e) {
+    if (std::strstr(e.what(), "fails its CRC-32 checksum")) throw;  // names the damaged member
+    throw IoError(file_sum_error + " (" + e.what() + ")");
+  }
+  throw IoError(file_sum_error);  // the members are sound: the damage is between them
 }
 
 void save_npz(const std::string& path, const TensorMap& tensors) {
