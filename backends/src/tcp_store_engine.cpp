@@ -178,7 +178,7 @@ void Engine::reply(Conn& c, Bytes frame, Value value) {
   if (value && value->empty()) value = nullptr;
   const std::size_t own = frame.size(), total = own + (value ? value->size() : 0);
   if (c.out_bytes + total > limits_.max_output_per_connection) {
-    drop(c, detail::concat("does not read its replies (", c.out_bytes + total, " bytes queued, limit ",
+    drop(c, detail::concat("does not read its replies (", c.out_bytes + total, " bytes would be queued, limit ",
                            limits_.max_output_per_connection, ")"),
          false);
     return;

@@ -52,7 +52,8 @@ struct TcpStoreServer::State {
   std::vector<Conn> conns;
   int max_connections = 0;
   Clock::time_point accept_paused_until{};
-  // Log lines about dropped connections: a burst of 20, then one a second.
+  // Log lines about dropped connections without a handshake: a burst of 20, then one a
+  // second (those of the job's own clients are always written).
   double log_tokens = 20;
   Clock::time_point log_refill = Clock::now();
   int log_suppressed = 0;
@@ -82,16 +83,18 @@ TcpStoreServer::~TcpStoreServer() {
   ::close(wake_fd_[1]);
 }
 
-void TcpStoreServer::log_drop(int fd, const std::string& reason) {
+void TcpStoreServer::log_drop(int fd, const std::string& reason, bool rate_limited) {
   State& st = *state_;
   const auto now = Clock::now();
   st.log_tokens = std::min(20.0, st.log_tokens + std::chrono::duration<double>(now - st.log_refill).count());
   st.log_refill = now;
-  if (st.log_tokens < 1) {
-    ++st.log_suppressed;
-    return;
+  if (rate_limited) {  // anyone can open connections: their lines must not flood the log
+    if (st.log_tokens < 1) {
+      ++st.log_suppressed;
+      return;
+    }
+    st.log_tokens -= 1;
   }
-  st.log_tokens -= 1;
   std::string more;
   if (st.log_suppressed > 0) more = detail::concat(" (", st.log_suppressed, " more dropped connections not logged)");
   st.log_suppressed = 0;
@@ -117,7 +120,7 @@ void TcpStoreServer::accept_all() {
       const std::string why = detail::concat("the store has reached its connection limit (", st.max_connections, ")");
       if (victim == st.conns.end()) {
         ++dropped_;
-        log_drop(fd, why);
+        log_drop(fd, why, true);
         ::close(fd);
         continue;
       }
@@ -182,7 +185,7 @@ void TcpStoreServer::sweep() {
     if (c.gone) {
       if (!c.drop_reason.empty()) {
         ++dropped_;
-        log_drop(c.fd, c.drop_reason);
+        log_drop(c.fd, c.drop_reason, !st.engine.authenticated(c.id));
       }
       ::close(c.fd);
       st.engine.close(c.id);
@@ -235,7 +238,12 @@ void TcpStoreServer::serve() {
       if (errno == EINTR) continue;
       return;
     }
-    if (pfds[0].revents) return;  // shutting down
+    if (pfds[0].revents) {  // shutting down
+      if (st.log_suppressed > 0)
+        std::fprintf(stderr, "[phalanx] TCP store %s:%d: %d more dropped connections were not logged\n",
+                     host_.c_str(), port_, st.log_suppressed);
+      return;
+    }
     const std::size_t nconn = pfds.size() - 2;
     for (std::size_t i = 0; i < nconn; ++i) {
       const short rev = pfds[i + 2].revents;

@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -252,12 +254,19 @@ long status_kib(pid_t pid, const char* field) {
   return -1;
 }
 
-/// True when the peer has closed fd (EOF or reset) within `within`.
+/// True when the peer has closed fd (EOF or reset) within `within`; reads (and discards)
+/// whatever arrives before.
 bool closed_by_peer(int fd, std::chrono::milliseconds within) {
-  pollfd p{fd, POLLIN, 0};
-  if (::poll(&p, 1, static_cast<int>(within.count())) <= 0) return false;
-  char c;
-  return ::recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+  const auto deadline = Clock::now() + within;
+  std::vector<char> sink(1 << 16);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left)) <= 0) return false;
+    const ssize_t r = ::recv(fd, sink.data(), sink.size(), MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) return true;
+  }
 }
 }  // namespace
 
@@ -429,4 +438,70 @@ TEST_CASE("TCP store: a connection that never says HELLO is dropped after hello_
   CHECK(closed_by_peer(fd, 3000ms));
   CHECK(server.dropped_connections() == 1);
   ::close(fd);
+}
+
+TEST_CASE("TCP store: each dropped connection is one log line naming its address; floods are summarised") {
+  std::fflush(stderr);
+  const std::string path = "/tmp/phalanx_store_log_" + std::to_string(::getpid());
+  const int saved = ::dup(2);
+  const int log = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(log >= 0);
+  ::dup2(log, 2);
+  {
+    TcpStoreOptions so;
+    so.token = "job";
+    so.limits.max_output_per_connection = 1u << 20;
+    TcpStoreServer server(so);
+    TcpStoreOptions o;
+    o.port = server.port();
+    o.token = "job";
+    TcpStore good(o);
+    good.set("v", Bytes(600u << 10, 1));
+    // A job's own client that stops reading: always logged.
+    const int bad = connect_raw(server.port());
+    const Bytes hi = Writer(kHello).str("job").finish(), get = Writer(kGet).str("v").finish();
+    std::uint8_t reply[5];
+    REQUIRE(::send(bad, hi.data(), hi.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(hi.size()));
+    REQUIRE(::recv(bad, reply, 5, MSG_WAITALL) == 5);
+    // (the kernel's socket buffers take a few MiB first; 200 replies are 120 MiB)
+    for (int i = 0; i < 200; ++i)
+      if (::send(bad, get.data(), get.size(), MSG_NOSIGNAL) <= 0) break;
+    // 50 peers announcing 64 MiB frames before the handshake: a burst of lines, then a count.
+    const std::uint32_t huge = 64u << 20;
+    for (int i = 0; i < 50; ++i) {
+      const int fd = connect_raw(server.port());
+      ::send(fd, &huge, 4, MSG_NOSIGNAL);
+      CHECK(closed_by_peer(fd, 2000ms));
+      ::close(fd);
+    }
+    CHECK(closed_by_peer(bad, 2000ms));
+    ::close(bad);
+    CHECK(server.dropped_connections() == 51);
+  }
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(log);
+  std::ifstream f(path);
+  std::string line;
+  int unauth = 0, slow = 0, other = 0, not_listed = 0;
+  while (std::getline(f, line)) {
+    // A count of lines left out rides on the next line written, or on a last line at shutdown.
+    const auto more = line.find(" more dropped connections");
+    if (more != std::string::npos) {
+      std::size_t digits = more;
+      while (digits > 0 && std::isdigit(static_cast<unsigned char>(line[digits - 1]))) --digits;
+      not_listed += std::stoi(line.substr(digits, more - digits));
+    }
+    const bool named = line.find("dropped the connection from 127.0.0.1:") != std::string::npos;
+    if (named && line.find("before the token handshake (limit 4096)") != std::string::npos) ++unauth;
+    else if (named && line.find("does not read its replies") != std::string::npos) ++slow;
+    else if (named || more == std::string::npos) ++other;
+  }
+  std::remove(path.c_str());
+  CHECK(slow == 1);
+  CHECK(unauth >= 20);
+  CHECK(unauth < 50);
+  CHECK(unauth + not_listed == 50);  // the rest are counted, not listed
+  CHECK(other == 0);
 }

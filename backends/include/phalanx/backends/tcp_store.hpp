@@ -69,7 +69,7 @@ class TcpStoreServer {
   void read_from(Conn& c);
   void write_to(Conn& c);
   void sweep();
-  void log_drop(int fd, const std::string& reason);
+  void log_drop(int fd, const std::string& reason, bool rate_limited);
   std::string host_;
   int port_ = 0;
   int listen_fd_ = -1;
