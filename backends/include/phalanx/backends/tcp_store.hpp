@@ -27,7 +27,7 @@ namespace phalanx {
 /// other connections keep being served.
 struct TcpStoreLimits {
   std::size_t max_frame_before_hello = 4096;   ///< largest frame accepted before HELLO succeeds
-  std::size_t max_frame = 64u << 20;           ///< largest frame afterwards (a value of ~64 MiB)
+  std::size_t max_frame = 64u << 20;           ///< largest frame afterwards; at most 64 MiB (what clients accept)
   /// Replies queued for one connection that its client has not read yet; one reply of
   /// max_frame always fits, so only a client that stops reading exceeds it.
   std::size_t max_output_per_connection = (64u << 20) + (1u << 20);
