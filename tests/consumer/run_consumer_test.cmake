@@ -18,6 +18,20 @@ file(READ ${WORK_DIR}/prefix/lib/pkgconfig/phalanx.pc pc)
 if(NOT pc MATCHES "-lphalanx")
   message(FATAL_ERROR "phalanx.pc does not link -lphalanx")
 endif()
+# ... and is relocatable: a program builds and runs with nothing but pkg-config and g++.
+find_program(PKG_CONFIG pkg-config)
+find_program(GXX g++)
+if(PKG_CONFIG AND GXX)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${WORK_DIR}/prefix/lib/pkgconfig
+                          ${PKG_CONFIG} --cflags --libs phalanx
+                  OUTPUT_VARIABLE pc_flags OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0 OR NOT pc_flags MATCHES "${WORK_DIR}/prefix")
+    message(FATAL_ERROR "pkg-config --cflags --libs phalanx does not point into the install prefix: '${pc_flags}'")
+  endif()
+  separate_arguments(pc_list UNIX_COMMAND "${pc_flags}")
+  run(${GXX} ${CONSUMER_SOURCE_DIR}/main.cpp ${pc_list} -o ${WORK_DIR}/pkgconfig_consumer)
+  run(${WORK_DIR}/pkgconfig_consumer)
+endif()
 
 # The out-of-tree backend example: built against the installed library, selected by
 # PHALANX_BACKEND, found through PHALANX_PLUGIN_PATH, run by the installed launcher.
