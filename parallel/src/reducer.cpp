@@ -1,5 +1,7 @@
 #include "reducer.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <unordered_map>
 
 #include "phalanx/backends/comm_error.hpp"
@@ -50,7 +52,11 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroup
       bucket.offsets.push_back(total);
       total += params_[p].numel();
     }
-    bucket.buffer = zeros({total});
+    // The last bucket carries one more element after its gradients: the pass flag
+    // (0 = this rank's backward completed; 1 = it stopped part-way and sends no gradients).
+    // Reduced with the gradients, it is non-zero on every rank when any rank's pass was
+    // void, at no extra collective.
+    bucket.buffer = zeros({total + (b + 1 == layout.size() ? 1 : 0)});
     for (std::size_t s = 0; s < bucket.params.size(); ++s) {
       const std::size_t p = bucket.params[s];
       bucket_of_[p] = b;
@@ -115,23 +121,60 @@ namespace {
 
 }  // namespace
 
-void Reducer::abandon_pass() {
-  // The previous backward stopped part-way (an exception inside the autograd graph or a
-  // hook): its end-of-backward callback never ran. Complete the buckets it launched, so no
-  // collective still writes into the gradient buffers, then start afresh. The gradients of
-  // that pass are partial: zero them before the next backward (optimizer.zero_grad()).
+void Reducer::set_pass_flag(float value) {
+  Tensor& last = buckets_.back().buffer;
+  static_cast<float*>(last.raw_data())[last.numel() - 1] = value;
+}
+
+float Reducer::pass_flag() const {
+  const Tensor& last = buckets_.back().buffer;
+  return static_cast<const float*>(last.raw_data())[last.numel() - 1];
+}
+
+void Reducer::launch_void_rest() {
+  // Every rank must issue the same collectives in every pass: the buckets this rank never
+  // filled go out zero-filled, the last one with the pass flag set, so the peers' pass
+  // fails (finalize) instead of pairing with this rank's next pass.
+  while (next_launch_ < buckets_.size()) {
+    GradBucket& b = buckets_[next_launch_];
+    b.buffer.zero_();
+    if (next_launch_ + 1 == buckets_.size()) set_pass_flag(1.f);
+    hook_->launch(*pg_, b);
+    ++next_launch_;
+  }
+}
+
+std::exception_ptr Reducer::finish_launched(std::size_t* failed) {
   std::exception_ptr error;
-  std::size_t failed = 0;
   for (std::size_t b = 0; b < next_launch_; ++b) {
     try {
       hook_->finish(*pg_, buckets_[b]);
     } catch (const CommError&) {
       if (!error) {
         error = std::current_exception();
-        failed = b;
+        *failed = b;
       }
     }
   }
+  return error;
+}
+
+void Reducer::abandon_pass() {
+  // The previous backward stopped part-way (an exception inside the autograd graph or a
+  // hook): its end-of-backward callback never ran, and that exception already reached the
+  // caller. Send the buckets it never launched as void (so the peers' pass fails too and
+  // no rank pairs its next pass with another's old one), complete them all, so no
+  // collective still writes into the gradient buffers, then start afresh. The gradients
+  // are garbage: zero them before the next backward (optimizer.zero_grad()).
+  std::exception_ptr error;
+  std::size_t failed = 0;
+  try {
+    launch_void_rest();
+  } catch (const CommError&) {
+    error = std::current_exception();
+    failed = next_launch_;
+  }
+  if (std::exception_ptr e = finish_launched(&failed); e && !error) error = e;
   armed_ = false;
   reset_pass();
   if (error)
@@ -204,7 +247,10 @@ void Reducer::mark_ready(std::size_t p) {
 }
 
 void Reducer::launch_in_order() {
-  while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) {
+  // The last bucket waits for the end of backward (finalize): its pass flag says whether
+  // this rank's backward ran to the end, which only then is known. Backward has next to
+  // nothing left to compute by the time the last bucket fills.
+  while (next_launch_ + 1 < buckets_.size() && pending_[next_launch_] == 0) {
     if (next_launch_ == 0) first_launch_ = Clock::now();
     hook_->launch(*pg_, buckets_[next_launch_]);
     ++next_launch_;
@@ -213,28 +259,43 @@ void Reducer::launch_in_order() {
 
 void Reducer::finalize() {
   armed_ = false;
-  if (next_launch_ < buckets_.size()) {
+  if (next_launch_ + 1 < buckets_.size() || pending_.back() != 0) {
     std::string missing;
     int count = 0;
     for (std::size_t p = 0; p < params_.size(); ++p)
       if (!ready_[p] && count++ < 5) missing += (missing.empty() ? "" : ", ") + names_[p];
-    // Complete what was launched so the group stays in step, then report (with the first
-    // communication error, if completing a bucket failed too).
-    std::string comm_failure;
-    for (std::size_t b = 0; b < next_launch_; ++b) {
-      try {
-        hook_->finish(*pg_, buckets_[b]);
-      } catch (const CommError& e) {
-        if (comm_failure.empty())
-          comm_failure = detail::concat(" (completing gradient bucket ", b, " failed too: ", e.what(), ")");
-      }
+    // Send the rest as void and complete everything, so the group stays in step and the
+    // peers' pass fails too; a communication error wins (its kind kept: a peer's failure
+    // stays a PeerFailedError).
+    std::exception_ptr error;
+    std::size_t failed = 0;
+    try {
+      launch_void_rest();
+    } catch (const CommError&) {
+      error = std::current_exception();
+      failed = next_launch_;
     }
+    if (std::exception_ptr e = finish_launched(&failed); e && !error) error = e;
     reset_pass();
+    if (error)
+      rethrow_with_context(error, detail::concat("DDP: reducing gradient bucket ", failed, " failed: "));
     throw AutogradError(detail::concat(
         "DDP: ", count, " parameter(s) got no gradient in this backward pass (", missing,
         "): they were not used to compute the loss. Pass find_unused_parameters=true to DDPOptions "
-        "if parts of the model are unused in some iterations, or remove them from the model", comm_failure));
+        "if parts of the model are unused in some iterations, or remove them from the model"));
   }
+  if (next_launch_ == 0) first_launch_ = Clock::now();
+  set_pass_flag(0.f);  // this rank's backward ran to the end
+  try {
+    hook_->launch(*pg_, buckets_.back());
+  } catch (const CommError&) {
+    std::size_t failed = 0;
+    finish_launched(&failed);  // nothing may still write into the buffers
+    reset_pass();
+    rethrow_with_context(std::current_exception(),
+                         detail::concat("DDP: reducing gradient bucket ", buckets_.size() - 1, " failed: "));
+  }
+  ++next_launch_;
   const auto wait_start = Clock::now();
   for (auto& b : buckets_) {
     try {
@@ -250,6 +311,16 @@ void Reducer::finalize() {
   last_wait_ = std::chrono::duration<double>(end - wait_start).count();
   last_comm_ = std::chrono::duration<double>(end - first_launch_).count();
   reset_pass();
+  // The flag's mean over ranks: (ranks whose pass was void) / world.
+  const float flag = pass_flag();
+  if (flag != 0.f) {
+    const long void_ranks = std::max(1L, std::lround(static_cast<double>(flag) * pg_->size()));
+    throw PeerFailedError(detail::concat(
+        "DDP: the backward pass stopped part-way on ", void_ranks, " of ", pg_->size(),
+        " rank(s) (an exception inside their backward, or parameters without a gradient), so this "
+        "step's reduced gradients are incomplete on every rank; skip this optimizer step and zero the "
+        "gradients, or stop (the failing rank's own error says why)"));
+  }
 }
 
 }  // namespace phalanx::parallel

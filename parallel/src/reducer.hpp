@@ -3,7 +3,9 @@
 // (docs/ddp.md). Parameters' gradients live in their bucket's flat buffer; the autograd
 // hook of each parameter marks it ready; a full bucket is handed to the comm hook at once,
 // buckets strictly in index order (so every rank issues the same collectives in the same
-// order); the end-of-backward callback waits for all of them.
+// order); the last bucket, which carries the pass flag, at the end of backward, whose
+// callback then waits for all of them. A pass that stops part-way on one rank sends its
+// remaining buckets void (flag set), so every rank's pass fails and the ranks stay in step.
 #include <chrono>
 #include <string>
 #include <unordered_map>
@@ -39,6 +41,12 @@ class Reducer {
   void finalize();
   void reset_pass();
   void abandon_pass();
+  /// Launches the buckets not yet launched, zero-filled, with the pass flag set.
+  void launch_void_rest();
+  /// Finishes the launched buckets; the first communication error (its bucket in *failed).
+  std::exception_ptr finish_launched(std::size_t* failed);
+  void set_pass_flag(float value);
+  float pass_flag() const;
 
   std::vector<Tensor> params_;
   std::vector<std::string> names_;

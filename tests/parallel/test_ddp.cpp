@@ -386,6 +386,51 @@ TEST_CASE("an exception in the middle of a backward does not wedge the reducer: 
   });
 }
 
+TEST_CASE("only one rank's backward fails part-way: every rank's step fails, and the next pass is in step") {
+  const Data d = make_data(16, 16, 5);
+  // Param 0 (the first layer) gets its gradient last: all but the last bucket are in flight;
+  // the third from last early: most buckets are not launched yet.
+  for (const bool late : {true, false}) {
+    CAPTURE(late);
+    auto store = std::make_shared<MemoryStore>();
+    run_threads(2, [&](int rank) {
+      auto pg = make_thread_group("gloo", rank, 2, store, std::chrono::seconds(20));
+      DDPOptions o;
+      o.first_bucket_mb = o.bucket_cap_mb = 0.0005;
+      auto model = many_small_one_large();
+      DDP ddp(model, pg, o);
+      bool fail = rank == 0;
+      const auto params = model->parameters();
+      const Tensor where = params[late ? 0 : params.size() - 3];
+      const auto id = where.register_grad_accumulated_hook([&](const Tensor&) {
+        if (fail) throw ValueError("injected failure inside backward");
+      });
+      try {
+        cross_entropy(ddp.forward(d.x), d.y).backward();
+        REQUIRE_RANK(rank, false, "the step must fail on every rank, not only on the failing one");
+      } catch (const ValueError& e) {
+        REQUIRE_RANK(rank, rank == 0 && std::string(e.what()).find("injected") != std::string::npos, e.what());
+      } catch (const PeerFailedError& e) {
+        // Before the fix rank 1 completed this step silently with rank 0's next pass.
+        REQUIRE_RANK(rank, rank == 1 && std::string(e.what()).find("stopped part-way on 1 of 2") != std::string::npos,
+                     e.what());
+      }
+      fail = false;
+      where.remove_grad_accumulated_hook(id);
+      ddp.zero_grad();
+      cross_entropy(ddp.forward(d.x), d.y).backward();
+      auto ref = many_small_one_large();  // same initial weights, same data on both ranks
+      cross_entropy(ref->forward(d.x), d.y).backward();
+      const auto got = ddp.parameters(), want = ref->parameters();
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const auto g = got[i].grad().to_vector<float>(), w = want[i].grad().to_vector<float>();
+        for (std::size_t k = 0; k < g.size(); ++k)
+          REQUIRE_RANK(rank, std::abs(g[k] - w[k]) < 1e-5, "the next pass pairs with the peers' next pass");
+      }
+    });
+  }
+}
+
 TEST_CASE("a timed-out bucket stays a TimeoutError through DDP (not a plain CommError)") {
   const Data d = make_data(8, 16, 5);
   auto store = std::make_shared<MemoryStore>();
