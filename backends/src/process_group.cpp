@@ -199,19 +199,25 @@ void ProcessGroup::fail_item(const WorkPtr& work, std::exception_ptr error) {
       work->finish(abort_error_);
       return;
     }
+    if (failed_) {  // a later failure: the first one was reported, the hook ran for it
+      work->finish(error);
+      return;
+    }
+    failed_ = true;
     hook = failure_hook_;
   }
   // The hook posts this rank's failure record and may name the peer that failed first
   // (its contract: it does not throw).
   if (hook)
     if (std::exception_ptr better = hook(error, describe(work->op(), work->sequence_number()))) error = better;
-  mark_broken(message_of(error).c_str());
+  std::deque<Item> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_.empty()) broken_ = message_of(error);
+    queued.swap(queue_);  // never started, and would only fail one by one (a timeout each)
+  }
   work->finish(error);
-}
-
-void ProcessGroup::mark_broken(const char* what) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (broken_.empty()) broken_ = what;
+  for (auto& item : queued) item.work->finish(error);
 }
 
 void ProcessGroup::defer_completion(std::function<void()> waiter) { pending_waiter_ = std::move(waiter); }

@@ -4,6 +4,8 @@
 
 #include <signal.h>
 
+#include <atomic>
+
 #include "support/multirank.hpp"
 
 using namespace phalanx;
@@ -62,6 +64,41 @@ TEST_CASE("a rank that never enters a collective: TimeoutError naming the op, th
     } catch (const CommError& e) {
       REQUIRE_RANK(rank, std::string(e.what()).find("broken") != std::string::npos, e.what());
     }
+  });
+}
+
+TEST_CASE("once an operation fails, the operations queued behind it fail at once; the hook runs once") {
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("gloo", rank, 2, store, 1s);
+    if (rank == 1) {  // never enters a collective, stays alive
+      std::this_thread::sleep_for(5s);
+      return;
+    }
+    std::atomic<int> hook_calls{0};
+    pg->set_failure_hook([&](std::exception_ptr, const std::string&) -> std::exception_ptr {
+      ++hook_calls;
+      return nullptr;
+    });
+    Tensor t = ones({64});
+    const auto t0 = Clock::now();
+    std::vector<WorkPtr> works;
+    for (int i = 0; i < 4; ++i) works.push_back(pg->allreduce(t));
+    int timeouts = 0;
+    for (auto& w : works) {
+      try {
+        w->wait();
+      } catch (const TimeoutError&) {
+        ++timeouts;  // the first's error, kind kept, for all
+      }
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::fprintf(stderr, "[failures] 4 queued allreduces failed after %.3f s, hook called %d time(s)\n", secs,
+                 hook_calls.load());
+    // Before the fix each queued allreduce ran and timed out in turn (4 s), each calling the hook.
+    REQUIRE_RANK(rank, timeouts == 4, "every queued operation fails with the first failure");
+    REQUIRE_RANK(rank, hook_calls == 1, "the failure hook runs for the first failure only");
+    REQUIRE_RANK(rank, secs < 3.0, "the queued operations fail at once, not one timeout each");
   });
 }
 

@@ -6,7 +6,8 @@
 // worker thread, one after another in issue order (so every rank executes them in the
 // same order), while the caller keeps computing. A backend implements the synchronous
 // `run_*` hooks. After an operation fails the group is broken: later operations fail at
-// once with an error naming the first failure.
+// once with an error naming the first failure; the operations queued behind the first
+// failure fail with it at once, and the failure hook runs for the first failure only.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -135,7 +136,6 @@ class ProcessGroup {
   void fail_item(const WorkPtr& work, std::exception_ptr error);
   void worker_loop();
   void completion_loop();
-  void mark_broken(const char* what);
   void check_root(int root, const char* op) const;
   void check_peer(int peer, const char* op) const;
 
@@ -156,6 +156,7 @@ class ProcessGroup {
   std::uint64_t next_seq_ = 0;
   bool stopping_ = false;
   std::string broken_;  // non-empty once an operation failed
+  bool failed_ = false;  // an operation failed here: the hook ran (only for the first)
   std::thread worker_;
   // deferred completions (point-to-point)
   std::function<void()> pending_waiter_;  // set by defer_completion during a run_* hook
