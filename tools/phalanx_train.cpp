@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   try {
     return phalanx::trainer::run_training(config);
   } catch (const std::exception& e) {
-    phalanx::parallel::report_failure(e.what());  // the other ranks fail fast, naming this one
+    phalanx::parallel::report_failure(std::current_exception());  // the others fail fast, naming this one
     std::fprintf(stderr, "phalanx-train: %s\n", e.what());
     return 1;
   }

@@ -18,25 +18,39 @@ std::shared_ptr<FailureContext> context_from_environment() {
     TcpStoreOptions so;
     so.host = env.master_addr;
     so.port = env.master_port;
-    so.timeout = std::chrono::seconds(2);
+    so.timeout = FailureContext::kRecordTimeout;
     auto ctx = std::make_shared<FailureContext>();
     ctx->root = std::make_shared<TcpStore>(so);
     ctx->rank = env.rank;
     ctx->restart = env.restart_count;
+    ctx->world = env.world_size;
     return ctx;
   } catch (const std::exception&) {
     return nullptr;  // a bad environment or no store: nobody to tell
   }
 }
 
-}  // namespace
+constexpr std::chrono::milliseconds kHostLinger{1500};
 
-void report_failure(const std::string& message) noexcept {
+void post_and_linger(const std::string& message, bool secondary) {
   auto ctx = failure_context();
   if (!ctx) ctx = context_from_environment();
   if (!ctx) return;
-  // A rank whose group was ended by a peer's failure reports a consequence, not a cause.
-  ctx->post(message, ctx->peer_failed.load());
+  // A rank whose group was ended by a peer's failure (or lost peer) reports a consequence,
+  // not a cause.
+  ctx->post(message, secondary || ctx->peer_failed.load());
+  // Rank 0 hosting the store (no launcher): its exit would take the store, and its message,
+  // with it before the others read it.
+  ctx->linger_for_readers(kHostLinger);
+}
+
+}  // namespace
+
+void report_failure(const std::string& message) noexcept { post_and_linger(message, false); }
+
+void report_failure(std::exception_ptr error) noexcept {
+  if (!error) return;
+  post_and_linger(error_message(error), is_secondary_failure(error));
 }
 
 }  // namespace phalanx::parallel

@@ -21,6 +21,7 @@ void FailureAwareStore::wait(const std::vector<std::string>& keys, std::chrono::
     if (inner_->check(keys)) return;
     if (auto first = ctx_->peer_first_failure()) {
       ctx_->peer_failed = true;
+      ctx_->acknowledge();
       std::rethrow_exception(peer_failed_error(*first, detail::concat("rank ", ctx_->rank, " was in rendezvous")));
     }
     if (std::chrono::steady_clock::now() >= deadline) {

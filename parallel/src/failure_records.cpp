@@ -58,7 +58,28 @@ std::optional<FailureRecord> FailureContext::peer_first_failure() const {
   return r;
 }
 
-void FailureContext::post(std::string message, bool secondary) const noexcept {
+void FailureContext::acknowledge() noexcept {
+  if (acked.exchange(true) || store_gone) return;
+  try {
+    root->add(key("acks"), 1);
+  } catch (const std::exception&) {
+    store_gone = true;
+  }
+}
+
+void FailureContext::linger_for_readers(std::chrono::milliseconds limit) noexcept {
+  if (!hosts_store || world <= 1) return;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  try {
+    while (root->add(key("acks"), 0) < world - 1 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  } catch (const std::exception&) {
+  }
+}
+
+void FailureContext::post(std::string message, bool secondary) noexcept {
+  posted = true;
+  if (store_gone) return;
   try {
     FailureRecord r;
     r.rank = rank;
@@ -72,6 +93,7 @@ void FailureContext::post(std::string message, bool secondary) const noexcept {
     if (!secondary) root->compare_set(key("first"), {}, value);
   } catch (const std::exception&) {
     // The store is gone (its host exited): the others see this process's exit instead.
+    store_gone = true;
   }
 }
 
@@ -108,18 +130,21 @@ ProcessGroup::FailureHook make_failure_hook(std::shared_ptr<FailureContext> ctx,
     const bool secondary = is_secondary_failure(error);
     std::exception_ptr better;
     if (secondary) {
+      // Remembered: the rank's own report_failure(message) later is a consequence too.
+      ctx->peer_failed = true;
       // A peer that failed posts its record before it exits, so by the time its connection
       // closes here the record is usually there; wait briefly in case it is on its way.
       const auto deadline = std::chrono::steady_clock::now() + grace;
-      for (;;) {
+      while (!ctx->store_gone) {
         try {
           if (auto first = ctx->peer_first_failure()) {
             better = peer_failed_error(*first, "noticed by " + what);
-            ctx->peer_failed = true;
+            ctx->acknowledge();
             break;
           }
         } catch (const std::exception&) {
-          break;  // the store is unreachable: keep the backend's own error
+          ctx->store_gone = true;  // unreachable: keep the backend's own error
+          break;
         }
         if (std::chrono::steady_clock::now() >= deadline) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -26,10 +26,22 @@ struct FailureRecord {
 /// What this process needs to post and watch failure records: the root store, this rank
 /// and the attempt. Installed by init_process_group as soon as the store is reachable.
 struct FailureContext {
+  /// The job's root store, for the records only: a TCP store is a client of its own with
+  /// a short budget (kRecordTimeout), so a store whose host is gone costs a fraction of a
+  /// second, not a reconnect loop.
   StorePtr root;
   int rank = 0;
   int restart = 0;
-  std::atomic<bool> peer_failed{false};  ///< a peer's failure reached this rank
+  int world = 0;             ///< 0 when unknown
+  bool hosts_store = false;  ///< this process serves the store (rank 0 without a launcher)
+  /// This rank failed because of another: a peer's record reached it, or one of its
+  /// collectives failed for a lost peer, a closed connection or a timeout.
+  std::atomic<bool> peer_failed{false};
+  std::atomic<bool> store_gone{false};  ///< a record request failed: do not ask again
+  std::atomic<bool> posted{false};      ///< this rank posted its own record
+  std::atomic<bool> acked{false};       ///< this rank counted itself in failure/acks
+
+  static constexpr std::chrono::milliseconds kRecordTimeout{250};
 
   std::string key(const std::string& leaf) const {
     return "phalanx/r" + std::to_string(restart) + "/failure/" + leaf;
@@ -38,7 +50,12 @@ struct FailureContext {
   std::optional<FailureRecord> peer_first_failure() const;
   /// Posts failure/<rank> and, for a primary failure, failure/first. Never throws (a
   /// store that cannot be reached leaves the others to notice the exit instead).
-  void post(std::string message, bool secondary) const noexcept;
+  void post(std::string message, bool secondary) noexcept;
+  /// Counts this rank once in failure/acks: it has read another rank's failure/first.
+  void acknowledge() noexcept;
+  /// On the store-hosting process, after its own record: keeps the store up until every
+  /// other rank has read failure/first (failure/acks), at most `limit`.
+  void linger_for_readers(std::chrono::milliseconds limit) noexcept;
 };
 
 std::string encode_failure(const FailureRecord& r);

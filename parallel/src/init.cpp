@@ -150,8 +150,20 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     return s.group;
   }
 
+  // A failed init leaves nothing behind (no store server, no failure context).
+  struct Undo {
+    State& s;
+    bool armed = true;
+    ~Undo() {
+      if (!armed) return;
+      s.watcher.reset();
+      set_failure_context(nullptr);
+      s.server.reset();
+    }
+  } undo{s};
   // The rendezvous store.
   StorePtr store;
+  TcpStoreOptions record_opts;  // port > 0 when the store is a TCP store
   std::string host = "127.0.0.1";
   const std::string method = o.init_method.empty() ? "env://" : o.init_method;
   if (method.rfind("file://", 0) == 0) {
@@ -183,6 +195,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     so.timeout = timeout;
     if (rank == 0 && !env.store_hosted) s.server = std::make_unique<TcpStoreServer>(so);
     store = std::make_shared<TcpStore>(so);
+    record_opts = so;
     host = is_loopback(addr) ? "127.0.0.1" : env_or("PHALANX_HOSTNAME", [] {
       char buf[256] = {0};
       ::gethostname(buf, sizeof buf - 1);
@@ -195,6 +208,18 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   ctx->root = store;
   ctx->rank = rank;
   ctx->restart = env.restart_count;
+  ctx->world = world;
+  ctx->hosts_store = s.server != nullptr;
+  if (record_opts.port > 0) {
+    // The records get a client of their own with a short budget: a store whose host is
+    // gone must cost the failure hook and the watcher a fraction of a second.
+    record_opts.timeout = FailureContext::kRecordTimeout;
+    try {
+      ctx->root = std::make_shared<TcpStore>(record_opts);
+    } catch (const std::exception&) {
+      // keep the main client
+    }
+  }
   set_failure_context(ctx);
   auto prefixed = std::make_shared<FailureAwareStore>(
       std::make_shared<PrefixStore>("phalanx/r" + std::to_string(env.restart_count) + "/default", store), ctx);
@@ -214,10 +239,12 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
     ctx->post(error_message(error), is_secondary_failure(error) || ctx->peer_failed.load());
+    ctx->linger_for_readers(std::chrono::milliseconds(1500));
     throw;
   }
   s.store = store;
   set_default_world({rank, world, true});
+  undo.armed = false;
   return s.group;
 }
 

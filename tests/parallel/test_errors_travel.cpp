@@ -169,7 +169,12 @@ TEST_CASE("failure records follow the contract: a peer loss is posted as seconda
       Tensor t = full({4}, 1.0f);
       pg->allreduce(t)->wait();
       return 7;
-    } catch (const CommError&) {
+    } catch (const CommError& e) {
+      // What a worker's last catch does: the survivor's report is a consequence, not a cause
+      // (before the fix it was posted as primary and took failure/first, so the launcher
+      // blamed the survivor).
+      parallel::report_failure(e.what());
+      parallel::report_failure(std::current_exception());
       return 0;
     }
   }, 60s);
@@ -190,7 +195,12 @@ TEST_CASE("failure records follow the contract: a peer loss is posted as seconda
   run_processes(2, [&](int rank) {
     job2.enter(rank, 2);
     parallel::init_process_group(slow_timeout());
-    std::this_thread::sleep_for(std::chrono::milliseconds(rank == 0 ? 0 : 400));
+    if (rank == 1) {  // posts only once rank 0's record is there
+      TcpStoreOptions o;
+      o.port = job2.port;
+      o.timeout = 30s;
+      TcpStore(o).wait({"phalanx/r0/failure/first"});
+    }
     parallel::report_failure(rank == 0 ? "first\ncause" : "second");
     return 0;
   }, 60s);
@@ -200,6 +210,40 @@ TEST_CASE("failure records follow the contract: a peer loss is posted as seconda
   CHECK(first["rank"] == 0);
   CHECK(first["message"] == "first cause");  // one line
   CHECK(first["secondary"] == false);
+}
+
+TEST_CASE("rank 0 hosting the store (no launcher) fails: the others fail within seconds, naming it") {
+  int port = 0;
+  {
+    TcpStoreServer probe{TcpStoreOptions{}};
+    port = probe.port();
+  }
+  const auto results = run_processes(3, [&](int rank) {
+    set_rank_env(rank, 3, port);
+    ::unsetenv("PHALANX_STORE_HOSTED");  // rank 0 serves the store itself
+    auto pg = parallel::init_process_group(slow_timeout());
+    pg->barrier()->wait();
+    if (rank == 0) {
+      std::this_thread::sleep_for(300ms);  // the others are waiting by now
+      parallel::report_failure(kBadData);  // then exits, taking the store with it
+      return 3;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      Tensor t = full({1000}, 1.0f);
+      pg->allreduce(t)->wait();
+      return 7;
+    } catch (const std::exception& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - 0.3;
+      std::fprintf(stderr, "[errors travel] rank %d failed %.3f s after rank 0 posted: %s\n", rank, s, e.what());
+      // Before the fix the message never arrived (a lost peer instead), after 5-10 s.
+      if (std::string(e.what()).find(std::string("rank 0 failed: ") + kBadData) == std::string::npos) return 4;
+      return s < kMarginSeconds ? 0 : 6;
+    }
+  }, 60s);
+  CHECK(results[0].exit_code == 3);
+  CHECK(results[1].exit_code == 0);
+  CHECK(results[2].exit_code == 0);
 }
 
 TEST_CASE("check_consistent names the first differing setting and two ranks' values on every rank") {
