@@ -1,5 +1,6 @@
 #include "phalanx/core/world.hpp"
 
+#include <cerrno>
 #include <cstdlib>
 #include <mutex>
 
@@ -23,13 +24,18 @@ void set_default_world(WorldInfo w) {
 }
 
 int launch_world_size(std::string* source) {
-  for (const char* name : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"}) {
+  for (const char* name : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"}) {
     const char* v = std::getenv(name);
     if (!v || !*v) continue;
     char* end = nullptr;
+    errno = 0;
     const long n = std::strtol(v, &end, 10);
+    // Strict: "2 " or "2x" is a launcher or shell mistake, not a world of one.
+    if (end == v || *end != '\0' || errno != 0 || n < 1 || n >= (1L << 30))
+      throw ValueError(detail::concat(name, "='", v, "' is not a positive integer; fix the launch environment "
+                                      "(the number of workers) or unset it"));
     if (source) *source = name;
-    return (*end == '\0' && n >= 1 && n < (1L << 30)) ? static_cast<int>(n) : 1;
+    return static_cast<int>(n);
   }
   return 1;
 }

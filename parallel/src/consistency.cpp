@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/world.hpp"
 #include "phalanx/parallel/init.hpp"
 
 namespace phalanx::parallel {
@@ -81,6 +82,9 @@ const std::string* find(const Settings& s, const std::string& name) {
 }  // namespace
 
 void check_consistent(const Settings& settings, const ProcessGroupPtr& group) {
+  // Without a group, a launch environment of several workers means each would compare
+  // only with itself: an error, as for DDP.
+  if (!group && !is_initialized()) require_world_initialized("check_consistent");
   const ProcessGroupPtr pg = group ? group : default_process_group();
   if (pg->size() == 1) return;
   std::vector<Settings> all;

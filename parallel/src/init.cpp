@@ -123,7 +123,7 @@ std::string resolve_backend(const InitOptions& o, int world_size) {
   if (device.empty()) device = config_string(read_config(o), "device");
   if (device.rfind("cuda", 0) == 0 && backend_available("nccl")) return "nccl";
   const LaunchEnv env = read_launch_env();
-  if ((env.source == "openmpi" || env.source == "slurm") && backend_available("mpi")) return "mpi";
+  if ((env.source == "openmpi" || env.source == "slurm" || env.source == "pmi") && backend_available("mpi")) return "mpi";
   return "gloo";
 }
 

@@ -60,6 +60,13 @@ LaunchEnv read_launch_env() {
     e.local_world_size = per_node && std::string(per_node).find_first_not_of("0123456789") == std::string::npos
                              ? parse_int("SLURM_NTASKS_PER_NODE", per_node, 1, kMax)
                              : 1;
+  } else if (get("PMI_RANK") && get("PMI_SIZE")) {  // MPICH's hydra, Intel MPI
+    e.source = "pmi";
+    e.world_size = parse_int("PMI_SIZE", get("PMI_SIZE"), 1, kMax);
+    e.rank = parse_int("PMI_RANK", get("PMI_RANK"), 0, kMax);
+    e.local_rank = get("MPI_LOCALRANKID") ? parse_int("MPI_LOCALRANKID", get("MPI_LOCALRANKID"), 0, kMax) : 0;
+    e.local_world_size = get("MPI_LOCALNRANKS") ? parse_int("MPI_LOCALNRANKS", get("MPI_LOCALNRANKS"), 1, kMax)
+                                                : e.local_rank + 1;
   }
   if (e.rank >= e.world_size)
     throw ConfigError(detail::concat("rank ", e.rank, " is not below the world size ", e.world_size,

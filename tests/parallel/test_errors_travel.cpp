@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/multirank.hpp"
+#include "../../parallel/src/failure_watcher.hpp"
 
 using namespace phalanx;
 using namespace phalanx::test;
@@ -368,4 +369,56 @@ TEST_CASE("report_failure without a group or a launch environment does nothing, 
   parallel::report_failure("nobody to tell");
   CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
   CHECK_NOTHROW(parallel::check_consistent({{"a", "1"}}, std::make_shared<WorldOfOneProcessGroup>()));
+}
+
+namespace {
+/// A store whose first `failures` checks fail, as a busy or restarting store host would.
+class FlakyStore : public MemoryStore {
+ public:
+  explicit FlakyStore(int failures) : failures_(failures) {}
+  bool check(const std::vector<std::string>& keys) override {
+    ++checks;
+    if (failures_-- > 0) throw CommError("TCP store 127.0.0.1:1: connection lost (injected)");
+    return MemoryStore::check(keys);
+  }
+  std::atomic<int> checks{0};
+
+ private:
+  std::atomic<int> failures_;
+};
+}  // namespace
+
+TEST_CASE("the failure watcher: retries store errors with backoff, stops after its own record, scales its period") {
+  CHECK(parallel::FailureWatcher::period_for(8) == 100ms);
+  CHECK(parallel::FailureWatcher::period_for(64) == 400ms);
+  CHECK(parallel::FailureWatcher::period_for(100000) == 1000ms);
+
+  // Three failed checks, then a peer's record: before the fix the first error stopped the
+  // watcher for good, and the group was never aborted.
+  auto flaky = std::make_shared<FlakyStore>(3);
+  auto ctx = std::make_shared<parallel::FailureContext>();
+  ctx->root = flaky;
+  ctx->rank = 0;
+  ctx->world = 2;
+  auto group = std::make_shared<WorldOfOneProcessGroup>();
+  parallel::FailureWatcher watcher(ctx, group, 10ms);
+  const std::string rec = parallel::encode_failure({1, "bad data", false, 1});
+  flaky->set("phalanx/r0/failure/first", Bytes(rec.begin(), rec.end()));
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!group->is_aborted() && std::chrono::steady_clock::now() - t0 < 5s) std::this_thread::sleep_for(10ms);
+  CHECK(group->is_aborted());
+  CHECK(flaky->add("phalanx/r0/failure/acks", 0) == 1);  // it counted itself as a reader
+
+  // A rank that posted its own record stops watching (no more store requests).
+  auto quiet = std::make_shared<FlakyStore>(0);
+  auto ctx2 = std::make_shared<parallel::FailureContext>();
+  ctx2->root = quiet;
+  ctx2->world = 2;
+  parallel::FailureWatcher watcher2(ctx2, std::make_shared<WorldOfOneProcessGroup>(), 10ms);
+  std::this_thread::sleep_for(100ms);
+  ctx2->post("my own failure", false);
+  std::this_thread::sleep_for(100ms);
+  const int after = quiet->checks;
+  std::this_thread::sleep_for(200ms);
+  CHECK(quiet->checks == after);
 }

@@ -15,7 +15,7 @@ struct EnvGuard {
   std::vector<std::string> names = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                     "MASTER_PORT", "PHALANX_BACKEND", "PHALANX_CONFIG", "OMPI_COMM_WORLD_RANK",
                                     "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "PHALANX_TIMEOUT",
-                                    "PHALANX_STORE_HOSTED"};
+                                    "PHALANX_STORE_HOSTED", "PMI_RANK", "PMI_SIZE"};
   EnvGuard() { clear(); }
   ~EnvGuard() { clear(); }
   void clear() {
@@ -57,6 +57,61 @@ TEST_CASE("torchrun, OpenMPI and SLURM variables") {
   e = parallel::read_launch_env();
   CHECK(e.source == "slurm");
   CHECK(e.rank == 5);
+  env.clear();
+  ::setenv("PMI_RANK", "3", 1);  // MPICH, Intel MPI
+  ::setenv("PMI_SIZE", "6", 1);
+  e = parallel::read_launch_env();
+  CHECK(e.source == "pmi");
+  CHECK(e.rank == 3);
+  CHECK(e.world_size == 6);
+  std::string source;
+  CHECK(launch_world_size(&source) == 6);
+  CHECK(source == "PMI_SIZE");
+}
+
+TEST_CASE("a malformed launch world size is an error, not a world of one; check_consistent needs a group") {
+  EnvGuard env;
+  for (const char* bad : {"2 ", "2x", "0", "-3", " "}) {
+    CAPTURE(bad);
+    ::setenv("WORLD_SIZE", bad, 1);
+    // Before the fix "2 " counted as a world of one, so a worker trained alone.
+    CHECK_THROWS_WITH_AS(launch_world_size(), doctest::Contains("is not a positive integer"), ValueError);
+  }
+  ::setenv("WORLD_SIZE", "2", 1);
+  CHECK(launch_world_size() == 2);
+  // No group and a world of two: comparing settings with itself alone would pass silently.
+  CHECK_THROWS_WITH_AS(parallel::check_consistent({{"a", "1"}}), doctest::Contains("init_process_group() first"),
+                       ValueError);
+}
+
+TEST_CASE("a failed init leaves nothing behind: rank 0's store server is gone, a later init starts clean") {
+  EnvGuard env;
+  int port = 0;
+  {
+    TcpStoreServer probe{TcpStoreOptions{}};
+    port = probe.port();
+  }
+  const auto results = run_processes(1, [&](int) {
+    set_rank_env(0, 2, port);  // rank 1 never comes
+    ::unsetenv("PHALANX_STORE_HOSTED");
+    parallel::InitOptions o;
+    o.timeout = 500ms;
+    try {
+      parallel::init_process_group(o);
+      return 7;
+    } catch (const TimeoutError&) {
+    }
+    try {
+      TcpStoreOptions so;
+      so.port = port;
+      TcpStoreServer again(so);  // before the fix: the failed init's server still held the port
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 4;
+    }
+    return parallel::is_initialized() ? 5 : 0;
+  }, 60s);
+  CHECK(results[0].exit_code == 0);
 }
 
 TEST_CASE("bad values are clear errors") {

@@ -15,8 +15,9 @@ WorldInfo default_world();
 void set_default_world(WorldInfo world);
 
 /// The world size the launch environment announces: WORLD_SIZE (torchrun, phalanx-run),
-/// else OMPI_COMM_WORLD_SIZE (mpirun), else SLURM_NTASKS (srun); 1 when none is set (or
-/// the value is not a positive integer). `source` receives the variable's name.
+/// else OMPI_COMM_WORLD_SIZE (Open MPI's mpirun), else SLURM_NTASKS (srun), else PMI_SIZE
+/// (MPICH, Intel MPI); 1 when none is set. Throws ValueError when the first one set is not
+/// a positive integer (parsed strictly: "2 " is an error). `source` receives its name.
 int launch_world_size(std::string* source = nullptr);
 
 /// Throws ValueError naming `who` and the fix when the launch environment says the world

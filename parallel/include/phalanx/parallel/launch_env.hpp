@@ -1,7 +1,8 @@
 #pragma once
 // What the launcher told this worker, from the environment. torchrun's names first
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), then
-// OpenMPI's (OMPI_COMM_WORLD_*), then SLURM's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID).
+// OpenMPI's (OMPI_COMM_WORLD_*), then SLURM's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID),
+// then PMI's (PMI_RANK, PMI_SIZE; MPI_LOCALRANKID, MPI_LOCALNRANKS) from MPICH and Intel MPI.
 // No variables at all means a world of one.
 #include <string>
 
@@ -14,7 +15,7 @@ struct LaunchEnv {
   int local_world_size = 1;
   std::string master_addr;  ///< empty when unset
   int master_port = -1;     ///< -1 when unset
-  std::string source = "none";  ///< "env" (torchrun names), "openmpi", "slurm" or "none"
+  std::string source = "none";  ///< "env" (torchrun names), "openmpi", "slurm", "pmi" (MPICH, Intel MPI) or "none"
   int restart_count = 0;        ///< PHALANX_RESTART_COUNT
   bool store_hosted = false;    ///< PHALANX_STORE_HOSTED=1: the launcher hosts the TCP store
 };
