@@ -32,13 +32,13 @@ std::shared_ptr<FailureContext> context_from_environment() {
 
 constexpr std::chrono::milliseconds kHostLinger{1500};
 
-void post_and_linger(const std::string& message, bool secondary) {
+void post_and_linger(const std::string& message, bool secondary, std::string kind = {}) {
   auto ctx = failure_context();
   if (!ctx) ctx = context_from_environment();
   if (!ctx) return;
   // A rank whose group was ended by a peer's failure (or lost peer) reports a consequence,
   // not a cause.
-  ctx->post(message, secondary || ctx->peer_failed.load());
+  ctx->post(message, secondary || ctx->peer_failed.load(), std::move(kind));
   // Rank 0 hosting the store (no launcher): its exit would take the store, and its message,
   // with it before the others read it.
   ctx->linger_for_readers(kHostLinger);
@@ -50,7 +50,7 @@ void report_failure(const std::string& message) noexcept { post_and_linger(messa
 
 void report_failure(std::exception_ptr error) noexcept {
   if (!error) return;
-  post_and_linger(error_message(error), is_secondary_failure(error));
+  post_and_linger(error_message(error), is_secondary_failure(error), failure_kind(error));
 }
 
 }  // namespace phalanx::parallel

@@ -36,6 +36,7 @@ std::string encode_failure(const FailureRecord& r) {
   j["message"] = r.message;
   j["secondary"] = r.secondary;
   j["unix_ns"] = r.unix_ns;
+  if (!r.kind.empty()) j["kind"] = r.kind;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -47,6 +48,7 @@ std::optional<FailureRecord> decode_failure(const std::string& text) {
   if (j.contains("message") && j["message"].is_string()) r.message = j["message"].get<std::string>();
   if (j.contains("secondary") && j["secondary"].is_boolean()) r.secondary = j["secondary"].get<bool>();
   if (j.contains("unix_ns") && j["unix_ns"].is_number_integer()) r.unix_ns = j["unix_ns"].get<std::int64_t>();
+  if (j.contains("kind") && j["kind"].is_string()) r.kind = j["kind"].get<std::string>();
   return r;
 }
 
@@ -77,7 +79,7 @@ void FailureContext::linger_for_readers(std::chrono::milliseconds limit) noexcep
   }
 }
 
-void FailureContext::post(std::string message, bool secondary) noexcept {
+void FailureContext::post(std::string message, bool secondary, std::string kind) noexcept {
   posted = true;
   if (store_gone) return;
   try {
@@ -85,6 +87,7 @@ void FailureContext::post(std::string message, bool secondary) noexcept {
     r.rank = rank;
     r.message = one_line(std::move(message));
     r.secondary = secondary;
+    r.kind = std::move(kind);
     r.unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::system_clock::now().time_since_epoch()).count();
     const std::string json = encode_failure(r);
@@ -98,9 +101,22 @@ void FailureContext::post(std::string message, bool secondary) noexcept {
 }
 
 std::exception_ptr peer_failed_error(const FailureRecord& r, const std::string& noticed) {
-  return std::make_exception_ptr(PeerFailedError(
-      detail::concat("rank ", r.rank, " failed: ", r.message, noticed.empty() ? "" : " (", noticed,
-                     noticed.empty() ? "" : ")")));
+  const std::string what = detail::concat("rank ", r.rank, " failed: ", r.message, noticed.empty() ? "" : " (",
+                                          noticed, noticed.empty() ? "" : ")");
+  // Both sides of a desync find it; whichever posts first must not turn the other's into a
+  // different kind of error.
+  if (r.kind == "desync") return std::make_exception_ptr(DesyncError(what));
+  return std::make_exception_ptr(PeerFailedError(what));
+}
+
+std::string failure_kind(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const DesyncError&) {
+    return "desync";
+  } catch (...) {
+    return {};
+  }
 }
 
 std::shared_ptr<FailureContext> failure_context() {
@@ -150,7 +166,7 @@ ProcessGroup::FailureHook make_failure_hook(std::shared_ptr<FailureContext> ctx,
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     }
-    ctx->post(error_message(better ? better : error), secondary);
+    ctx->post(error_message(better ? better : error), secondary, failure_kind(error));
     return better;
   };
 }

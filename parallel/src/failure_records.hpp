@@ -21,6 +21,9 @@ struct FailureRecord {
   std::string message;     ///< one line
   bool secondary = false;  ///< this rank failed because another failed or vanished
   std::int64_t unix_ns = 0;
+  /// "desync" for a PHALANX_DEBUG=detail desync (a peer's copy stays a DesyncError); else
+  /// empty (not written). Readers ignore fields they do not know.
+  std::string kind;
 };
 
 /// What this process needs to post and watch failure records: the root store, this rank
@@ -50,7 +53,7 @@ struct FailureContext {
   std::optional<FailureRecord> peer_first_failure() const;
   /// Posts failure/<rank> and, for a primary failure, failure/first. Never throws (a
   /// store that cannot be reached leaves the others to notice the exit instead).
-  void post(std::string message, bool secondary) noexcept;
+  void post(std::string message, bool secondary, std::string kind = {}) noexcept;
   /// Counts this rank once in failure/acks: it has read another rank's failure/first.
   void acknowledge() noexcept;
   /// On the store-hosting process, after its own record: keeps the store up until every
@@ -61,8 +64,8 @@ struct FailureContext {
 std::string encode_failure(const FailureRecord& r);
 std::optional<FailureRecord> decode_failure(const std::string& json);
 
-/// The error a peer's failure becomes on this rank: PeerFailedError
-/// "rank R failed: <message> (<where this rank noticed it>)".
+/// The error a peer's failure becomes on this rank: PeerFailedError (DesyncError for a
+/// desync) "rank R failed: <message> (<where this rank noticed it>)".
 std::exception_ptr peer_failed_error(const FailureRecord& r, const std::string& noticed);
 
 /// The process's context (null before init_process_group reached a store).
@@ -81,5 +84,7 @@ bool is_secondary_failure(const std::exception_ptr& error);
 std::string one_line(std::string s);
 /// what() of an exception_ptr ("unknown error" for a non-std exception).
 std::string error_message(const std::exception_ptr& error);
+/// "desync" for a DesyncError, else empty: FailureRecord::kind.
+std::string failure_kind(const std::exception_ptr& error);
 
 }  // namespace phalanx::parallel
