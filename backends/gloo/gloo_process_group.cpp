@@ -17,6 +17,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <thread>
+#include <typeinfo>
 
 #include "gloo_store_adapter.hpp"
 #include "phalanx/backends/prefix_store.hpp"
@@ -145,6 +147,56 @@ GlooProcessGroup::GlooProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank
 
 GlooProcessGroup::~GlooProcessGroup() {
   shutdown();  // the worker thread stops before the context goes
+}
+
+namespace {
+// Debian's libgloo ships gloo/transport/tcp/pair.h without the header it includes
+// (gloo/common/memory.h), so tcp::Pair cannot be named here. Its exported member
+// signalExceptionExternal(msg) fails the pair and wakes every operation waiting on it
+// (close() does not wake them). The declaration below names that one function; the call
+// is made only on an object whose dynamic type is gloo's tcp::Pair, whose first base is
+// transport::Pair (so the pointer needs no adjustment).
+}  // namespace
+
+}  // namespace phalanx::gloo_backend
+
+namespace gloo::transport::tcp {
+class Pair {
+ public:
+  std::exception_ptr signalExceptionExternal(const std::string& msg);
+};
+}  // namespace gloo::transport::tcp
+
+namespace phalanx::gloo_backend {
+
+namespace {
+void fail_tcp_pair(::gloo::transport::Pair* pair, const std::string& msg) {
+  if (pair == nullptr || std::string(typeid(*pair).name()) != "N4gloo9transport3tcp4PairE") return;
+  reinterpret_cast<::gloo::transport::tcp::Pair*>(pair)->signalExceptionExternal(msg);
+}
+}  // namespace
+
+void GlooProcessGroup::on_abort() noexcept {
+  // The event-driven mesh only: a busy-polling pair is locked while its operation runs, so
+  // failing it would wait for that operation to end anyway (at its timeout). On a thread of
+  // its own, which holds the context (it outlives a group destroyed meanwhile).
+  for (const auto& ctx : {context_}) {
+    if (!ctx) continue;
+    try {
+      std::thread([device = device_, ctx, size = size(), rank = rank()] {
+        // Failing each pair wakes the operations waiting on it; closing alone does not.
+        for (int r = 0; r < size; ++r) {
+          if (r == rank) continue;
+          try {
+            fail_tcp_pair(ctx->getPair(r).get(), "the process group was aborted (another rank failed)");
+          } catch (...) {
+            // best effort: the operation then ends at its timeout
+          }
+        }
+      }).detach();
+    } catch (...) {
+    }
+  }
 }
 
 template <typename Fn>

@@ -27,6 +27,11 @@ class GlooProcessGroup : public ProcessGroup {
   std::string backend_name() const override { return "gloo"; }
 
  protected:
+  /// Fails every pair of the event-driven mesh (on a thread of its own), which wakes the
+  /// operations waiting on them: a stuck broadcast, barrier, allgather, ... or large
+  /// allreduce returns at once. An allreduce on the busy-polling mesh (small messages)
+  /// holds its pair's lock and still ends at its timeout (Gloo offers no way in).
+  void on_abort() noexcept override;
   void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) override;
   void run_broadcast(Tensor& t, int root, std::uint64_t seq) override;
   void run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) override;

@@ -114,6 +114,12 @@ void NcclProcessGroup::collective(const char* op, std::uint64_t seq, Fn&& enqueu
       throw CommError(describe(op, seq) + " failed: NCCL reports " + ncclGetErrorString(async) +
                       " (a peer may have died); the communicator was aborted");
     }
+    if (abort_requested_) {
+      aborted_ = true;
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw CommError(describe(op, seq) + " was aborted (the process group was aborted); the communicator was aborted");
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       aborted_ = true;
       ncclCommAbort(comm_);

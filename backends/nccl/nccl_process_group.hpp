@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
+
 #include "phalanx/backends/process_group.hpp"
 
 namespace phalanx::nccl_backend {
@@ -20,6 +22,9 @@ class NcclProcessGroup : public ProcessGroup {
   int device() const { return device_; }
 
  protected:
+  /// Asks the worker's watch loop to abort the communicator (ncclCommAbort, from the
+  /// worker thread, which owns it): a stuck collective returns within ~50 us of polling.
+  void on_abort() noexcept override { abort_requested_ = true; }
   void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) override;
   void run_broadcast(Tensor& t, int root, std::uint64_t seq) override;
   void run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) override;
@@ -42,6 +47,7 @@ class NcclProcessGroup : public ProcessGroup {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   bool aborted_ = false;
+  std::atomic<bool> abort_requested_{false};
 };
 
 }  // namespace phalanx::nccl_backend

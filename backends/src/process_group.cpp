@@ -91,6 +91,7 @@ void ProcessGroup::abort(std::exception_ptr error) {
     for (auto& c : completions_) victims.push_back(c.first);
   }
   for (auto& w : victims) w->finish(error);
+  on_abort();
 }
 
 bool ProcessGroup::is_aborted() const {

@@ -76,7 +76,10 @@ class ProcessGroup {
   /// when another rank posts its failure): the running operation, everything queued and
   /// every later operation fail at once with `error`, even while the worker thread is still
   /// blocked inside the backend (its Work is completed from here; the backend's own result
-  /// arrives later and is ignored). Idempotent: the first error stands.
+  /// arrives later and is ignored). Idempotent: the first error stands. The backend is told
+  /// (on_abort) so that an operation stuck in it returns soon. The tensors of an aborted
+  /// operation must not be read: the backend may have written part of them, or may still
+  /// be writing (until stop_threads() returns true, or the group is destroyed).
   void abort(std::exception_ptr error);
   bool is_aborted() const;
 
@@ -104,6 +107,11 @@ class ProcessGroup {
   ProcessGroup(int rank, int size, std::chrono::milliseconds timeout, bool inline_ops = false);
   /// Backends must call this at the end of their destructor's work (before members die).
   void shutdown();
+
+  /// Called once by abort(), from the aborting thread, after the Works were completed:
+  /// make the operation running in the backend return soon (close the connections, abort
+  /// the communicator). Must not block, nor throw. The default does nothing.
+  virtual void on_abort() noexcept {}
 
   virtual void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) = 0;
   virtual void run_broadcast(Tensor& t, int root, std::uint64_t seq) = 0;
