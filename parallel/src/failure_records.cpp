@@ -70,9 +70,10 @@ void FailureContext::acknowledge() noexcept {
 }
 
 void FailureContext::linger_for_readers(std::chrono::milliseconds limit) noexcept {
-  if (!hosts_store || world <= 1) return;
+  if (!hosts_store || world <= 1 || store_gone) return;
   const auto deadline = std::chrono::steady_clock::now() + limit;
   try {
+    if (!root->check({key("first")})) return;  // no cause posted: nothing for them to read
     while (root->add(key("acks"), 0) < world - 1 && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
   } catch (const std::exception&) {
