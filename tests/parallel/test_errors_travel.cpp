@@ -247,6 +247,40 @@ TEST_CASE("rank 0 hosting the store (no launcher) fails: the others fail within 
   CHECK(results[2].exit_code == 0);
 }
 
+TEST_CASE("rank 0 hosting the store vanishes without a word: the others fail within seconds, not reconnect loops") {
+  int port = 0;
+  {
+    TcpStoreServer probe{TcpStoreOptions{}};
+    port = probe.port();
+  }
+  const auto results = run_processes(3, [&](int rank) {
+    set_rank_env(rank, 3, port);
+    ::unsetenv("PHALANX_STORE_HOSTED");
+    auto pg = parallel::init_process_group(slow_timeout());
+    pg->barrier()->wait();
+    if (rank == 0) {
+      std::this_thread::sleep_for(300ms);
+      ::_exit(9);  // takes the store with it
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      Tensor t = full({1000}, 1.0f);
+      pg->allreduce(t)->wait();
+      return 7;
+    } catch (const CommError& e) {
+      parallel::report_failure(std::current_exception());  // the store is gone: at once
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - 0.3;
+      std::fprintf(stderr, "[errors travel] rank %d failed and reported %.3f s after rank 0 vanished: %s\n", rank, s,
+                   e.what());
+      // Before the fix the hook's and report_failure's store calls retried for 5 s each.
+      return s < 3.0 ? 0 : 6;
+    }
+  }, 60s);
+  CHECK(results[0].exit_code == 9);
+  CHECK(results[1].exit_code == 0);
+  CHECK(results[2].exit_code == 0);
+}
+
 TEST_CASE("check_consistent names the first differing setting and two ranks' values on every rank") {
   Job job;
   const auto results = run_processes(3, [&](int rank) {
