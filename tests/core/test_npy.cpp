@@ -69,3 +69,24 @@ TEST_CASE("corrupt, truncated and missing files are named in the error") {
   CHECK_THROWS_WITH_AS(load_npz(p), doctest::Contains("cannot open as .npz"), IoError);
   std::remove(p.c_str());
 }
+
+TEST_CASE("npy shapes that overflow: a one-line error naming the file and the dimension, not stoll") {
+  auto with_shape = [](const std::string& shape) {
+    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    std::string bytes = std::string("\x93NUMPY\x01\x00", 8);
+    bytes += static_cast<char>(header.size() & 0xff);
+    bytes += static_cast<char>(header.size() >> 8);
+    return bytes + header + std::string(64, '\0');
+  };
+  const std::string huge = with_shape("(99999999999999999999, 64)");
+  CHECK_THROWS_WITH_AS(parse_npy(huge.data(), huge.size(), "x.npy"),
+                       doctest::Contains("x.npy: dimension 0 of the npy shape (99999999999999999999) is out of range"),
+                       IoError);
+  const std::string wraps = with_shape("(4294967296, 4294967296, 16)");  // 2^68 elements
+  CHECK_THROWS_WITH_AS(parse_npy(wraps.data(), wraps.size(), "y.npy"),
+                       doctest::Contains("y.npy: npy shape [4294967296, 4294967296, 16] is too large"), IoError);
+  const std::string fine = with_shape("(4, 4)");
+  CHECK(parse_npy(fine.data(), fine.size(), "z.npy").numel() == 16);
+}

@@ -1,6 +1,9 @@
 // Every op's gradient against central finite differences, at several shapes.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "support/gradcheck.hpp"
 
 using namespace phalanx;
@@ -25,6 +28,33 @@ TEST_CASE("unary ops") {
     gradcheck([](auto& in) { return tanh(in[0]); }, {away_from_zero(s, 5)});
     gradcheck([](auto& in) { return sigmoid(in[0]); }, {away_from_zero(s, 6)});
   }
+}
+
+TEST_CASE("relu keeps NaN (as PyTorch does) and passes its gradient on; zero and below give 0") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  // 37 values: the vectorised body and its tail both see a NaN.
+  std::vector<float> v(37, -1.f);
+  v[3] = nan;
+  v[5] = 2.f;
+  v[6] = -0.f;
+  v[35] = nan;
+  v[36] = inf;
+  Tensor x = tensor(v, {37}).requires_grad_(true);
+  Tensor y = relu(x);
+  const auto out = y.to_vector<float>();
+  CHECK(std::isnan(out[3]));
+  CHECK(std::isnan(out[35]));
+  CHECK(out[5] == 2.f);
+  CHECK(out[6] == 0.f);
+  CHECK(out[0] == 0.f);
+  CHECK(out[36] == inf);
+  sum(y).backward();
+  const auto g = x.grad().to_vector<float>();
+  CHECK(g[3] == 1.f);  // PyTorch: threshold_backward passes the gradient where y is NaN
+  CHECK(g[35] == 1.f);
+  CHECK(g[5] == 1.f);
+  CHECK(g[0] == 0.f);
+  CHECK(g[6] == 0.f);
 }
 
 TEST_CASE("binary ops, same shape and broadcast rows and scalars") {

@@ -39,7 +39,18 @@ void CpuKernels::unary(UnaryOp op, const Tensor& x, Tensor& out) {
     case UnaryOp::Neg: xt::noalias(O) = -X; break;
     case UnaryOp::Exp: xt::noalias(O) = xt::exp(X); break;
     case UnaryOp::Log: xt::noalias(O) = xt::log(X); break;
-    case UnaryOp::Relu: xt::noalias(O) = xt::maximum(X, 0.0f); break;
+    case UnaryOp::Relu: {
+      // NaN stays NaN, as in PyTorch (xt::maximum(x, 0) turned it into 0 and hid it): one
+      // compare and a blend, which vectorises.
+      const float* __restrict xx = x.data<float>();
+      float* __restrict o = out.data<float>();
+      const std::int64_t n = x.numel();
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float xi = xx[i];
+        o[i] = xi <= 0.f ? 0.f : xi;
+      }
+      break;
+    }
     case UnaryOp::Tanh: xt::noalias(O) = xt::tanh(X); break;
     case UnaryOp::Sigmoid: xt::noalias(O) = 1.0f / (1.0f + xt::exp(-X)); break;
   }
@@ -55,13 +66,14 @@ void CpuKernels::unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& 
     case UnaryOp::Log: xt::noalias(O) = G / flat(x); break;
     case UnaryOp::Relu: {
       // Plain loop: y > 0 exactly where x > 0; branch-free with restrict so it vectorises.
+      // As PyTorch's threshold_backward: zero where y <= 0, so a NaN y passes the gradient on.
       const float* __restrict g = grad_y.data<float>();
       const float* __restrict yy = y.data<float>();
       float* __restrict o = grad_x.data<float>();
       const std::int64_t n = grad_y.numel();
       for (std::int64_t i = 0; i < n; ++i) {
         const float gi = g[i];  // unconditional load: lets the compiler use a blend
-        o[i] = yy[i] > 0.f ? gi : 0.f;
+        o[i] = yy[i] <= 0.f ? 0.f : gi;
       }
       break;
     }

@@ -1,8 +1,11 @@
 // .npy format 1.0/2.0/3.0: magic, version, header length, a Python dict literal header
 // ({'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }), then raw data.
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "phalanx/core/creation.hpp"
@@ -40,8 +43,21 @@ Shape parse_shape(const std::string& rest, const std::string& what) {
     tok = tok.substr(b, tok.find_last_not_of(' ') - b + 1);
     if (tok.empty() || tok.find_first_not_of("0123456789") != std::string::npos)
       bad(what, "bad dimension '" + tok + "' in npy shape");
-    s.push_back(std::stoll(tok));
+    errno = 0;
+    const long long d = std::strtoll(tok.c_str(), nullptr, 10);
+    if (errno == ERANGE)
+      bad(what, "dimension " + std::to_string(s.size()) + " of the npy shape (" + tok + ") is out of range");
+    s.push_back(d);
   }
+  // The element count (times the widest element, 16 bytes) must fit: a shape whose product
+  // overflows would otherwise wrap to a small or negative size.
+  std::int64_t n = 1;
+  for (std::size_t i = 0; i < s.size(); ++i)
+    if (s[i] != 0 && n > (std::numeric_limits<std::int64_t>::max() / 16) / s[i])
+      bad(what, "npy shape " + shape_str(s) + " is too large (its element count overflows at dimension " +
+                    std::to_string(i) + ")");
+    else
+      n *= s[i];
   return s;
 }
 
