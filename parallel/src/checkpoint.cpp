@@ -61,6 +61,28 @@ Tensor dbl(double v) {
   return i64(bits);
 }
 
+// A name from a file, for a one-line message: non-printable bytes as \xNN.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s) {
+    if (ch >= 0x20 && ch < 0x7f && ch != '\\') {
+      out += static_cast<char>(ch);
+    } else {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", ch);
+      out += b;
+    }
+  }
+  return out;
+}
+
+// A setting's text as int64 character codes (numpy: ''.join(map(chr, a))).
+Tensor text_tensor(const std::string& v) {
+  std::vector<std::int64_t> c(v.begin(), v.end());
+  for (auto& x : c) x &= 0xff;
+  return tensor(c, {static_cast<std::int64_t>(c.size())});
+}
+
 const char* const kManifestFields[] = {"format_version", "world_size", "global_batch", "micro_batch", "step",
                                        "epoch", "model_fingerprint", "optimizer_fingerprint", "written_unix"};
 
@@ -128,6 +150,7 @@ CheckpointManifest save_checkpoint(const std::string& path, const CheckpointStat
                                                        g.has_spare ? 1 : 0, spare_bits},
                              {4}));
   }
+  for (const auto& [k, v] : s.config) m.set("config." + k, text_tensor(v));
   m.set("pos.step_in_epoch", i64(s.step_in_epoch));
   CheckpointManifest man;
   man.world_size = s.world_size;
@@ -221,8 +244,16 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointExpect
       const auto spare_bits = static_cast<std::int32_t>(r[3]);
       std::memcpy(&g.spare, &spare_bits, sizeof g.spare);
       s.generators[rest] = g;
+    } else if (kind == "config") {
+      if (v.dtype() != DType::Int64 || v.dim() != 1) throw IoError(what + ": " + k + " must be int64 character codes");
+      std::string text;
+      for (auto ch : v.to_vector<std::int64_t>()) {
+        if (ch < 0 || ch > 255) throw IoError(what + ": " + k + " holds a character code out of range");
+        text += static_cast<char>(ch);
+      }
+      s.config[rest] = text;
     } else if (kind != "manifest" && kind != "pos") {
-      throw IoError(what + ": unexpected member '" + k + "'");
+      throw IoError(what + ": unexpected member '" + printable(k) + "'");
     }
   }
   // The stored fingerprints must describe what the file holds (a consistent writer).
@@ -246,6 +277,18 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointExpect
     throw ConfigError(what + " holds another optimizer's state (fingerprint " + hex64(man.optimizer_fingerprint) +
                       ", this run's " + hex64(optimizer_fingerprint(*expect.optimizer)) +
                       "): resume with the same --optimizer");
+  // The settings: each one the file records must be this run's (a file recording none
+  // predates stored settings and is not checked).
+  if (expect.config && !s.config.empty())
+    for (const auto& [k, current] : *expect.config) {
+      const auto it = s.config.find(k);
+      if (it == s.config.end())
+        throw ConfigError(what + " does not record the setting '" + k + "' that this run has (" + current +
+                          "): it was written by another kind of run");
+      if (it->second != current)
+        throw ConfigError(what + " was written with " + k + " " + it->second + ", this run has " + current +
+                          ": resume with the same " + k + " (docs/checkpoints.md lists what may change on resume)");
+    }
   return out;
 }
 

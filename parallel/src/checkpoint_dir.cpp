@@ -1,6 +1,9 @@
 // A folder of step-numbered checkpoints: checkpoint-<step>[.<n>].npz, newest kept_last kept.
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -8,6 +11,7 @@
 #include <cstring>
 #include <tuple>
 
+#include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/error.hpp"
 #include "phalanx/parallel/checkpoint.hpp"
 
@@ -64,6 +68,72 @@ CheckpointDir::CheckpointDir(std::string dir, int keep_last) : dir_(std::move(di
   make_dirs(dir_);
 }
 
+CheckpointDir::~CheckpointDir() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+}
+
+void CheckpointDir::lock() {
+  if (lock_fd_ >= 0) return;
+  const std::string path = dir_ + "/.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError("checkpoint folder " + dir_ + ": cannot open " + path + " (" + std::strerror(errno) + ")");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    char buf[32] = {0};
+    const ssize_t got = ::pread(fd, buf, sizeof buf - 1, 0);
+    ::close(fd);
+    std::string pid = got > 0 ? std::string(buf, static_cast<std::size_t>(got)) : "unknown";
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    if (e != EWOULDBLOCK)
+      throw IoError("checkpoint folder " + dir_ + ": cannot lock " + path + " (" + std::strerror(e) + ")");
+    throw ConfigError("checkpoint folder " + dir_ + " is in use by another run (pid " + pid +
+                      "): wait for it to end, or give this run another --checkpoint-dir");
+  }
+  const std::string me = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    ::close(fd);
+    throw IoError("checkpoint folder " + dir_ + ": cannot write " + path + " (" + std::strerror(errno) + ")");
+  }
+  lock_fd_ = fd;
+  // Under the lock nobody else writes here: a temporary file is a killed writer's leftover.
+  DIR* d = ::opendir(dir_.c_str());
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("checkpoint-", 0) == 0 && name.find(".tmp.") != std::string::npos) stale.push_back(dir_ + "/" + name);
+  }
+  ::closedir(d);
+  for (const auto& f : stale) std::remove(f.c_str());
+}
+
+std::optional<std::pair<std::string, LoadedCheckpoint>> CheckpointDir::load_newest(const CheckpointExpect& expect,
+                                                                                    std::vector<SkippedCheckpoint>* skipped) {
+  const auto all = list();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      return std::make_pair(*it, load_checkpoint(*it, expect));
+    } catch (const IoError& e) {  // damaged: kept as it is, passed over, never pruned
+      damaged_.push_back(*it);
+      if (skipped) skipped->push_back({*it, e.what()});
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> CheckpointDir::supersede_after(std::int64_t step) {
+  std::vector<std::string> renamed;
+  for (const auto& path : list()) {
+    std::int64_t s, n;
+    if (!parse_name(path.substr(dir_.size() + 1), s, n) || s <= step) continue;
+    const std::string to = path + ".superseded";
+    if (std::rename(path.c_str(), to.c_str()) != 0)
+      throw IoError("checkpoint folder " + dir_ + ": cannot rename " + path + " to " + to + " (" + std::strerror(errno) + ")");
+    renamed.push_back(to);
+  }
+  return renamed;
+}
+
 std::vector<std::string> CheckpointDir::list() const {
   std::vector<std::tuple<std::int64_t, std::int64_t, std::string>> found;
   DIR* d = ::opendir(dir_.c_str());
@@ -95,12 +165,16 @@ std::string CheckpointDir::save(const CheckpointState& state) {
   }
   save_checkpoint(path, state);
   if (std::find(written_.begin(), written_.end(), path) == written_.end()) written_.push_back(path);
-  // Only now, with a newer one complete, the oldest beyond keep_last go.
-  auto all = list();
-  while (all.size() > static_cast<std::size_t>(keep_last_)) {
-    if (all.front() != path) std::remove(all.front().c_str());
-    all.erase(all.begin());
-  }
+  // Only now, with a newer one complete, the oldest beyond keep_last go; files passed over as
+  // damaged are neither counted nor removed, and the file resumed from stays.
+  auto has = [](const std::vector<std::string>& v, const std::string& p) {
+    return std::find(v.begin(), v.end(), p) != v.end();
+  };
+  std::vector<std::string> all;
+  for (auto& f : list())
+    if (!has(damaged_, f)) all.push_back(f);
+  for (std::size_t i = 0; i + static_cast<std::size_t>(keep_last_) < all.size(); ++i)
+    if (all[i] != path && !has(protected_, all[i])) std::remove(all[i].c_str());
   return path;
 }
 

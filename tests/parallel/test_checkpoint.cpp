@@ -222,3 +222,120 @@ TEST_CASE("a checkpoint folder keeps the newest N and never overwrites a file it
   CHECK(::access((d + "/checkpoint-0000000012.1.npz.tmp").c_str(), F_OK) != 0);
   CHECK_THROWS_WITH_AS(CheckpointDir(d, 0), doctest::Contains("keep_last must be >= 1"), ValueError);
 }
+
+TEST_CASE("the settings a resume must keep are stored and compared, naming the setting and both values") {
+  const std::string p = tmp_dir() + "/config.npz";
+  Fixture f;
+  f.state.config = {{"lr", "0.1"}, {"seed", "5"}, {"activation", "relu"}};
+  parallel::save_checkpoint(p, f.state);
+  CHECK(parallel::load_checkpoint(p).state.config == f.state.config);
+  std::map<std::string, std::string> now = f.state.config;
+  CheckpointExpect e;
+  e.config = &now;
+  CHECK_NOTHROW(parallel::load_checkpoint(p, e));
+  now["lr"] = "0.2";
+  CHECK_THROWS_WITH_AS(parallel::load_checkpoint(p, e),
+                       doctest::Contains("was written with lr 0.1, this run has 0.2: resume with the same lr"), ConfigError);
+  now = f.state.config;
+  now["shuffle"] = "off";  // a setting the file does not record
+  CHECK_THROWS_WITH_AS(parallel::load_checkpoint(p, e), doctest::Contains("does not record the setting 'shuffle'"),
+                       ConfigError);
+  // A file recording no settings (written before they were stored) is not checked.
+  f.state.config.clear();
+  parallel::save_checkpoint(p, f.state);
+  CHECK_NOTHROW(parallel::load_checkpoint(p, e));
+}
+
+TEST_CASE("one run per folder: a second lock is refused naming the holder's pid; a killed writer's temp files go") {
+  const std::string d = tmp_dir() + "/locked";
+  CheckpointDir a(d, 2);
+  { std::ofstream(d + "/checkpoint-0000000004.npz.tmp.Ab12Cd") << "torn"; }
+  a.lock();
+  CHECK(::access((d + "/checkpoint-0000000004.npz.tmp.Ab12Cd").c_str(), F_OK) != 0);
+  // flock locks belong to the open file: another open (another run) is refused, even here.
+  CheckpointDir b(d, 2);
+  const std::string holder = "is in use by another run (pid " + std::to_string(::getpid()) + ")";
+  CHECK_THROWS_WITH_AS(b.lock(), doctest::Contains(holder.c_str()), ConfigError);
+  // Two writers never share a temporary name: a leftover of the fixed old name is untouched.
+  { std::ofstream(d + "/checkpoint-0000000008.npz.tmp") << "other writer"; }
+  Fixture f;
+  f.state.step = 8;
+  a.save(f.state);
+  CHECK(read_bytes(d + "/checkpoint-0000000008.npz.tmp") == "other writer");
+  std::remove((d + "/checkpoint-0000000008.npz.tmp").c_str());
+  struct stat st;
+  REQUIRE(::stat((d + "/checkpoint-0000000008.npz").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0044) != 0);  // not mkstemp's 0600 (with the usual umask)
+}
+
+TEST_CASE("walking back past damaged files; superseded files are no checkpoints; pruning spares both") {
+  const std::string d = tmp_dir() + "/walk";
+  Fixture f;
+  {
+    CheckpointDir dir(d, 2);
+    for (std::int64_t step : {10, 20, 30}) {
+      f.state.step = step;
+      dir.save(f.state);
+    }
+  }
+  std::string bytes = read_bytes(d + "/checkpoint-0000000030.npz");
+  bytes[bytes.size() / 3] ^= 1;
+  write_bytes(d + "/checkpoint-0000000030.npz", bytes);
+  CheckpointDir dir(d, 2);
+  std::vector<parallel::SkippedCheckpoint> skipped;
+  auto got = dir.load_newest({}, &skipped);
+  REQUIRE(got.has_value());
+  CHECK(got->first == d + "/checkpoint-0000000020.npz");
+  CHECK(got->second.state.step == 20);
+  REQUIRE(skipped.size() == 1);
+  CHECK(skipped[0].path == d + "/checkpoint-0000000030.npz");
+  CHECK(skipped[0].reason.find("damaged") != std::string::npos);
+  dir.protect(got->first);
+  // keep_last 2 counts neither the damaged file nor removes it, nor the file resumed from.
+  for (std::int64_t step : {21, 22, 23}) {
+    f.state.step = step;
+    dir.save(f.state);
+  }
+  CHECK(read_bytes(d + "/checkpoint-0000000030.npz") == bytes);
+  CHECK(::access((d + "/checkpoint-0000000020.npz").c_str(), F_OK) == 0);
+  CHECK(::access((d + "/checkpoint-0000000021.npz").c_str(), F_OK) != 0);
+  CHECK(::access((d + "/checkpoint-0000000022.npz").c_str(), F_OK) == 0);
+  // Resuming from step 21's older sibling abandons the newer ones: renamed, kept, invisible.
+  const auto renamed = dir.supersede_after(22);
+  REQUIRE(renamed.size() == 2);
+  CHECK(renamed[0] == d + "/checkpoint-0000000023.npz.superseded");
+  CHECK(renamed[1] == d + "/checkpoint-0000000030.npz.superseded");
+  CHECK(*dir.latest() == d + "/checkpoint-0000000022.npz");
+  // Nothing that verifies: nullopt, every file reported.
+  const std::string e = tmp_dir() + "/allbad";
+  {
+    CheckpointDir one(e, 2);
+    f.state.step = 1;
+    write_bytes(one.save(f.state), "not a zip");
+  }
+  CheckpointDir bad(e, 2);
+  skipped.clear();
+  CHECK_FALSE(bad.load_newest({}, &skipped).has_value());
+  CHECK(skipped.size() == 1);
+}
+
+TEST_CASE("a member name with control bytes is escaped in the message; a non-regular file is refused") {
+  const std::string p = tmp_dir() + "/names.npz";
+  Fixture f;
+  parallel::save_checkpoint(p, f.state);
+  TensorMap m = load_npz(p);  // a consistent writer's file with one member more
+  m.set("bad\x1b[31mname\xff", zeros({1}));
+  save_npz(p, m);
+  m = load_npz(p);  // the name as the zip reader gives it back (libzip maps CP437 to UTF-8)
+  m.set("manifest.checksum", tensor(std::vector<std::int64_t>{static_cast<std::int64_t>(parallel::content_checksum(m))}, {}));
+  save_npz(p, m);
+  std::string msg;
+  try {
+    parallel::load_checkpoint(p);
+  } catch (const IoError& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("unexpected member 'bad\\x") != std::string::npos);
+  for (unsigned char ch : msg) CHECK((ch >= 0x20 && ch < 0x7f));
+  CHECK_THROWS_WITH_AS(load_npz("/dev/zero"), doctest::Contains("/dev/zero: not a regular file"), IoError);
+}

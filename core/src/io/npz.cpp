@@ -2,6 +2,7 @@
 // Reading verifies every member's CRC-32 (as numpy does); writing is durable: a temporary
 // file, fsync, rename into place, fsync of the directory.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zip.h>
 
@@ -37,6 +38,20 @@ void sync_path(const std::string& path, bool directory) {
   // Some file systems do not sync directories (EINVAL); the rename is still atomic there.
   if (rc != 0 && !(directory && (e == EINVAL || e == EROFS)))
     throw IoError(path + ": fsync failed (" + std::strerror(e) + ")");
+}
+
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s) {
+    if (ch >= 0x20 && ch < 0x7f && ch != '\\') {
+      out += static_cast<char>(ch);
+    } else {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", ch);
+      out += b;
+    }
+  }
+  return out;
 }
 
 constexpr const char* kFileTag = "phalanx-file-crc32:";
@@ -122,26 +137,27 @@ static TensorMap read_members(const std::string& bytes, const std::string& path,
     if (zip_stat_index(z.get(), i, 0, &st) != 0 || !(st.valid & ZIP_STAT_NAME) || !(st.valid & ZIP_STAT_SIZE))
       throw IoError(path + ": corrupt zip directory");
     std::string name = st.name;
+    const std::string shown = printable(name);  // a damaged name's bytes, escaped for a one-line message
     // A stored member is no larger than the archive, a deflated one at most ~1032 times.
     if (st.size > bytes.size() * 1100ull + (1u << 20))
-      throw IoError(path + ": member '" + name + "' claims an impossible size (" + std::to_string(st.size) + " bytes)");
+      throw IoError(path + ": member '" + shown + "' claims an impossible size (" + std::to_string(st.size) + " bytes)");
     zip_file_t* f = zip_fopen_index(z.get(), i, 0);
-    if (!f) throw IoError(path + ": cannot read member '" + name + "' (" + zip_strerror(z.get()) + ")");
+    if (!f) throw IoError(path + ": cannot read member '" + shown + "' (" + zip_strerror(z.get()) + ")");
     std::vector<char> buf(st.size);
     const zip_int64_t got = st.size ? zip_fread(f, buf.data(), st.size) : 0;
     zip_fclose(f);
     if (got != static_cast<zip_int64_t>(st.size))
-      throw IoError(path + ": member '" + name + "' is truncated or corrupt");
+      throw IoError(path + ": member '" + shown + "' is truncated or corrupt");
     if (check_members && (st.valid & ZIP_STAT_CRC)) {
       const std::uint32_t have = crc32(buf.data(), buf.size());
       if (have != st.crc)
-        throw IoError(path + ": member '" + name + "' fails its CRC-32 checksum (stored " + hex32(st.crc) +
+        throw IoError(path + ": member '" + shown + "' fails its CRC-32 checksum (stored " + hex32(st.crc) +
                       ", computed " + hex32(have) + "): the file is damaged");
     }
     if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0)
       name.resize(name.size() - 4);
-    if (out.contains(name)) throw IoError(path + ": member '" + name + "' appears twice");
-    out.set(name, parse_npy(buf.data(), buf.size(), path + "[" + name + "]"));
+    if (out.contains(name)) throw IoError(path + ": member '" + shown + "' appears twice");
+    out.set(name, parse_npy(buf.data(), buf.size(), path + "[" + printable(name) + "]"));
   }
   return out;
 }
@@ -154,6 +170,11 @@ TensorMap load_npz(const std::string& path, NpzReadInfo* info) {
   {
     std::FILE* fp = std::fopen(path.c_str(), "rb");
     if (!fp) throw IoError(path + ": cannot open for reading (" + std::strerror(errno) + ")");
+    struct stat st;
+    if (::fstat(::fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {  // /dev/zero or a FIFO would read forever
+      std::fclose(fp);
+      throw IoError(path + ": not a regular file");
+    }
     char chunk[1 << 16];
     std::size_t got;
     while ((got = std::fread(chunk, 1, sizeof chunk, fp)) > 0) bytes.append(chunk, got);
@@ -185,11 +206,23 @@ TensorMap load_npz(const std::string& path, NpzReadInfo* info) {
 }
 
 void save_npz(const std::string& path, const TensorMap& tensors) {
-  const std::string tmp = path + ".tmp";
-  std::remove(tmp.c_str());
+  // A unique temporary name beside the target: two writers never share one, and a killed
+  // writer's leftover (path.tmp.XXXXXX) is recognisable (CheckpointDir::lock removes them).
+  std::string tmp = path + ".tmp.XXXXXX";
+  {
+    const int fd = ::mkstemp(&tmp[0]);
+    if (fd < 0) throw IoError(path + ": cannot create a temporary file beside it (" + std::strerror(errno) + ")");
+    const mode_t mask = ::umask(0);  // mkstemp makes 0600; the file gets the usual 0666 & ~umask
+    ::umask(mask);
+    ::fchmod(fd, 0666 & ~mask);
+    ::close(fd);
+  }
   int err = 0;
   zip_t* z = zip_open(tmp.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &err);
-  if (!z) throw IoError(path + ": cannot create");
+  if (!z) {
+    std::remove(tmp.c_str());
+    throw IoError(path + ": cannot create");
+  }
   std::vector<std::string> blobs;  // must outlive zip_close
   blobs.reserve(tensors.size());
   for (const auto& [name, t] : tensors) {

@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "phalanx/core/generator.hpp"
@@ -36,6 +37,9 @@ struct CheckpointState {
   std::map<std::string, Generator::State> generators;  ///< named RNG states
   TensorMap user;                        ///< the caller's own tensors
   std::map<std::string, double> scalars;  ///< the caller's own numbers (stored exactly)
+  /// The settings a resume must keep ("lr" -> "0.1", ...), stored as config.<name> and
+  /// compared with CheckpointExpect::config on load.
+  std::map<std::string, std::string> config;
   // The run's shape, checked on load:
   std::int64_t world_size = 1, global_batch = 0, micro_batch = 0;
 };
@@ -55,6 +59,9 @@ struct CheckpointExpect {
   std::int64_t world_size = -1, global_batch = -1, micro_batch = -1;
   const TensorMap* model = nullptr;      ///< the current model's state_dict (names, shapes, dtypes)
   const TensorMap* optimizer = nullptr;  ///< the current optimizer's state_dict (its type and groups)
+  /// The current run's settings: each one the file records must be equal (a file that
+  /// records none, written before settings were stored, is not checked).
+  const std::map<std::string, std::string>* config = nullptr;
 };
 
 struct LoadedCheckpoint {
@@ -80,26 +87,53 @@ CheckpointManifest save_checkpoint(const std::string& path, const CheckpointStat
 /// values. Never modifies the file.
 LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointExpect& expect = {});
 
+/// A file load_newest() passed over, and why.
+struct SkippedCheckpoint {
+  std::string path, reason;
+};
+
 /// A folder of step-numbered checkpoints, checkpoint-<step>.npz, of which the newest
 /// `keep_last` stay: older ones are removed only after a newer one is complete. A file this
 /// object did not write is never overwritten (a same-step save gets a ".<n>" suffix), so a
-/// damaged checkpoint stays as it was for inspection. Only one process may save into a folder.
+/// damaged checkpoint stays as it was for inspection; damaged (skipped) files and the file
+/// resumed from are never counted nor removed by the pruning. Only one process may save into
+/// a folder: lock() makes sure of it.
 class CheckpointDir {
  public:
   /// Creates the folder (and its parents) when missing. keep_last >= 1.
   CheckpointDir(std::string dir, int keep_last = 3);
+  ~CheckpointDir();
+  CheckpointDir(const CheckpointDir&) = delete;
+  CheckpointDir& operator=(const CheckpointDir&) = delete;
+  /// Takes an exclusive lock on <dir>/.lock (flock) for this object's lifetime, for the one
+  /// process that saves; throws ConfigError naming the holder's pid when another run has it.
+  /// Then removes temporary files a killed writer left (checkpoint-*.tmp.*).
+  void lock();
   /// Saves, then prunes. Returns the path written.
   std::string save(const CheckpointState& state);
   /// The newest checkpoint file by its name (step, then suffix); nullopt when there is none.
   std::optional<std::string> latest() const;
-  /// Every checkpoint file, oldest first.
+  /// Every checkpoint file, oldest first (*.superseded files are not checkpoints).
   std::vector<std::string> list() const;
+  /// From the newest file down, the first that loads and verifies (load_checkpoint with
+  /// `expect`); damaged files (IoError) are passed over and reported in `skipped` (newest
+  /// first) and never pruned; a ConfigError (another kind of run) is thrown. nullopt: none.
+  std::optional<std::pair<std::string, LoadedCheckpoint>> load_newest(const CheckpointExpect& expect,
+                                                                       std::vector<SkippedCheckpoint>* skipped);
+  /// Renames every checkpoint of a step after `step` to <name>.superseded (kept, but no longer
+  /// a checkpoint): a run resumed from an older file abandons them. Returns the new names.
+  std::vector<std::string> supersede_after(std::int64_t step);
+  /// A file the pruning must never remove (the one resumed from).
+  void protect(const std::string& path) { protected_.push_back(path); }
   const std::string& dir() const { return dir_; }
 
  private:
   std::string dir_;
   int keep_last_;
-  std::vector<std::string> written_;  // files this object wrote (may be replaced)
+  int lock_fd_ = -1;
+  std::vector<std::string> written_;    // files this object wrote (may be replaced)
+  std::vector<std::string> protected_;  // never pruned: the file resumed from
+  std::vector<std::string> damaged_;    // neither counted nor pruned: files load_newest passed over
 };
 
 }  // namespace phalanx::parallel
