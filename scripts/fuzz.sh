@@ -116,15 +116,17 @@ run() {
       echo " no finding"
     else
       findings=$((findings + 1))
-      echo " FINDING (exit $rc)"
+      echo " FINDING (exit $rc, $crashes input(s))"
       local keep="$BUILD_DIR/findings/$name"
       mkdir -p "$keep"
       cp "$dir"/artifacts/* "$keep/" 2>/dev/null || true
       cp "$dir/log" "$keep/log"
-      # The first report: what happened, and where in Phalanx (frames outside libFuzzer).
-      grep -E 'fuzz finding|ERROR: |SUMMARY: |runtime error|^ +#[0-9]+ .* in (phalanx|LLVMFuzzer)' "$dir/log" \
-        | grep -vE 'Fuzzer::|__sanitizer' | head -n 8 | sed 's/^ */    /'
-      echo "    input and log kept in $keep/ (replay: $bin $keep/<crash-file>)"
+      # What happened (each kind once, with its count), then the first frame in Phalanx.
+      { grep -hE 'fuzz finding|runtime error|ERROR: ' "$dir/log" || true; } \
+        | sed -E 's/==[0-9]+==//; s/0x[0-9a-f]+//g; s/\(BuildId: [0-9a-f]+\)//; s/[0-9]{5,}/N/g; s/: [0-9N]+ ([-+*]) [0-9N]+ /: a \1 b /; s/^ +//' \
+        | sort | uniq -c | sort -rn | sed -n '1,6s/^ */    /p'
+      { grep -m 1 -hE '^ +#[0-9]+ .* in phalanx::' "$dir/log" || true; } | sed 's/^ */    first Phalanx frame: /'
+      echo "    inputs and log kept in $keep/ (replay one: $bin $keep/<file>)"
     fi
     if [ -n "${PHALANX_FUZZ_KEEP:-}" ]; then
       mkdir -p "$PHALANX_FUZZ_KEEP/$name"
