@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "phalanx/backends/comm_error.hpp"
 #include "tcp_store_protocol.hpp"
@@ -10,6 +13,24 @@ namespace phalanx::tcpstore {
 
 namespace {
 constexpr std::size_t kShrinkAbove = 1u << 20;  // give back input buffers larger than this
+
+/// What one queued reply costs beyond its own bytes (charged as their capacity) and its
+/// queue entry (sizeof(Chunk)): the allocator's header and rounding, and a share of the
+/// queue's blocks. A pipelining client's small replies are mostly this, so it is counted.
+constexpr std::size_t kReplyOverhead = 64;
+
+/// After freeing this much at once, ask the allocator to return free memory to the system:
+/// without it, glibc keeps a dropped connection's buffers (and its many small replies) as
+/// free heap, and the hosting process stays at its peak.
+constexpr std::size_t kTrimAbove = 4u << 20;
+
+void give_back_memory(std::size_t freed) {
+#if defined(__GLIBC__)
+  if (freed >= kTrimAbove) ::malloc_trim(0);
+#else
+  (void)freed;
+#endif
+}
 
 /// A key as shown in a message: at most 100 characters.
 std::string shown(const std::string& key) {
@@ -42,6 +63,7 @@ void Engine::close(Id id) {
   Conn* c = find(id);
   if (!c) return;
   buffered_ -= c->in.size() + c->out_owned;
+  const std::size_t freed = c->in.capacity() + c->out_cost;
   if (c->parked) {
     auto it = waiters_.find(c->parked_on);
     if (it != waiters_.end()) {
@@ -51,6 +73,7 @@ void Engine::close(Id id) {
     }
   }
   conns_.erase(id);
+  give_back_memory(freed);
 }
 
 void Engine::drop(Conn& c, std::string reason, bool keep_output) {
@@ -58,9 +81,12 @@ void Engine::drop(Conn& c, std::string reason, bool keep_output) {
   c.closing = true;
   c.reason = std::move(reason);
   if (!keep_output) {
+    const std::size_t freed = c.out_cost;
     buffered_ -= c.out_owned;
     c.out.clear();
-    c.out_off = c.out_bytes = c.out_owned = 0;
+    c.out.shrink_to_fit();
+    c.out_off = c.out_bytes = c.out_cost = c.out_owned = 0;
+    give_back_memory(freed);
   }
 }
 
@@ -70,7 +96,7 @@ std::size_t Engine::input_cap(const Conn& c) const {
 
 std::size_t Engine::room(Id id) const {
   const Conn* c = find(id);
-  if (!c || c->closing) return 0;
+  if (!c || c->closing || paused(*c)) return 0;
   const std::size_t cap = input_cap(*c);
   return c->in.size() < cap ? cap - c->in.size() : 0;
 }
@@ -89,6 +115,10 @@ void Engine::feed(Id id, const std::uint8_t* data, std::size_t n) {
     if (!stash(*c, data, n)) return;
     take(id, *c);
   }
+  resume_woken();
+}
+
+void Engine::resume_woken() {
   // Parked requests this input answered: handle what their connections sent meanwhile.
   for (std::size_t i = 0; i < woken_.size(); ++i) {
     Conn* w = find(woken_[i]);
@@ -123,10 +153,13 @@ void Engine::fit_buffer(Conn& c) {
   if (c.in.capacity() < need) {
     c.in.reserve(need);
   } else if (c.in.capacity() > std::max(need, kShrinkAbove)) {
+    const std::size_t freed = c.in.capacity() - need;
     Bytes fitted;
     fitted.reserve(need);
     fitted.assign(c.in.begin(), c.in.end());
     c.in.swap(fitted);
+    fitted = Bytes();
+    give_back_memory(freed);
   }
 }
 
@@ -145,7 +178,9 @@ void Engine::take(Id id, Conn& c) {
 
 std::size_t Engine::consume(Id id, Conn& c, const std::uint8_t* p, std::size_t n) {
   std::size_t pos = 0;
-  while (!c.closing && !c.parked && n - pos >= 4) {
+  // Stops while the replies already queued are over the pause bound: the rest waits in the
+  // connection's input (and in the kernel) until its client reads (wrote()).
+  while (!c.closing && !c.parked && !paused(c) && n - pos >= 4) {
     std::uint32_t len;
     std::memcpy(&len, p + pos, 4);
     if (len == 0) {
@@ -176,10 +211,13 @@ const std::string* Engine::first_missing(const std::vector<std::string>& keys) c
 void Engine::reply(Conn& c, Bytes frame, Value value) {
   if (c.closing) return;
   if (value && value->empty()) value = nullptr;
-  const std::size_t own = frame.size(), total = own + (value ? value->size() : 0);
-  if (c.out_bytes + total > limits_.max_output_per_connection) {
-    drop(c, detail::concat("does not read its replies (", c.out_bytes + total, " bytes would be queued, limit ",
-                           limits_.max_output_per_connection, ")"),
+  // Charged: the bytes it owns (their capacity) and its bookkeeping; a shared value counts
+  // for this connection's queue, not for the total (the store holds it anyway).
+  const std::size_t own = frame.capacity() + kReplyOverhead + sizeof(Chunk);
+  const std::size_t vsize = value ? value->size() : 0, wire = frame.size() + vsize;
+  if (c.out_cost + own + vsize > limits_.max_output_per_connection) {
+    drop(c, detail::concat("does not read its replies (", c.out_cost + own + vsize,
+                           " bytes would be queued, limit ", limits_.max_output_per_connection, ")"),
          false);
     return;
   }
@@ -190,9 +228,20 @@ void Engine::reply(Conn& c, Bytes frame, Value value) {
     return;
   }
   c.out.push_back(Chunk{std::move(frame), std::move(value)});
-  c.out_bytes += total;
+  c.out_bytes += wire;
+  c.out_cost += own + vsize;
   c.out_owned += own;
   buffered_ += own;
+}
+
+void Engine::pop_output(Conn& c) {
+  const Chunk& f = c.out.front();
+  const std::size_t own = f.own.capacity() + kReplyOverhead + sizeof(Chunk);
+  c.out_cost -= own + (f.value ? f.value->size() : 0);
+  c.out_owned -= own;
+  buffered_ -= own;
+  c.out.pop_front();
+  c.out_off = 0;
 }
 
 void Engine::set_value(const std::string& key, Value v) {
@@ -351,15 +400,14 @@ void Engine::wrote(Id id, std::size_t n) {
   const Chunk& f = c->out.front();
   const std::size_t seg = f.own.size() + (f.value ? f.value->size() : 0);
   n = std::min(n, output(id).second);  // output() hands out one segment at a time
-  if (c->out_off < f.own.size()) {
-    c->out_owned -= n;
-    buffered_ -= n;
-  }
   c->out_off += n;
   c->out_bytes -= n;
-  if (c->out_off == seg) {
-    c->out.pop_front();
-    c->out_off = 0;
+  if (c->out_off < seg) return;
+  pop_output(*c);
+  // The queue is small again: handle the requests that waited behind it.
+  if (!c->closing && !c->parked && !c->in.empty() && !paused(*c)) {
+    take(id, *c);
+    resume_woken();
   }
 }
 

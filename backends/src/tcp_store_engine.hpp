@@ -28,15 +28,18 @@ class Engine {
   void close(Id id);
 
   /// How many bytes the server may read for this connection now; 0 = do not read (it is
-  /// closing, or its input is full while a GET/WAIT is parked).
+  /// closing, its input is full while a GET/WAIT is parked, or its queued replies are over
+  /// limits().pause_reading_above: its requests are handled again as wrote() drains them).
   std::size_t room(Id id) const;
   /// Bytes received (at most room()); complete frames are handled at once.
   void feed(Id id, const std::uint8_t* data, std::size_t n);
 
-  /// The next queued reply bytes (size 0 when none); wrote() drops what was sent.
+  /// The next queued reply bytes (size 0 when none); wrote() drops what was sent, and once
+  /// the queue is small again handles the requests that waited behind it (which may queue
+  /// replies on this and other connections).
   std::pair<const std::uint8_t*, std::size_t> output(Id id) const;
   void wrote(Id id, std::size_t n);
-  std::size_t queued(Id id) const;
+  std::size_t queued(Id id) const;  ///< reply bytes not yet sent
 
   /// The connection must be closed (after flushing what output() still holds). reason()
   /// is a one-line explanation for the log; empty when nothing needs logging.
@@ -59,8 +62,9 @@ class Engine {
     Bytes in;                   // received bytes not yet handled
     std::deque<Chunk> out;      // queued replies; out_off bytes of the front chunk are sent
     std::size_t out_off = 0;
-    std::size_t out_bytes = 0;  // queued bytes in all (shared values included)
-    std::size_t out_owned = 0;  // of which owned by this connection (counted in buffered_)
+    std::size_t out_bytes = 0;  // reply bytes not yet sent (shared values included)
+    std::size_t out_cost = 0;   // memory the queued chunks hold: owned + their shared values
+    std::size_t out_owned = 0;  // memory owned by the queue (counted in buffered_)
     bool hello = false;
     bool closing = false;
     std::string reason;
@@ -73,6 +77,9 @@ class Engine {
   Conn* find(Id id);
   const Conn* find(Id id) const;
   void drop(Conn& c, std::string reason, bool keep_output);
+  bool paused(const Conn& c) const { return c.out_cost > limits_.pause_reading_above; }
+  void pop_output(Conn& c);
+  void resume_woken();
   std::size_t input_cap(const Conn& c) const;
   bool stash(Conn& c, const std::uint8_t* p, std::size_t n);
   void take(Id id, Conn& c);

@@ -28,12 +28,12 @@ namespace {
 constexpr std::size_t kReadChunk = 64u << 10;
 constexpr int kReadsPerTurn = 16;  // at most 1 MiB read per connection per turn: fairness
 
-/// The connection cap, kept below this process's open-file limit (minus a reserve for
+/// The connection cap, kept below this process's open-file limit minus `reserved` (for
 /// everything else the process opens), so accept() never fails for want of descriptors.
-int connection_cap(int wanted) {
+int connection_cap(int wanted, int reserved) {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return wanted;
-  const long usable = static_cast<long>(rl.rlim_cur) - 64;
+  const long usable = static_cast<long>(rl.rlim_cur) - std::max(0, reserved);
   return static_cast<int>(std::max(1L, std::min(static_cast<long>(wanted), usable)));
 }
 }  // namespace
@@ -62,7 +62,7 @@ struct TcpStoreServer::State {
 TcpStoreServer::TcpStoreServer(const TcpStoreOptions& o)
     : host_(o.host), token_(token_or_env(o.token)), limits_(o.limits),
       state_(std::make_unique<State>(token_, o.limits)) {
-  state_->max_connections = connection_cap(o.limits.max_connections);
+  state_->max_connections = connection_cap(o.limits.max_connections, o.limits.reserved_fds);
   listen_fd_ = net::listen_on(o.host, o.port, &port_);
   ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
   if (::pipe2(wake_fd_, O_CLOEXEC | O_NONBLOCK) != 0) {

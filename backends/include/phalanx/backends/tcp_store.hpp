@@ -31,10 +31,18 @@ struct TcpStoreLimits {
   /// Replies queued for one connection that its client has not read yet; one reply of
   /// max_frame always fits, so only a client that stops reading exceeds it.
   std::size_t max_output_per_connection = (64u << 20) + (1u << 20);
-  /// Bytes received but not yet handled, plus replies not yet sent, over all connections
-  /// (a reply's value shared with the store's data is counted per connection only).
+  /// While this much of a connection's replies is queued (each charged its bytes plus its
+  /// bookkeeping), the server handles and reads no more of its requests: a client that
+  /// sends without reading is held back, not dropped (its own requests wait in the kernel).
+  std::size_t pause_reading_above = 64u << 10;
+  /// Bytes received but not yet handled, plus replies not yet sent (with their bookkeeping),
+  /// over all connections (a reply's value shared with the store's data is counted per
+  /// connection only).
   std::size_t max_buffered_total = std::size_t{512} << 20;
-  int max_connections = 4096;  ///< also kept below this process's open-file limit
+  int max_connections = 4096;  ///< also kept below this process's open-file limit minus reserved_fds
+  /// Descriptors left below RLIMIT_NOFILE for everything else the hosting process opens
+  /// (a launcher's pipes and log files, a worker's backend sockets).
+  int reserved_fds = 256;
   /// A connection that has not completed HELLO by then is dropped.
   std::chrono::milliseconds hello_timeout{10000};
 };
