@@ -3,9 +3,12 @@
 //   [u8 op][u16 length, little-endian][length bytes]
 // op & 3 picks the connection; (op >> 2) & 3 the action: 0 feed the bytes (at most what
 // room() allows, as the server reads), 1 read every queued reply, 2 read `length` bytes of
-// replies, 3 close the connection and open a new one (as after the engine drops one). Small limits make every cap reachable.
-// Properties: buffers never pass their caps, and when every connection is closed the
-// engine's buffer accounting is back to zero.
+// replies, 3 close the connection and open a new one (as after the engine drops one). Small limits make every cap reachable;
+// an input of odd length also holds back a connection whose replies pass 2 KiB (else the
+// output cap is what stops it).
+// Properties: buffers never pass their caps, a held-back connection's queue stays within
+// the bound plus one reply, and when every connection is closed the engine's buffer
+// accounting is back to zero.
 #include <algorithm>
 #include <cstring>
 
@@ -22,6 +25,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     lim.max_frame = 16u << 10;
     lim.max_output_per_connection = 24u << 10;
     lim.max_buffered_total = 40u << 10;
+    const bool holds_back = size % 2 == 1;
+    lim.pause_reading_above = holds_back ? 2048 : SIZE_MAX;
     Engine e("tok", lim);
     Engine::Id conns[4];
     for (auto& c : conns) c = e.open();
@@ -58,7 +63,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       pos += len;
       require(e.buffered_total() <= lim.max_buffered_total, "the total buffer cap holds");
-      for (auto c : conns) require(e.queued(c) <= lim.max_output_per_connection, "the output cap holds");
+      for (auto c : conns) {
+        require(e.queued(c) <= lim.max_output_per_connection, "the output cap holds");
+        if (holds_back)
+          require(e.queued(c) <= lim.pause_reading_above + 9 + lim.max_frame,
+                  "a held-back connection queues at most one reply past the bound");
+      }
       for (auto& c : conns)
         if (e.closing(c)) {  // the server closes it (logging the reason); the client reconnects
           require(!e.reason(c).empty(), "a connection the engine drops has a reason to log");

@@ -8,7 +8,8 @@
 // another one. Malformed, oversized or truncated frames close that connection only; the
 // server keeps serving the others. Before the handshake no frame may exceed a few KiB;
 // buffers and connections are capped (TcpStoreLimits); replies are queued per connection
-// and written without blocking, so a client that stops reading is dropped on its own.
+// and written without blocking, so a client that stops reading holds up nobody (its further
+// requests wait until it reads).
 #include <atomic>
 #include <chrono>
 #include <cstddef>
