@@ -148,6 +148,20 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<JobRounds> rounds;
   if (o.nnodes > 1) {
+    // The store is up now: the rounds (and the failure records) get a client of their own
+    // whose calls give up within --rdzv-timeout, so a node 0 that is stopped (SIGSTOP) or
+    // unreachable is given up on in that time, not in the workers' timeout.
+    TcpStoreOptions co;
+    co.host = o.master_addr;
+    co.port = port;
+    co.token = o.rdzv_token;
+    co.timeout = std::min(ms(o.rdzv_timeout), store->timeout());
+    try {
+      store = std::make_shared<TcpStore>(co);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "phalanx-run: node %d: %s\n", o.node_rank, e.what());
+      return 1;
+    }
     const auto tick = std::min(std::max(ms(o.monitor_interval), std::chrono::milliseconds(20)),
                                std::chrono::milliseconds(1000));
     rounds = std::make_unique<JobRounds>(store, o.nnodes, o.node_rank, tick, ms(o.rdzv_timeout));
@@ -172,6 +186,11 @@ int main(int argc, char** argv) {
       };
     }
     const Outcome r = run_workers(o, a);
+    if (!r.launch_error.empty()) {
+      std::fprintf(stderr, "phalanx-run: %s; stopped the %d worker(s) already started.\n", r.launch_error.c_str(),
+                   r.stopped_others);
+      if (rounds) rounds->close(k, r.launch_error);
+    }
     if (r.interrupted) {
       if (rounds) {
         rounds->close(k, std::string("its launcher got ") + strsignal(r.signal_received));
@@ -191,7 +210,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> tail = r.tail;
     if (!rounds) {
       if (r.ok) return 0;
-      print_failure("", *blamed, tail, r.stopped_others, o.nproc_per_node, 1);
+      if (blamed) print_failure("", *blamed, tail, r.stopped_others, o.nproc_per_node, 1);
     } else {
       if (!r.stopped_because.empty())
         std::fprintf(stderr, "phalanx-run: node %d: stopped %d worker(s): %s\n", o.node_rank, r.stopped_others,
@@ -204,7 +223,11 @@ int main(int argc, char** argv) {
       mine.tail = r.tail;
       std::vector<NodeReport> reports;
       try {
-        reports = rounds->exchange(k, mine);
+        reports = rounds->exchange(k, mine, [] { return take_signal(); });
+      } catch (const Interrupted& e) {
+        std::fprintf(stderr, "phalanx-run: got %s while waiting for the other nodes; the job ends.\n",
+                     strsignal(e.sig));
+        return 128 + e.sig;
       } catch (const std::exception& e) {
         if (r.stopped_because != e.what()) std::fprintf(stderr, "phalanx-run: node %d: %s\n", o.node_rank, e.what());
         // A worker of this node that failed on its own is worth naming; one this launcher

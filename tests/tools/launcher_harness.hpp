@@ -2,6 +2,7 @@
 // Running phalanx-run from tests: start it with its output in a file, wait for it with a
 // timeout, read what the workers of tests/support/launcher_worker.cpp left behind.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace launcher_harness {
@@ -35,18 +37,32 @@ struct Launch {
   std::string out;  // file holding stdout+stderr
 };
 
-inline Launch start(const std::vector<std::string>& args, const std::string& dir) {
+/// Starts phalanx-run with `args`, in an environment of its own: PHALANX_TIMEOUT=30, no
+/// PHALANX_RDZV_TOKEN unless `env` sets it, default signal dispositions, and the open-files
+/// limit `nofile` (soft and hard) when it is > 0.
+inline Launch start(const std::vector<std::string>& args, const std::string& dir,
+                    const std::vector<std::pair<std::string, std::string>>& env = {}, int nofile = 0) {
   Launch l;
   l.out = dir + "/launcher.out";
   l.pid = ::fork();
   if (l.pid == 0) {
-    FILE* f = std::fopen(l.out.c_str(), "a");
+    FILE* f = std::fopen(l.out.c_str(), "ae");  // fds 1 and 2 only
     ::dup2(fileno(f), 1);
     ::dup2(fileno(f), 2);
     std::vector<char*> argv{const_cast<char*>(PHALANX_RUN)};
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     ::setenv("PHALANX_TIMEOUT", "30", 1);
+    ::unsetenv("PHALANX_RDZV_TOKEN");
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD}) ::signal(sig, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (nofile > 0) {
+      rlimit r{static_cast<rlim_t>(nofile), static_cast<rlim_t>(nofile)};
+      ::setrlimit(RLIMIT_NOFILE, &r);
+    }
     ::execv(PHALANX_RUN, argv.data());
     ::_exit(127);
   }

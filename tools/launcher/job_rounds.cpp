@@ -22,10 +22,23 @@ std::string text_of(const Bytes& b) { return std::string(b.begin(), b.end()); }
 }  // namespace
 
 std::string to_json(const NodeReport& r) {
+  // Worker output is any bytes: each tail line is cut at kReportLineBytes, and text that is
+  // not UTF-8 is replaced (U+FFFD) rather than failing the report.
+  std::vector<std::string> tail;
+  for (const auto& l : r.tail)
+    tail.push_back(l.size() <= kReportLineBytes ? l : l.substr(0, kReportLineBytes) + " [...]");
   json j = {{"node", r.node}, {"ok", r.ok}, {"interrupted", r.interrupted}, {"max_restarts", r.max_restarts},
-            {"tail", r.tail}};
-  if (r.failure) j["failure"] = json::parse(to_json(*r.failure));
-  return j.dump();
+            {"tail", tail}};
+  if (r.failure) {
+    WorkerFailure f = *r.failure;
+    if (f.message.size() > kReportLineBytes) f.message = f.message.substr(0, kReportLineBytes) + " [...]";
+    j["failure"] = json::parse(to_json(f), nullptr, false);
+    if (j["failure"].is_discarded()) {  // a message that is not UTF-8
+      f.message.clear();
+      j["failure"] = json::parse(to_json(f));
+    }
+  }
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 bool from_json(const std::string& text, NodeReport& r) {
@@ -93,10 +106,11 @@ bool JobRounds::store_lost() const {
 }
 
 void JobRounds::begin(int k) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Under the lock: a wake for the last round written after this drain would stay unread.
   char b[16];
   while (::read(wake_[0], b, sizeof b) > 0) {
   }
-  std::lock_guard<std::mutex> lock(mu_);
   woken_ = false;
   round_ = k;
   why_.clear();
@@ -166,14 +180,33 @@ void JobRounds::check_peers_alive(std::vector<std::pair<std::int64_t, Clock::tim
   }
 }
 
-std::vector<NodeReport> JobRounds::exchange(int k, const NodeReport& mine) {
+std::vector<NodeReport> JobRounds::exchange(int k, const NodeReport& mine, const std::function<int()>& interrupted) {
   std::vector<std::string> keys;
   for (int n = 0; n < nnodes_; ++n) keys.push_back(round_key(k, "report/" + std::to_string(n)));
   throw_if_lost();
   try {
-    store_->set(keys[node_], to_json(mine));
+    try {
+      store_->set(keys[node_], to_json(mine));
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception&) {
+      // The full report cannot be sent (too large for a frame...): how the node ended, and
+      // who failed, without the words.
+      NodeReport minimal = mine;
+      minimal.tail.clear();
+      if (minimal.failure) minimal.failure->message.clear();
+      store_->set(keys[node_], to_json(minimal));
+    }
     std::vector<std::pair<std::int64_t, Clock::time_point>> seen(nnodes_, {-1, Clock::now()});
     for (;;) {
+      if (const int sig = interrupted ? interrupted() : 0) {
+        NodeReport stop;
+        stop.node = node_;
+        stop.interrupted = sig;
+        stop.max_restarts = mine.max_restarts;
+        store_->set(keys[node_], to_json(stop));
+        throw Interrupted(sig);
+      }
       try {
         store_->wait(keys, std::chrono::milliseconds(200));
         break;
@@ -193,7 +226,9 @@ std::vector<NodeReport> JobRounds::exchange(int k, const NodeReport& mine) {
   }
 }
 
-void JobRounds::finish(int k) {
+Interrupted::Interrupted(int s) : std::runtime_error("interrupted by signal " + std::to_string(s)), sig(s) {}
+
+void JobRounds::finish(int k, const std::function<int()>& interrupted) {
   try {
     throw_if_lost();
     if (node_ != 0) {
@@ -204,7 +239,7 @@ void JobRounds::finish(int k) {
     for (int n = 1; n < nnodes_; ++n) keys.push_back(round_key(k, "read/" + std::to_string(n)));
     std::vector<std::pair<std::int64_t, Clock::time_point>> seen(nnodes_, {-1, Clock::now()});
     const auto deadline = Clock::now() + stale_after_;
-    while (Clock::now() < deadline) {
+    while (Clock::now() < deadline && !(interrupted && interrupted() != 0)) {
       try {
         store_->wait(keys, std::chrono::milliseconds(200));
         return;

@@ -11,7 +11,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
+#include <stdexcept>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -34,8 +36,18 @@ struct NodeReport {
   std::vector<std::string> tail;         ///< that worker's last lines
 };
 
+/// Each tail line (and the failure's message) is cut at this many bytes in a report.
+constexpr std::size_t kReportLineBytes = 4096;
+
+/// Never throws for odd output: invalid UTF-8 is replaced, long lines are cut.
 std::string to_json(const NodeReport& r);
 bool from_json(const std::string& text, NodeReport& r);
+
+/// The launcher got a signal while waiting for the other nodes (its report says so).
+struct Interrupted : std::runtime_error {
+  explicit Interrupted(int sig);
+  int sig;
+};
 
 /// The round's verdict from every node's report: the worker to blame (by job_blame_before)
 /// and the node it ran on; nullopt when every node succeeded.
@@ -62,11 +74,13 @@ class JobRounds {
   void close(int k, const std::string& what);
   /// Publishes this node's report for round k and returns every node's, in node order.
   /// Throws std::runtime_error with a one-line message when the store is lost or a peer's
-  /// launcher stops answering for stale_after.
-  std::vector<NodeReport> exchange(int k, const NodeReport& mine);
-  /// The job ends after round k: node 0 waits (bounded) until every node has read the
-  /// reports before its store goes away; the others say they have.
-  void finish(int k);
+  /// launcher stops answering for stale_after. A report too large for the store is sent
+  /// without its tail and message. `interrupted` (polled between waits) returning a signal
+  /// publishes an interrupted report instead and throws Interrupted.
+  std::vector<NodeReport> exchange(int k, const NodeReport& mine, const std::function<int()>& interrupted = {});
+  /// The job ends after round k: node 0 waits (bounded, and not past `interrupted`) until
+  /// every node has read the reports before its store goes away; the others say they have.
+  void finish(int k, const std::function<int()>& interrupted = {});
 
  private:
   void heartbeat_loop();

@@ -61,8 +61,9 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   app.add_option("--timeout", o.timeout, "operation timeout in seconds for the workers (PHALANX_TIMEOUT)")
       ->check(CLI::Range(0.001, 1e6));
   app.add_option("--rdzv-token", o.rdzv_token,
-                 "job token (default: PHALANX_RDZV_TOKEN, else random for a single node); every "
-                 "node of a multi-node job needs the same one");
+                 "job token (default: PHALANX_RDZV_TOKEN, else random for a single node); required "
+                 "with --nnodes > 1, the same on every node (prefer the environment variable: "
+                 "a command line is visible to every user in ps)");
   app.add_option("--rdzv-timeout", o.rdzv_timeout,
                  "several nodes: seconds to wait for another node's launcher that stopped answering "
                  "before giving up (and at least this long for node 0's store at start)")
@@ -115,6 +116,10 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
     return fail("worker program '" + o.command[0] + "' not found or not executable");
   if (o.rdzv_token.empty())
     if (const char* t = std::getenv("PHALANX_RDZV_TOKEN")) o.rdzv_token = t;
+  if (o.rdzv_token.empty() && o.nnodes > 1)
+    return fail("--nnodes > 1 needs a job token shared by every node: set PHALANX_RDZV_TOKEN (or pass "
+                "--rdzv-token) to the same secret on each node; without one anyone who can reach the "
+                "store could join or stop the job");
   if (!o.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(o.log_dir, ec);

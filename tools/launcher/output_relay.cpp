@@ -20,6 +20,12 @@ void LineSplitter::feed(const char* data, std::size_t n, std::vector<Event>& out
       in_redraws_ = true;
     } else {
       partial_ += c;
+      if (partial_.size() >= kMaxLine) {  // a line this long is cut: memory stays bounded
+        out.push_back({false, partial_});
+        partial_.clear();
+        last_progress_.clear();
+        in_redraws_ = false;
+      }
     }
   }
   // A bar that writes "\r<bar>" and flushes: what has come is the current redraw.

@@ -11,9 +11,11 @@ namespace phalanx::launcher {
 /// Splits one worker stream into finished lines and progress segments. A progress segment
 /// is text ended by '\r' (or, while a line holds a '\r', the text read so far: bars that
 /// write "\r<bar>" and flush). A line that held redraws finishes as its last text, so
-/// CRLF endings and a bar closed by '\n' give one clean line.
+/// CRLF endings and a bar closed by '\n' give one clean line. Lines are cut at kMaxLine.
 class LineSplitter {
  public:
+  /// A line longer than this is relayed in pieces of this size (each its own line).
+  static constexpr std::size_t kMaxLine = 64 * 1024;
   struct Event {
     bool progress;  ///< true: a redraw; false: a finished line (without '\n')
     std::string text;

@@ -1,9 +1,12 @@
 #include "worker_group.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,10 +14,12 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "failure_records.hpp"
 #include "output_relay.hpp"
@@ -27,10 +32,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::size_t kTailLines = 20;
+constexpr std::size_t kTailLineBytes = 4096;  // a tail line longer than this is cut
+constexpr auto kDrainLimit = std::chrono::milliseconds(1000);
 
 int g_signal_pipe[2] = {-1, -1};
 int g_child_pipe[2] = {-1, -1};
 volatile sig_atomic_t g_last_signal = 0;
+rlimit g_nofile_start{};                 // RLIMIT_NOFILE when the launcher started
+bool g_nofile_raised = false;
 
 void on_signal(int sig) {
   g_last_signal = sig;
@@ -73,6 +82,10 @@ struct Worker {
   FILE* log = nullptr;
 };
 
+std::string cut_line(const std::string& text) {
+  return text.substr(0, kTailLineBytes) + " [... " + std::to_string(text.size() - kTailLineBytes) + " more bytes]";
+}
+
 /// Writes worker output: lines prefixed with the rank (one write() each, so lines of
 /// different workers never interleave mid-line), rank 0's redraws through the relay.
 class Relay {
@@ -108,7 +121,7 @@ class Relay {
       std::fputc('\n', w.log);
       std::fflush(w.log);
     }
-    w.tail.push_back(text);
+    w.tail.push_back(text.size() <= kTailLineBytes ? text : cut_line(text));
     if (w.tail.size() > kTailLines) w.tail.pop_front();
   }
   std::unique_ptr<ProgressRelay> progress_;
@@ -164,12 +177,63 @@ std::vector<std::string> worker_env(const LaunchOptions& o, const Worker& w, con
   return out;
 }
 
+/// Signals every worker's process group, also of a worker that has exited (what it started
+/// may still run there); a worker that has not exited, itself when its group is gone.
 void signal_all(std::vector<Worker>& ws, int sig) {
-  for (auto& w : ws)
-    if (!w.exited) {
-      w.sent_signals |= 1u << sig;
-      if (::kill(-w.pid, sig) != 0) ::kill(w.pid, sig);  // its process group, else itself
+  for (auto& w : ws) {
+    if (w.pid <= 0) continue;
+    if (w.exited) {
+      ::kill(-w.pid, sig);
+      continue;
     }
+    w.sent_signals |= 1u << sig;
+    if (::kill(-w.pid, sig) != 0) ::kill(w.pid, sig);
+  }
+}
+
+/// The launcher's children that are not workers: descendants adopted by it (it is a child
+/// subreaper) after their parent exited, e.g. a daemon a worker started with setsid.
+std::vector<pid_t> adopted_children(const std::vector<Worker>& ws) {
+  std::vector<pid_t> out;
+  const pid_t self = ::getpid();
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end) continue;
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE* f = std::fopen(path, "re");
+    if (!f) continue;
+    char buf[512];
+    const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    buf[n] = 0;
+    const char* close = std::strrchr(buf, ')');  // the name may hold spaces and ')'
+    int ppid = 0;
+    if (close && std::sscanf(close + 1, " %*c %d", &ppid) == 1 && ppid == self) {
+      bool worker = false;
+      for (const auto& w : ws) worker = worker || (w.pid == pid && !w.exited);
+      if (!worker) out.push_back(static_cast<pid_t>(pid));
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
+/// The end of an attempt: nothing a worker started may outlive it. SIGKILL to every
+/// worker's process group and to every adopted descendant, and reap them (bounded).
+void kill_leftovers(std::vector<Worker>& ws) {
+  signal_all(ws, SIGKILL);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(500);
+  for (;;) {
+    for (pid_t p : adopted_children(ws)) ::kill(p, SIGKILL);
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    if (adopted_children(ws).empty() || Clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 }  // namespace
@@ -181,33 +245,65 @@ void install_signal_handlers() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) ::sigaction(sig, &sa, nullptr);
   struct sigaction sc {};
   sc.sa_handler = on_child;
   sigemptyset(&sc.sa_mask);
   sc.sa_flags = SA_RESTART | SA_NOCLDSTOP;
   ::sigaction(SIGCHLD, &sc, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  // Workers inherit SIGPIPE ignored (as Python programs run it): Gloo writes to its sockets
+  // without MSG_NOSIGNAL, so with the default a worker whose peer died would die of
+  // SIGPIPE instead of reporting the peer's failure (and be blamed for it).
+  ::sigaction(SIGPIPE, &ign, nullptr);
+  // Descendants whose parent exits are adopted by the launcher, so that none outlives its
+  // attempt (kill_leftovers); and the fds a large group needs (3 per worker, and the store's).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    g_nofile_start = nofile;
+    nofile.rlim_cur = nofile.rlim_max;
+    g_nofile_raised = ::setrlimit(RLIMIT_NOFILE, &nofile) == 0;
+  }
+}
+
+int signal_fd() { return g_signal_pipe[0]; }
+
+int take_signal() {
+  char b[16];
+  bool got = false;
+  while (::read(g_signal_pipe[0], b, sizeof b) > 0) got = true;
+  return got ? static_cast<int>(g_last_signal) : 0;
 }
 
 Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
   std::vector<Worker> ws(o.nproc_per_node);
   const std::string program = resolve_program(o.command[0]);
   const pid_t launcher = ::getpid();
+  Outcome result;
+  int started = 0;
   for (int i = 0; i < o.nproc_per_node; ++i) {
     Worker& w = ws[i];
     w.local_rank = i;
     w.rank = o.node_rank * o.nproc_per_node + i;
+    w.exited = true;  // until it runs
+  }
+  for (int i = 0; i < o.nproc_per_node; ++i) {
+    Worker& w = ws[i];
     if (!o.log_dir.empty()) {
       const std::string path = o.log_dir + "/rank_" + std::to_string(w.rank) + ".log";
-      w.log = std::fopen(path.c_str(), a.restart_count == 0 ? "w" : "a");
+      w.log = std::fopen(path.c_str(), a.restart_count == 0 ? "we" : "ae");  // not inherited by workers
       if (!w.log) std::fprintf(stderr, "phalanx-run: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
     }
-    int out[2], err[2];
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-      std::perror("phalanx-run: pipe");
-      std::exit(1);
+      result.launch_error = "cannot start rank " + std::to_string(w.rank) + ": pipe: " + std::strerror(errno) +
+                            (errno == EMFILE || errno == ENFILE ? " (raise the open-files limit, ulimit -n)" : "");
+      for (int fd : {out[0], out[1]})
+        if (fd >= 0) ::close(fd);
+      break;
     }
     // Everything exec needs is prepared before fork: the launcher has threads (the store
     // server), so the child may only call async-signal-safe functions.
@@ -217,15 +313,27 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
     envp.push_back(nullptr);
     for (const auto& arg : o.command) argv.push_back(const_cast<char*>(arg.c_str()));
     argv.push_back(nullptr);
+    // Signals are blocked across fork: until the child has put every handler back to the
+    // default, a signal for it must not run the launcher's handlers (which write into the
+    // launcher's pipes, shared with the child until exec).
+    sigset_t all, old;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &old);
     const pid_t pid = ::fork();
-    if (pid < 0) {
-      std::perror("phalanx-run: fork");
-      std::exit(1);
-    }
     if (pid == 0) {
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      for (int sig = 1; sig < NSIG; ++sig) {
+        struct sigaction cur {};
+        if (sig == SIGKILL || sig == SIGSTOP || ::sigaction(sig, nullptr, &cur) != 0) continue;
+        if (cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN) ::sigaction(sig, &dfl, nullptr);
+      }
+      if (g_nofile_raised) ::setrlimit(RLIMIT_NOFILE, &g_nofile_start);
       ::setpgid(0, 0);                       // its own group: stopping it stops its children
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);    // no orphans if the launcher itself is killed
       if (::getppid() != launcher) ::_exit(127);
+      ::sigprocmask(SIG_SETMASK, &old, nullptr);  // a signal sent meanwhile lands here now
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
       ::execve(program.c_str(), argv.data(), envp.data());
@@ -234,20 +342,28 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
       }
       ::_exit(127);
     }
+    const int fork_errno = errno;
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (pid < 0) {
+      result.launch_error = "cannot start rank " + std::to_string(w.rank) + ": fork: " + std::strerror(fork_errno);
+      for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+      break;
+    }
     ::setpgid(pid, pid);
     ::close(out[1]);
     ::close(err[1]);
     w.pid = pid;
+    w.exited = false;
+    ++started;
     w.out.fd = out[0];
     w.out.out_fd = 1;
     w.err.fd = err[0];
     w.err.out_fd = 2;
   }
 
-  Outcome result;
   Relay relay(a.progress_passthrough);
   std::vector<WorkerFailure> failures;
-  int alive = o.nproc_per_node;
+  int alive = started;
   bool stopping = false;
   int round = 0;
   Clock::time_point kill_at{};
@@ -259,8 +375,17 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
     stopping = true;
     kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(o.grace_period * 1000));
   };
+  if (!result.launch_error.empty()) stop_all();  // a round that cannot start fails whole
   std::vector<pollfd> pfds;
   std::vector<std::pair<Worker*, Stream*>> owners;
+  auto take_signal_once = [&] {
+    const int sig = take_signal();
+    if (sig != 0 && !result.interrupted) {
+      result.interrupted = true;
+      result.signal_received = sig;
+      if (!stopping) stop_all();
+    }
+  };
   for (;; ++round) {
     pfds.clear();
     owners.clear();
@@ -285,26 +410,20 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
       while (::read(g_child_pipe[0], b, sizeof b) > 0) {
       }
     }
-    if (pfds[0].revents & POLLIN) {
-      char b[16];
-      while (::read(g_signal_pipe[0], b, sizeof b) > 0) {
-      }
-      if (!result.interrupted) {
-        result.interrupted = true;
-        result.signal_received = g_last_signal;
-        if (!stopping) stop_all();
-      }
-    }
+    if (pfds[0].revents & POLLIN) take_signal_once();
     if (pfds[2].revents && !stopping) {
       result.stopped_because = a.stop_reason ? a.stop_reason() : "stopped from outside this node";
       stop_all();
     }
     // Reap every worker that has exited (one poll round), then relay output.
     const std::size_t first_new = failures.size();
-    for (auto& w : ws) {
-      if (w.exited) continue;
+    for (;;) {
       int status = 0;
-      if (::waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);  // also adopted descendants
+      if (pid <= 0) break;
+      auto it = std::find_if(ws.begin(), ws.end(), [&](const Worker& w) { return w.pid == pid && !w.exited; });
+      if (it == ws.end()) continue;
+      Worker& w = *it;
       w.exited = true;
       --alive;
       if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
@@ -339,39 +458,64 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
       signal_all(ws, SIGKILL);
       kill_at = Clock::now() + std::chrono::hours(1);
     }
-    if (alive == 0) {
-      // Every worker is gone; a grandchild may still hold a pipe open: drain briefly.
-      for (auto& w : ws)
-        for (Stream* s : {&w.out, &w.err})
-          if (s->fd >= 0) {
-            pollfd p{s->fd, POLLIN, 0};
-            while (::poll(&p, 1, 50) > 0 && pump(relay, w, *s)) {
-            }
-            if (s->fd >= 0) {
-              std::vector<LineSplitter::Event> evs;
-              s->splitter.finish(evs);
-              relay.events(w, *s, evs);
-              ::close(s->fd);
-              s->fd = -1;
-            }
-          }
-      relay.flush();
+    if (alive == 0) break;
+  }
+  // Every worker is gone; what they started may still hold a pipe open (and write on): its
+  // output is relayed for at most kDrainLimit, then it is killed with the worker groups.
+  const auto drain_until = Clock::now() + kDrainLimit;
+  for (;;) {
+    pfds.clear();
+    owners.clear();
+    pfds.push_back({g_signal_pipe[0], POLLIN, 0});
+    for (auto& w : ws)
+      for (Stream* s : {&w.out, &w.err})
+        if (s->fd >= 0) {
+          pfds.push_back({s->fd, POLLIN, 0});
+          owners.emplace_back(&w, s);
+        }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(drain_until - Clock::now());
+    if (owners.empty() || left.count() <= 0) break;
+    ::poll(pfds.data(), pfds.size(), static_cast<int>(std::min<std::int64_t>(left.count(), 50)));
+    if (pfds[0].revents & POLLIN) {
+      take_signal_once();
       break;
     }
+    for (std::size_t i = 1; i < pfds.size(); ++i)
+      if (pfds[i].revents) pump(relay, *owners[i - 1].first, *owners[i - 1].second);
   }
+  kill_leftovers(ws);
+  for (auto& w : ws)
+    for (Stream* s : {&w.out, &w.err})
+      if (s->fd >= 0) {
+        // Its writers are gone: what is left in the pipe, then end of stream (bounded, in
+        // case one escaped).
+        ::fcntl(s->fd, F_SETFL, ::fcntl(s->fd, F_GETFL) | O_NONBLOCK);
+        for (int reads = 0; reads < 64 && s->fd >= 0; ++reads) {
+          pollfd p{s->fd, POLLIN, 0};
+          if (::poll(&p, 1, 0) <= 0 || !pump(relay, w, *s)) break;
+        }
+        if (s->fd >= 0) {
+          std::vector<LineSplitter::Event> evs;
+          s->splitter.finish(evs);
+          relay.events(w, *s, evs);
+          ::close(s->fd);
+          s->fd = -1;
+        }
+      }
+  relay.flush();
   // Blame with what the ranks themselves said (their failure records), when they said it.
   auto store_ok = [&] { return a.store && !(a.store_lost && a.store_lost()); };
   for (auto& f : failures)
     if (!store_ok() || !read_failure_record(*a.store, a.restart_count, f)) break;
   const int blamed = pick_blamed(failures);
-  if (blamed >= 0 && !result.interrupted) {
+  if (blamed >= 0 && !result.interrupted && result.launch_error.empty()) {  // not the ones it stopped
     result.blamed = failures[blamed];
     for (auto& w : ws)
       if (w.rank == result.blamed->rank) result.tail.assign(w.tail.begin(), w.tail.end());
   }
   for (auto& w : ws)
     if (w.log) std::fclose(w.log);
-  result.ok = !result.blamed && !result.interrupted && result.stopped_because.empty();
+  result.ok = !result.blamed && !result.interrupted && result.stopped_because.empty() && result.launch_error.empty();
   return result;
 }
 

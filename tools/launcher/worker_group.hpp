@@ -36,10 +36,17 @@ struct Outcome {
   std::optional<WorkerFailure> blamed;  ///< the worker that failed first on this node
   std::vector<std::string> tail;        ///< its last output lines
   int stopped_others = 0;               ///< workers the launcher had to stop
+  std::string launch_error;  ///< non-empty: a worker could not be started (no fds, no fork)
 };
 
-/// Installs SIGINT/SIGTERM handlers that the run loop watches (call once).
+/// Installs SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers that the run loop watches, makes the
+/// launcher the child subreaper of its workers' descendants and raises its open-files limit
+/// to the hard limit (workers get the original limit and signal dispositions back). Once.
 void install_signal_handlers();
+/// Readable when the launcher got one of those signals.
+int signal_fd();
+/// The signal the launcher got since the last call (0: none); empties signal_fd().
+int take_signal();
 
 /// Runs the node's workers once and returns how it ended.
 Outcome run_workers(const LaunchOptions& o, const Attempt& a);
