@@ -242,3 +242,42 @@ TEST_CASE("two launchers' rounds: a close wakes the other, reports are exchanged
   CHECK(secs >= 1.4);
   CHECK(secs < 10);
 }
+
+TEST_CASE("a line without end is cut at kMaxLine, also after a '\\r' (memory and copying stay bounded)") {
+  LineSplitter s;
+  const std::string chunk(65536, 'x');
+  std::vector<LineSplitter::Event> evs;
+  s.feed("\r", 1, evs);
+  std::size_t events = 0, longest = 0;
+  for (int i = 0; i < 64; ++i) {  // 4 MiB in reads of 64 KiB, no newline
+    evs.clear();
+    s.feed(chunk.data(), chunk.size(), evs);
+    for (const auto& e : evs) longest = std::max(longest, e.text.size()), events += e.progress ? 0 : 1;
+  }
+  CHECK(longest <= LineSplitter::kMaxLine);
+  CHECK(events == 4 * 1024 * 1024 / LineSplitter::kMaxLine);  // each piece a line of its own
+  evs.clear();
+  s.feed("end\n", 4, evs);
+  REQUIRE(!evs.empty());
+  CHECK(evs.back().text == "end");
+}
+
+TEST_CASE("a report with output that is not UTF-8, or huge, is still a report (cut, replaced)") {
+  NodeReport r;
+  r.node = 1;
+  r.failure = exited(3, 2, 1);
+  r.failure->message = "bad \xff\xfe message";
+  r.tail = {"ok line", "bad \xc3\x28 bytes", std::string(10 * 1024 * 1024, 'y')};
+  std::string text;
+  REQUIRE_NOTHROW(text = to_json(r));
+  CHECK(text.size() < 3 * kReportLineBytes + 1024);
+  NodeReport back;
+  REQUIRE(from_json(text, back));
+  REQUIRE(back.tail.size() == 3);
+  CHECK(back.tail[0] == "ok line");
+  CHECK(back.tail[1] == "bad \xef\xbf\xbd( bytes");  // U+FFFD for the invalid byte
+  CHECK(back.tail[2].size() <= kReportLineBytes + 8);
+  REQUIRE(back.failure);
+  CHECK(back.failure->rank == 3);
+  CHECK(back.failure->exit_code == 2);
+}

@@ -75,7 +75,7 @@ std::string to_json(const WorkerFailure& f) {
               {"secondary", f.secondary},
               {"is_first", f.is_first},
               {"message", f.message}}
-      .dump();
+      .dump(-1, ' ', false, json::error_handler_t::replace);  // a message is any bytes
 }
 
 bool from_json(const std::string& text, WorkerFailure& f) {

@@ -32,11 +32,7 @@ std::string to_json(const NodeReport& r) {
   if (r.failure) {
     WorkerFailure f = *r.failure;
     if (f.message.size() > kReportLineBytes) f.message = f.message.substr(0, kReportLineBytes) + " [...]";
-    j["failure"] = json::parse(to_json(f), nullptr, false);
-    if (j["failure"].is_discarded()) {  // a message that is not UTF-8
-      f.message.clear();
-      j["failure"] = json::parse(to_json(f));
-    }
+    j["failure"] = json::parse(to_json(f));
   }
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
