@@ -147,7 +147,13 @@ std::shared_ptr<TensorDataset> load_npy_dataset(const std::string& fpath, const 
                     "y.astype(np.int64) before saving");
   }
   if (o.check_finite && x.numel() > 0) check_finite(x, fpath);
-  return std::make_shared<TensorDataset>(x, y, o.num_classes);
+  try {
+    return std::make_shared<TensorDataset>(x, y, o.num_classes);
+  } catch (const ValueError& e) {  // an out-of-range label: name the file it came from
+    std::string why = e.what();
+    if (why.rfind("TensorDataset: ", 0) == 0) why = why.substr(15);
+    throw ValueError(lpath + ": " + why);
+  }
 }
 
 std::shared_ptr<TensorDataset> load_npy_dataset(const std::string& fpath, const std::string& lpath,

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -166,23 +167,32 @@ TEST_CASE("a checkpoint with one flipped byte: non-zero exit naming the file and
   REQUIRE(w != std::string::npos);
   bytes[w + 300] ^= 0x01;  // inside the first layer's weights
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-  for (const std::string& how : {std::string(" --resume"), " --resume-from " + path}) {
-    CAPTURE(how);
-    r = run(kTrain + opts + " --epochs 3" + how);
-    INFO(r.out);
-    CHECK(r.code != 0);
-    CHECK(r.out.find(path) != std::string::npos);
-    CHECK(r.out.find("checksum") != std::string::npos);
-    CHECK(r.out.find("epoch 3") == std::string::npos);  // nothing trained
-    CHECK(slurp(path) == bytes);                         // unchanged, not overwritten
-  }
-  // The older checkpoint is still there to fall back to, and it resumes.
+  // Named explicitly, the damaged file is an error.
+  r = run(kTrain + opts + " --epochs 3 --resume-from " + path);
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find(path) != std::string::npos);
+  CHECK(r.out.find("checksum") != std::string::npos);
+  CHECK(r.out.find("epoch 3") == std::string::npos);  // nothing trained
+  CHECK(slurp(path) == bytes);                         // unchanged, not overwritten
+  // --resume walks back to the newest file that verifies, naming the one passed over and why.
+  r = run(kTrain + opts + " --epochs 3 --resume");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("passing over " + path + " (") != std::string::npos);
+  CHECK(r.out.find("CRC-32 checksum") != std::string::npos);
+  CHECK(r.out.find("resumed at step 15 (epoch 2, checkpoint written at ") != std::string::npos);
+  CHECK(slurp(path) == bytes);  // kept as it was; the new step-16 file has its own name
+  CHECK(::access((d + "/checkpoint-0000000016.1.npz").c_str(), F_OK) == 0);
+  CHECK(::access((d + "/checkpoint-0000000024.npz").c_str(), F_OK) == 0);
+  // --resume-from the older one: the newer files (of the abandoned run) are renamed, kept.
   r = run(kTrain + opts + " --epochs 3 --resume-from " + d + "/checkpoint-0000000015.npz");
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find("resumed at step 15 (epoch 2, checkpoint written at ") != std::string::npos);
-  CHECK(slurp(path) == bytes);  // the damaged one is kept; the new final one has its own name
-  CHECK(::access((d + "/checkpoint-0000000024.npz").c_str(), F_OK) == 0);
+  CHECK(slurp(path + ".superseded") == bytes);
+  CHECK(::access((d + "/checkpoint-0000000024.npz.superseded").c_str(), F_OK) == 0);
+  CHECK(::access((d + "/checkpoint-0000000024.npz").c_str(), F_OK) == 0);  // this run's final one
 }
 
 TEST_CASE("--resume without a checkpoint starts fresh; --resume-from a missing file is an error") {
@@ -273,4 +283,107 @@ TEST_CASE("a non-finite loss stops training at that step; the last good checkpoi
   std::system(("rm -rf " + d).c_str());
   r = run(cmd + " --allow-nonfinite");
   CHECK(r.code == 0);
+}
+
+TEST_CASE("a resume with changed settings is refused, naming the setting and both values; --epochs may change") {
+  const std::string d = dir() + "/settings", base = " --global-batch 64 --epochs 1 --lr 0.1 --checkpoint-dir " + d;
+  std::system(("rm -rf " + d).c_str());
+  auto r = run(kTrain + base);
+  REQUIRE(r.code == 0);
+  const std::string ck = d + "/checkpoint-0000000008.npz";
+  const std::pair<std::string, std::string> changes[] = {
+      {" --lr 0.2", "was written with lr 0.1, this run has 0.2"},
+      {" --momentum 0.5", "was written with momentum 0, this run has 0.5"},
+      {" --weight-decay 0.01", "was written with weight-decay 0, this run has 0.01"},
+      {" --activation tanh", "was written with activation relu, this run has tanh"},
+      {" --seed 3", "was written with seed 0, this run has 3"},
+      {" --no-shuffle", "was written with shuffle on, this run has off"},
+      {" --warmup-steps 2", "was written with warmup-steps 0, this run has 2"},
+      {" --lr-schedule step --lr-step-size 4", "was written with lr-schedule constant, this run has step"},
+  };
+  for (const auto& [opt, want] : changes) {
+    CAPTURE(opt);
+    r = run(kTrain + base + " --epochs 2 --resume" + opt);
+    INFO(r.out);
+    CHECK(r.code != 0);
+    CHECK(r.out.find(ck + " " + want) != std::string::npos);
+    CHECK(r.out.find("epoch 2") == std::string::npos);
+  }
+  // Linear scaling to the same rate is the same setting.
+  r = run(kTrain + " --global-batch 64 --base-lr 0.05 --base-batch 32 --epochs 2 --resume --checkpoint-dir " + d +
+          " --checkpoint-every 3 --keep-checkpoints 5 --metrics " + d + "/m.jsonl");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("resumed at step 8 (epoch 2") != std::string::npos);
+}
+
+TEST_CASE("a finite loss with non-finite gradients stops at that step; the last good checkpoint holds finite weights") {
+  // tanh saturates at an infinite input: the loss stays finite, the first layer's gradient is 0 x inf.
+  TensorMap f = load_npz(std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.npz");
+  std::vector<float> x = f.at("x").to_vector<float>();
+  x[150 * f.at("x").shape()[1]] = std::numeric_limits<float>::infinity();
+  save_npy(dir() + "/x_inf.npy", tensor(x, f.at("x").shape()));
+  const std::string d = dir() + "/nangrad";
+  std::system(("rm -rf " + d).c_str());
+  const std::string cmd = std::string(PHALANX_TRAIN) + " --train-x " + dir() + "/x_inf.npy --train-y " + dir() +
+                          "/y.npy --init " + dir() + "/init.npz --no-data-check --activation tanh --no-shuffle --epochs 1" +
+                          " --checkpoint-dir " + d + " --checkpoint-every 1";
+  auto r = run(cmd);
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("non-finite gradient at step 3 (epoch 1, step 3 of 8; loss ") != std::string::npos);
+  CHECK(r.out.find("--allow-nonfinite") != std::string::npos);
+  CHECK(newest_step(d) == 2);
+  for (const auto& [k, v] : parallel::load_checkpoint(d + "/checkpoint-0000000002.npz").state.model)
+    for (float w : v.to_vector<float>()) REQUIRE(std::isfinite(w));
+  // NaN in the data under --no-data-check: relu keeps it (as PyTorch), so the loss shows it.
+  x[150 * f.at("x").shape()[1]] = std::numeric_limits<float>::quiet_NaN();
+  save_npy(dir() + "/x_nan.npy", tensor(x, f.at("x").shape()));
+  r = run(std::string(PHALANX_TRAIN) + " --train-x " + dir() + "/x_nan.npy --train-y " + dir() + "/y.npy --init " + dir() +
+          "/init.npz --no-data-check --no-shuffle --epochs 1");
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("non-finite loss (") != std::string::npos);
+  CHECK(r.out.find("at step 3 ") != std::string::npos);
+}
+
+TEST_CASE("one run per checkpoint folder: a second is refused naming the first's pid") {
+  const std::string d = dir() + "/locked";
+  std::system(("rm -rf " + d).c_str());
+  parallel::CheckpointDir held(d, 2);
+  held.lock();  // as a running phalanx-train's rank 0 holds it
+  { std::ofstream(d + "/checkpoint-0000000003.npz.tmp.x1y2z3") << "torn"; }
+  auto r = run(kTrain + " --epochs 1 --resume --checkpoint-dir " + d);
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("checkpoint folder " + d + " is in use by another run (pid " + std::to_string(::getpid()) + ")") !=
+        std::string::npos);
+  CHECK(::access((d + "/checkpoint-0000000003.npz.tmp.x1y2z3").c_str(), F_OK) == 0);  // not its to remove
+}
+
+TEST_CASE("write errors are errors: --metrics and --plot on a full disk; --save/--plot folders checked before training") {
+  auto r = run(kTrain + " --epochs 2 --metrics /dev/full");
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--metrics /dev/full: write failed") != std::string::npos);
+  r = run(kTrain + " --epochs 1 --plot /dev/full");
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("/dev/full: write failed") != std::string::npos);
+  for (const char* opt : {" --save ", " --plot "}) {
+    r = run(kTrain + " --epochs 1" + opt + dir() + "/no/such/folder/out");
+    INFO(r.out);
+    CHECK(r.code != 0);
+    CHECK(r.out.find(std::string(opt).substr(1) + dir() + "/no/such/folder/out: the folder " + dir() +
+                     "/no/such/folder does not exist") != std::string::npos);
+    CHECK(r.out.find("epoch 1") == std::string::npos);  // before training
+  }
+  r = run(kTrain + " --epochs 1 --base-lr 1e308 --base-batch 1 --global-batch 64");
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("gives the rate inf, which is not a finite number > 0") != std::string::npos);
+  r = run(kTrain + " --epochs 1 --resume-from /dev/zero");
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("/dev/zero: not a regular file") != std::string::npos);
 }

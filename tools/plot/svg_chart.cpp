@@ -129,6 +129,8 @@ void write_svg(const std::string& path, const std::vector<Series>& series, const
   std::ofstream f(path);
   if (!f) throw IoError(path + ": cannot write the chart");
   f << render_svg(series, o);
+  f.close();  // the data reaches the file here: a full disk shows now, not as a 0-byte chart
+  if (!f) throw IoError(path + ": write failed (disk full?); the chart is incomplete");
 }
 
 }  // namespace phalanx::tools

@@ -51,6 +51,14 @@ void MetricsLog::record(const nlohmann::json& rec) {
   if (out_.is_open()) out_ << rec.dump() << "\n";
 }
 
+void MetricsLog::close() {
+  if (!out_.is_open()) return;
+  out_.flush();
+  const bool failed = !out_;
+  out_.close();
+  if (failed || !out_) throw IoError("--metrics " + path_ + ": write failed (disk full?); the file is incomplete");
+}
+
 void MetricsLog::flush() {
   if (out_.is_open() && !out_.flush()) throw IoError("--metrics " + path_ + ": write failed");
 }

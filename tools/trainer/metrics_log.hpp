@@ -27,6 +27,8 @@ class MetricsLog {
   /// Pushes the buffered records to the file (before a checkpoint, so the file is never
   /// behind a checkpoint that a restart resumes from).
   void flush();
+  /// Flushes and closes; throws IoError naming the file when any write failed (a full disk).
+  void close();
 
  private:
   std::string path_;

@@ -220,6 +220,13 @@ void check_combination(const CLI::App& app, TrainConfig& c) {
   if (c.lr && (c.base_lr || c.base_batch)) throw ValueError("give either --lr or --base-lr with --base-batch, not both");
   if (c.base_lr.has_value() != c.base_batch.has_value()) throw ValueError("--base-lr and --base-batch go together");
   if (!c.lr && !c.base_lr) c.lr = 0.1;
+  if (c.base_lr) {  // linear scaling: the rate used is base-lr x global-batch / base-batch
+    const double lr = *c.base_lr * static_cast<double>(c.global_batch) / static_cast<double>(*c.base_batch);
+    if (!(std::isfinite(lr) && lr > 0))
+      throw ValueError(detail::concat("--base-lr ", *c.base_lr, " x --global-batch ", c.global_batch, " / --base-batch ",
+                                      *c.base_batch, " gives the rate ", lr,
+                                      ", which is not a finite number > 0: lower --base-lr"));
+  }
   if (c.resume && c.checkpoint_dir.empty())
     throw ValueError("--resume needs --checkpoint-dir (where checkpoints are written and looked for)");
   if (c.nesterov && (c.optimizer != "sgd" || c.momentum <= 0))
@@ -264,6 +271,7 @@ std::vector<std::string> config_args(const std::string& path, const CLI::App& ap
   std::vector<std::string> args;
   for (auto& [k, v] : j.items()) {
     if (k == "config") throw ValueError("'config' cannot name another file");
+    if (k == "help") throw ValueError("'help' is not a setting (run phalanx-train --help)");
     if (k.empty() || k[0] == '-' || !app.get_option_no_throw("--" + k))
       throw ValueError("unknown option '" + k + "' (the keys are phalanx-train's options without the dashes)");
     if (v.is_boolean()) {
@@ -314,6 +322,13 @@ void parse_args(std::vector<std::string> args, TrainConfig& c, CLI::App& app, Ra
   for (auto* opt : app.get_options()) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.parse(reversed);
   apply_numbers(app, r, c);
+  // --shuffle and --no-shuffle are two flags: the later one wins (a config file's
+  // "shuffle": false comes before the command line's --shuffle).
+  for (auto it = args.rbegin(); it != args.rend(); ++it)
+    if (*it == "--shuffle" || *it == "--no-shuffle") {
+      c.shuffle = *it == "--shuffle";
+      break;
+    }
 }
 
 const char* kDescription =

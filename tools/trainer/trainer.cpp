@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
 
@@ -97,6 +99,79 @@ std::string widths_str(const std::vector<std::int64_t>& w) {
   return s;
 }
 
+// The shortest text that reads back as the same double (0.1, not 0.10000000000000001).
+std::string fmt_exact(double v) {
+  char b[40];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(b, sizeof b, "%.*g", digits, v);
+    if (std::strtod(b, nullptr) == v) break;
+  }
+  return b;
+}
+
+// The settings a resume must keep: a change would silently train another trajectory. Those
+// that may change are left out (docs/checkpoints.md): --epochs (unless the cosine schedule's
+// length depends on it), output paths, --checkpoint-every, --keep-checkpoints, --init.
+std::map<std::string, std::string> resume_settings(const TrainConfig& c, double lr) {
+  std::map<std::string, std::string> m{
+      {"model", widths_str(c.model)},
+      {"activation", c.activation},
+      {"optimizer", c.optimizer},
+      {"lr", fmt_exact(lr)},
+      {"momentum", fmt_exact(c.momentum)},
+      {"weight-decay", fmt_exact(c.weight_decay)},
+      {"nesterov", c.nesterov ? "on" : "off"},
+      {"lr-schedule", c.lr_schedule},
+      {"warmup-steps", std::to_string(c.warmup_steps)},
+      {"lr-step-size", std::to_string(c.lr_step_size)},
+      {"lr-milestones", c.lr_milestones.empty() ? "none" : widths_str(c.lr_milestones)},
+      {"lr-gamma", fmt_exact(c.lr_gamma)},
+      {"seed", std::to_string(c.seed)},
+      {"shuffle", c.shuffle ? "on" : "off"},
+      {"drop-last", c.drop_last ? "on" : "off"},
+  };
+  if (c.lr_schedule == "cosine") m["epochs"] = std::to_string(c.epochs);  // the cosine's length
+  return m;
+}
+
+// True when every gradient is finite (no gradient: nothing to check). On the CPU one pass
+// over each buffer testing the exponent bits (all ones: inf or NaN), vectorised, with no
+// allocation; elsewhere one reduction per tensor (x * 0 is 0 exactly for finite x).
+bool gradients_finite(const std::vector<Tensor>& params) {
+  for (const Tensor& p : params) {
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (g.device().is_cpu() && g.dtype() == DType::Float32) {
+      const auto* bytes = static_cast<const unsigned char*>(g.raw_data());
+      const std::int64_t n = g.numel();
+      std::uint32_t bad = 0;  // an integer OR: the compiler vectorises it (a float sum it may not reorder)
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::uint32_t b;
+        std::memcpy(&b, bytes + 4 * i, 4);
+        bad |= (b & 0x7f800000u) == 0x7f800000u;
+      }
+      if (bad) return false;
+    } else if (!std::isfinite(sum(g * 0.f).item())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// --save/--plot are written after training: their folder must take a file before it starts.
+void check_writable(const char* option, const std::string& path) {
+  if (path.empty() || ::access(path.c_str(), W_OK) == 0) return;
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw IoError(std::string(option) + " " + path + ": the folder " + dir + " does not exist; create it first");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw IoError(std::string(option) + " " + path + ": the folder " + dir + " is not writable");
+  if (::access(path.c_str(), F_OK) == 0)
+    throw IoError(std::string(option) + " " + path + ": the file exists and is not writable");
+}
+
 }  // namespace
 
 int run_training(const TrainConfig& c) {
@@ -122,6 +197,14 @@ int run_training(const TrainConfig& c) {
   so.base_lr = c.base_lr.value_or(*c.lr);
   so.base_batch = c.base_batch.value_or(c.global_batch);
   const optim::ScalingPlan plan = optim::linear_scaling(so);  // throws when W does not divide B
+  if (!(std::isfinite(plan.lr) && plan.lr > 0))
+    throw ValueError("--base-lr " + fmt_exact(so.base_lr) + " scaled by --global-batch " + std::to_string(c.global_batch) +
+                     " / --base-batch " + std::to_string(so.base_batch) + " gives the rate " + fmt_exact(plan.lr) +
+                     ", which is not a finite number > 0: lower --base-lr");
+  if (rank == 0) {
+    check_writable("--save", c.save);
+    check_writable("--plot", c.plot);
+  }
   if (c.drop_last && n < c.global_batch)
     throw ValueError(detail::concat("--drop-last with a global batch of ", c.global_batch, " and only ", n,
                                     " samples leaves no step to take"));
@@ -161,45 +244,69 @@ int run_training(const TrainConfig& c) {
   const std::int64_t steps_per_epoch = loader.num_batches();
   Schedule schedule = make_schedule(c, *opt, plan.scale, steps_per_epoch * c.epochs);
 
-  // ---- resume: --resume-from PATH, --resume (the newest checkpoint if there is one), or a
-  // restart by phalanx-run --max-restarts (PHALANX_RESTART_COUNT > 0) with a checkpoint dir ----
+  // ---- resume: --resume-from PATH, --resume (the newest checkpoint that verifies, if there is
+  // one), or a restart by phalanx-run --max-restarts (PHALANX_RESTART_COUNT > 0) with a dir ----
+  const std::map<std::string, std::string> settings = resume_settings(c, plan.lr);
+  const TensorMap model_now = net->state_dict(), opt_now = opt->state_dict();
+  parallel::CheckpointExpect expect;
+  expect.world_size = world;
+  expect.global_batch = c.global_batch;
+  expect.micro_batch = plan.per_rank_batch;
+  expect.model = &model_now;
+  expect.optimizer = &opt_now;
+  expect.config = &settings;
   std::unique_ptr<parallel::CheckpointDir> ckdir;
-  if (!c.checkpoint_dir.empty()) ckdir = std::make_unique<parallel::CheckpointDir>(c.checkpoint_dir, c.keep_checkpoints);
+  if (!c.checkpoint_dir.empty()) {
+    ckdir = std::make_unique<parallel::CheckpointDir>(c.checkpoint_dir, c.keep_checkpoints);
+    if (rank == 0) ckdir->lock();  // one run per folder, for the whole run; a killed writer's temp files go
+  }
   const int restart = parallel::read_launch_env().restart_count;
   std::string resume_path;
-  std::optional<std::string> newest = ckdir ? ckdir->latest() : std::nullopt;
-  if (restart > 0 && newest) {
-    resume_path = *newest;  // a restart goes on from where this job got to, whatever the first attempt's source
-  } else if (!c.resume_from.empty()) {
-    if (::access(c.resume_from.c_str(), R_OK) != 0)
+  std::optional<parallel::LoadedCheckpoint> loaded;
+  if (ckdir && (c.resume || restart > 0)) {
+    // The newest file that verifies; a damaged one is passed over (kept, named) and never pruned.
+    std::vector<parallel::SkippedCheckpoint> skipped;
+    if (auto got = ckdir->load_newest(expect, &skipped)) {
+      resume_path = got->first;
+      loaded = std::move(got->second);
+    }
+    if (rank == 0)
+      for (const auto& k : skipped)
+        std::fprintf(stderr, "phalanx-train: passing over %s (%s)\n", k.path.c_str(), k.reason.c_str());
+  }
+  if (!c.resume_from.empty() && (restart == 0 || !loaded)) {
+    // --resume-from on the first attempt; on a restart only when this job wrote nothing newer.
+    struct stat st;
+    if (::stat(c.resume_from.c_str(), &st) != 0 || ::access(c.resume_from.c_str(), R_OK) != 0)
       throw IoError("--resume-from " + c.resume_from + ": no such checkpoint (or not readable)");
+    if (!S_ISREG(st.st_mode)) throw IoError("--resume-from " + c.resume_from + ": not a regular file");
     resume_path = c.resume_from;
-  } else if (ckdir && (c.resume || restart > 0)) {
-    if (newest) resume_path = *newest;
-    else if (rank == 0)
-      std::printf("phalanx-train: no checkpoint in %s yet; starting from step 0\n", c.checkpoint_dir.c_str());
-  } else if (ckdir) {
+    loaded = parallel::load_checkpoint(resume_path, expect);
+    // The newer checkpoints of the run resumed are abandoned: renamed (kept), so neither a
+    // restart nor the pruning takes them for this run's.
+    if (ckdir && rank == 0)
+      for (const auto& r : ckdir->supersede_after(loaded->state.step))
+        std::fprintf(stderr, "phalanx-train: %s is newer than the checkpoint resumed from: renamed to %s\n",
+                     r.substr(0, r.size() - 11).c_str(), r.c_str());
+  } else if (ckdir && !c.resume && restart == 0) {
     // A fresh run would mix its checkpoints with another run's (and a restart could then pick
     // the other run's newest): refuse, naming both ways on.
-    if (newest)
+    if (auto newest = ckdir->latest())
       throw ConfigError("--checkpoint-dir " + c.checkpoint_dir + " already holds checkpoints (newest " + *newest +
                         ") and this run starts from step 0: pass --resume to continue from them, or use an empty folder");
+  } else if (ckdir && !loaded && rank == 0) {
+    std::printf("phalanx-train: no checkpoint in %s yet; starting from step 0\n", c.checkpoint_dir.c_str());
   }
+  if (ckdir && !resume_path.empty()) ckdir->protect(resume_path);  // the pruning never removes it
   std::int64_t step = 0, start_epoch = 0, skip_batches = 0;
   Tensor stats = zeros({2});  // this rank's (loss sum, steps) of the epoch in progress
   tools::Series train_curve{"train loss", {}, {}}, test_curve{"test loss", {}, {}};
   parallel::CheckpointManifest resumed;
-  if (!resume_path.empty()) {
-    const TensorMap model_now = net->state_dict(), opt_now = opt->state_dict();
-    parallel::CheckpointExpect expect;
-    expect.world_size = world;
-    expect.global_batch = c.global_batch;
-    expect.micro_batch = plan.per_rank_batch;
-    expect.model = &model_now;
-    expect.optimizer = &opt_now;
-    parallel::LoadedCheckpoint ck = parallel::load_checkpoint(resume_path, expect);
+  double elapsed_before = 0;  // training seconds before the resume point (metrics' clock)
+  if (loaded) {
+    parallel::LoadedCheckpoint& ck = *loaded;
     net->load_state_dict(ck.state.model);
-    opt->load_state_dict(ck.state.optimizer);  // the rates as they were
+    opt->load_state_dict(ck.state.optimizer);  // the rates as they were (the settings matched)
     if (schedule.empty() != ck.state.scheduler.empty())
       throw ConfigError("checkpoint " + resume_path + (schedule.empty() ? " has an LR schedule and this run has none"
                                                                       : " has no LR schedule and this run has one") +
@@ -225,12 +332,15 @@ int run_training(const TrainConfig& c) {
           curve->x.push_back(static_cast<double>(curve->x.size() + 1));
           curve->y.push_back(v);
         }
+    if (auto it = ck.state.scalars.find("seconds"); it != ck.state.scalars.end() && std::isfinite(it->second))
+      elapsed_before = it->second;
     resumed = ck.manifest;
   }
   // Where the ranks resume must agree too (they read the same folder; a rank that found
   // another file, or none, is named here rather than diverging silently).
   parallel::check_consistent({{"resume step", std::to_string(step)}}, pg);
 
+  const auto t0 = Clock::now();
   MetricsLog metrics;
   if (rank == 0 && !c.metrics.empty()) {
     if (resume_path.empty()) metrics.open_fresh(c.metrics);
@@ -255,7 +365,8 @@ int run_training(const TrainConfig& c) {
     s.world_size = world;
     s.global_batch = c.global_batch;
     s.micro_batch = plan.per_rank_batch;
-    s.generators["default"] = GeneratorGuard(nullptr).get().get_state();
+    s.config = settings;
+    s.scalars["seconds"] = elapsed_before + std::chrono::duration<double>(Clock::now() - t0).count();
     s.user.set("epoch_stats", all);
     std::vector<float> tc(train_curve.y.begin(), train_curve.y.end()), ec(test_curve.y.begin(), test_curve.y.end());
     s.user.set("train_curve", tensor(tc, {static_cast<std::int64_t>(tc.size())}));
@@ -279,11 +390,11 @@ int run_training(const TrainConfig& c) {
     std::fflush(stdout);
   }
 
-  const auto t0 = Clock::now();
   double last_epoch_loss = train_curve.y.empty() ? std::nan("") : train_curve.y.back();
   double test_acc = -1;
   const std::int64_t resumed_step = step;
 
+  const std::vector<Tensor> params = model->parameters();
   // ---- TRAINING LOOP ----
   for (std::int64_t epoch = start_epoch; epoch < c.epochs; ++epoch) {
     sampler->set_epoch(epoch);
@@ -303,14 +414,21 @@ int run_training(const TrainConfig& c) {
                                         ckdir ? "; the last good checkpoint is kept in " + c.checkpoint_dir : std::string(),
                                         "; lower --lr, check the data, or pass --allow-nonfinite to train on"));
       const double lr_used = opt->param_groups()[0].lr();  // before the schedule moves it
-      loss.backward();
+      loss.backward();  // the gradients are all-reduced when it returns: every rank sees the same
+      // A finite loss can still give non-finite gradients (NaN in the data under --no-data-check,
+      // an overflow): they would reach every weight, so the step stops here too.
+      if (!c.allow_nonfinite && !gradients_finite(params))
+        throw ValueError(detail::concat("non-finite gradient at step ", step + 1, " (epoch ", epoch + 1, ", step ",
+                                        batch_index, " of ", steps_per_epoch, "; loss ", l, ")",
+                                        ckdir ? "; the last good checkpoint is kept in " + c.checkpoint_dir : std::string(),
+                                        "; check the data, lower --lr, or pass --allow-nonfinite to train on"));
       opt->step();
       schedule.step();
       ++step;
       stats.data<float>()[0] += l;
       stats.data<float>()[1] += 1;
       if (metrics.enabled())
-        metrics.step(step, epoch + 1, l, lr_used, std::chrono::duration<double>(Clock::now() - t0).count());
+        metrics.step(step, epoch + 1, l, lr_used, elapsed_before + std::chrono::duration<double>(Clock::now() - t0).count());
       progress.update(batch_index, l);
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save_checkpoint(epoch, batch_index);
     }
@@ -352,6 +470,7 @@ int run_training(const TrainConfig& c) {
     if (rank == 0) std::printf("final mean loss over the training set: %.6f\n", final_loss);
     metrics.record(nlohmann::json{{"eval_train_loss", final_loss}});
   }
+  metrics.close();  // a write that failed (a full disk) is an error, not a truncated file
   if (rank == 0 && !c.save.empty()) save_npz(c.save, net->state_dict());
   if (rank == 0 && !c.plot.empty()) {
     std::vector<tools::Series> series{train_curve};

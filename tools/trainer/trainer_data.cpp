@@ -1,5 +1,7 @@
 #include "trainer_data.hpp"
 
+#include <cstring>
+
 #include <phalanx/phalanx.hpp>
 
 namespace phalanx::trainer {
@@ -21,8 +23,13 @@ Datasets load_data(const TrainConfig& c) {
     samplers::NpyDatasetOptions o;
     o.num_classes = classes;
     o.check_finite = c.check_data;  // --no-data-check skips the scan
-    d.train = samplers::load_npy_dataset(c.train_x, c.train_y, o);
-    if (!c.test_x.empty()) d.test = samplers::load_npy_dataset(c.test_x, c.test_y, o);
+    try {
+      d.train = samplers::load_npy_dataset(c.train_x, c.train_y, o);
+      if (!c.test_x.empty()) d.test = samplers::load_npy_dataset(c.test_x, c.test_y, o);
+    } catch (const ValueError& e) {
+      if (!std::strstr(e.what(), " is outside [0, ")) throw;
+      throw ValueError(std::string(e.what()) + ": --model must end with the number of classes");
+    }
   }
   // One step would see at most the whole set; a larger batch would only skew the linear
   // scaling (and overflow the batch arithmetic near 2^63).
