@@ -213,6 +213,7 @@ TEST_CASE("config-file errors name the file") {
       {R"({"lr": [0.1]})", "option 'lr' must be a string, number or boolean"},
       {R"({"lr": 0.1,)", "not valid JSON"},
       {R"([1, 2])", "expected a JSON object of options"},
+      {R"({"help": true})", "'help' is not a setting (run phalanx-train --help)"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.json);
@@ -230,6 +231,17 @@ TEST_CASE("config-file errors name the file") {
   CHECK(r.out.find("\"steps\":8") != std::string::npos);
   r = run(" --config /nonexistent/c.json");
   CHECK(r.out.find("--config /nonexistent/c.json: cannot open") != std::string::npos);
+  // --shuffle on the command line overrides the file's "shuffle": false (the later flag wins)
+  auto summary_line = [](const std::string& out) { return out.substr(out.rfind("{\"")); };
+  std::ofstream(cfg) << R"({"shuffle": false, "epochs": 2})";
+  const auto file_then_shuffle = run(kData + " --config " + cfg + " --shuffle");
+  const auto file_only = run(kData + " --config " + cfg);
+  const auto shuffled = run(kData + " --epochs 2");
+  REQUIRE(file_then_shuffle.code == 0);
+  REQUIRE(file_only.code == 0);
+  REQUIRE(shuffled.code == 0);
+  CHECK(summary_line(file_then_shuffle.out).substr(0, 60) == summary_line(shuffled.out).substr(0, 60));
+  CHECK(summary_line(file_only.out).substr(0, 60) != summary_line(shuffled.out).substr(0, 60));
 }
 
 TEST_CASE("PHALANX_TRAIN_MAX_EPOCHS caps --epochs, and says so") {

@@ -256,6 +256,17 @@ TEST_CASE("a resumed run's metrics hold each step once, epochs numbered from 1, 
   CHECK(got == want);
   CHECK(want.front()["epoch"] == 1);
   CHECK(want.front()["lr"].get<double>() < 0.1);  // the warmup's first rate, the one step 1 used
+  // The clock goes on from the checkpoint's training time: seconds never go backwards.
+  std::ifstream f(m);
+  std::string line;
+  double last = -1;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("seconds")) continue;
+    CAPTURE(line);
+    CHECK(j["seconds"].get<double>() >= last);
+    last = j["seconds"].get<double>();
+  }
 }
 
 TEST_CASE("a non-finite loss stops training at that step; the last good checkpoint is kept") {
