@@ -3,7 +3,9 @@
 // exchange their reports.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -33,6 +35,28 @@ pid_t read_pid(const std::string& path, std::chrono::seconds timeout = 20s) {
     std::this_thread::sleep_for(10ms);
   }
   return 0;
+}
+
+/// Starts phalanx-run with its stdout on a FIFO that nobody reads (stderr in the usual file).
+Launch start_with_stuck_stdout(const std::vector<std::string>& args, const std::string& dir) {
+  const std::string fifo = dir + "/stdout.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  Launch l;
+  l.out = dir + "/launcher.out";
+  l.pid = ::fork();
+  if (l.pid == 0) {
+    const int f = ::open(l.out.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    const int p = ::open(fifo.c_str(), O_RDWR | O_CLOEXEC);  // RDWR: no wait for a reader
+    ::dup2(p, 1);
+    ::dup2(f, 2);
+    std::vector<char*> argv{const_cast<char*>(PHALANX_RUN)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::setenv("PHALANX_TIMEOUT", "30", 1);
+    ::execv(PHALANX_RUN, argv.data());
+    ::_exit(127);
+  }
+  return l;
 }
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -146,6 +170,35 @@ TEST_CASE("a very long line without a newline, not UTF-8: relayed in pieces, the
       start_of_line = i + 1;
     }
   CHECK(longest <= 64 * 1024 + 16);  // relayed in 64 KiB pieces
+}
+
+TEST_CASE("a stdout nobody reads holds up neither a worker's failure nor a signal") {
+  // Rank 0 writes 2 MB of lines (far more than a pipe holds); rank 1 fails after 1 s.
+  const std::string dir = make_dir();
+  const std::string script = "echo $$ > " + dir +
+                             "/pid_$RANK; if [ $RANK = 0 ]; then head -c 2000000 /dev/zero | tr '\\0' '\\n'; "
+                             "sleep 30; else sleep 1; exit 3; fi";
+  Launch l = start_with_stuck_stdout({"--nproc-per-node", "2", "--grace-period", "1", "sh", "-c", script}, dir);
+  REQUIRE(read_pid(dir + "/pid_1") > 0);
+  const auto t0 = Clock::now();
+  const int rc = finish(l, 20s);
+  const double took = seconds_since(t0);
+  INFO(slurp(l.out));
+  CHECK(rc == 3);
+  CHECK(took < 8);  // rank 1 fails after 1 s; the stop, the drain and the flush are bounded
+  MESSAGE("the launcher exited " << took << " s after rank 1 started (it fails after 1 s)");
+  // And a signal, while the output is stuck.
+  const std::string dir2 = make_dir();
+  Launch l2 = start_with_stuck_stdout({"--nproc-per-node", "1", "--grace-period", "1", "sh", "-c",
+                                       "echo $$ > " + dir2 + "/pid_0; yes; sleep 30"},
+                                      dir2);
+  REQUIRE(read_pid(dir2 + "/pid_0") > 0);
+  std::this_thread::sleep_for(300ms);
+  const auto t1 = Clock::now();
+  ::kill(l2.pid, SIGINT);
+  CHECK(finish(l2, 20s) == 128 + SIGINT);
+  CHECK(seconds_since(t1) < 5);
+  CHECK(all_gone({read_pid(dir2 + "/pid_0")}));
 }
 
 TEST_CASE("log files are not inherited by the workers") {

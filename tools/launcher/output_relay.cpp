@@ -1,5 +1,9 @@
 #include "output_relay.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
+
 namespace phalanx::launcher {
 
 void LineSplitter::feed(const char* data, std::size_t n, std::vector<Event>& out) {
@@ -88,6 +92,75 @@ void ProgressRelay::flush(Clock::time_point now) {
 
 ProgressRelay::Clock::time_point ProgressRelay::next_due() const {
   return pending_ ? last_draw_ + min_interval_ : Clock::time_point::max();
+}
+
+OutputWriter::OutputWriter(int fd, std::size_t max_queued) : fd_(fd), max_queued_(max_queued) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+OutputWriter::~OutputWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    quit_ = true;
+  }
+  cv_.notify_all();
+  if (flush(std::chrono::milliseconds(0)))
+    thread_.join();
+  else
+    thread_.detach();  // stuck in write(): the process exit ends it
+}
+
+void OutputWriter::write(std::string text) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queued_ + text.size() > max_queued_) {
+      ++dropped_;
+      ++dropped_unreported_;
+      return;
+    }
+    queued_ += text.size();
+    queue_.push_back(std::move(text));
+  }
+  cv_.notify_one();
+}
+
+bool OutputWriter::flush(std::chrono::milliseconds limit) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return done_cv_.wait_for(lock, limit, [this] { return queue_.empty() && !writing_; });
+}
+
+std::uint64_t OutputWriter::dropped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_;
+}
+
+void OutputWriter::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return quit_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // quit_ and nothing left
+    std::string text = std::move(queue_.front());
+    queue_.pop_front();
+    queued_ -= text.size();
+    if (dropped_unreported_ > 0 && queue_.empty()) {
+      // The reader caught up: say what it missed, after the text that was kept.
+      text += "phalanx-run: " + std::to_string(dropped_unreported_) +
+              " write(s) of output dropped: the reader of this stream was too slow\n";
+      dropped_unreported_ = 0;
+    }
+    writing_ = true;
+    lock.unlock();
+    std::size_t off = 0;
+    while (off < text.size()) {
+      const ssize_t n = ::write(fd_, text.data() + off, text.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // closed or broken: the text is lost, as it would be anyway
+      off += static_cast<std::size_t>(n);
+    }
+    lock.lock();
+    writing_ = false;
+    if (queue_.empty()) done_cv_.notify_all();
+  }
 }
 
 }  // namespace phalanx::launcher

@@ -2,8 +2,13 @@
 // Relaying worker output: a stream is split into lines and '\r' progress redraws, and rank
 // 0's redraws are shown in place on the launcher's terminal at most 10 times a second.
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace phalanx::launcher {
@@ -59,6 +64,37 @@ class ProgressRelay {
   bool cleared_ = false;  ///< a line took the bar off the screen: draw it again
   Clock::time_point last_draw_{};
   int draws_ = 0;
+};
+
+/// Writes to one fd (the launcher's stdout or stderr) from a thread of its own, so a slow
+/// or stuck reader never holds up the launcher's loop (worker failures, signals). Text is
+/// queued up to `max_queued` bytes; beyond that whole writes are dropped, counted, and a
+/// note saying how many is written once the reader catches up.
+class OutputWriter {
+ public:
+  explicit OutputWriter(int fd, std::size_t max_queued = 8u << 20);
+  /// Detaches the thread when it is stuck in a write (see flush); joins it otherwise.
+  ~OutputWriter();
+  OutputWriter(const OutputWriter&) = delete;
+  OutputWriter& operator=(const OutputWriter&) = delete;
+  /// Never blocks on the fd.
+  void write(std::string text);
+  /// Waits until everything queued is written, at most `limit`; false when it was not.
+  bool flush(std::chrono::milliseconds limit);
+  std::uint64_t dropped() const;
+
+ private:
+  void loop();
+  int fd_;
+  std::size_t max_queued_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::string> queue_;
+  std::size_t queued_ = 0;
+  bool writing_ = false;
+  bool quit_ = false;
+  std::uint64_t dropped_ = 0, dropped_unreported_ = 0;
+  std::thread thread_;
 };
 
 }  // namespace phalanx::launcher

@@ -56,15 +56,15 @@ void on_child(int) {
   }
 }
 
-void write_all(int fd, const std::string& text) {
-  std::size_t off = 0;
-  while (off < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    off += static_cast<std::size_t>(n);
-  }
+/// The launcher's stdout and stderr for worker output: written from threads of their own,
+/// so an unread terminal or pipe never holds up the loop (they live as long as the process).
+OutputWriter& out_writer(int fd) {
+  static OutputWriter* out = new OutputWriter(1);
+  static OutputWriter* err = new OutputWriter(2);
+  return fd == 1 ? *out : *err;
 }
+
+void write_all(int fd, std::string text) { out_writer(fd).write(std::move(text)); }
 
 struct Stream {
   int fd = -1;
@@ -503,6 +503,8 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
         }
       }
   relay.flush();
+  // The launcher's own lines come next: the workers' go first, unless the reader is stuck.
+  for (int fd : {1, 2}) out_writer(fd).flush(std::chrono::milliseconds(1000));
   // Blame with what the ranks themselves said (their failure records), when they said it.
   auto store_ok = [&] { return a.store && !(a.store_lost && a.store_lost()); };
   for (auto& f : failures)
