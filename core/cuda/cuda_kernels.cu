@@ -35,7 +35,7 @@ __global__ void unary_k(int op, const float* x, float* o, std::int64_t n) {
       case 0: o[i] = -v; break;
       case 1: o[i] = expf(v); break;
       case 2: o[i] = logf(v); break;
-      case 3: o[i] = v > 0.f ? v : 0.f; break;
+      case 3: o[i] = v <= 0.f ? 0.f : v; break;  // NaN stays NaN (as PyTorch; and the CPU kernel)
       case 4: o[i] = tanhf(v); break;
       default: o[i] = 1.f / (1.f + expf(-v)); break;
     }
@@ -48,7 +48,7 @@ __global__ void unary_bw_k(int op, const float* g, const float* x, const float* 
       case 0: o[i] = -g[i]; break;
       case 1: o[i] = g[i] * y[i]; break;
       case 2: o[i] = g[i] / x[i]; break;
-      case 3: o[i] = y[i] > 0.f ? g[i] : 0.f; break;
+      case 3: o[i] = y[i] <= 0.f ? 0.f : g[i]; break;
       case 4: o[i] = g[i] * (1.f - y[i] * y[i]); break;
       default: o[i] = g[i] * y[i] * (1.f - y[i]); break;
     }

@@ -87,6 +87,9 @@ TEST_CASE("npy shapes that overflow: a one-line error naming the file and the di
   const std::string wraps = with_shape("(4294967296, 4294967296, 16)");  // 2^68 elements
   CHECK_THROWS_WITH_AS(parse_npy(wraps.data(), wraps.size(), "y.npy"),
                        doctest::Contains("y.npy: npy shape [4294967296, 4294967296, 16] is too large"), IoError);
+  const std::string wraps_to_small = with_shape("(4611686018427387905,)");  // x 4 bytes wraps to 4
+  CHECK_THROWS_WITH_AS(parse_npy(wraps_to_small.data(), wraps_to_small.size(), "w.npy"),
+                       doctest::Contains("is too large"), IoError);
   const std::string fine = with_shape("(4, 4)");
   CHECK(parse_npy(fine.data(), fine.size(), "z.npy").numel() == 16);
 }
