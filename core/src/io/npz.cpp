@@ -168,12 +168,20 @@ TensorMap load_npz(const std::string& path, NpzReadInfo* info) {
   // The whole file is read once: its checksum is verified over exactly the bytes parsed.
   std::string bytes;
   {
-    std::FILE* fp = std::fopen(path.c_str(), "rb");
-    if (!fp) throw IoError(path + ": cannot open for reading (" + std::strerror(errno) + ")");
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; /dev/zero or a FIFO would then
+    // be read without end, so only a regular file is read (in blocking mode).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) throw IoError(path + ": cannot open for reading (" + std::strerror(errno) + ")");
     struct stat st;
-    if (::fstat(::fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {  // /dev/zero or a FIFO would read forever
-      std::fclose(fp);
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
       throw IoError(path + ": not a regular file");
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    std::FILE* fp = ::fdopen(fd, "rb");
+    if (!fp) {
+      ::close(fd);
+      throw IoError(path + ": cannot open for reading (" + std::strerror(errno) + ")");
     }
     char chunk[1 << 16];
     std::size_t got;
