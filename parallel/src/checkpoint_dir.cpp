@@ -126,7 +126,8 @@ std::vector<std::string> CheckpointDir::supersede_after(std::int64_t step) {
   for (const auto& path : list()) {
     std::int64_t s, n;
     if (!parse_name(path.substr(dir_.size() + 1), s, n) || s <= step) continue;
-    const std::string to = path + ".superseded";
+    std::string to = path + ".superseded";  // an earlier superseded file of that name stays too
+    for (int k = 1; exists(to); ++k) to = path + ".superseded." + std::to_string(k);
     if (std::rename(path.c_str(), to.c_str()) != 0)
       throw IoError("checkpoint folder " + dir_ + ": cannot rename " + path + " to " + to + " (" + std::strerror(errno) + ")");
     renamed.push_back(to);

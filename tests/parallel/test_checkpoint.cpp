@@ -306,6 +306,13 @@ TEST_CASE("walking back past damaged files; superseded files are no checkpoints;
   CHECK(renamed[0] == d + "/checkpoint-0000000023.npz.superseded");
   CHECK(renamed[1] == d + "/checkpoint-0000000030.npz.superseded");
   CHECK(*dir.latest() == d + "/checkpoint-0000000022.npz");
+  // Superseding again never replaces an earlier superseded file of the same name.
+  f.state.step = 23;
+  dir.save(f.state);
+  const auto again = dir.supersede_after(22);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0] == d + "/checkpoint-0000000023.npz.superseded.1");
+  CHECK(::access((d + "/checkpoint-0000000023.npz.superseded").c_str(), F_OK) == 0);
   // Nothing that verifies: nullopt, every file reported.
   const std::string e = tmp_dir() + "/allbad";
   {

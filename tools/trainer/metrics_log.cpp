@@ -1,5 +1,7 @@
 #include "metrics_log.hpp"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <vector>
 
@@ -30,7 +32,7 @@ void MetricsLog::open_resumed(const std::string& path, std::int64_t step, std::i
       }  // anything else (the final evaluation) belongs to the end of a run: dropped
     }
   }
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());  // not another writer's
   {
     std::ofstream o(tmp, std::ios::trunc);
     for (const auto& l : keep) o << l << "\n";

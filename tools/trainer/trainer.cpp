@@ -287,7 +287,7 @@ int run_training(const TrainConfig& c) {
     if (ckdir && rank == 0)
       for (const auto& r : ckdir->supersede_after(loaded->state.step))
         std::fprintf(stderr, "phalanx-train: %s is newer than the checkpoint resumed from: renamed to %s\n",
-                     r.substr(0, r.size() - 11).c_str(), r.c_str());
+                     r.substr(0, r.rfind(".superseded")).c_str(), r.c_str());
   } else if (ckdir && !c.resume && restart == 0) {
     // A fresh run would mix its checkpoints with another run's (and a restart could then pick
     // the other run's newest): refuse, naming both ways on.

@@ -120,8 +120,9 @@ class CheckpointDir {
   /// first) and never pruned; a ConfigError (another kind of run) is thrown. nullopt: none.
   std::optional<std::pair<std::string, LoadedCheckpoint>> load_newest(const CheckpointExpect& expect,
                                                                        std::vector<SkippedCheckpoint>* skipped);
-  /// Renames every checkpoint of a step after `step` to <name>.superseded (kept, but no longer
-  /// a checkpoint): a run resumed from an older file abandons them. Returns the new names.
+  /// Renames every checkpoint of a step after `step` to <name>.superseded (.superseded.<k> when
+  /// taken): kept, but no longer a checkpoint; a run resumed from an older file abandons them.
+  /// Returns the new names.
   std::vector<std::string> supersede_after(std::int64_t step);
   /// A file the pruning must never remove (the one resumed from).
   void protect(const std::string& path) { protected_.push_back(path); }
