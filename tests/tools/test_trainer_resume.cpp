@@ -175,8 +175,18 @@ TEST_CASE("a checkpoint with one flipped byte: non-zero exit naming the file and
   CHECK(r.out.find("checksum") != std::string::npos);
   CHECK(r.out.find("epoch 3") == std::string::npos);  // nothing trained
   CHECK(slurp(path) == bytes);                         // unchanged, not overwritten
-  // --resume walks back to the newest file that verifies, naming the one passed over and why.
+  // --resume (started by the user) refuses it too, and names the newest file that verifies.
   r = run(kTrain + opts + " --epochs 3 --resume");
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find(path) != std::string::npos);
+  CHECK(r.out.find("checksum") != std::string::npos);
+  CHECK(r.out.find("--resume-from " + d + "/checkpoint-0000000015.npz") != std::string::npos);
+  CHECK(r.out.find("epoch 3") == std::string::npos);
+  CHECK(slurp(path) == bytes);
+  // A restart by the launcher (unattended) walks back to the newest file that verifies,
+  // naming the one passed over and why.
+  r = run("env PHALANX_RESTART_COUNT=1 " + kTrain + opts + " --epochs 3 --resume");
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(r.out.find("passing over " + path + " (") != std::string::npos);

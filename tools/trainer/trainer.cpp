@@ -266,7 +266,17 @@ int run_training(const TrainConfig& c) {
   if (ckdir && (c.resume || restart > 0)) {
     // The newest file that verifies; a damaged one is passed over (kept, named) and never pruned.
     std::vector<parallel::SkippedCheckpoint> skipped;
-    if (auto got = ckdir->load_newest(expect, &skipped)) {
+    auto got = ckdir->load_newest(expect, &skipped);
+    // A damaged newest checkpoint stops a run the user started (--resume): they choose the
+    // fallback. A restart by the launcher (unattended) falls back by itself, saying so. With
+    // no checkpoint that verifies, nobody starts again from step 0 over a damaged history.
+    if (!skipped.empty() && (restart == 0 || !got))
+      throw IoError(skipped.front().reason +
+                    (got ? "; the file is kept as it is. The newest checkpoint that verifies is " + got->first +
+                               ": resume from it with --resume-from " + got->first
+                         : "; the file is kept as it is, and no checkpoint in " + c.checkpoint_dir +
+                               " verifies: repair or move them, or start afresh in an empty folder"));
+    if (got) {
       resume_path = got->first;
       loaded = std::move(got->second);
     }
