@@ -385,25 +385,40 @@ void Engine::handle(Id id, Conn& c, const std::uint8_t* p, std::size_t n) {
   }
 }
 
-std::pair<const std::uint8_t*, std::size_t> Engine::output(Id id) const {
+Engine::Piece Engine::output(Id id) const {
+  Piece p{nullptr, 0};
+  return output(id, &p, 1) == 1 ? p : Piece{nullptr, 0};
+}
+
+std::size_t Engine::output(Id id, Piece* pieces, std::size_t max) const {
   const Conn* c = find(id);
-  if (!c || c->out.empty()) return {nullptr, 0};
-  const Chunk& f = c->out.front();
-  if (c->out_off < f.own.size()) return {f.own.data() + c->out_off, f.own.size() - c->out_off};
-  const std::size_t off = c->out_off - f.own.size();
-  return {f.value->data() + off, f.value->size() - off};
+  if (!c) return 0;
+  std::size_t k = 0, off = c->out_off;  // bytes of the front chunk already sent
+  for (auto it = c->out.begin(); it != c->out.end() && k < max; ++it, off = 0) {
+    const Bytes& own = it->own;
+    if (off < own.size()) {
+      pieces[k++] = {own.data() + off, own.size() - off};
+      off = own.size();
+    }
+    if (k < max && it->value && off - own.size() < it->value->size())
+      pieces[k++] = {it->value->data() + (off - own.size()), it->value->size() - (off - own.size())};
+  }
+  return k;
 }
 
 void Engine::wrote(Id id, std::size_t n) {
   Conn* c = find(id);
-  if (!c || c->out.empty() || n == 0) return;
-  const Chunk& f = c->out.front();
-  const std::size_t seg = f.own.size() + (f.value ? f.value->size() : 0);
-  n = std::min(n, output(id).second);  // output() hands out one segment at a time
-  c->out_off += n;
-  c->out_bytes -= n;
-  if (c->out_off < seg) return;
-  pop_output(*c);
+  if (!c || n == 0) return;
+  while (n > 0 && !c->out.empty()) {
+    const Chunk& f = c->out.front();
+    const std::size_t seg = f.own.size() + (f.value ? f.value->size() : 0);
+    const std::size_t k = std::min(n, seg - c->out_off);
+    c->out_off += k;
+    c->out_bytes -= k;
+    n -= k;
+    if (c->out_off < seg) break;
+    pop_output(*c);
+  }
   // The queue is small again: handle the requests that waited behind it.
   if (!c->closing && !c->parked && !c->in.empty() && !paused(*c)) {
     take(id, *c);

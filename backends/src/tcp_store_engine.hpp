@@ -19,6 +19,7 @@ class Engine {
  public:
   using Id = std::uint64_t;
   using Value = std::shared_ptr<const Bytes>;
+  using Piece = std::pair<const std::uint8_t*, std::size_t>;
 
   Engine(std::string token, const TcpStoreLimits& limits);
 
@@ -37,7 +38,10 @@ class Engine {
   /// The next queued reply bytes (size 0 when none); wrote() drops what was sent, and once
   /// the queue is small again handles the requests that waited behind it (which may queue
   /// replies on this and other connections).
-  std::pair<const std::uint8_t*, std::size_t> output(Id id) const;
+  Piece output(Id id) const;
+  /// Up to `max` pieces of the queued reply bytes, in order (for one gathering write);
+  /// returns how many it filled. wrote() takes any count of bytes up to their sum.
+  std::size_t output(Id id, Piece* pieces, std::size_t max) const;
   void wrote(Id id, std::size_t n);
   std::size_t queued(Id id) const;  ///< reply bytes not yet sent
 

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,11 @@ using Clock = std::chrono::steady_clock;
 namespace {
 constexpr std::size_t kReadChunk = 64u << 10;
 constexpr int kReadsPerTurn = 16;  // at most 1 MiB read per connection per turn: fairness
+// Replies go out gathered, up to kPieces per sendmsg (a pipelining client's replies are a
+// few bytes each), and at most kWritesPerTurn sendmsg per connection per turn: a client's
+// socket buffers can take ~1M small replies, which must not keep the others waiting.
+constexpr std::size_t kPieces = 64;
+constexpr int kWritesPerTurn = 16;
 
 /// The connection cap, kept below this process's open-file limit minus `reserved` (for
 /// everything else the process opens), so accept() never fails for want of descriptors.
@@ -158,10 +164,17 @@ void TcpStoreServer::read_from(Conn& c) {
 
 void TcpStoreServer::write_to(Conn& c) {
   Engine& e = state_->engine;
-  for (;;) {
-    const auto [p, n] = e.output(c.id);
+  Engine::Piece pieces[kPieces];
+  iovec iov[kPieces];
+  for (int turn = 0; turn < kWritesPerTurn; ++turn) {
+    const std::size_t n = e.output(c.id, pieces, kPieces);
     if (n == 0) return;
-    const ssize_t w = ::send(c.fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    for (std::size_t i = 0; i < n; ++i)
+      iov[i] = {const_cast<std::uint8_t*>(pieces[i].first), pieces[i].second};
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = n;
+    const ssize_t w = ::sendmsg(c.fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;  // POLLOUT tells when to go on
     if (w <= 0) {

@@ -494,6 +494,12 @@ struct ForkedStore {
   }
 };
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssMeaningful = false;  // ASan's shadow memory and quarantine swamp the figures
+#else
+constexpr bool kRssMeaningful = true;
+#endif
+
 struct PipelineRun {
   long rss_before = 0, hwm = 0, rss_after = 0;  // KiB, of the store's process
   std::size_t requests = 0, reply_bytes_read = 0;
@@ -590,7 +596,7 @@ PipelineRun pipeline_without_reading(const ForkedStore& store) {
 TEST_CASE("TCP store: a client pipelining 12M small requests without reading is held back, not fed") {
   ForkedStore store("job");
   PipelineRun run = pipeline_without_reading(store);
-  CHECK(run.hwm - run.rss_before < 64 * 1024);
+  if (kRssMeaningful) CHECK(run.hwm - run.rss_before < 64 * 1024);
   CHECK(run.pct(1.0) < 500);
   // It was held back, not dropped: once it reads, every request it sent is answered.
   CHECK_FALSE(run.cut_off);
@@ -604,9 +610,10 @@ TEST_CASE("TCP store: queued small replies are charged what they cost, and a dro
   PipelineRun run = pipeline_without_reading(store);
   CHECK(run.cut_off);
   // The cap (64 MiB + 1 MiB of replies) holds for what the queue really takes ...
-  CHECK(run.hwm - run.rss_before < 96 * 1024);
+  if (kRssMeaningful) CHECK(run.hwm - run.rss_before < 96 * 1024);
   // ... and that memory goes back to the system when the connection is dropped.
-  CHECK(run.rss_after - run.rss_before < 16 * 1024);
+  if (kRssMeaningful) CHECK(run.rss_after - run.rss_before < 16 * 1024);
+  CHECK(run.pct(1.0) < 500);  // the drop frees ~600k replies at once
 }
 
 TEST_CASE("TCP store: the connection cap evicts handshake-less connections first") {

@@ -2,8 +2,8 @@
 // drives it, with up to four connections. The input is a list of records
 //   [u8 op][u16 length, little-endian][length bytes]
 // op & 3 picks the connection; (op >> 2) & 3 the action: 0 feed the bytes (at most what
-// room() allows, as the server reads), 1 read every queued reply, 2 read `length` bytes of
-// replies, 3 close the connection and open a new one (as after the engine drops one). Small limits make every cap reachable;
+// room() allows, as the server reads), 1 read every queued reply (piece by piece), 2 read
+// `length` bytes of replies (in gathering writes of up to 5 pieces), 3 close the connection and open a new one (as after the engine drops one). Small limits make every cap reachable;
 // an input of odd length also holds back a connection whose replies pass 2 KiB (else the
 // output cap is what stops it).
 // Properties: buffers never pass their caps, a held-back connection's queue stays within
@@ -44,16 +44,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           if (n > 0) e.feed(id, data + pos, n);
           break;
         }
-        case 1:
-        case 2: {
-          std::size_t want = ((op >> 2) & 3) == 1 ? SIZE_MAX : len;
-          while (want > 0) {
+        case 1: {  // piece by piece
+          for (;;) {
             const auto [p, n] = e.output(id);
             if (n == 0) break;
-            const std::size_t k = std::min(n, want);
             require(p != nullptr, "output() gives bytes it says it has");
-            e.wrote(id, k);
-            want -= k;
+            e.wrote(id, n);
+          }
+          break;
+        }
+        case 2: {  // `len` bytes, as one gathering write of up to 5 pieces takes them
+          Engine::Piece pieces[5];
+          std::size_t want = len;
+          while (want > 0) {
+            const std::size_t k = e.output(id, pieces, 5);
+            if (k == 0) break;
+            std::size_t n = 0;
+            for (std::size_t i = 0; i < k; ++i) {
+              require(pieces[i].first != nullptr && pieces[i].second > 0, "output() gives bytes it says it has");
+              n += pieces[i].second;
+            }
+            require(n <= e.queued(id), "output() gives no more than is queued");
+            n = std::min(n, want);
+            e.wrote(id, n);
+            want -= n;
           }
           break;
         }
