@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -639,6 +640,36 @@ TEST_CASE("TCP store: the connection cap evicts handshake-less connections first
   CHECK(a->get_string("x") == "1");
   CHECK(server.dropped_connections() >= 5);
   for (int fd : idle) ::close(fd);
+}
+
+TEST_CASE("TCP store: the connection cap stays reserved_fds below the open-file limit") {
+  rlimit saved{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < 266) return;  // cannot set the limit below
+  rlimit low = saved;
+  low.rlim_cur = 266;
+  TcpStoreOptions so;
+  so.limits.reserved_fds = 256;  // the default: room for 10 connections under this limit
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  std::unique_ptr<TcpStoreServer> server;
+  try {
+    server = std::make_unique<TcpStoreServer>(so);
+  } catch (...) {
+    ::setrlimit(RLIMIT_NOFILE, &saved);
+    throw;
+  }
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  const Bytes hi = Writer(kHello).str("").finish();
+  std::vector<int> fds;
+  for (int i = 0; i < 11; ++i) {
+    fds.push_back(connect_raw(server->port()));
+    REQUIRE(::send(fds.back(), hi.data(), hi.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(hi.size()));
+    std::uint8_t ok[5];
+    if (i < 10) REQUIRE(::recv(fds.back(), ok, 5, MSG_WAITALL) == 5);
+  }
+  CHECK(closed_by_peer(fds.back(), 2000ms));  // the 11th: every slot has completed HELLO
+  CHECK(server->dropped_connections() == 1);
+  for (int fd : fds) ::close(fd);
 }
 
 TEST_CASE("TCP store: a connection that never says HELLO is dropped after hello_timeout") {
