@@ -169,7 +169,25 @@ int main(int argc, char** argv) {
 
   const bool progress = ::isatty(1) == 1;
   const int world = o.nnodes * o.nproc_per_node;
-  for (int k = 0;; ++k) {
+  int first_round = 0;
+  if (rounds) {
+    std::string fatal;
+    try {
+      first_round = rounds->join(o.nproc_per_node, fatal);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "phalanx-run: node %d: %s\n", o.node_rank, e.what());
+      return 1;
+    }
+    if (!fatal.empty()) {
+      rounds->post_fatal(first_round, fatal);
+      std::fprintf(stderr, "phalanx-run: %s\n", fatal.c_str());
+      return 2;
+    }
+    if (first_round > 0)
+      std::fprintf(stderr, "phalanx-run: node %d joins the job in round %d (restart %d).\n", o.node_rank, first_round,
+                   first_round);
+  }
+  for (int k = first_round;; ++k) {
     Attempt a;
     a.master_port = port;
     a.token = o.rdzv_token;
@@ -201,6 +219,7 @@ int main(int argc, char** argv) {
           store->set("phalanx/launch/r" + std::to_string(k) + "/report/" + std::to_string(o.node_rank), to_json(mine));
         } catch (const std::exception&) {
         }
+        rounds->leave(k);
       }
       std::fprintf(stderr, "phalanx-run: got %s, stopped all workers.\n", strsignal(r.signal_received));
       return 128 + r.signal_received;
@@ -236,6 +255,12 @@ int main(int argc, char** argv) {
         if (own) print_failure("on this node, ", *r.blamed, r.tail, -1, o.nproc_per_node, o.nnodes);
         return own ? exit_code_for(*r.blamed) : 1;
       }
+      for (const auto& rep : reports)
+        if (!rep.fatal.empty()) {
+          std::fprintf(stderr, "phalanx-run: node %d: %s; the job ends.\n", rep.node, rep.fatal.c_str());
+          rounds->finish(k);
+          return 2;
+        }
       for (const auto& rep : reports)
         if (rep.interrupted) {
           std::fprintf(stderr, "phalanx-run: node %d's launcher got %s; the job ends.\n", rep.node,

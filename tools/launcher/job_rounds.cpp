@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +19,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 std::string round_key(int k, const std::string& what) { return "phalanx/launch/r" + std::to_string(k) + "/" + what; }
 std::string alive_key(int node) { return "phalanx/launch/alive/" + std::to_string(node); }
+std::string nproc_key(int node) { return "phalanx/launch/nproc/" + std::to_string(node); }
+const char* kCurrentRound = "phalanx/launch/round";
 std::string text_of(const Bytes& b) { return std::string(b.begin(), b.end()); }
 }  // namespace
 
@@ -29,6 +32,7 @@ std::string to_json(const NodeReport& r) {
     tail.push_back(l.size() <= kReportLineBytes ? l : l.substr(0, kReportLineBytes) + " [...]");
   json j = {{"node", r.node}, {"ok", r.ok}, {"interrupted", r.interrupted}, {"max_restarts", r.max_restarts},
             {"tail", tail}};
+  if (!r.fatal.empty()) j["fatal"] = r.fatal;
   if (r.failure) {
     WorkerFailure f = *r.failure;
     if (f.message.size() > kReportLineBytes) f.message = f.message.substr(0, kReportLineBytes) + " [...]";
@@ -46,6 +50,7 @@ bool from_json(const std::string& text, NodeReport& r) {
     r.interrupted = j.at("interrupted").get<int>();
     r.max_restarts = j.at("max_restarts").get<int>();
     r.tail = j.at("tail").get<std::vector<std::string>>();
+    r.fatal = j.value("fatal", std::string());
     r.failure.reset();
     if (j.contains("failure")) {
       WorkerFailure f;
@@ -101,7 +106,44 @@ bool JobRounds::store_lost() const {
   return !lost_.empty();
 }
 
+int JobRounds::join(int nproc_per_node, std::string& fatal) {
+  fatal.clear();
+  store_->set(nproc_key(node_), std::to_string(nproc_per_node));
+  if (node_ == 0) return 0;
+  const std::string theirs = text_of(store_->get(nproc_key(0)));
+  const int k = store_->check({kCurrentRound}) ? std::atoi(text_of(store_->get(kCurrentRound)).c_str()) : 0;
+  if (theirs != std::to_string(nproc_per_node))
+    fatal = "--nproc-per-node is " + std::to_string(nproc_per_node) + " on node " + std::to_string(node_) + " but " +
+            theirs + " on node 0: every node must run the same number of workers";
+  return k;
+}
+
+void JobRounds::post_fatal(int k, const std::string& fatal) {
+  close(k, fatal);
+  NodeReport r;
+  r.node = node_;
+  r.fatal = fatal;
+  try {
+    store_->set(round_key(k, "report/" + std::to_string(node_)), to_json(r));
+  } catch (const std::exception&) {
+  }
+  leave(k);
+}
+
+void JobRounds::leave(int k) {
+  try {
+    store_->set(round_key(k, "read/" + std::to_string(node_)), std::string("1"));
+  } catch (const std::exception&) {
+  }
+}
+
 void JobRounds::begin(int k) {
+  if (node_ == 0) {
+    try {
+      store_->set(kCurrentRound, std::to_string(k));
+    } catch (const std::exception&) {  // the heartbeat finds out
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   // Under the lock: a wake for the last round written after this drain would stay unread.
   char b[16];
@@ -201,6 +243,7 @@ std::vector<NodeReport> JobRounds::exchange(int k, const NodeReport& mine, const
         stop.interrupted = sig;
         stop.max_restarts = mine.max_restarts;
         store_->set(keys[node_], to_json(stop));
+        leave(k);
         throw Interrupted(sig);
       }
       try {

@@ -8,6 +8,8 @@
 //   phalanx/launch/r<k>/closed        set by the first launcher whose node failed in round k
 //   phalanx/launch/r<k>/report/<node> how round k ended on that node (JSON)
 //   phalanx/launch/r<k>/read/<node>   that node has read every report (node 0 then may exit)
+//   phalanx/launch/round              the round node 0 runs now (a launcher started late joins it)
+//   phalanx/launch/nproc/<node>       that node's --nproc-per-node (every node must match node 0)
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -34,6 +36,7 @@ struct NodeReport {
   int max_restarts = 0;             ///< its --max-restarts (node 0's decides)
   std::optional<WorkerFailure> failure;  ///< its first failure
   std::vector<std::string> tail;         ///< that worker's last lines
+  std::string fatal;  ///< non-empty: the job cannot run (a setup error); every node ends
 };
 
 /// Each tail line (and the failure's message) is cut at this many bytes in a report.
@@ -63,6 +66,15 @@ class JobRounds {
   JobRounds(const JobRounds&) = delete;
   JobRounds& operator=(const JobRounds&) = delete;
 
+  /// Says this node's --nproc-per-node and returns the round to start with: 0 on node 0,
+  /// the round node 0 runs now on the others. On a node whose --nproc-per-node differs from
+  /// node 0's, returns that round with `fatal` set to a one-line message (post_fatal it).
+  int join(int nproc_per_node, std::string& fatal);
+  /// Ends round k for every node: closes it and posts a report carrying `fatal` (and leaves).
+  void post_fatal(int k, const std::string& fatal);
+  /// This node leaves the job after posting its report for round k without reading the
+  /// others' (fatal, interrupted): node 0 does not wait for it in finish(). Never throws.
+  void leave(int k);
   /// Watches round k: wake_fd() becomes readable when another node closes it or the store
   /// is lost (why() then says which).
   void begin(int k);
