@@ -258,14 +258,14 @@ int main(int argc, char** argv) {
       for (const auto& rep : reports)
         if (!rep.fatal.empty()) {
           std::fprintf(stderr, "phalanx-run: node %d: %s; the job ends.\n", rep.node, rep.fatal.c_str());
-          rounds->finish(k);
+          rounds->finish(k, take_signal);
           return 2;
         }
       for (const auto& rep : reports)
         if (rep.interrupted) {
           std::fprintf(stderr, "phalanx-run: node %d's launcher got %s; the job ends.\n", rep.node,
                        strsignal(rep.interrupted));
-          rounds->finish(k);
+          rounds->finish(k, take_signal);
           return 1;
         }
       const auto verdict = job_blame(reports);
@@ -273,7 +273,7 @@ int main(int argc, char** argv) {
         bool all_ok = true;
         for (const auto& rep : reports) all_ok = all_ok && rep.ok;
         if (all_ok) {
-          rounds->finish(k);
+          rounds->finish(k, take_signal);
           return 0;
         }
       }
@@ -289,7 +289,7 @@ int main(int argc, char** argv) {
     }
     if (k >= o.max_restarts) {
       if (o.max_restarts > 0) std::fprintf(stderr, "phalanx-run: giving up after %d restart(s).\n", o.max_restarts);
-      if (rounds) rounds->finish(k);
+      if (rounds) rounds->finish(k, take_signal);
       return blamed ? exit_code_for(*blamed) : 1;
     }
     std::fprintf(stderr, "phalanx-run: restarting the group (restart %d of %d, world size %d).\n", k + 1,
