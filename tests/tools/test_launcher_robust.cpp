@@ -211,7 +211,9 @@ TEST_CASE("log files are not inherited by the workers") {
   INFO(out);
   CHECK(rc == 0);
   CHECK(out.find("pipe:") != std::string::npos);  // it listed its fds
-  CHECK(out.find(".log") == std::string::npos);
+  // None of the launcher's own log files (fds the test runner itself leaks, like ctest's
+  // LastTest.log, are not the launcher's to close).
+  CHECK(out.find(dir + "/logs/") == std::string::npos);
 }
 
 TEST_CASE("out of fds at a restart: the round fails with a clear message, the launcher carries on") {

@@ -69,12 +69,6 @@ double positive_real(const std::string& option, const std::string& text) {
   return real_in(option, text, 0, true, HUGE_VAL, false, "a finite number > 0");
 }
 
-std::string with_commas(const std::vector<std::int64_t>& v) {
-  std::string s;
-  for (auto x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return s;
-}
-
 std::vector<std::int64_t> milestones_of(const std::string& text) {
   const std::string range = "strictly increasing step numbers >= 1, e.g. 100,200,300";
   std::vector<std::int64_t> out;

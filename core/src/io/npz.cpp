@@ -154,7 +154,7 @@ static TensorMap read_members(const std::string& bytes, const std::string& path,
         throw IoError(path + ": member '" + shown + "' fails its CRC-32 checksum (stored " + hex32(st.crc) +
                       ", computed " + hex32(have) + "): the file is damaged");
     }
-    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0)
+    if (name.size() >= 4 && name.compare(name.size() - 4, 4, ".npy") == 0)
       name.resize(name.size() - 4);
     if (out.contains(name)) throw IoError(path + ": member '" + shown + "' appears twice");
     out.set(name, parse_npy(buf.data(), buf.size(), path + "[" + printable(name) + "]"));
