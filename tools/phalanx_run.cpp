@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,7 @@
 
 #include "launcher/job_rounds.hpp"
 #include "launcher/launch_options.hpp"
+#include "launcher/rdzv_token.hpp"
 #include "launcher/worker_group.hpp"
 
 using namespace phalanx;
@@ -82,6 +84,47 @@ void print_failure(const std::string& lead, const WorkerFailure& f, const std::v
   print_tail(f.rank, tail);
 }
 
+/// What differs when node 0's store refuses a node's token: the --rdzv-id (or secret), or
+/// the token given by hand.
+std::string token_source(const LaunchOptions& o) {
+  if (!o.rdzv_id.empty())
+    return std::string("--rdzv-id (this node's: '") + o.rdzv_id + "') or " + kRdzvSecretEnv;
+  return "PHALANX_RDZV_TOKEN (or --rdzv-token)";
+}
+
+/// Node 0: says once, in the launcher's words, that its store refused a connection with
+/// another job's token (the store logs each refusal itself). The job keeps waiting for its
+/// own nodes: anyone who reaches the port could otherwise end it.
+class RefusalWatch {
+ public:
+  RefusalWatch(const TcpStoreServer& server, std::string source)
+      : thread_([this, &server, source = std::move(source)] {
+          std::unique_lock<std::mutex> lock(mu_);
+          while (!cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return quit_; }))
+            if (server.rejected_connections() > 0) {
+              std::fprintf(stderr,
+                           "phalanx-run: node 0: refused a launcher or worker with another job token: was another "
+                           "node started with a different %s? This job keeps waiting for its own nodes.\n",
+                           source.c_str());
+              return;
+            }
+        }) {}
+  ~RefusalWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool quit_ = false;
+  std::thread thread_;
+};
+
 std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }
@@ -99,6 +142,11 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  if (o.nnodes > 1 && !o.rdzv_id.empty() && !o.rdzv_id_has_secret)
+    std::fprintf(stderr,
+                 "phalanx-run: note: the job token comes from --rdzv-id alone (%s is not set): anyone who knows "
+                 "the id and can reach %s:%d can join or stop the job.\n",
+                 kRdzvSecretEnv, o.master_addr.c_str(), o.master_port);
   install_signal_handlers();
 
   // The launcher of node 0 hosts the job's rendezvous store for the whole job (restarts
@@ -118,6 +166,8 @@ int main(int argc, char** argv) {
     }
     port = server->port();
   }
+  std::unique_ptr<RefusalWatch> refusals;
+  if (server && o.nnodes > 1) refusals = std::make_unique<RefusalWatch>(*server, token_source(o));
   // The launcher's own client of the job's store: failure records (blame), and with several
   // nodes the rounds the launchers agree on.
   std::shared_ptr<Store> store;
@@ -138,6 +188,12 @@ int main(int argc, char** argv) {
     co.timeout = o.node_rank == 0 ? std::chrono::milliseconds(5000) : start_wait;
     try {
       store = std::make_shared<TcpStore>(co);
+    } catch (const ConfigError& e) {  // node 0's store refused this node's token
+      std::fprintf(stderr,
+                   "phalanx-run: node %d: node 0's store at %s:%d belongs to another job (it refused this node's "
+                   "token): start every node with the same %s.\n",
+                   o.node_rank, o.master_addr.c_str(), port, token_source(o).c_str());
+      return 2;
     } catch (const std::exception& e) {
       if (o.nnodes > 1) {
         std::fprintf(stderr, "phalanx-run: node %d: %s\n", o.node_rank, e.what());

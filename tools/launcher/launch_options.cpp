@@ -1,5 +1,7 @@
 #include "launch_options.hpp"
 
+#include "rdzv_token.hpp"
+
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -23,10 +25,108 @@ std::string resolve_program(const std::string& program) {
   return "";
 }
 
+bool parse_endpoint(const std::string& text, std::string& host, int& port, std::string& error) {
+  port = 29400;  // torchrun's default rendezvous port
+  std::string port_text;
+  if (!text.empty() && text[0] == '[') {  // [IPv6] or [IPv6]:PORT
+    const auto close = text.find(']');
+    if (close == std::string::npos || (close + 1 < text.size() && text[close + 1] != ':')) {
+      error = "--rdzv-endpoint '" + text + "': write an IPv6 address as [ADDR] or [ADDR]:PORT";
+      return false;
+    }
+    host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) port_text = text.substr(close + 2);
+    if (close + 1 < text.size() && port_text.empty()) port_text = "?";
+  } else {
+    const auto colon = text.find(':');
+    if (colon != std::string::npos && text.find(':', colon + 1) != std::string::npos) {
+      error = "--rdzv-endpoint '" + text + "': write an IPv6 address in brackets, e.g. [::1]:29400";
+      return false;
+    }
+    host = text.substr(0, colon);
+    if (colon != std::string::npos) port_text = text.substr(colon + 1);
+    if (colon != std::string::npos && port_text.empty()) port_text = "?";
+  }
+  if (host.empty()) {
+    error = "--rdzv-endpoint '" + text + "' has no host: give HOST[:PORT] of node 0, e.g. 10.0.0.1:29400";
+    return false;
+  }
+  if (!port_text.empty()) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(port_text.c_str(), &end, 10);
+    if (end == port_text.c_str() || *end || errno || v < 1 || v > 65535) {
+      error = "--rdzv-endpoint '" + text + "': the port must be a number in [1, 65535] (default 29400)";
+      return false;
+    }
+    port = static_cast<int>(v);
+  }
+  return true;
+}
+
+namespace {
+
+/// torchrun options phalanx-run has no counterpart for, with what to do instead.
+const char* unsupported_torchrun_option(const std::string& name) {
+  if (name == "--tee" || name == "--redirects")
+    return "phalanx-run always relays every rank's stdout and stderr with a [rank] prefix; use --log-dir DIR "
+           "for a file per rank";
+  if (name == "-m" || name == "--module" || name == "--run-path" || name == "--run_path")
+    return "phalanx-run runs a program, not a Python module or path: write `phalanx-run [options] python3 -m "
+           "MODULE args...`";
+  if (name == "--rdzv-conf" || name == "--rdzv_conf")
+    return "use --rdzv-timeout SECONDS (how long a launcher waits for a silent peer); there are no other "
+           "rendezvous settings";
+  if (name == "--role" || name == "--local-addr" || name == "--local_addr" || name == "--start-method" ||
+      name == "--start_method" || name == "--local-ranks-filter" || name == "--local_ranks_filter" ||
+      name == "--logs-specs" || name == "--logs_specs")
+    return "phalanx-run has no such setting (see docs/launcher.md for the torchrun options it takes)";
+  return nullptr;
+}
+
+bool takes_no_value(const std::string& a) {
+  return a == "-h" || a == "--help" || a == "--standalone" || a == "--no-python" || a == "--no_python";
+}
+
+/// "N" or "N:N" into n; false with a one-line `error` for anything else (MIN:MAX included).
+bool parse_nnodes(const std::string& text, int& n, std::string& error) {
+  auto number = [](const std::string& t, long& v) {
+    char* end = nullptr;
+    errno = 0;
+    v = std::strtol(t.c_str(), &end, 10);
+    return end != t.c_str() && !*end && !errno && v >= 1 && v <= (1 << 16);
+  };
+  const auto colon = text.find(':');
+  long lo = 0, hi = 0;
+  if (colon == std::string::npos) {
+    if (!number(text, lo)) {
+      error = "--nnodes '" + text + "' must be a number of nodes in [1, 65536] (or N:N)";
+      return false;
+    }
+    n = static_cast<int>(lo);
+    return true;
+  }
+  if (!number(text.substr(0, colon), lo) || !number(text.substr(colon + 1), hi) || lo > hi) {
+    error = "--nnodes '" + text + "' must be N or MIN:MAX with 1 <= MIN <= MAX";
+    return false;
+  }
+  if (lo != hi) {
+    error = "--nnodes " + text +
+            ": elastic membership (a range of nodes) is not supported yet; give a fixed number of nodes "
+            "(--nnodes N, or N:N) and --max-restarts for restarts";
+    return false;
+  }
+  n = static_cast<int>(lo);
+  return true;
+}
+
+}  // namespace
+
 bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   CLI::App app{
       "phalanx-run: start a data-parallel job, like torchrun.\n\n"
-      "  phalanx-run --nproc-per-node 4 ./train --epochs 3\n\n"
+      "  phalanx-run --standalone --nproc_per_node=4 ./train --epochs 3\n"
+      "  phalanx-run --nnodes=2 --node_rank=0 --rdzv_id=JOB --rdzv_endpoint=HOST:PORT ./train   (each node)\n\n"
       "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
       "PHALANX_RDZV_TOKEN, PHALANX_RESTART_COUNT and PHALANX_STORE_HOSTED=1 (the launcher of node 0\n"
       "hosts the job's rendezvous store, so workers may start in any order), PHALANX_LINE_BUFFERED=1\n"
@@ -39,16 +139,34 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
       "signal), 2 for a usage error. With several nodes, a failure on any node restarts (or ends)\n"
       "the whole job: the launchers agree on each round through node 0's store.",
       "phalanx-run"};
-  std::string nproc = "1";
-  app.add_option("--nproc-per-node,--nproc_per_node", nproc, "workers on this node: N or 'auto' (= cores)")
+  std::string nproc = "1", nnodes = "1", endpoint, backend = "c10d";
+  bool no_python = false;
+  app.add_option("--nproc-per-node,--nproc_per_node", nproc,
+                 "workers on this node: N, or 'auto'/'cpu' (= the number of cores)")
       ->capture_default_str();
-  app.add_option("--nnodes", o.nnodes, "number of nodes")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-  app.add_option("--node-rank,--node_rank", o.node_rank, "this node's index in [0, nnodes)")->capture_default_str();
-  app.add_option("--master-addr,--master_addr", o.master_addr, "address of node 0 (the rendezvous host)")
+  app.add_option("--nnodes", nnodes, "number of nodes: N (or N:N; an elastic MIN:MAX range is refused)")
       ->capture_default_str();
-  app.add_option("--master-port,--master_port", o.master_port,
-                 "rendezvous port; default: a free port (single node), required with --nnodes > 1")
-      ->check(CLI::Range(0, 65535));
+  auto* node_rank_opt = app.add_option("--node-rank,--node_rank", o.node_rank,
+                                       "this node's index in [0, nnodes); required with --nnodes > 1")
+                            ->capture_default_str();
+  auto* addr_opt = app.add_option("--master-addr,--master_addr", o.master_addr,
+                                  "address of node 0 (the rendezvous host)")
+                       ->capture_default_str();
+  auto* port_opt = app.add_option("--master-port,--master_port", o.master_port,
+                                  "rendezvous port; default: a free port (single node), required with --nnodes > 1")
+                       ->check(CLI::Range(0, 65535));
+  app.add_flag("--standalone", o.standalone,
+               "a single-node job on loopback: a free port and a fresh random token (like torchrun's)");
+  auto* endpoint_opt = app.add_option("--rdzv-endpoint,--rdzv_endpoint", endpoint,
+                                      "HOST[:PORT] of node 0's rendezvous store (= --master-addr and "
+                                      "--master-port; port 29400 when omitted)");
+  auto* id_opt = app.add_option("--rdzv-id,--rdzv_id", o.rdzv_id,
+                                "the job's identity, the same on every node: the job token is derived from "
+                                "it and PHALANX_RDZV_SECRET (set a secret: the id alone is not one)");
+  app.add_option("--rdzv-backend,--rdzv_backend", backend,
+                 "'c10d' or 'static' (both mean node 0's TCP store); others are refused")
+      ->capture_default_str();
+  app.add_flag("--no-python,--no_python", no_python, "accepted for torchrun's sake: the program always runs as is");
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
                  "restart the whole group up to K times after a failure")
       ->capture_default_str()->check(CLI::Range(0, 1000));
@@ -60,15 +178,22 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   app.add_option("--backend", o.backend, "communication backend for the workers (PHALANX_BACKEND)");
   app.add_option("--timeout", o.timeout, "operation timeout in seconds for the workers (PHALANX_TIMEOUT)")
       ->check(CLI::Range(0.001, 1e6));
-  app.add_option("--rdzv-token", o.rdzv_token,
-                 "job token (default: PHALANX_RDZV_TOKEN, else random for a single node); required "
-                 "with --nnodes > 1, the same on every node (prefer the environment variable: "
-                 "a command line is visible to every user in ps)");
-  app.add_option("--rdzv-timeout", o.rdzv_timeout,
+  auto* token_opt = app.add_option(
+      "--rdzv-token,--rdzv_token", o.rdzv_token,
+      "job token (default: PHALANX_RDZV_TOKEN, else random for a single node); required "
+      "with --nnodes > 1 unless --rdzv-id is given, the same on every node (prefer the environment "
+      "variable: a command line is visible to every user in ps)");
+  app.add_option("--rdzv-timeout,--rdzv_timeout", o.rdzv_timeout,
                  "several nodes: seconds to wait for another node's launcher that stopped answering "
                  "before giving up (and at least this long for node 0's store at start)")
       ->capture_default_str()->check(CLI::Range(0.1, 86400.0));
-  app.footer("\nEverything from the worker program on (or after --) is passed to the workers.");
+  app.footer("\nEverything from the worker program on (or after --) is passed to the workers. "
+             "docs/launcher.md maps torchrun's options to these.");
+  auto fail = [&](const std::string& msg) {
+    std::fprintf(stderr, "phalanx-run: %s\n", msg.c_str());
+    exit_code = 2;
+    return false;
+  };
   // Split argv by hand: the launcher's options, then the program and its own arguments
   // (which may look like options: `phalanx-run --nproc-per-node 2 sh -c '...'`).
   std::vector<std::string> mine;
@@ -80,8 +205,11 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
       break;
     }
     if (a.rfind("-", 0) != 0) break;  // the program
+    const std::string name = a.substr(0, a.find('='));
+    if (const char* instead = unsupported_torchrun_option(name))
+      return fail("torchrun's " + name + " is not supported: " + instead);
     mine.push_back(a);
-    const bool takes_value = a != "-h" && a != "--help" && a.find('=') == std::string::npos;
+    const bool takes_value = !takes_no_value(a) && a.find('=') == std::string::npos;
     if (takes_value && i + 1 < argc) mine.push_back(argv[++i]);
   }
   for (; i < argc; ++i) o.command.push_back(argv[i]);
@@ -93,13 +221,14 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
     exit_code = app.exit(e) == 0 ? 0 : 2;
     return false;
   }
-  auto fail = [&](const std::string& msg) {
-    std::fprintf(stderr, "phalanx-run: %s\n", msg.c_str());
-    exit_code = 2;
-    return false;
-  };
-  if (nproc == "auto") {
+  std::string error;
+  if (!parse_nnodes(nnodes, o.nnodes, error)) return fail(error);
+  if (nproc == "auto" || nproc == "cpu") {
     o.nproc_per_node = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  } else if (nproc == "gpu" || nproc == "xpu") {
+    return fail("--nproc-per-node " + nproc +
+                ": phalanx-run does not count devices; give the number of workers (e.g. one per GPU: "
+                "--nproc-per-node 4)");
   } else {
     char* end = nullptr;
     const long v = std::strtol(nproc.c_str(), &end, 10);
@@ -107,19 +236,58 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
       return fail("--nproc-per-node '" + nproc + "' must be a positive integer or 'auto'");
     o.nproc_per_node = static_cast<int>(v);
   }
+  if (backend != "c10d" && backend != "static")
+    return fail("--rdzv-backend '" + backend +
+                "' is not supported: phalanx-run's rendezvous is node 0's own TCP store; use "
+                "--rdzv-backend=c10d (or static) with --rdzv-endpoint=HOST:PORT of node 0");
+  if (endpoint_opt->count()) {
+    if (addr_opt->count() || port_opt->count())
+      return fail("give either --rdzv-endpoint HOST:PORT or --master-addr/--master-port, not both");
+    if (!parse_endpoint(endpoint, o.master_addr, o.master_port, error)) return fail(error);
+  }
+  if (o.standalone) {
+    std::string clash;
+    if (o.nnodes > 1) clash = "--nnodes " + nnodes;
+    else if (endpoint_opt->count()) clash = "--rdzv-endpoint";
+    else if (addr_opt->count()) clash = "--master-addr";
+    else if (port_opt->count()) clash = "--master-port";
+    else if (node_rank_opt->count() && o.node_rank != 0) clash = "--node-rank " + std::to_string(o.node_rank);
+    else if (id_opt->count()) clash = "--rdzv-id";
+    else if (token_opt->count()) clash = "--rdzv-token";
+    if (!clash.empty())
+      return fail("--standalone is a single-node job on loopback with a free port and a fresh token; drop " +
+                  clash + " (or drop --standalone for a job across nodes)");
+  }
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     return fail("--node-rank " + std::to_string(o.node_rank) + " must be in [0, " + std::to_string(o.nnodes) + ")");
   if (o.nnodes > 1 && o.master_port == 0)
-    return fail("--master-port is required with --nnodes > 1 (every node must use the same one)");
+    return fail("--master-port is required with --nnodes > 1 (or --rdzv-endpoint HOST:PORT): every node must "
+                "use the same one");
   if (o.command.empty()) return fail("no worker program given (usage: phalanx-run [options] program [args...])");
   if (resolve_program(o.command[0]).empty())
     return fail("worker program '" + o.command[0] + "' not found or not executable");
-  if (o.rdzv_token.empty())
+  if (id_opt->count()) {
+    if (token_opt->count())
+      return fail("give either --rdzv-id (the token is derived from it) or --rdzv-token, not both");
+    if (o.rdzv_id.empty() || o.rdzv_id.size() > 1024)
+      return fail("--rdzv-id must be 1 to 1024 characters, the same on every node of the job");
+    for (unsigned char c : o.rdzv_id)
+      if (c < 0x20 || c == 0x7f) return fail("--rdzv-id must not contain control characters");
+    const char* secret = std::getenv(kRdzvSecretEnv);
+    o.rdzv_id_has_secret = secret && *secret;
+    o.rdzv_token = derive_rdzv_token(o.rdzv_id, o.rdzv_id_has_secret ? secret : "");
+  }
+  if (o.rdzv_token.empty() && !o.standalone)
     if (const char* t = std::getenv("PHALANX_RDZV_TOKEN")) o.rdzv_token = t;
   if (o.rdzv_token.empty() && o.nnodes > 1)
-    return fail("--nnodes > 1 needs a job token shared by every node: set PHALANX_RDZV_TOKEN (or pass "
+    return fail("--nnodes > 1 needs a job token shared by every node: pass --rdzv-id JOB (with "
+                "PHALANX_RDZV_SECRET set to the same secret on each node), or set PHALANX_RDZV_TOKEN (or "
                 "--rdzv-token) to the same secret on each node; without one anyone who can reach the "
                 "store could join or stop the job");
+  if (o.nnodes > 1 && !node_rank_opt->count())
+    return fail("--nnodes " + std::to_string(o.nnodes) + " needs --node-rank on every node (0 on the host of "
+                "--rdzv-endpoint, 1 to " + std::to_string(o.nnodes - 1) +
+                " on the others): phalanx-run does not assign node ranks");
   if (!o.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(o.log_dir, ec);

@@ -18,6 +18,9 @@ struct LaunchOptions {
   std::string backend;
   double timeout = 0;  ///< seconds; 0 = leave PHALANX_TIMEOUT as is
   std::string rdzv_token;
+  std::string rdzv_id;         ///< --rdzv-id: the token is derived from it (rdzv_token.hpp)
+  bool rdzv_id_has_secret = false;  ///< PHALANX_RDZV_SECRET was mixed into the token
+  bool standalone = false;     ///< --standalone: one node, a free port, a fresh token
   double rdzv_timeout = 60.0;  ///< seconds a launcher waits for a silent peer launcher (several nodes)
   std::vector<std::string> command;  ///< program and its arguments
 };
@@ -25,6 +28,10 @@ struct LaunchOptions {
 /// Parses argv. Returns false and sets `exit_code` when the program should stop
 /// (--help, or an invalid value: the message is printed).
 bool parse_options(int argc, char** argv, LaunchOptions& out, int& exit_code);
+
+/// Splits --rdzv-endpoint's HOST[:PORT] ("[v6]:PORT" for IPv6); the port defaults to
+/// 29400 (torchrun's). False with `error` set (one line) when it is malformed.
+bool parse_endpoint(const std::string& text, std::string& host, int& port, std::string& error);
 
 /// Resolves `program` like execvp would; empty when not found or not executable.
 std::string resolve_program(const std::string& program);

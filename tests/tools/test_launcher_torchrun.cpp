@@ -1,0 +1,187 @@
+// phalanx-run spoken as torchrun: --standalone, --rdzv_endpoint/--rdzv_id/--rdzv_backend,
+// --nnodes N:N, the underscore spellings; the job token derived from --rdzv-id (SHA-256 and
+// HMAC-SHA256 against their published test vectors); what is refused, and how.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <phalanx/phalanx.hpp>
+
+#include "launcher/launch_options.hpp"
+#include "launcher/rdzv_token.hpp"
+#include "tools/launcher_harness.hpp"
+
+using namespace launcher_harness;
+using namespace phalanx::launcher;
+
+namespace {
+
+int free_port() {
+  phalanx::TcpStoreServer probe(phalanx::TcpStoreOptions{});
+  return probe.port();
+}
+
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("SHA-256 and HMAC-SHA256 match FIPS 180-4 and RFC 4231") {
+  CHECK(to_hex(sha256("")) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(to_hex(sha256("abc")) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(to_hex(sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")) ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");  // 56 bytes: two padding blocks
+  CHECK(to_hex(sha256(std::string(1000000, 'a'))) ==
+        "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  // RFC 4231 test cases 1, 2 and 6 (a key longer than the block is hashed first).
+  CHECK(to_hex(hmac_sha256(std::string(20, '\x0b'), "Hi There")) ==
+        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  CHECK(to_hex(hmac_sha256("Jefe", "what do ya want for nothing?")) ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  CHECK(to_hex(hmac_sha256(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First")) ==
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
+TEST_CASE("the token from --rdzv-id: the same id and secret give the same token, any difference another") {
+  const std::string t = derive_rdzv_token("J", "");
+  CHECK(t.size() == 64);
+  CHECK(t == derive_rdzv_token("J", ""));
+  CHECK(t == to_hex(hmac_sha256("", "phalanx-rdzv-v1:J")));  // as documented in docs/launcher.md
+  CHECK(t != derive_rdzv_token("J2", ""));
+  CHECK(t != derive_rdzv_token("J", "secret"));
+  CHECK(derive_rdzv_token("J", "secret") != derive_rdzv_token("J", "secreT"));
+  CHECK(derive_rdzv_token("J", "secret") == derive_rdzv_token("J", "secret"));
+}
+
+TEST_CASE("--rdzv-endpoint HOST[:PORT]: torchrun's default port, IPv6 in brackets, bad input refused") {
+  std::string host, error;
+  int port = 0;
+  CHECK(parse_endpoint("10.0.0.1:29500", host, port, error));
+  CHECK(host == "10.0.0.1");
+  CHECK(port == 29500);
+  CHECK(parse_endpoint("node0.cluster", host, port, error));
+  CHECK(host == "node0.cluster");
+  CHECK(port == 29400);
+  CHECK(parse_endpoint("[::1]:1234", host, port, error));
+  CHECK(host == "::1");
+  CHECK(port == 1234);
+  CHECK(parse_endpoint("[fe80::1]", host, port, error));
+  CHECK(host == "fe80::1");
+  CHECK(port == 29400);
+  for (const char* bad : {"", ":29400", "host:", "host:0", "host:65536", "host:12ab", "::1", "[::1", "[::1]x", "[::1]:"}) {
+    INFO(bad);
+    error.clear();
+    CHECK_FALSE(parse_endpoint(bad, host, port, error));
+    CHECK(contains(error, "--rdzv-endpoint"));
+  }
+}
+
+TEST_CASE("phalanx-run --standalone --nproc_per_node=2 runs a job with a fresh token") {
+  const std::string dir = make_dir();
+  // A token in the environment is not used: --standalone makes a fresh one (32 hex digits).
+  Launch l = start({"--standalone", "--nproc_per_node=2", "--max_restarts=0", kWorker, "env", dir}, dir,
+                   {{"PHALANX_RDZV_TOKEN", "stale"}});
+  CHECK(finish(l) == 0);
+  INFO(slurp(l.out));
+  for (int r = 0; r < 2; ++r) {
+    auto e = read_env(dir + "/env_" + std::to_string(r));
+    CHECK(e["RANK"] == std::to_string(r));
+    CHECK(e["WORLD_SIZE"] == "2");
+    CHECK(e["MASTER_ADDR"] == "127.0.0.1");
+    CHECK(e["TOKEN_LEN"] == "32");
+  }
+}
+
+TEST_CASE("two launchers with torchrun's spellings: --nnodes=2 --node_rank --rdzv_id --rdzv_endpoint") {
+  const int port = free_port();
+  const std::string dir = make_dir(), out1 = make_dir();
+  auto args = [&](int node) {
+    return std::vector<std::string>{"--nnodes=" + std::string(node == 0 ? "2" : "2:2"),  // N:N is N
+                                    "--nproc_per_node=2",
+                                    "--node_rank=" + std::to_string(node),
+                                    "--rdzv_id=J",
+                                    "--rdzv_backend=c10d",
+                                    "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+                                    kWorker,
+                                    "env",
+                                    dir};
+  };
+  const std::vector<std::pair<std::string, std::string>> env = {{"PHALANX_RDZV_SECRET", "s3cret"}};
+  Launch n1 = start(args(1), out1, env);  // node 1 may start first
+  Launch n0 = start(args(0), dir, env);
+  CHECK(finish(n0) == 0);
+  CHECK(finish(n1) == 0);
+  const std::string both = slurp(n0.out) + slurp(n1.out);
+  INFO(both);
+  for (int r = 0; r < 4; ++r) {
+    auto e = read_env(dir + "/env_" + std::to_string(r));
+    CHECK(e["RANK"] == std::to_string(r));
+    CHECK(e["WORLD_SIZE"] == "4");
+    CHECK(e["MASTER_PORT"] == std::to_string(port));
+    CHECK(e["TOKEN_LEN"] == "64");
+  }
+  CHECK_FALSE(contains(slurp(n0.out), "PHALANX_RDZV_SECRET is not set"));  // a secret was given
+}
+
+TEST_CASE("two launchers with different --rdzv_id refuse each other, each saying so") {
+  const int port = free_port();
+  const std::string d0 = make_dir(), d1 = make_dir();
+  auto args = [&](int node, const std::string& id) {
+    return std::vector<std::string>{"--nnodes=2", "--node_rank=" + std::to_string(node), "--rdzv_id=" + id,
+                                    "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--timeout=3",
+                                    "--rdzv_timeout=2", kWorker, "env", d0};
+  };
+  Launch n0 = start(args(0, "J"), d0);
+  Launch n1 = start(args(1, "J2"), d1);
+  CHECK(finish(n1, 30s) == 2);
+  CHECK(finish(n0, 60s) != 0);  // its job never forms: its worker times out, node 1 never appears
+  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
+  const std::string both = o0 + o1;
+  INFO(both);
+  CHECK(contains(o1, "belongs to another job"));
+  CHECK(contains(o1, "--rdzv-id (this node's: 'J2')"));
+  CHECK(contains(o0, "refused a launcher or worker with another job token"));
+  CHECK(contains(o0, "different --rdzv-id (this node's: 'J')"));
+  CHECK(contains(o0, "PHALANX_RDZV_SECRET is not set"));  // the id alone is not a secret, and it says so
+  CHECK(worker_pids(d0, 2).size() == 1);                   // node 1 started no worker
+}
+
+TEST_CASE("torchrun options phalanx-run cannot honour are refused before anything starts") {
+  const std::string dir = make_dir();
+  const std::string ep = "--rdzv_endpoint=127.0.0.1:" + std::to_string(free_port());
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"--rdzv_backend=etcd"}, "--rdzv-backend 'etcd' is not supported"},
+      {{"--nnodes=1:4"}, "elastic membership (a range of nodes) is not supported yet"},
+      {{"--nnodes=4:1"}, "MIN:MAX with 1 <= MIN <= MAX"},
+      {{"--standalone", "--nnodes=2"}, "drop --nnodes 2"},
+      {{"--standalone", ep}, "drop --rdzv-endpoint"},
+      {{"--standalone", "--rdzv_id=J"}, "drop --rdzv-id"},
+      {{"--nproc_per_node=gpu"}, "does not count devices"},
+      {{"--rdzv_id=J", "--rdzv-token=t"}, "either --rdzv-id"},
+      {{ep, "--master_port=1234"}, "either --rdzv-endpoint"},
+      {{"--nnodes=2", "--rdzv_id=J", ep}, "needs --node-rank"},
+      {{"--nnodes=2", "--node_rank=1", ep}, "pass --rdzv-id JOB"},
+      {{"--tee=3"}, "--tee is not supported"},
+      {{"-m", "mod"}, "python3 -m MODULE"},
+      {{"--rdzv_id=" + std::string(1025, 'j')}, "--rdzv-id must be 1 to 1024 characters"},
+      {{"--rdzv_id=a\tb"}, "must not contain control characters"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> a = c.args;
+    a.insert(a.end(), {kWorker, "env", dir});
+    const std::string d = make_dir();
+    INFO(c.says);
+    Launch l = start(a, d);
+    CHECK(finish(l, 20s) == 2);
+    CHECK(contains(slurp(l.out), c.says));
+  }
+  CHECK(worker_pids(dir, 1).empty());
+  // Accepted as torchrun users type them: cpu/auto workers, --no_python, --rdzv_backend=static.
+  Launch ok = start({"--nproc_per_node=cpu", "--no_python", "--rdzv_backend=static", "/bin/true"}, dir);
+  CHECK(finish(ok) == 0);
+}

@@ -1,0 +1,26 @@
+#pragma once
+// The job token of a torchrun-style launch: derived from --rdzv-id (the job's identity) and
+// an optional secret (PHALANX_RDZV_SECRET), so every node of one job computes the same token
+// and nodes of different jobs refuse each other. SHA-256 (FIPS 180-4) and HMAC (RFC 2104)
+// are implemented here: the launcher needs no crypto library for this.
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace phalanx::launcher {
+
+using Sha256Digest = std::array<std::uint8_t, 32>;
+
+Sha256Digest sha256(const std::string& data);
+Sha256Digest hmac_sha256(const std::string& key, const std::string& message);
+std::string to_hex(const Sha256Digest& d);
+
+/// The token for job `id`: hex(HMAC-SHA256(key = secret, message = "phalanx-rdzv-v1:" + id)).
+/// With an empty secret anyone who knows the id can compute it: the id names the job, it
+/// does not protect it.
+std::string derive_rdzv_token(const std::string& id, const std::string& secret);
+
+/// The environment variable the secret is read from.
+constexpr const char* kRdzvSecretEnv = "PHALANX_RDZV_SECRET";
+
+}  // namespace phalanx::launcher
