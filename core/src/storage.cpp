@@ -1,5 +1,14 @@
 #include "phalanx/core/storage.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "phalanx/core/error.hpp"
 #include "phalanx/core/kernels.hpp"
 
 namespace phalanx {
@@ -9,7 +18,39 @@ Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(d
 }
 
 Storage::~Storage() {
-  if (data_) kernels_for(device_).deallocate(data_, nbytes_, device_.index);
+  if (map_base_)
+    ::munmap(map_base_, map_len_);
+  else if (data_)
+    kernels_for(device_).deallocate(data_, nbytes_, device_.index);
+}
+
+std::shared_ptr<Storage> Storage::map_file(const std::string& path, std::size_t offset, std::size_t nbytes) {
+  if (offset % 64 != 0)
+    throw IoError(detail::concat(path, ": cannot map data at byte ", offset, " (not a multiple of 64)"));
+  if (nbytes == 0) return std::make_shared<Storage>(0, Device::cpu());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw IoError(path + ": cannot open for reading (" + std::strerror(errno) + ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < offset + nbytes) {
+    ::close(fd);
+    throw IoError(detail::concat(path, ": truncated: ", offset + nbytes, " bytes needed, the file has ",
+                                 static_cast<long long>(st.st_size)));
+  }
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t start = offset / page * page;
+  const std::size_t len = offset + nbytes - start;
+  // MAP_PRIVATE + PROT_WRITE: reads share the page cache, writes copy the page (never the file).
+  void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, static_cast<off_t>(start));
+  const int err = errno;
+  ::close(fd);  // the mapping keeps the file alive
+  if (base == MAP_FAILED) throw IoError(path + ": cannot map the file (" + std::strerror(err) + ")");
+  std::shared_ptr<Storage> s(new Storage());
+  s->map_base_ = base;
+  s->map_len_ = len;
+  s->data_ = static_cast<char*>(base) + (offset - start);
+  s->nbytes_ = nbytes;
+  s->device_ = Device::cpu();
+  return s;
 }
 
 }  // namespace phalanx

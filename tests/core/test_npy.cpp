@@ -2,9 +2,11 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <unistd.h>
 
 #include <phalanx/phalanx.hpp>
+#include <phalanx/core/tensor_impl.hpp>
 
 using namespace phalanx;
 
@@ -92,4 +94,96 @@ TEST_CASE("npy shapes that overflow: a one-line error naming the file and the di
                        doctest::Contains("is too large"), IoError);
   const std::string fine = with_shape("(4, 4)");
   CHECK(parse_npy(fine.data(), fine.size(), "z.npy").numel() == 16);
+}
+
+namespace {
+std::string read_all(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+// Writes a new file and renames it into place (a file that a test maps is never rewritten).
+void write_bytes(const std::string& p, const std::string& bytes) {
+  {
+    std::ofstream f(p + ".new", std::ios::binary);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  REQUIRE(std::rename((p + ".new").c_str(), p.c_str()) == 0);
+}
+// A format-1.0 .npy image whose header is padded to `align` bytes (NumPy pads to 64).
+std::string npy_image(const std::string& descr, const Shape& shape, const std::string& data, std::size_t align) {
+  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (";
+  for (auto d : shape) header += std::to_string(d) + ",";
+  header += "), }";
+  const std::size_t total = 10 + header.size() + 1;
+  header.append((align - total % align) % align, ' ');
+  if (align % 64 != 0 && (10 + header.size() + 1) % 64 == 0) header.append(align, ' ');  // never 64-aligned
+  header += '\n';
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out += static_cast<char>(header.size() & 0xff);
+  out += static_cast<char>(header.size() >> 8);
+  return out + header + data;
+}
+}  // namespace
+
+TEST_CASE("a large float32/int64 .npy is mapped copy-on-write and equals the read one") {
+  Generator g(3);
+  const Tensor f = randn({600, 512}, &g);  // 1.2 MB
+  const Tensor i = randint(1000, {300, 512}, &g);
+  save_npy(tmp_path("big_f.npy"), f);
+  save_npy(tmp_path("big_i.npy"), i);
+  NpyLoadInfo info;
+  Tensor fm = load_npy(tmp_path("big_f.npy"), &info);
+  CHECK(info.mapped);
+  CHECK(fm.impl()->storage()->mapped());
+  const std::string bytes = read_all(tmp_path("big_f.npy"));
+  const Tensor fr = parse_npy(bytes.data(), bytes.size(), "read");
+  CHECK_FALSE(fr.impl()->storage()->mapped());
+  CHECK(fm.shape() == fr.shape());
+  CHECK(fm.to_vector<float>() == fr.to_vector<float>());
+  CHECK(fm.to_vector<float>() == f.to_vector<float>());
+  Tensor im = load_npy(tmp_path("big_i.npy"), &info);
+  CHECK(info.mapped);
+  CHECK(im.to_vector<std::int64_t>() == i.to_vector<std::int64_t>());
+
+  // An in-place op copies the pages it writes: the file and a second mapping keep the data.
+  fm.mul_(2.f);
+  CHECK(fm.to_vector<float>()[7] == 2.f * f.to_vector<float>()[7]);
+  CHECK(read_all(tmp_path("big_f.npy")) == bytes);
+  CHECK(load_npy(tmp_path("big_f.npy")).to_vector<float>() == f.to_vector<float>());
+  // The mapping outlives the file's name.
+  std::remove(tmp_path("big_i.npy").c_str());
+  CHECK(im.to_vector<std::int64_t>() == i.to_vector<std::int64_t>());
+
+  // Truncated data is an error, not a fault on access.
+  write_bytes(tmp_path("big_f.npy"), bytes.substr(0, bytes.size() - 100));
+  CHECK_THROWS_WITH_AS(load_npy(tmp_path("big_f.npy")), doctest::Contains("truncated data"), IoError);
+  std::remove(tmp_path("big_f.npy").c_str());
+}
+
+TEST_CASE("layouts that cannot be mapped are read: float64, small arrays, a data offset not 64-aligned") {
+  std::string f8, f4;
+  for (int k = 0; k < 300000; ++k) {
+    const double d = k * 0.5;
+    const float s = static_cast<float>(k) - 7.f;
+    f8.append(reinterpret_cast<const char*>(&d), 8);
+    f4.append(reinterpret_cast<const char*>(&s), 4);
+  }
+  NpyLoadInfo info;
+  write_bytes(tmp_path("f8.npy"), npy_image("<f8", {300000}, f8, 64));
+  const Tensor a = load_npy(tmp_path("f8.npy"), &info);
+  CHECK_FALSE(info.mapped);
+  CHECK(a.dtype() == DType::Float32);
+  CHECK(a.to_vector<float>()[299999] == 149999.5f);
+  write_bytes(tmp_path("f4_16.npy"), npy_image("<f4", {300000}, f4, 16));  // old NumPy padding
+  const Tensor b = load_npy(tmp_path("f4_16.npy"), &info);
+  CHECK_FALSE(info.mapped);
+  CHECK(b.to_vector<float>()[0] == -7.f);
+  CHECK(b.to_vector<float>()[299999] == 299992.f);
+  write_bytes(tmp_path("f4_64.npy"), npy_image("<f4", {300000}, f4, 64));
+  CHECK(load_npy(tmp_path("f4_64.npy"), &info).to_vector<float>() == b.to_vector<float>());
+  CHECK(info.mapped);
+  write_bytes(tmp_path("small.npy"), npy_image("<f4", {1000}, f4.substr(0, 4000), 64));
+  CHECK(load_npy(tmp_path("small.npy"), &info).to_vector<float>()[999] == 992.f);
+  CHECK_FALSE(info.mapped);
+  for (const char* n : {"f8.npy", "f4_16.npy", "f4_64.npy", "small.npy"}) std::remove(tmp_path(n).c_str());
 }

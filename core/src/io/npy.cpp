@@ -10,6 +10,7 @@
 
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/npy.hpp"
+#include "phalanx/core/tensor_impl.hpp"
 
 namespace phalanx {
 
@@ -61,10 +62,16 @@ Shape parse_shape(const std::string& rest, const std::string& what) {
   return s;
 }
 
-}  // namespace
+// The header of an .npy image: where the data starts and what it holds.
+struct NpyHeader {
+  std::string descr;
+  Shape shape;
+  std::int64_t numel = 0;
+  std::size_t data_offset = 0;
+};
 
-Tensor parse_npy(const void* bytes, std::size_t size, const std::string& what) {
-  const auto* p = static_cast<const unsigned char*>(bytes);
+// `size` may be just the first bytes of a file (at least the header); data is not checked.
+NpyHeader parse_npy_header(const unsigned char* p, std::size_t size, const std::string& what) {
   if (size < 10 || std::memcmp(p, "\x93NUMPY", 6) != 0) bad(what, "not an .npy file (bad magic)");
   const int major = p[6];
   std::size_t hlen, hstart;
@@ -82,13 +89,26 @@ Tensor parse_npy(const void* bytes, std::size_t size, const std::string& what) {
   const std::string header(reinterpret_cast<const char*>(p + hstart), hlen);
   const std::string descr_raw = header_value(header, "descr", what);
   if (descr_raw.size() < 2 || descr_raw[0] != '\'') bad(what, "malformed descr in npy header");
-  const std::string descr = descr_raw.substr(1, descr_raw.find('\'', 1) - 1);
+  NpyHeader h;
+  h.descr = descr_raw.substr(1, descr_raw.find('\'', 1) - 1);
   if (header_value(header, "fortran_order", what).rfind("True", 0) == 0)
     bad(what, "Fortran-order arrays are not supported; save with np.ascontiguousarray");
-  const Shape shape = parse_shape(header_value(header, "shape", what), what);
-  const std::int64_t n = numel_of(shape);
-  const unsigned char* data = p + hstart + hlen;
-  const std::size_t avail = size - hstart - hlen;
+  h.shape = parse_shape(header_value(header, "shape", what), what);
+  h.numel = numel_of(h.shape);
+  h.data_offset = hstart + hlen;
+  return h;
+}
+
+}  // namespace
+
+Tensor parse_npy(const void* bytes, std::size_t size, const std::string& what) {
+  const auto* p = static_cast<const unsigned char*>(bytes);
+  const NpyHeader h = parse_npy_header(p, size, what);
+  const std::string& descr = h.descr;
+  const Shape& shape = h.shape;
+  const std::int64_t n = h.numel;
+  const unsigned char* data = p + h.data_offset;
+  const std::size_t avail = size - h.data_offset;
 
   auto need = [&](std::size_t esz) {
     if (avail < static_cast<std::size_t>(n) * esz)
@@ -163,9 +183,37 @@ std::string serialize_npy(const Tensor& t) {
   return out;
 }
 
-Tensor load_npy(const std::string& path) {
+Tensor load_npy(const std::string& path) { return load_npy(path, nullptr); }
+
+Tensor load_npy(const std::string& path, NpyLoadInfo* info) {
+  if (info) *info = NpyLoadInfo{};
   std::ifstream f(path, std::ios::binary);
   if (!f) throw IoError(path + ": cannot open for reading");
+  // The header first (it is at most a few KiB in practice; format 2.0 allows up to 4 GiB).
+  std::string head(4096, '\0');
+  f.read(&head[0], static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<std::size_t>(f.gcount()));
+  const auto* hp = reinterpret_cast<const unsigned char*>(head.data());
+  if (head.size() >= 12 && std::memcmp(hp, "\x93NUMPY", 6) == 0) {
+    const std::size_t hend = hp[6] == 1 ? 10 + (hp[8] | (hp[9] << 8)) : 0;
+    if (hend > 0 && hend <= head.size()) {
+      const NpyHeader h = parse_npy_header(hp, head.size(), path);
+      const bool f4 = h.descr == "<f4", i8 = h.descr == "<i8";
+      const std::size_t nbytes = static_cast<std::size_t>(h.numel) * 4 * (i8 ? 2 : 1);
+      if ((f4 || i8) && h.data_offset % 64 == 0 && nbytes >= kNpyMapMinBytes) {
+        f.seekg(0, std::ios::end);
+        const auto fsize = static_cast<std::size_t>(f.tellg());
+        if (fsize - h.data_offset < nbytes)
+          bad(path, "truncated data: header promises " + shape_str(h.shape) + " of " + h.descr + " (" +
+                        std::to_string(nbytes) + " bytes), file has " + std::to_string(fsize - h.data_offset));
+        auto storage = Storage::map_file(path, h.data_offset, nbytes);
+        if (info) info->mapped = true;
+        return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, h.shape, f4 ? DType::Float32 : DType::Int64));
+      }
+    }
+  }
+  f.clear();
+  f.seekg(0);
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   return parse_npy(bytes.data(), bytes.size(), path);
 }

@@ -2,6 +2,14 @@
 // NumPy .npy and .npz files. Reads float32/float64 (as float32) and int64/int32/uint8
 // (as int64), C order; writes float32 and int64. .npz archives are NumPy's zip (stored or
 // deflated), so `np.savez("w.npz", **{k: v.numpy() for k, v in sd.items()})` loads here.
+//
+// load_npy memory-maps a file whose data can be used as stored (<f4 or <i8, C order, data
+// offset a multiple of 64 as NumPy writes it, at least kNpyMapMinBytes of data): the
+// tensor's pages are then the host's page cache, shared by every process that loads the
+// file, and a write to the tensor copies the page it touches, never changing the file (see
+// Storage::map_file). Other layouts are read and converted into private memory. Replace a
+// mapped file by writing a new one and renaming it (as save_npy does); truncating it in
+// place while a process maps it makes that process fault.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -12,6 +20,12 @@
 namespace phalanx {
 
 Tensor load_npy(const std::string& path);
+struct NpyLoadInfo {
+  bool mapped = false;  ///< the tensor is a copy-on-write mapping of the file
+};
+Tensor load_npy(const std::string& path, NpyLoadInfo* info);
+/// Arrays with less data than this are read, not mapped (a mapping costs whole pages).
+inline constexpr std::size_t kNpyMapMinBytes = std::size_t(1) << 20;
 void save_npy(const std::string& path, const Tensor& t);
 /// Decodes an in-memory .npy image; `what` names it in errors.
 Tensor parse_npy(const void* bytes, std::size_t size, const std::string& what);

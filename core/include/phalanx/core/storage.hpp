@@ -1,6 +1,7 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "phalanx/core/device.hpp"
 
@@ -15,14 +16,29 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
+  /// CPU storage over bytes [offset, offset + nbytes) of the file at `path`, mapped
+  /// copy-on-write: the pages are the host's page cache, shared by every process that maps
+  /// the file, and a write (an in-place op) gives the writing process a private copy of
+  /// the page it touches; the file itself never changes. The mapping lives as long as the
+  /// storage. `offset` must be a multiple of 64 (the CPU allocator's alignment); the
+  /// file must hold offset + nbytes bytes. Errors are IoErrors naming the file.
+  /// A file truncated by someone else while mapped faults on access (SIGBUS): map only
+  /// files that are replaced by rename, never rewritten in place.
+  static std::shared_ptr<Storage> map_file(const std::string& path, std::size_t offset, std::size_t nbytes);
+
   void* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  /// True for a file mapping (map_file).
+  bool mapped() const { return map_base_ != nullptr; }
 
  private:
+  Storage() = default;
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
   Device device_;
+  void* map_base_ = nullptr;  // the whole mapping (page aligned), when mapped()
+  std::size_t map_len_ = 0;
 };
 
 }  // namespace phalanx
