@@ -3,12 +3,14 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "phalanx/core/error.hpp"
+#include "phalanx/samplers/data_cache.hpp"
 
 namespace phalanx::samplers {
 
@@ -43,9 +45,9 @@ void read_exact(gzFile f, void* buf, std::size_t n, const std::string& path, con
   if (got < n)
     throw IoError(detail::concat(path, ": truncated: expected ", n, " bytes of ", what, ", got ", got));
 }
-}  // namespace
 
-Tensor load_idx(const std::string& path) {
+// The IDX file's values (unsigned bytes) and its shape.
+std::vector<unsigned char> read_idx_bytes(const std::string& path, Shape& shape) {
   std::unique_ptr<gzFile_s, GzCloser> f(gzopen(path.c_str(), "rb"));  // reads plain files too
   if (!f) throw IoError(path + ": cannot open for reading");
   unsigned char head[4];
@@ -59,7 +61,7 @@ Tensor load_idx(const std::string& path) {
   if (ndim < 1 || ndim > 4) throw IoError(detail::concat(path, ": IDX with ", ndim, " dimensions"));
   std::vector<unsigned char> dims_raw(4 * ndim);
   read_exact(f.get(), dims_raw.data(), dims_raw.size(), path, "the dimensions");
-  Shape shape;
+  shape.clear();
   for (int i = 0; i < ndim; ++i) shape.push_back(be32(&dims_raw[4 * i]));
   // The header is not trusted: the values it promises must fit an int64 tensor, and so must
   // the product of its non-zero dimensions (numel_of() multiplies them all) ...
@@ -89,9 +91,16 @@ Tensor load_idx(const std::string& path) {
   unsigned char extra;
   if (read_some(f.get(), &extra, 1, path, "the end of the data") > 0)
     throw IoError(path + ": trailing bytes after " + shape_str(shape) + " values: corrupt header?");
+  return bytes;
+}
+}  // namespace
+
+Tensor load_idx(const std::string& path) {
+  Shape shape;
+  const std::vector<unsigned char> bytes = read_idx_bytes(path, shape);
   Tensor t = Tensor::empty(shape, DType::Int64);
   auto* o = t.data<std::int64_t>();
-  for (std::int64_t i = 0; i < n; ++i) o[i] = bytes[i];
+  for (std::int64_t i = 0; i < t.numel(); ++i) o[i] = bytes[i];
   return t;
 }
 
@@ -113,24 +122,38 @@ std::shared_ptr<TensorDataset> load_mnist(const std::string& dir, const MnistOpt
   const std::string prefix = o.train ? "train" : "t10k";
   const std::string ipath = find_file(dir, prefix + "-images-idx3-ubyte");
   const std::string lpath = find_file(dir, prefix + "-labels-idx1-ubyte");
-  Tensor images = load_idx(ipath);
-  Tensor labels = load_idx(lpath);
-  if (images.dim() != 3)
-    throw IoError(ipath + ": expected images [N, rows, cols], got " + shape_str(images.shape()));
-  if (labels.dim() != 1 || labels.shape()[0] != images.shape()[0])
-    throw IoError(lpath + ": " + shape_str(labels.shape()) + " labels for " +
-                  shape_str(images.shape()) + " images");
-  const std::int64_t n = images.shape()[0];
-  Shape fshape = o.flatten ? Shape{n, images.shape()[1] * images.shape()[2]} : images.shape();
-  Tensor x = Tensor::empty(fshape);
-  const auto* src = images.data<std::int64_t>();
-  float* dst = x.data<float>();
+  // Both arrays come from the per-host data cache (decompressed and converted once, then
+  // mapped by every process); the transform names every option that changes the values.
   const float scale = o.normalize ? 1.f / 255.f : 1.f;
-  for (std::int64_t i = 0; i < images.numel(); ++i) {
-    float v = static_cast<float>(src[i]) * scale;
-    if (o.standardize) v = (v - o.mean) / o.std;
-    dst[i] = v;
-  }
+  char transform[160];
+  std::snprintf(transform, sizeof transform, "mnist-images f32 scale=%a standardize=%d mean=%a std=%a flatten=%d",
+                scale, int(o.standardize), o.mean, o.std, int(o.flatten));
+  Tensor x = cached_array(ipath, transform, DType::Float32, [&](CacheSink& sink) {
+    Shape shape;
+    const std::vector<unsigned char> bytes = read_idx_bytes(ipath, shape);
+    if (shape.size() != 3) throw IoError(ipath + ": expected images [N, rows, cols], got " + shape_str(shape));
+    sink.begin(o.flatten ? Shape{shape[0], shape[1] * shape[2]} : shape);
+    std::vector<float> chunk(1 << 16);
+    for (std::size_t at = 0; at < bytes.size(); at += chunk.size()) {
+      const std::size_t m = std::min(chunk.size(), bytes.size() - at);
+      for (std::size_t i = 0; i < m; ++i) {
+        float v = static_cast<float>(bytes[at + i]) * scale;
+        if (o.standardize) v = (v - o.mean) / o.std;
+        chunk[i] = v;
+      }
+      sink.write(chunk.data(), m * sizeof(float));
+    }
+  });
+  Tensor labels = cached_array(lpath, "mnist-labels i64", DType::Int64, [&](CacheSink& sink) {
+    Shape shape;
+    const std::vector<unsigned char> bytes = read_idx_bytes(lpath, shape);
+    if (shape.size() != 1) throw IoError(lpath + ": expected labels [N], got " + shape_str(shape));
+    sink.begin(shape);
+    std::vector<std::int64_t> v(bytes.begin(), bytes.end());
+    sink.write(v.data(), v.size() * sizeof(std::int64_t));
+  });
+  if (labels.shape()[0] != x.shape()[0])
+    throw IoError(lpath + ": " + shape_str(labels.shape()) + " labels for " + shape_str(x.shape()) + " images");
   return std::make_shared<TensorDataset>(x, labels, 10);
 }
 

@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 
@@ -13,6 +14,17 @@ using namespace phalanx;
 using namespace phalanx::samplers;
 
 TEST_CASE("Fashion-MNIST loads: 60 000 x 784 train, 10 000 test, known first labels") {
+  // The data cache goes to a directory of this test's own (not the user's ~/.cache).
+  char dir[] = "/tmp/phalanx_idx_cache_XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  ::setenv("PHALANX_DATA_CACHE", dir, 1);
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() {
+      ::unsetenv("PHALANX_DATA_CACHE");
+      std::system(("rm -rf " + d).c_str());
+    }
+  } cleanup{dir};
   MnistOptions o;
   auto train = load_mnist(kFashionMnistDir, o);
   CHECK(train->size() == 60000);

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sums the proportional set size (PSS, /proc/PID/smaps_rollup) of every phalanx-train
+# process while a command runs, sampled every 0.2 s, and reports the peak sum and the
+# peak per worker. Usage: scripts/measure_data_pss.sh COMMAND [ARGS...]
+# e.g. scripts/measure_data_pss.sh build/bin/phalanx-run --nproc-per-node 2 \
+#        build/bin/phalanx-train --dataset fashion-mnist --model 784-256-10 --epochs 1
+set -u
+[ $# -ge 1 ] || { echo "usage: $0 COMMAND [ARGS...]" >&2; exit 2; }
+out=$(mktemp); trap 'rm -f "$out"' EXIT
+"$@" >"$out" 2>&1 &
+cmd=$!
+peak_sum=0; peak_one=0; samples=0
+while kill -0 "$cmd" 2>/dev/null; do
+  sum=0
+  # this command's phalanx-train processes only (other jobs on the host are not counted)
+  kids=$(pgrep -P "$cmd"); all="$kids"
+  for k in $kids; do all="$all $(pgrep -P "$k")"; done
+  for pid in $all; do
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = phalanx-train ] || continue
+    kb=$(awk '/^Pss:/ {print $2}' "/proc/$pid/smaps_rollup" 2>/dev/null)
+    [ -n "$kb" ] || continue
+    sum=$((sum + kb)); [ "$kb" -gt "$peak_one" ] && peak_one=$kb
+  done
+  [ "$sum" -gt "$peak_sum" ] && peak_sum=$sum
+  samples=$((samples + 1))
+  sleep 0.2
+done
+wait "$cmd"; rc=$?
+cat "$out"
+echo "PSS peak: workers total $((peak_sum / 1024)) MB, largest worker $((peak_one / 1024)) MB ($samples samples, exit $rc)"
+exit $rc
