@@ -120,8 +120,9 @@ TEST_CASE("a JSON config gives the same run as the command line; metrics and plo
       CHECK(j.contains("loss"));
       CHECK(j.contains("lr"));
       CHECK(j.contains("seconds"));
+      CHECK(j["epoch"] == epochs + 1);  // each epoch's record follows its steps (short epochs are reported in groups)
     }
-    if (j.contains("train_loss")) ++epochs;
+    if (j.contains("train_loss")) CHECK(j["epoch"] == ++epochs);
   }
   CHECK(steps == 8);
   CHECK(epochs == 2);

@@ -2,12 +2,68 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include <phalanx/core/error.hpp>
 
 namespace phalanx::trainer {
+
+namespace {
+
+// A double as nlohmann::json::dump() writes it (the shortest digits that read back as the
+// same double; fixed notation for decimal exponents in (-4, 15], else d.ddde+XX; NaN and
+// infinities as null), without building a JSON object: the step record is written every step.
+void append_number(std::string& s, double v) {
+  if (!std::isfinite(v)) {
+    s += "null";
+    return;
+  }
+  if (v == 0) {
+    s += std::signbit(v) ? "-0.0" : "0.0";
+    return;
+  }
+  char b[40];
+  char* end = std::to_chars(b, b + sizeof b - 1, v, std::chars_format::scientific).ptr;
+  *end = '\0';  // for atoi below
+  const char* p = b;
+  if (*p == '-') s += *p++;
+  const char* e = std::find(p, static_cast<const char*>(end), 'e');
+  char dig[24];
+  int k = 0;
+  for (const char* q = p; q < e; ++q)
+    if (*q != '.') dig[k++] = *q;
+  const int n = std::atoi(e + 1) + 1;  // the value is 0.DIGITS x 10^n
+  if (k <= n && n <= 15) {
+    s.append(dig, k);
+    s.append(n - k, '0');
+    s += ".0";
+  } else if (0 < n && n <= 15) {
+    s.append(dig, n);
+    s += '.';
+    s.append(dig + n, k - n);
+  } else if (-4 < n && n <= 0) {
+    s += "0.";
+    s.append(-n, '0');
+    s.append(dig, k);
+  } else {
+    s += dig[0];
+    if (k > 1) {
+      s += '.';
+      s.append(dig + 1, k - 1);
+    }
+    const int x = std::abs(n - 1);
+    s += n - 1 < 0 ? "e-" : "e+";
+    if (x < 10) s += '0';
+    s += std::to_string(x);
+  }
+}
+
+}  // namespace
 
 void MetricsLog::open_fresh(const std::string& path) {
   path_ = path;
@@ -45,12 +101,36 @@ void MetricsLog::open_resumed(const std::string& path, std::int64_t step, std::i
 
 void MetricsLog::step(std::int64_t step, std::int64_t epoch, double loss, double lr, double seconds) {
   if (!out_.is_open()) return;
-  out_ << nlohmann::json{{"step", step}, {"epoch", epoch}, {"loss", loss}, {"lr", lr}, {"seconds", seconds}}.dump()
-       << "\n";
+  // The keys in nlohmann::json's (sorted) order, as record() would write them.
+  line_.assign("{\"epoch\":");
+  line_ += std::to_string(epoch);
+  line_ += ",\"loss\":";
+  append_number(line_, loss);
+  line_ += ",\"lr\":";
+  append_number(line_, lr);
+  line_ += ",\"seconds\":";
+  append_number(line_, seconds);
+  line_ += ",\"step\":";
+  line_ += std::to_string(step);
+  line_ += "}\n";
+  if (held_.empty()) out_ << line_;
+  else held_.back() += line_;
 }
 
 void MetricsLog::record(const nlohmann::json& rec) {
   if (out_.is_open()) out_ << rec.dump() << "\n";
+}
+
+void MetricsLog::hold() {
+  if (out_.is_open()) held_.emplace_back();
+}
+
+void MetricsLog::record_epoch(const nlohmann::json& rec) {
+  if (!out_.is_open()) return;
+  out_ << rec.dump() << "\n";
+  if (held_.empty()) return;
+  out_ << held_.front();
+  held_.pop_front();
 }
 
 void MetricsLog::close() {

@@ -3,6 +3,7 @@
 // by rank 0. Epochs are numbered from 1, as on the console. On resume the records after the
 // checkpoint's position are dropped first, so a resumed run never duplicates a record.
 #include <cstdint>
+#include <deque>
 #include <fstream>
 #include <string>
 
@@ -24,6 +25,13 @@ class MetricsLog {
   /// One step: `epoch` 1-based; `lr` the rate this step used.
   void step(std::int64_t step, std::int64_t epoch, double loss, double lr, double seconds);
   void record(const nlohmann::json& rec);
+  /// The record of the epoch that just ended is written later (the trainer reports short
+  /// epochs in groups): the step records from now on wait behind it, so the file keeps the
+  /// order steps, epoch, steps, epoch.
+  void hold();
+  /// Writes the oldest epoch record held back, then the step records that waited behind it
+  /// (with none held back, just the record).
+  void record_epoch(const nlohmann::json& rec);
   /// Pushes the buffered records to the file (before a checkpoint, so the file is never
   /// behind a checkpoint that a restart resumes from).
   void flush();
@@ -33,6 +41,8 @@ class MetricsLog {
  private:
   std::string path_;
   std::ofstream out_;
+  std::deque<std::string> held_;  // step records waiting behind each epoch record held back
+  std::string line_;              // one step record, formatted (reused: no allocation per step)
 };
 
 }  // namespace phalanx::trainer

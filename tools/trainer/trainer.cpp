@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include <phalanx/core/kernels.hpp>
@@ -239,7 +240,11 @@ int run_training(const TrainConfig& c) {
   auto sampler = std::make_shared<DistributedSampler>(n, dso);
   samplers::DataLoaderOptions lo{plan.per_rank_batch};
   lo.drop_last = c.drop_last;
-  lo.prefetch = 2;
+  // No prefetch thread: the data is in memory (or mapped), and a batch's gather is a few
+  // row copies, cheaper than handing it over between threads. A thread per worker would also
+  // compete with the workers for the cores (with 2 workers on 2 cores it cost ~40 us a step:
+  // docs/benchmarks.md).
+  lo.prefetch = 0;
   DataLoader loader(data.train, lo, sampler);
   const std::int64_t steps_per_epoch = loader.num_batches();
   Schedule schedule = make_schedule(c, *opt, plan.scale, steps_per_epoch * c.epochs);
@@ -356,9 +361,64 @@ int run_training(const TrainConfig& c) {
     if (resume_path.empty()) metrics.open_fresh(c.metrics);
     else metrics.open_resumed(c.metrics, step, start_epoch);
   }
+  ProgressBar progress(ProgressBar::wanted(rank), c.epochs, steps_per_epoch, c.global_batch);
+  // Finished epochs are reported (their losses summed over the ranks, printed, recorded) at
+  // once every kReportSteps steps at least, not one by one: with epochs of a few steps, a
+  // reduction and a console line each cost as much as a step (docs/benchmarks.md). An epoch
+  // of kReportSteps steps or more, the last epoch, an epoch with a test set or a checkpoint,
+  // and every epoch under a progress bar (rank 0 draws it; the ranks agree here) are
+  // reported as they end.
+  constexpr std::int64_t kReportSteps = 64;
+  const bool report_every_epoch = sum_over_ranks(tensor(std::vector<float>{progress.enabled() ? 1.f : 0.f}, {1}), *pg, dev)
+                                      .data<float>()[0] > 0;
+  struct PendingEpoch {
+    std::int64_t epoch;
+    float loss_sum, steps;
+    double test_loss = 0, test_acc = -1;
+  };
+  std::vector<PendingEpoch> pending;
+  std::int64_t steps_unreported = 0;
+  double last_epoch_loss = train_curve.y.empty() ? std::nan("") : train_curve.y.back();
+  double test_acc = -1;
+  // Every rank takes part (one reduction for all the epochs waiting); rank 0 prints.
+  auto report_epochs = [&] {
+    if (pending.empty()) return;
+    const auto k = static_cast<std::int64_t>(pending.size());
+    Tensor sums = zeros({k, 2});
+    for (std::int64_t i = 0; i < k; ++i) {
+      sums.data<float>()[2 * i] = pending[i].loss_sum;
+      sums.data<float>()[2 * i + 1] = pending[i].steps;
+    }
+    sums = sum_over_ranks(sums, *pg, dev);
+    for (std::int64_t i = 0; i < k; ++i) {
+      const PendingEpoch& p = pending[i];
+      last_epoch_loss = sums.data<float>()[2 * i] / std::max(1.f, sums.data<float>()[2 * i + 1]);
+      nlohmann::json rec{{"epoch", p.epoch + 1}, {"train_loss", last_epoch_loss}};
+      train_curve.x.push_back(static_cast<double>(p.epoch + 1));
+      train_curve.y.push_back(last_epoch_loss);
+      if (data.test) {
+        rec["test_loss"] = p.test_loss;
+        rec["test_acc"] = p.test_acc;
+        test_acc = p.test_acc;
+        test_curve.x.push_back(static_cast<double>(p.epoch + 1));
+        test_curve.y.push_back(p.test_loss);
+      }
+      metrics.record_epoch(rec);
+      if (rank == 0) {
+        progress.end_epoch();
+        std::printf("epoch %lld: train loss %.4f", static_cast<long long>(p.epoch + 1), last_epoch_loss);
+        if (data.test) std::printf(", test loss %.4f, test accuracy %.4f", p.test_loss, p.test_acc);
+        std::printf("\n");
+      }
+    }
+    if (rank == 0) std::fflush(stdout);
+    pending.clear();
+    steps_unreported = 0;
+  };
   // Every rank takes part (the partial epoch sums are gathered); rank 0 writes.
   auto save_checkpoint = [&](std::int64_t epoch, std::int64_t in_epoch) {
     if (!ckdir) return;
+    report_epochs();  // the curves and the metrics file hold every finished epoch
     Tensor all = zeros({world, 2});
     all.data<float>()[2 * rank] = stats.data<float>()[0];
     all.data<float>()[2 * rank + 1] = stats.data<float>()[1];
@@ -384,7 +444,6 @@ int run_training(const TrainConfig& c) {
     ckdir->save(s);
   };
 
-  ProgressBar progress(ProgressBar::wanted(rank), c.epochs, steps_per_epoch, c.global_batch);
   if (rank == 0) {
     std::printf("phalanx-train: %lld samples, model %s, %s, %d worker(s) on %s; %s\n", static_cast<long long>(n),
                 widths_str(c.model).c_str(), c.optimizer.c_str(), world, pg->backend_name().c_str(), plan.describe().c_str());
@@ -400,8 +459,6 @@ int run_training(const TrainConfig& c) {
     std::fflush(stdout);
   }
 
-  double last_epoch_loss = train_curve.y.empty() ? std::nan("") : train_curve.y.back();
-  double test_acc = -1;
   const std::int64_t resumed_step = step;
 
   const std::vector<Tensor> params = model->parameters();
@@ -443,30 +500,20 @@ int run_training(const TrainConfig& c) {
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save_checkpoint(epoch, batch_index);
     }
     skip_batches = 0;
-    Tensor sums = sum_over_ranks(stats, *pg, dev);
-    stats = zeros({2});
-    last_epoch_loss = sums.data<float>()[0] / std::max(1.f, sums.data<float>()[1]);
-    nlohmann::json rec{{"epoch", epoch + 1}, {"train_loss", last_epoch_loss}};
-    train_curve.x.push_back(static_cast<double>(epoch + 1));
-    train_curve.y.push_back(last_epoch_loss);
+    PendingEpoch done{epoch, stats.data<float>()[0], stats.data<float>()[1]};
+    stats.data<float>()[0] = stats.data<float>()[1] = 0;
+    steps_unreported += batch_index;
     if (data.test) {
       model->eval();
-      const auto [tl, ta] = evaluate(*model, data.test, *pg);
-      rec["test_loss"] = tl;
-      rec["test_acc"] = ta;
-      test_acc = ta;
-      test_curve.x.push_back(static_cast<double>(epoch + 1));
-      test_curve.y.push_back(tl);
+      std::tie(done.test_loss, done.test_acc) = evaluate(*model, data.test, *pg);
     }
-    metrics.record(rec);
-    if (rank == 0) {
-      progress.end_epoch();
-      std::printf("epoch %lld: train loss %.4f", static_cast<long long>(epoch + 1), last_epoch_loss);
-      if (data.test) std::printf(", test loss %.4f, test accuracy %.4f", rec["test_loss"].get<double>(), test_acc);
-      std::printf("\n");
-      std::fflush(stdout);
-    }
-    if (c.checkpoint_every == 0 && epoch + 1 < c.epochs) save_checkpoint(epoch + 1, 0);
+    pending.push_back(done);
+    const bool checkpoint_now = c.checkpoint_every == 0 && epoch + 1 < c.epochs;
+    if (report_every_epoch || checkpoint_now || epoch + 1 == c.epochs || steps_unreported >= kReportSteps)
+      report_epochs();
+    else
+      metrics.hold();  // the next steps' records wait behind this epoch's
+    if (checkpoint_now) save_checkpoint(epoch + 1, 0);
   }
   // The final checkpoint, always (unless this run resumed from the end and trained nothing).
   if (step != resumed_step || start_epoch < c.epochs || resume_path.empty()) save_checkpoint(c.epochs, 0);
