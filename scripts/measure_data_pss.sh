@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sums the proportional set size (PSS, /proc/PID/smaps_rollup) of every phalanx-train
-# process while a command runs, sampled every 0.2 s, and reports the peak sum and the
+# process while a command runs, sampled every 0.05 s, and reports the peak sum and the
 # peak per worker. Usage: scripts/measure_data_pss.sh COMMAND [ARGS...]
 # e.g. scripts/measure_data_pss.sh build/bin/phalanx-run --nproc-per-node 2 \
 #        build/bin/phalanx-train --dataset fashion-mnist --model 784-256-10 --epochs 1
@@ -23,7 +23,7 @@ while kill -0 "$cmd" 2>/dev/null; do
   done
   [ "$sum" -gt "$peak_sum" ] && peak_sum=$sum
   samples=$((samples + 1))
-  sleep 0.2
+  sleep 0.05
 done
 wait "$cmd"; rc=$?
 cat "$out"
