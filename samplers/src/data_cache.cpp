@@ -147,6 +147,11 @@ Tensor open_entry(const std::string& path, const std::string& key_line, DType dt
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, shape, dtype));
 }
 
+// A failure to write the cache (disk full, quota, file size limit), as opposed to bad data.
+struct CacheWriteError : IoError {
+  using IoError::IoError;
+};
+
 // Writes the array to a file descriptor after the header's room, computing its CRC-32.
 class FileSink : public CacheSink {
  public:
@@ -162,7 +167,7 @@ class FileSink : public CacheSink {
     while (n > 0) {
       const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(kHeaderBytes + written_));
       if (w < 0 && errno == EINTR) continue;
-      if (w < 0) throw IoError(what_ + ": write failed (" + std::strerror(errno) + ")");
+      if (w < 0) throw CacheWriteError(what_ + ": write failed (" + std::strerror(errno) + ")");
       p += w;
       n -= static_cast<std::size_t>(w);
       written_ += static_cast<std::size_t>(w);
@@ -177,7 +182,7 @@ class FileSink : public CacheSink {
     if (h.size() >= kHeaderBytes) throw ValueError("data cache: the entry's key is too long");
     h.resize(kHeaderBytes, '\0');
     if (::pwrite(fd_, h.data(), h.size(), 0) != static_cast<ssize_t>(h.size()) || ::fsync(fd_) != 0)
-      throw IoError(what_ + ": write failed (" + std::strerror(errno) + ")");
+      throw CacheWriteError(what_ + ": write failed (" + std::strerror(errno) + ")");
   }
 
  private:
@@ -297,11 +302,17 @@ Tensor cached_array(const std::string& source, const std::string& transform, DTy
   const std::string tmp = detail::concat(path, ".tmp.", ::getpid());
   {
     Fd out(::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (out.fd < 0) throw IoError(tmp + ": cannot create (" + std::strerror(errno) + ")");
+    FileSink sink(out.fd, tmp, dtype);
     try {
-      FileSink sink(out.fd, tmp, dtype);
+      if (out.fd < 0) throw CacheWriteError(tmp + ": cannot create (" + std::strerror(errno) + ")");
       produce(sink);
       sink.finish(key_line);
+    } catch (const CacheWriteError& e) {  // the disk, not the data: train from private memory
+      ::unlink(tmp.c_str());
+      std::fprintf(stderr, "phalanx: cannot write the data cache (%s); loading %s into private memory\n", e.what(),
+                   source.c_str());
+      in.built = true;
+      return produce_private(dtype, produce);
     } catch (...) {
       ::unlink(tmp.c_str());
       throw;

@@ -3,11 +3,13 @@
 // source changes; writes to a mapped tensor copy pages and never reach the file.
 #include <doctest/doctest.h>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -218,6 +220,39 @@ TEST_CASE("the data cache off, or an unwritable directory: private memory, same 
   auto short_write = [](CacheSink& s) { s.begin({4}); float v = 1; s.write(&v, 4); };
   CHECK_THROWS_WITH_AS(cached_array(src, "short", DType::Float32, short_write), doctest::Contains("wrote 4 bytes"),
                        ValueError);
+}
+
+TEST_CASE("a cache that cannot be written (file size limit, as a full disk) falls back to private memory") {
+  TempCache tc;
+  const std::string src = tc.dir + "/source.bin", log = tc.dir + "/builds.log";
+  write_file(src, std::string(100000, '\x03'));  // 400 kB of float32
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int rc = 1;
+    try {
+      std::signal(SIGXFSZ, SIG_IGN);  // writes past the limit fail with EFBIG instead
+      const rlimit lim{64 * 1024, 64 * 1024};
+      ::setrlimit(RLIMIT_FSIZE, &lim);
+      CacheInfo info;
+      Tensor t = cached_array(src, "double", DType::Float32, doubling(src, log), &info);
+      const std::vector<float> v = t.to_vector<float>();
+      rc = !info.mapped && v.size() == 100000 && v[0] == 6.f && v[99999] == 6.f ? 0 : 2;
+    } catch (...) {
+      rc = 3;
+    }
+    ::_exit(rc);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // No entry and no temporary file were left behind.
+  FILE* p = ::popen(("ls " + tc.dir + "/cache | grep -v '\\.lock$' | wc -l").c_str(), "r");
+  int n = -1;
+  REQUIRE(std::fscanf(p, "%d", &n) == 1);
+  ::pclose(p);
+  CHECK(n == 0);
 }
 
 TEST_CASE("Fashion-MNIST from the cache equals Fashion-MNIST built in private memory, standardized or not") {

@@ -44,8 +44,9 @@ std::string data_cache_dir();
 
 /// The array `transform` makes of the file `source`, of dtype Float32 or Int64, from the
 /// cache, building it with `produce` when the cache has no valid entry. Where the cache
-/// cannot be used (off, or the directory is not writable: a one-line warning on stderr),
-/// the array is produced into private memory.
+/// cannot be used (off; the directory is not writable, or writing the entry fails, e.g. a
+/// full disk: a one-line warning on stderr), the array is produced into private memory.
+/// Errors of the producer (a corrupt source) propagate, and nothing is cached.
 Tensor cached_array(const std::string& source, const std::string& transform, DType dtype,
                     const CacheProducer& produce, CacheInfo* info = nullptr);
 
