@@ -378,6 +378,7 @@ int run_training(const TrainConfig& c) {
   };
   std::vector<PendingEpoch> pending;
   std::int64_t steps_unreported = 0;
+  std::string console;  // rank 0's epoch lines of one report
   double last_epoch_loss = train_curve.y.empty() ? std::nan("") : train_curve.y.back();
   double test_acc = -1;
   // Every rank takes part (one reduction for all the epochs waiting); rank 0 prints.
@@ -405,13 +406,23 @@ int run_training(const TrainConfig& c) {
       }
       metrics.record_epoch(rec);
       if (rank == 0) {
-        progress.end_epoch();
-        std::printf("epoch %lld: train loss %.4f", static_cast<long long>(p.epoch + 1), last_epoch_loss);
-        if (data.test) std::printf(", test loss %.4f, test accuracy %.4f", p.test_loss, p.test_acc);
-        std::printf("\n");
+        char line[1024];  // room for two doubles of 309 digits (a diverged loss in %.4f)
+        std::size_t len = static_cast<std::size_t>(std::snprintf(
+            line, sizeof line, "epoch %lld: train loss %.4f", static_cast<long long>(p.epoch + 1), last_epoch_loss));
+        if (data.test && len < sizeof line)
+          len += static_cast<std::size_t>(std::snprintf(line + len, sizeof line - len, ", test loss %.4f, test accuracy %.4f",
+                                                        p.test_loss, p.test_acc));
+        progress.end_epoch();  // ends the bar's line (with a bar, every epoch is reported as it ends)
+        console.append(line, std::min(len, sizeof line - 1)).push_back('\n');
       }
     }
-    if (rank == 0) std::fflush(stdout);
+    if (rank == 0) {
+      // One write for the group: stdout is line-buffered under phalanx-run, where a line
+      // at a time would cost a write (and a wake-up of the launcher) each.
+      std::fwrite(console.data(), 1, console.size(), stdout);
+      std::fflush(stdout);
+      console.clear();
+    }
     pending.clear();
     steps_unreported = 0;
   };
@@ -508,7 +519,7 @@ int run_training(const TrainConfig& c) {
       std::tie(done.test_loss, done.test_acc) = evaluate(*model, data.test, *pg);
     }
     pending.push_back(done);
-    const bool checkpoint_now = c.checkpoint_every == 0 && epoch + 1 < c.epochs;
+    const bool checkpoint_now = ckdir && c.checkpoint_every == 0 && epoch + 1 < c.epochs;
     if (report_every_epoch || checkpoint_now || epoch + 1 == c.epochs || steps_unreported >= kReportSteps)
       report_epochs();
     else
