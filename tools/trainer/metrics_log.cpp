@@ -15,9 +15,10 @@ namespace phalanx::trainer {
 
 namespace {
 
-// A double as nlohmann::json::dump() writes it (the shortest digits that read back as the
-// same double; fixed notation for decimal exponents in (-4, 15], else d.ddde+XX; NaN and
-// infinities as null), without building a JSON object: the step record is written every step.
+// A double laid out as nlohmann::json::dump() lays it out (fixed notation for decimal
+// exponents in (-4, 15], else d.ddde+XX; NaN and infinities as null), with the shortest
+// digits that read back as the same double (nlohmann's Grisu2 now and then writes one digit
+// more: the value read back is the same), without building a JSON object per step.
 void append_number(std::string& s, double v) {
   if (!std::isfinite(v)) {
     s += "null";
