@@ -23,7 +23,11 @@ struct Batch {
 struct DataLoaderOptions {
   std::int64_t batch_size = 1;
   bool drop_last = false;
-  int prefetch = 0;  ///< batches prepared ahead on a background thread (0: none)
+  /// Batches prepared ahead on a background thread (0: none). Worth it only when a batch
+  /// costs more to gather than to hand over between threads (tens of microseconds: data
+  /// decoded or read per batch); for data in memory or mapped, 0 is faster, and the thread
+  /// competes with the workers when there are no spare cores (docs/benchmarks.md).
+  int prefetch = 0;
 };
 
 class DataLoader {
