@@ -13,7 +13,15 @@ DataLoader::DataLoader(DatasetPtr dataset, const DataLoaderOptions& options, Sam
   if (!sampler_) sampler_ = std::make_shared<SequentialSampler>(dataset_->size());
 }
 
-DataLoader::~DataLoader() { stop_worker(); }
+DataLoader::~DataLoader() {
+  if (!worker_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    quit_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
 
 std::int64_t DataLoader::num_batches() const {
   const std::int64_t n = sampler_->size(), b = options_.batch_size;
@@ -32,51 +40,57 @@ Batch DataLoader::collate(std::int64_t b) const {
   return out;
 }
 
-void DataLoader::stop_worker() {
-  if (!worker_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  worker_.join();
-}
-
 void DataLoader::worker_loop() {
-  for (std::int64_t b = 0; b < batches_; ++b) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || static_cast<int>(ready_.size()) < options_.prefetch; });
-      if (stop_) return;
-    }
-    Batch batch;
-    try {
-      batch = collate(b);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu_);
-      error_ = std::current_exception();
-      cv_.notify_all();
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  std::uint64_t served = 0;
+  for (;;) {
+    cv_.wait(lock, [&] { return quit_ || generation_ != served; });
+    if (quit_) return;
+    served = generation_;
+    for (std::int64_t b = 0; b < batches_; ++b) {
+      cv_.wait(lock, [&] {
+        return quit_ || generation_ != served || (!pause_ && static_cast<int>(ready_.size()) < options_.prefetch);
+      });
+      if (quit_) return;
+      if (generation_ != served) break;  // a new epoch started: this one is dropped
+      busy_ = true;
+      lock.unlock();
+      Batch batch;
+      std::exception_ptr error;
+      try {
+        batch = collate(b);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      busy_ = false;
+      cv_.notify_all();  // the reader, or start_epoch waiting for the order to be free
+      if (quit_) return;
+      if (generation_ != served) break;
+      if (error) {
+        error_ = error;  // next() rethrows it once the batches before it are taken
+        break;
+      }
       ready_.push_back(std::move(batch));
-      ++produced_;
     }
-    cv_.notify_all();
   }
 }
 
 void DataLoader::start_epoch() {
-  stop_worker();
-  order_ = sampler_->indices();
-  batches_ = num_batches();
-  cursor_ = 0;
-  ready_.clear();
-  produced_ = 0;
-  stop_ = false;
-  error_ = nullptr;
-  if (options_.prefetch > 0) worker_ = std::thread([this] { worker_loop(); });
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    pause_ = true;  // the worker starts no batch of the old epoch ...
+    cv_.wait(lock, [&] { return !busy_; });  // ... and finishes the one it is collating
+    order_ = sampler_->indices();
+    batches_ = num_batches();
+    cursor_ = 0;
+    ready_.clear();
+    error_ = nullptr;
+    ++generation_;  // the new epoch, its order in place
+    pause_ = false;
+  }
+  if (options_.prefetch > 0 && !worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  cv_.notify_all();
 }
 
 bool DataLoader::next(Batch& out) {

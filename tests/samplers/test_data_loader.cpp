@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -62,6 +63,69 @@ TEST_CASE("prefetching keeps the order, epoch after epoch") {
   ahead.start_epoch();
   Batch one;
   CHECK(ahead.next(one));
+}
+
+namespace {
+// The order 0..n-1, with one index out of the dataset's range at `bad` in the epochs it names.
+struct FaultySampler : Sampler {
+  std::int64_t n, bad;
+  std::vector<std::int64_t> bad_epochs;
+  FaultySampler(std::int64_t n_, std::int64_t bad_, std::vector<std::int64_t> epochs) : n(n_), bad(bad_), bad_epochs(epochs) {}
+  std::vector<std::int64_t> indices() const override {
+    std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
+    if (std::find(bad_epochs.begin(), bad_epochs.end(), epoch_) != bad_epochs.end()) v[static_cast<std::size_t>(bad)] = 1000;
+    return v;
+  }
+  std::int64_t size() const override { return n; }
+};
+
+std::vector<std::int64_t> labels_of(DataLoader& loader) {
+  std::vector<std::int64_t> seen;
+  for (Batch& b : loader) for (auto v : b.y.to_vector<std::int64_t>()) seen.push_back(v);
+  return seen;
+}
+}  // namespace
+
+TEST_CASE("prefetching: an epoch left early, then whole epochs, in the sampler's order") {
+  auto ds = toy(40);
+  auto sampler = std::make_shared<RandomSampler>(40, 5);
+  DataLoader plain(ds, {3}, sampler);
+  for (int prefetch : {1, 2, 5}) {
+    CAPTURE(prefetch);
+    DataLoaderOptions po{3};
+    po.prefetch = prefetch;
+    DataLoader ahead(ds, po, sampler);
+    for (std::int64_t epoch = 0; epoch < 40; ++epoch) {
+      sampler->set_epoch(epoch);
+      // Leave after 0, 1 or 2 batches (the worker may be collating or waiting for room) ...
+      ahead.start_epoch();
+      Batch b;
+      for (std::int64_t i = 0; i < epoch % 3; ++i) REQUIRE(ahead.next(b));
+      // ... and the next epoch is whole and in order.
+      const auto want = labels_of(plain);
+      REQUIRE(want.size() == 40);
+      CHECK(labels_of(ahead) == want);
+    }
+  }
+}
+
+TEST_CASE("prefetching: a batch that fails is thrown after the batches before it; the next epoch is whole") {
+  auto ds = toy(20);
+  auto sampler = std::make_shared<FaultySampler>(20, 13, std::vector<std::int64_t>{1});
+  DataLoaderOptions po{4};
+  po.prefetch = 2;
+  DataLoader loader(ds, po, sampler);
+  CHECK(labels_of(loader).size() == 20);
+  sampler->set_epoch(1);
+  loader.start_epoch();
+  Batch b;
+  for (int i = 0; i < 3; ++i) REQUIRE(loader.next(b));  // rows 0-11
+  CHECK_THROWS_WITH_AS(loader.next(b), doctest::Contains("dataset index 1000 is outside [0, 20)"), ValueError);
+  sampler->set_epoch(2);
+  const auto seen = labels_of(loader);
+  REQUIRE(seen.size() == 20);
+  for (std::int64_t i = 0; i < 20; ++i) CHECK(seen[static_cast<std::size_t>(i)] == i);
 }
 
 TEST_CASE("DistributedSampler in a DataLoader gives each rank its shard") {

@@ -1,7 +1,9 @@
 #pragma once
 // DataLoader: batches from a dataset in a sampler's order, collated into contiguous tensors
 // (one allocation per batch tensor, none per sample). With prefetch > 0 a background
-// thread prepares up to `prefetch` batches ahead; the order stays the sampler's.
+// thread prepares up to `prefetch` batches ahead; the order stays the sampler's. The thread
+// is started once and sleeps (on a condition variable, never spinning) between epochs and
+// whenever `prefetch` batches are waiting.
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -75,7 +77,6 @@ class DataLoader {
 
  private:
   Batch collate(std::int64_t b) const;
-  void stop_worker();
   void worker_loop();
 
   DatasetPtr dataset_;
@@ -84,13 +85,15 @@ class DataLoader {
   std::vector<std::int64_t> order_;
   std::int64_t batches_ = 0, cursor_ = 0;
 
-  // prefetching
+  // prefetching: the worker serves epoch `generation_`, which changes (under mu_) only once
+  // the new order is in place; start_epoch pauses it and waits until it is not collating
+  // (busy_ false) before changing order_ and batches_.
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Batch> ready_;
-  std::int64_t produced_ = 0;
-  bool stop_ = false;
+  std::uint64_t generation_ = 0;
+  bool busy_ = false, pause_ = false, quit_ = false;
   std::exception_ptr error_;
 };
 
