@@ -30,20 +30,31 @@ std::shared_ptr<Storage> Storage::map_file(const std::string& path, std::size_t 
   if (nbytes == 0) return std::make_shared<Storage>(0, Device::cpu());
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw IoError(path + ": cannot open for reading (" + std::strerror(errno) + ")");
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < offset + nbytes) {
+  try {
+    auto s = map_fd(fd, path, offset, nbytes);
+    ::close(fd);  // the mapping keeps the file alive
+    return s;
+  } catch (...) {
     ::close(fd);
-    throw IoError(detail::concat(path, ": truncated: ", offset + nbytes, " bytes needed, the file has ",
-                                 static_cast<long long>(st.st_size)));
+    throw;
   }
+}
+
+std::shared_ptr<Storage> Storage::map_fd(int fd, const std::string& what, std::size_t offset, std::size_t nbytes) {
+  if (offset % 64 != 0)
+    throw IoError(detail::concat(what, ": cannot map data at byte ", offset, " (not a multiple of 64)"));
+  if (nbytes == 0) return std::make_shared<Storage>(0, Device::cpu());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw IoError(what + ": cannot stat (" + std::strerror(errno) + ")");
+  if (static_cast<std::uint64_t>(st.st_size) < offset + nbytes)
+    throw IoError(detail::concat(what, ": truncated: ", offset + nbytes, " bytes needed, the file has ",
+                                 static_cast<long long>(st.st_size)));
   const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const std::size_t start = offset / page * page;
   const std::size_t len = offset + nbytes - start;
   // MAP_PRIVATE + PROT_WRITE: reads share the page cache, writes copy the page (never the file).
   void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, static_cast<off_t>(start));
-  const int err = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  if (base == MAP_FAILED) throw IoError(path + ": cannot map the file (" + std::strerror(err) + ")");
+  if (base == MAP_FAILED) throw IoError(what + ": cannot map the file (" + std::strerror(errno) + ")");
   std::shared_ptr<Storage> s(new Storage());
   s->map_base_ = base;
   s->map_len_ = len;

@@ -59,11 +59,12 @@ std::string hex(std::uint64_t v) {
   return b;
 }
 
-// What identifies the source's version: size, mtime (ns) and the CRC-32 of its bytes.
+// What identifies the source's version: its size and two checksums of its bytes (CRC-32 and
+// Adler-32). Not its mtime: identical copies (another host's, a fresh download) share entries.
 struct SourceKey {
-  long long size = 0, mtime_ns = 0;
-  std::uint32_t crc = 0;
-  std::string str() const { return detail::concat(size, ' ', mtime_ns, ' ', crc); }
+  long long size = 0;
+  std::uint32_t crc = 0, adler = 1;
+  std::string str() const { return detail::concat(size, ' ', crc, ' ', adler); }
 };
 
 SourceKey source_key(const std::string& path) {
@@ -72,15 +73,15 @@ SourceKey source_key(const std::string& path) {
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) throw IoError(path + ": cannot stat (" + std::strerror(errno) + ")");
   SourceKey k;
-  k.size = st.st_size;
-  k.mtime_ns = static_cast<long long>(st.st_mtim.tv_sec) * 1000000000ll + st.st_mtim.tv_nsec;
   std::vector<unsigned char> buf(1 << 20);
   for (;;) {
     const ssize_t r = ::read(f.fd, buf.data(), buf.size());
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) throw IoError(path + ": read failed (" + std::strerror(errno) + ")");
     if (r == 0) break;
+    k.size += r;
     k.crc = crc(buf.data(), static_cast<std::size_t>(r), k.crc);
+    k.adler = static_cast<std::uint32_t>(::adler32(k.adler, buf.data(), static_cast<uInt>(r)));
   }
   return k;
 }
@@ -125,26 +126,49 @@ bool read_header(int fd, const std::string& key_line, DType dtype, Shape& shape,
   return word == "data-crc32";
 }
 
-// The mapped entry, or an undefined tensor when it is missing, for another key, or damaged.
-Tensor open_entry(const std::string& path, const std::string& key_line, DType dtype, bool& damaged) {
-  damaged = false;
-  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f.fd < 0) return {};
+enum class Entry { ok, missing, damaged, foreign };
+
+// The entry open on `fd`, checked (owner, header, size, data checksum) and mapped.
+Tensor map_entry(int fd, const std::string& path, const std::string& key_line, DType dtype, Entry& state) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    state = Entry::damaged;
+    return {};
+  }
+  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+    state = Entry::foreign;
+    return {};
+  }
   Shape shape;
   std::uint32_t want = 0;
-  struct stat st {};
-  const bool header_ok = read_header(f.fd, key_line, dtype, shape, want) && ::fstat(f.fd, &st) == 0;
+  const bool header_ok = read_header(fd, key_line, dtype, shape, want);
   const std::size_t nbytes = header_ok ? static_cast<std::size_t>(numel_of(shape)) * element_size(dtype) : 0;
   if (!header_ok || static_cast<std::size_t>(st.st_size) != kHeaderBytes + nbytes) {
-    damaged = true;
+    state = Entry::damaged;
     return {};
   }
-  auto storage = Storage::map_file(path, kHeaderBytes, nbytes);
+  auto storage = Storage::map_fd(fd, path, kHeaderBytes, nbytes);
   if (crc(storage->data(), nbytes) != want) {  // reads the shared pages; copies nothing
-    damaged = true;
+    state = Entry::damaged;
     return {};
   }
+  state = Entry::ok;
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, shape, dtype));
+}
+
+// The mapped entry; `state` says why there is none: missing (or removed while opening),
+// damaged (or for another key), or foreign (owned by another user, or not a regular file).
+// The descriptor opened and checked is the one mapped, so a concurrent rename or unlink of
+// the path cannot make this fail.
+Tensor open_entry(const std::string& path, const std::string& key_line, DType dtype, Entry& state) {
+  state = Entry::missing;
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (f.fd < 0) {
+    if (errno == ENOENT) return {};
+    state = errno == ELOOP ? Entry::foreign : Entry::damaged;  // a symlink is not ours to follow
+    return {};
+  }
+  return map_entry(f.fd, path, key_line, dtype, state);
 }
 
 // A failure to write the cache (disk full, quota, file size limit), as opposed to bad data.
@@ -237,16 +261,32 @@ std::string base_name(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-// Removes the entries for older versions of the same source and transform.
-void remove_stale(const std::string& dir, const std::string& prefix, const std::string& keep) {
+// The source's canonical path (symlinks and ".." resolved), or the path as given.
+std::string real_path(const std::string& path) {
+  std::unique_ptr<char, void (*)(void*)> r(::realpath(path.c_str(), nullptr), std::free);
+  return r ? std::string(r.get()) : path;
+}
+
+// Unlinks the files in `dir` whose names start with `prefix`, except `keep`, that end in
+// `suffix` (empty: any).
+void remove_prefixed(const std::string& dir, const std::string& prefix, const std::string& keep,
+                     const std::string& suffix) {
   std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
   if (!d) return;
+  std::vector<std::string> doomed;
   while (dirent* e = ::readdir(d.get())) {
     const std::string name = e->d_name;
-    if (name.rfind(prefix, 0) == 0 && name != keep && name.size() > 5 &&
-        name.compare(name.size() - 5, 5, ".phxc") == 0)
-      ::unlink((dir + "/" + name).c_str());  // processes that map it keep their pages
+    if (name.rfind(prefix, 0) == 0 && name != keep && name.size() >= prefix.size() + suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      doomed.push_back(name);
   }
+  for (const auto& name : doomed) ::unlink((dir + "/" + name).c_str());  // mappers keep their pages
+}
+
+void warn_foreign(const std::string& path, const std::string& source) {
+  std::fprintf(stderr, "phalanx: data cache entry %s is not a file owned by this user; loading %s into private "
+               "memory (remove it, or set PHALANX_DATA_CACHE to a directory of your own)\n", path.c_str(),
+               source.c_str());
 }
 
 }  // namespace
@@ -279,29 +319,45 @@ Tensor cached_array(const std::string& source, const std::string& transform, DTy
   }
   const SourceKey key = source_key(source);
   const std::string key_line = key.str() + " " + transform;
-  const std::string prefix = base_name(source) + "." + hex(fnv1a(transform)).substr(0, 8) + ".";
+  // The prefix names one source file (by its real path) and one transform: entries for
+  // other versions of that file are replaced, entries of any other file are never touched.
+  const std::string prefix = base_name(source) + "." + hex(fnv1a(real_path(source))).substr(0, 8) + "." +
+                             hex(fnv1a(transform)).substr(0, 8) + ".";
   const std::string name = prefix + hex(fnv1a(key_line)) + ".phxc";
   const std::string path = dir + "/" + name;
   in.path = path;
 
-  bool damaged = false;
-  if (Tensor t = open_entry(path, key_line, dtype, damaged); t.defined()) {
+  Entry state = Entry::missing;
+  if (Tensor t = open_entry(path, key_line, dtype, state); t.defined()) {
     in.mapped = true;
     return t;
+  }
+  if (state == Entry::foreign) {
+    warn_foreign(path, source);
+    in.built = true;
+    return produce_private(dtype, produce);
   }
   // Build under an exclusive lock: the others wait here (asleep in flock), then map the entry.
   Fd lock(::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
   if (lock.fd < 0) throw IoError(path + ".lock: cannot open (" + std::strerror(errno) + ")");
   while (::flock(lock.fd, LOCK_EX) != 0)
     if (errno != EINTR) throw IoError(path + ".lock: cannot lock (" + std::strerror(errno) + ")");
-  if (Tensor t = open_entry(path, key_line, dtype, damaged); t.defined()) {
+  if (Tensor t = open_entry(path, key_line, dtype, state); t.defined()) {
     in.mapped = true;
     return t;  // another process built it while this one waited
   }
-  in.rebuilt_damaged = damaged;
+  if (state == Entry::foreign) {
+    warn_foreign(path, source);
+    in.built = true;
+    return produce_private(dtype, produce);
+  }
+  in.rebuilt_damaged = state == Entry::damaged;
+  // Holding the lock, no one else writes this entry: temporaries left here were orphaned
+  // by builders that died (killed mid-build).
+  remove_prefixed(dir, name + ".tmp.", std::string(), std::string());
   const std::string tmp = detail::concat(path, ".tmp.", ::getpid());
+  Fd out(::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   {
-    Fd out(::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     FileSink sink(out.fd, tmp, dtype);
     try {
       if (out.fd < 0) throw CacheWriteError(tmp + ": cannot create (" + std::strerror(errno) + ")");
@@ -323,8 +379,9 @@ Tensor cached_array(const std::string& source, const std::string& transform, DTy
     throw IoError(path + ": rename failed (" + std::strerror(errno) + ")");
   }
   in.built = true;
-  remove_stale(dir, prefix, name);
-  Tensor t = open_entry(path, key_line, dtype, damaged);
+  remove_prefixed(dir, prefix, name, ".phxc");  // older versions of this source
+  // Mapped from the descriptor written: what a concurrent cleaner does to the path is moot.
+  Tensor t = map_entry(out.fd, path, key_line, dtype, state);
   if (!t.defined()) throw IoError(path + ": the entry just written does not verify (is the disk full or failing?)");
   in.mapped = true;
   return t;

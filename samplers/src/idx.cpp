@@ -123,10 +123,11 @@ std::shared_ptr<TensorDataset> load_mnist(const std::string& dir, const MnistOpt
   const std::string ipath = find_file(dir, prefix + "-images-idx3-ubyte");
   const std::string lpath = find_file(dir, prefix + "-labels-idx1-ubyte");
   // Both arrays come from the per-host data cache (decompressed and converted once, then
-  // mapped by every process); the transform names every option that changes the values.
+  // mapped by every process); the transform names every option that changes the values, and a version (v2) to bump
+  // whenever the conversion's code changes what it writes.
   const float scale = o.normalize ? 1.f / 255.f : 1.f;
   char transform[160];
-  std::snprintf(transform, sizeof transform, "mnist-images f32 scale=%a standardize=%d mean=%a std=%a flatten=%d",
+  std::snprintf(transform, sizeof transform, "mnist-images v2 f32 scale=%a standardize=%d mean=%a std=%a flatten=%d",
                 scale, int(o.standardize), o.mean, o.std, int(o.flatten));
   Tensor x = cached_array(ipath, transform, DType::Float32, [&](CacheSink& sink) {
     Shape shape;
@@ -144,7 +145,7 @@ std::shared_ptr<TensorDataset> load_mnist(const std::string& dir, const MnistOpt
       sink.write(chunk.data(), m * sizeof(float));
     }
   });
-  Tensor labels = cached_array(lpath, "mnist-labels i64", DType::Int64, [&](CacheSink& sink) {
+  Tensor labels = cached_array(lpath, "mnist-labels v2 i64", DType::Int64, [&](CacheSink& sink) {
     Shape shape;
     const std::vector<unsigned char> bytes = read_idx_bytes(lpath, shape);
     if (shape.size() != 1) throw IoError(lpath + ": expected labels [N], got " + shape_str(shape));

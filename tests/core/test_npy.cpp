@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <unistd.h>
@@ -158,6 +159,23 @@ TEST_CASE("a large float32/int64 .npy is mapped copy-on-write and equals the rea
   write_bytes(tmp_path("big_f.npy"), bytes.substr(0, bytes.size() - 100));
   CHECK_THROWS_WITH_AS(load_npy(tmp_path("big_f.npy")), doctest::Contains("truncated data"), IoError);
   std::remove(tmp_path("big_f.npy").c_str());
+}
+
+TEST_CASE("PHALANX_MMAP=0 reads a mappable .npy into private memory (a snapshot)") {
+  Generator g(4);
+  const Tensor f = randn({600, 512}, &g);
+  save_npy(tmp_path("snap.npy"), f);
+  ::setenv("PHALANX_MMAP", "0", 1);
+  NpyLoadInfo info;
+  Tensor t = load_npy(tmp_path("snap.npy"), &info);
+  ::unsetenv("PHALANX_MMAP");
+  CHECK_FALSE(info.mapped);
+  CHECK_FALSE(t.impl()->storage()->mapped());
+  // Rewritten in place (as np.save does: truncate, write): the snapshot keeps its values.
+  write_bytes(tmp_path("snap.npy"), "");
+  CHECK(t.to_vector<float>() == f.to_vector<float>());
+  CHECK_THROWS_AS(load_npy(tmp_path("snap.npy")), IoError);
+  std::remove(tmp_path("snap.npy").c_str());
 }
 
 TEST_CASE("layouts that cannot be mapped are read: float64, small arrays, a data offset not 64-aligned") {

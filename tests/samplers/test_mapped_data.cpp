@@ -3,6 +3,7 @@
 // source changes; writes to a mapped tensor copy pages and never reach the file.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -15,6 +16,8 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include <phalanx/phalanx.hpp>
@@ -142,6 +145,82 @@ TEST_CASE("a cached array is built once, mapped, reused unchanged, rebuilt when 
   CHECK(d.to_vector<float>() == std::vector<float>{10, 4, 6, 510});
   CHECK(::access(entry.c_str(), F_OK) != 0);  // the stale entry is gone ...
   CHECK(a.to_vector<float>() == std::vector<float>{2, 4, 6, 510});  // ... its mappings live on
+}
+
+TEST_CASE("same-named sources (MNIST and Fashion-MNIST) keep their own entries: concurrent loaders never throw or rebuild") {
+  TempCache tc;
+  REQUIRE(::mkdir((tc.dir + "/mnist").c_str(), 0755) == 0);
+  REQUIRE(::mkdir((tc.dir + "/fashion").c_str(), 0755) == 0);
+  const std::string a = tc.dir + "/mnist/train-images-idx3-ubyte", b = tc.dir + "/fashion/train-images-idx3-ubyte";
+  write_file(a, std::string("\x01\x02\x03", 3));
+  write_file(b, std::string("\x07\x08\x09\x0a", 4));
+  const std::vector<float> va{2, 4, 6}, vb{14, 16, 18, 20};
+  std::atomic<int> errors{0}, builds{0}, wrong{0};
+  auto loader = [&](const std::string& src, const std::vector<float>& want) {
+    for (int i = 0; i < 200; ++i) {
+      try {
+        CacheInfo info;
+        Tensor t = cached_array(src, "same transform", DType::Float32, doubling(src, tc.dir + "/log"), &info);
+        if (info.built) ++builds;
+        if (!info.mapped || t.to_vector<float>() != want) ++wrong;
+      } catch (const std::exception& e) {
+        if (errors++ == 0) MESSAGE(e.what());
+      }
+    }
+  };
+  std::thread ta(loader, a, va), tb(loader, b, vb);
+  ta.join();
+  tb.join();
+  CHECK(errors == 0);
+  CHECK(wrong == 0);
+  CHECK(builds == 2);  // each source once; never each other's victim
+  // Jobs alternating between the two datasets reuse both entries.
+  CacheInfo ia, ib;
+  cached_array(a, "same transform", DType::Float32, doubling(a, tc.dir + "/log"), &ia);
+  cached_array(b, "same transform", DType::Float32, doubling(b, tc.dir + "/log"), &ib);
+  CHECK_FALSE(ia.built);
+  CHECK_FALSE(ib.built);
+  CHECK(ia.path != ib.path);
+
+  // An identical copy with another mtime (another host's, a fresh download) is the same key.
+  const struct timespec old_times[2] = {{1000000, 0}, {1000000, 0}};
+  REQUIRE(::utimensat(AT_FDCWD, a.c_str(), old_times, 0) == 0);
+  cached_array(a, "same transform", DType::Float32, doubling(a, tc.dir + "/log"), &ia);
+  CHECK_FALSE(ia.built);
+}
+
+TEST_CASE("a killed builder's temporary is removed by the next builder; a foreign entry is not used") {
+  TempCache tc;
+  const std::string src = tc.dir + "/source.bin", log = tc.dir + "/builds.log";
+  write_file(src, std::string("\x01\x02", 2));
+  CacheInfo info;
+  cached_array(src, "double", DType::Float32, doubling(src, log), &info);
+  const std::string entry = info.path;
+  // As if a builder had been killed mid-write, and then the entry were cleared.
+  write_file(entry + ".tmp.999999", "partial");
+  REQUIRE(std::remove(entry.c_str()) == 0);
+  cached_array(src, "double", DType::Float32, doubling(src, log), &info);
+  CHECK(info.built);
+  CHECK(::access((entry + ".tmp.999999").c_str(), F_OK) != 0);
+
+  // A symlink in the entry's place (someone else's file) is not followed: private memory.
+  const std::string other = tc.dir + "/other";
+  write_file(other, slurp(entry));
+  REQUIRE(std::remove(entry.c_str()) == 0);
+  REQUIRE(::symlink(other.c_str(), entry.c_str()) == 0);
+  Tensor t = cached_array(src, "double", DType::Float32, doubling(src, log), &info);
+  CHECK(info.built);
+  CHECK_FALSE(info.mapped);
+  CHECK(t.to_vector<float>() == std::vector<float>{2, 4});
+  // An entry owned by another user (checkable as root only) likewise.
+  if (::geteuid() == 0) {
+    REQUIRE(std::remove(entry.c_str()) == 0);
+    REQUIRE(std::rename(other.c_str(), entry.c_str()) == 0);
+    REQUIRE(::chown(entry.c_str(), 12345, 12345) == 0);
+    Tensor u = cached_array(src, "double", DType::Float32, doubling(src, log), &info);
+    CHECK_FALSE(info.mapped);
+    CHECK(u.to_vector<float>() == std::vector<float>{2, 4});
+  }
 }
 
 TEST_CASE("concurrent processes build a cache entry once and all map it") {

@@ -16,6 +16,13 @@ namespace phalanx {
 
 namespace {
 
+// PHALANX_MMAP=0 (or "off") reads every .npy into private memory: a snapshot that a later
+// in-place rewrite of the file (np.save over the same path) cannot change or fault.
+bool npy_mmap_enabled() {
+  const char* v = std::getenv("PHALANX_MMAP");
+  return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0));
+}
+
 [[noreturn]] void bad(const std::string& what, const std::string& why) {
   throw IoError(what + ": " + why);
 }
@@ -200,7 +207,7 @@ Tensor load_npy(const std::string& path, NpyLoadInfo* info) {
       const NpyHeader h = parse_npy_header(hp, head.size(), path);
       const bool f4 = h.descr == "<f4", i8 = h.descr == "<i8";
       const std::size_t nbytes = static_cast<std::size_t>(h.numel) * 4 * (i8 ? 2 : 1);
-      if ((f4 || i8) && h.data_offset % 64 == 0 && nbytes >= kNpyMapMinBytes) {
+      if ((f4 || i8) && h.data_offset % 64 == 0 && nbytes >= kNpyMapMinBytes && npy_mmap_enabled()) {
         f.seekg(0, std::ios::end);
         const auto fsize = static_cast<std::size_t>(f.tellg());
         if (fsize - h.data_offset < nbytes)

@@ -9,7 +9,8 @@
 // file, and a write to the tensor copies the page it touches, never changing the file (see
 // Storage::map_file). Other layouts are read and converted into private memory. Replace a
 // mapped file by writing a new one and renaming it (as save_npy does); truncating it in
-// place while a process maps it makes that process fault.
+// place while a process maps it makes that process fault (np.save(path) truncates: save to
+// a temporary name and os.replace it). PHALANX_MMAP=0 turns mapping off (private copies).
 #include <cstddef>
 #include <cstdint>
 #include <string>

@@ -25,11 +25,15 @@ class Storage {
   /// A file truncated by someone else while mapped faults on access (SIGBUS): map only
   /// files that are replaced by rename, never rewritten in place.
   static std::shared_ptr<Storage> map_file(const std::string& path, std::size_t offset, std::size_t nbytes);
+  /// As map_file, over the open, readable descriptor `fd` (not closed; the mapping outlives
+  /// it), so a caller that opened and checked a file maps that very file and not whatever
+  /// the path names by then. `what` names the file in errors.
+  static std::shared_ptr<Storage> map_fd(int fd, const std::string& what, std::size_t offset, std::size_t nbytes);
 
   void* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
-  /// True for a file mapping (map_file).
+  /// True for a file mapping (map_file, map_fd).
   bool mapped() const { return map_base_ != nullptr; }
 
  private:

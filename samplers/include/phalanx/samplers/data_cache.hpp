@@ -8,10 +8,14 @@
 // PHALANX_DATA_CACHE=off builds every array in private memory (no cache). The directory can
 // be cleared at any time (running processes keep their mappings).
 //
-// An entry is keyed by the source's size, modification time and CRC-32 of its bytes, and by
-// the transformation's name; its header also records the CRC-32 of the data, checked on
-// every load (one read pass over the mapping): a damaged entry is rebuilt, an entry for an
-// older version of the source is replaced.
+// An entry is keyed by the source's size and checksums of its bytes (CRC-32, Adler-32; not
+// its mtime, so identical copies share an entry) and by the transformation's name; its
+// header also records the CRC-32 of the data, checked on every load (one read pass over the
+// mapping): a damaged entry is rebuilt. Entries of one source file (by its real path) and
+// transform replace each other's older versions; other files' entries are never removed, so
+// same-named sources (MNIST and Fashion-MNIST) coexist. A builder killed mid-build leaves a
+// temporary that the next builder of that entry removes. An entry not owned by the current
+// user (or a symlink) is never used: the array goes to private memory with a warning.
 #include <cstddef>
 #include <functional>
 #include <string>
