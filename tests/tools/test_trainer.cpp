@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <phalanx/phalanx.hpp>
 
@@ -217,4 +219,81 @@ TEST_CASE("the progress bar: only on request off a terminal, and at most 10 redr
   CHECK(draws < 192);
   r = run(kData + " --global-batch 8 --epochs 1");  // stdout is a file: no bar
   CHECK(std::count(r.out.begin(), r.out.end(), '\r') == 0);
+}
+
+namespace {
+const std::string kNpz = std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.npz";
+const std::string kNpzData = " --train-x " + kNpz + ":x --train-y " + kNpz + ":y";
+}  // namespace
+
+TEST_CASE("a run stopped by a non-finite loss still reports every epoch and step before it (1-step epochs)") {
+  // 512 samples, global batch 512: 1-step epochs, reported in groups; --lr 50 diverges to an
+  // infinite loss at step 28 (the test reads where from the error).
+  const std::string m = dir() + "/diverge.jsonl";
+  for (int workers : {1, 2}) {
+    CAPTURE(workers);
+    std::remove(m.c_str());
+    auto r = run(kNpzData + " --global-batch 512 --lr 50 --epochs 100 --metrics " + m, workers > 1, workers);
+    INFO(r.out);
+    REQUIRE(r.code != 0);
+    const auto at = r.out.find(") at step ");
+    REQUIRE(r.out.find("non-finite loss (") != std::string::npos);
+    REQUIRE(at != std::string::npos);
+    const long stop = std::atol(r.out.c_str() + at + 10);
+    REQUIRE(stop > 5);
+    // One worker: its sums are the sums. Two: rank 0 stopped alone (no collective), and says
+    // its lines hold its own batches only.
+    const std::string key = workers == 1 ? "train_loss" : "train_loss_rank0";
+    for (long e = 1; e < stop; ++e) {
+      CAPTURE(e);
+      const std::string line = "epoch " + std::to_string(e) + ": train loss ";
+      const auto p = r.out.find(line);
+      REQUIRE(p != std::string::npos);
+      const std::string rest = r.out.substr(p, r.out.find('\n', p) - p);
+      CHECK((rest.find("rank 0's batches only") != std::string::npos) == (workers > 1));
+    }
+    CHECK(r.out.find("epoch " + std::to_string(stop) + ": train loss") == std::string::npos);
+    // The metrics file: every step before the stop, each followed by its epoch's record.
+    std::ifstream f(m);
+    std::vector<nlohmann::json> recs;
+    for (std::string line; std::getline(f, line);) recs.push_back(nlohmann::json::parse(line));
+    REQUIRE(recs.size() == static_cast<std::size_t>(2 * (stop - 1)));
+    for (long e = 1; e < stop; ++e) {
+      CAPTURE(e);
+      const auto& s = recs[2 * (e - 1)];
+      const auto& ep = recs[2 * (e - 1) + 1];
+      CHECK(s["step"] == e);
+      CHECK(s["epoch"] == e);
+      CHECK(ep["epoch"] == e);
+      CHECK(ep.contains(key));
+      if (workers == 1) CHECK(ep[key].get<double>() == doctest::Approx(s["loss"].get<double>()));
+    }
+  }
+}
+
+TEST_CASE("with a test set every epoch is reported as it ends (not in a group)") {
+  // 1-step epochs with a test evaluation each. Grouped, the first 64 lines would come in one
+  // write; reported as they end, the first line is read long before the 40th is written.
+  const std::string cmd = std::string(PHALANX_TRAIN) + kNpzData + " --test-x " + kNpz + ":x --test-y " + kNpz +
+                          ":y --model 64-256-10 --global-batch 512 --lr 0.1 --epochs 200 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out, first;
+  char buf[65536];
+  for (ssize_t got; (got = ::read(fileno(p), buf, sizeof buf)) > 0;) {
+    out.append(buf, static_cast<std::size_t>(got));
+    if (first.empty() && out.find("epoch 1: ") != std::string::npos) first = out;
+  }
+  const int status = ::pclose(p);
+  INFO(out);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  REQUIRE(!first.empty());
+  CHECK(first.find("epoch 40: ") == std::string::npos);
+  for (int e = 1; e <= 200; ++e) {
+    CAPTURE(e);
+    const auto at = out.find("epoch " + std::to_string(e) + ": train loss ");
+    REQUIRE(at != std::string::npos);
+    CHECK(out.substr(at, out.find('\n', at) - at).find(", test accuracy ") != std::string::npos);
+  }
 }

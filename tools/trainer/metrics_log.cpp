@@ -134,8 +134,16 @@ void MetricsLog::record_epoch(const nlohmann::json& rec) {
   held_.pop_front();
 }
 
+MetricsLog::~MetricsLog() {
+  if (!out_.is_open()) return;
+  for (const auto& steps : held_) out_ << steps;
+  out_.close();  // unwinding already: a failed write is not reported twice
+}
+
 void MetricsLog::close() {
   if (!out_.is_open()) return;
+  for (const auto& steps : held_) out_ << steps;
+  held_.clear();
   out_.flush();
   const bool failed = !out_;
   out_.close();

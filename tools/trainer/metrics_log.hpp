@@ -14,6 +14,11 @@ namespace phalanx::trainer {
 class MetricsLog {
  public:
   MetricsLog() = default;
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  /// A run stopped by an error: the step records still held back are written (each epoch's
+  /// record that never came is missing from the file, its steps are not), then the file closed.
+  ~MetricsLog();
   /// Opens `path` for a fresh run (truncated). Throws IoError naming the file.
   void open_fresh(const std::string& path);
   /// Opens `path` to continue a run resumed at global step `step`, epoch `epoch` (0-based,
@@ -35,7 +40,7 @@ class MetricsLog {
   /// Pushes the buffered records to the file (before a checkpoint, so the file is never
   /// behind a checkpoint that a restart resumes from).
   void flush();
-  /// Flushes and closes; throws IoError naming the file when any write failed (a full disk).
+  /// Writes the step records still held back, flushes and closes; throws IoError naming the file when any write failed (a full disk).
   void close();
 
  private:

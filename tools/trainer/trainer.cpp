@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -381,20 +383,24 @@ int run_training(const TrainConfig& c) {
   std::string console;  // rank 0's epoch lines of one report
   double last_epoch_loss = train_curve.y.empty() ? std::nan("") : train_curve.y.back();
   double test_acc = -1;
-  // Every rank takes part (one reduction for all the epochs waiting); rank 0 prints.
-  auto report_epochs = [&] {
+  // Every rank takes part (one reduction for all the epochs waiting); rank 0 prints. With
+  // `summed` false (a run stopped by an error, where a collective could hang) no rank
+  // communicates: rank 0 reports its own batches' losses, marked so (and in the metrics file
+  // as `train_loss_rank0`), unless it is the only rank.
+  auto report_epochs = [&](bool summed) {
     if (pending.empty()) return;
+    const bool exact = summed || world == 1;
     const auto k = static_cast<std::int64_t>(pending.size());
     Tensor sums = zeros({k, 2});
     for (std::int64_t i = 0; i < k; ++i) {
       sums.data<float>()[2 * i] = pending[i].loss_sum;
       sums.data<float>()[2 * i + 1] = pending[i].steps;
     }
-    sums = sum_over_ranks(sums, *pg, dev);
+    if (summed) sums = sum_over_ranks(sums, *pg, dev);
     for (std::int64_t i = 0; i < k; ++i) {
       const PendingEpoch& p = pending[i];
       last_epoch_loss = sums.data<float>()[2 * i] / std::max(1.f, sums.data<float>()[2 * i + 1]);
-      nlohmann::json rec{{"epoch", p.epoch + 1}, {"train_loss", last_epoch_loss}};
+      nlohmann::json rec{{"epoch", p.epoch + 1}, {exact ? "train_loss" : "train_loss_rank0", last_epoch_loss}};
       train_curve.x.push_back(static_cast<double>(p.epoch + 1));
       train_curve.y.push_back(last_epoch_loss);
       if (data.test) {
@@ -412,6 +418,9 @@ int run_training(const TrainConfig& c) {
         if (data.test && len < sizeof line)
           len += static_cast<std::size_t>(std::snprintf(line + len, sizeof line - len, ", test loss %.4f, test accuracy %.4f",
                                                         p.test_loss, p.test_acc));
+        if (!exact && len < sizeof line)
+          len += static_cast<std::size_t>(std::snprintf(line + len, sizeof line - len,
+                                                        " (rank 0's batches only: the run stopped before the sum over the ranks)"));
         progress.end_epoch();  // ends the bar's line (with a bar, every epoch is reported as it ends)
         console.append(line, std::min(len, sizeof line - 1)).push_back('\n');
       }
@@ -426,10 +435,23 @@ int run_training(const TrainConfig& c) {
     pending.clear();
     steps_unreported = 0;
   };
+  // A run stopped by an error (a non-finite loss, a lost peer, a full disk) still reports the
+  // epochs that finished, without a collective; the metrics file then writes the step records
+  // held back when it is destroyed.
+  struct ReportOnError {
+    std::function<void()> report;
+    const int uncaught = std::uncaught_exceptions();
+    ~ReportOnError() {
+      if (std::uncaught_exceptions() > uncaught) try {
+          report();
+        } catch (...) {
+        }
+    }
+  } report_on_error{[&] { report_epochs(false); }};
   // Every rank takes part (the partial epoch sums are gathered); rank 0 writes.
   auto save_checkpoint = [&](std::int64_t epoch, std::int64_t in_epoch) {
     if (!ckdir) return;
-    report_epochs();  // the curves and the metrics file hold every finished epoch
+    report_epochs(true);  // the curves and the metrics file hold every finished epoch
     Tensor all = zeros({world, 2});
     all.data<float>()[2 * rank] = stats.data<float>()[0];
     all.data<float>()[2 * rank + 1] = stats.data<float>()[1];
@@ -495,11 +517,13 @@ int run_training(const TrainConfig& c) {
       loss.backward();  // the gradients are all-reduced when it returns: every rank sees the same
       // A finite loss can still give non-finite gradients (NaN in the data under --no-data-check,
       // an overflow): they would reach every weight, so the step stops here too.
-      if (!c.allow_nonfinite && !gradients_finite(params))
+      if (!c.allow_nonfinite && !gradients_finite(params)) {
+        report_epochs(true);  // every rank is here: the gradients are the same on all
         throw ValueError(detail::concat("non-finite gradient at step ", step + 1, " (epoch ", epoch + 1, ", step ",
                                         batch_index, " of ", steps_per_epoch, "; loss ", l, ")",
                                         ckdir ? "; the last good checkpoint is kept in " + c.checkpoint_dir : std::string(),
                                         "; check the data, lower --lr, or pass --allow-nonfinite to train on"));
+      }
       opt->step();
       schedule.step();
       ++step;
@@ -520,8 +544,8 @@ int run_training(const TrainConfig& c) {
     }
     pending.push_back(done);
     const bool checkpoint_now = ckdir && c.checkpoint_every == 0 && epoch + 1 < c.epochs;
-    if (report_every_epoch || checkpoint_now || epoch + 1 == c.epochs || steps_unreported >= kReportSteps)
-      report_epochs();
+    if (report_every_epoch || checkpoint_now || data.test || epoch + 1 == c.epochs || steps_unreported >= kReportSteps)
+      report_epochs(true);
     else
       metrics.hold();  // the next steps' records wait behind this epoch's
     if (checkpoint_now) save_checkpoint(epoch + 1, 0);
