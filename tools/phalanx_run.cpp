@@ -14,6 +14,7 @@
 
 #include "launcher/job_rounds.hpp"
 #include "launcher/launch_options.hpp"
+#include "launcher/node_rank.hpp"
 #include "launcher/rdzv_token.hpp"
 #include "launcher/worker_group.hpp"
 
@@ -125,6 +126,11 @@ class RefusalWatch {
   std::thread thread_;
 };
 
+/// "node N", or "this launcher" while its node rank is not assigned yet.
+std::string who(const LaunchOptions& o) {
+  return o.node_rank >= 0 ? "node " + std::to_string(o.node_rank) : std::string("this launcher");
+}
+
 std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }
@@ -151,20 +157,37 @@ int main(int argc, char** argv) {
 
   // The launcher of node 0 hosts the job's rendezvous store for the whole job (restarts
   // included: each attempt uses its own key prefix), bound to the master address only.
+  // Without --node-rank, node 0 is the launcher that can bind the endpoint on its machine.
   std::unique_ptr<TcpStoreServer> server;
   int port = o.master_port;
-  if (o.node_rank == 0) {
+  bool hosting = o.node_rank == 0;
+  if (o.assign_node_rank) {
+    std::string error;
+    const EndpointBind b = probe_endpoint(o.master_addr, o.master_port, error);
+    if (b == EndpointBind::kError) {
+      std::fprintf(stderr, "phalanx-run: %s\n", error.c_str());
+      return 2;
+    }
+    hosting = b == EndpointBind::kFree;
+  }
+  if (hosting) {
     TcpStoreOptions so;
     so.host = o.master_addr;
     so.port = o.master_port;
     so.token = o.rdzv_token;
     try {
       server = std::make_unique<TcpStoreServer>(so);
+      port = server->port();
+    } catch (const ConfigError& e) {
+      if (!o.assign_node_rank) {
+        std::fprintf(stderr, "phalanx-run: %s\n", e.what());
+        return 2;
+      }
+      hosting = false;  // another launcher bound the port since the probe: it hosts
     } catch (const std::exception& e) {
       std::fprintf(stderr, "phalanx-run: %s\n", e.what());
       return 2;
     }
-    port = server->port();
   }
   std::unique_ptr<RefusalWatch> refusals;
   if (server && o.nnodes > 1) refusals = std::make_unique<RefusalWatch>(*server, token_source(o));
@@ -185,22 +208,46 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "phalanx-run: %s\n", e.what());
       return 2;
     }
-    co.timeout = o.node_rank == 0 ? std::chrono::milliseconds(5000) : start_wait;
+    co.timeout = hosting ? std::chrono::milliseconds(5000) : start_wait;
     try {
       store = std::make_shared<TcpStore>(co);
     } catch (const ConfigError& e) {  // node 0's store refused this node's token
       std::fprintf(stderr,
-                   "phalanx-run: node %d: node 0's store at %s:%d belongs to another job (it refused this node's "
+                   "phalanx-run: %s: node 0's store at %s:%d belongs to another job (it refused this node's "
                    "token): start every node with the same %s.\n",
-                   o.node_rank, o.master_addr.c_str(), port, token_source(o).c_str());
+                   who(o).c_str(), o.master_addr.c_str(), port, token_source(o).c_str());
       return 2;
     } catch (const std::exception& e) {
       if (o.nnodes > 1) {
-        std::fprintf(stderr, "phalanx-run: node %d: %s\n", o.node_rank, e.what());
+        std::fprintf(stderr, "phalanx-run: %s: %s\n", who(o).c_str(), e.what());
         return 1;
       }
       // One node: blame by what the launcher sees alone.
     }
+  }
+  if (o.assign_node_rank) {
+    if (hosting) {
+      o.node_rank = 0;
+    } else {
+      try {
+        o.node_rank = claim_node_rank(*store, o.nnodes);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "phalanx-run: this launcher: cannot get a node rank from the job's store: %s\n",
+                     e.what());
+        return 1;
+      }
+      if (o.node_rank < 0) {
+        std::fprintf(stderr,
+                     "phalanx-run: the job at %s:%d already has its %d nodes (node ranks 0 to %d are taken): this "
+                     "launcher is one too many; check --nnodes, or give another job its own --rdzv-endpoint "
+                     "port (a launcher restarted after its own died: give it its old --node-rank).\n",
+                     o.master_addr.c_str(), port, o.nnodes, o.nnodes - 1);
+        return 2;
+      }
+    }
+    std::fprintf(stderr, "phalanx-run: node %d of %d (%s)\n", o.node_rank, o.nnodes,
+                 hosting ? ("hosts the job's store on " + o.master_addr + ":" + std::to_string(port)).c_str()
+                         : "node rank assigned by the job's store, in arrival order");
   }
   std::unique_ptr<JobRounds> rounds;
   if (o.nnodes > 1) {

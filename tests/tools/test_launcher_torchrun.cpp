@@ -1,9 +1,14 @@
 // phalanx-run spoken as torchrun: --standalone, --rdzv_endpoint/--rdzv_id/--rdzv_backend,
-// --nnodes N:N, the underscore spellings; the job token derived from --rdzv-id (SHA-256 and
-// HMAC-SHA256 against their published test vectors); what is refused, and how.
+// --nnodes N:N, the underscore spellings; node ranks assigned by the job's store when
+// --node_rank is not given (and a launcher too many refused); the job token derived from
+// --rdzv-id (SHA-256 and HMAC-SHA256 against their published test vectors); what is
+// refused, and how.
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -69,7 +74,9 @@ TEST_CASE("--rdzv-endpoint HOST[:PORT]: torchrun's default port, IPv6 in bracket
   CHECK(parse_endpoint("[fe80::1]", host, port, error));
   CHECK(host == "fe80::1");
   CHECK(port == 29400);
-  for (const char* bad : {"", ":29400", "host:", "host:0", "host:65536", "host:12ab", "::1", "[::1", "[::1]x", "[::1]:"}) {
+  CHECK(parse_endpoint("host:0", host, port, error));  // a free port: one node only (parse_options)
+  CHECK(port == 0);
+  for (const char* bad : {"", ":29400", "host:", "host:-1", "host:65536", "host:12ab", "::1", "[::1", "[::1]x", "[::1]:"}) {
     INFO(bad);
     error.clear();
     CHECK_FALSE(parse_endpoint(bad, host, port, error));
@@ -164,7 +171,8 @@ TEST_CASE("torchrun options phalanx-run cannot honour are refused before anythin
       {{"--nproc_per_node=gpu"}, "does not count devices"},
       {{"--rdzv_id=J", "--rdzv-token=t"}, "either --rdzv-id"},
       {{ep, "--master_port=1234"}, "either --rdzv-endpoint"},
-      {{"--nnodes=2", "--rdzv_id=J", ep}, "needs --node-rank"},
+      {{"--nnodes=2", "--rdzv_id=J", "--rdzv_endpoint=127.0.0.1:0"}, "port 0 (a free port) works for a single node only"},
+      {{"--nnodes=2", "--rdzv_id=J", "--master_port=0"}, "--master-port is required"},
       {{"--nnodes=2", "--node_rank=1", ep}, "pass --rdzv-id JOB"},
       {{"--tee=3"}, "--tee is not supported"},
       {{"-m", "mod"}, "python3 -m MODULE"},
@@ -184,4 +192,87 @@ TEST_CASE("torchrun options phalanx-run cannot honour are refused before anythin
   // Accepted as torchrun users type them: cpu/auto workers, --no_python, --rdzv_backend=static.
   Launch ok = start({"--nproc_per_node=cpu", "--no_python", "--rdzv_backend=static", "/bin/true"}, dir);
   CHECK(finish(ok) == 0);
+}
+
+TEST_CASE("a single node: --rdzv_id without a secret gets a random token, HOST:0 a free port") {
+  const std::string d0 = make_dir(), d1 = make_dir();
+  // Without PHALANX_RDZV_SECRET the id is guessable: a fresh random token (32 hex digits).
+  Launch l = start({"--rdzv_id=J", "--rdzv_endpoint=127.0.0.1:0", "--nproc_per_node=2", kWorker, "env", d0}, d0,
+                   {{"PHALANX_RDZV_TOKEN", "stale"}});
+  CHECK(finish(l) == 0);
+  INFO(slurp(l.out));
+  for (int r = 0; r < 2; ++r) {
+    auto e = read_env(d0 + "/env_" + std::to_string(r));
+    CHECK(e["TOKEN_LEN"] == "32");
+    CHECK(e["MASTER_ADDR"] == "127.0.0.1");
+    CHECK(std::atoi(e["MASTER_PORT"].c_str()) > 0);
+  }
+  // With a secret the token is the derived one (64 hex digits), as on several nodes.
+  Launch s = start({"--rdzv_id=J", "--rdzv_endpoint=127.0.0.1:0", kWorker, "env", d1}, d1,
+                   {{"PHALANX_RDZV_SECRET", "s3cret"}});
+  CHECK(finish(s) == 0);
+  CHECK(read_env(d1 + "/env_0")["TOKEN_LEN"] == "64");
+}
+
+TEST_CASE("the bar's spelling: --nnodes=2 --rdzv_id=J --rdzv_endpoint=HOST:PORT, no --node_rank, two launchers") {
+  const int port = free_port();
+  const std::string dir = make_dir(), outa = make_dir(), outb = make_dir();
+  const std::vector<std::string> args = {"--nnodes=2", "--nproc_per_node=2", "--rdzv_id=J",
+                                         "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), kWorker, "env", dir};
+  const std::vector<std::pair<std::string, std::string>> env = {{"PHALANX_RDZV_SECRET", "s3cret"}};
+  // Started together: whichever binds the port first hosts the store and is node 0.
+  Launch a = start(args, outa, env);
+  Launch b = start(args, outb, env);
+  CHECK(finish(a) == 0);
+  CHECK(finish(b) == 0);
+  const std::string oa = slurp(a.out), ob = slurp(b.out);
+  INFO(oa);
+  INFO(ob);
+  const bool a_hosts = contains(oa, "node 0 of 2 (hosts the job's store on 127.0.0.1:" + std::to_string(port));
+  const std::string& host = a_hosts ? oa : ob;
+  const std::string& other = a_hosts ? ob : oa;
+  CHECK(contains(host, "node 0 of 2 (hosts"));
+  CHECK(contains(other, "node 1 of 2 (node rank assigned by the job's store"));
+  // Ranks 0 and 1 ran under the host's launcher, 2 and 3 under the other's.
+  CHECK(contains(host, "[0] rank 0 done"));
+  CHECK(contains(host, "[1] rank 1 done"));
+  CHECK(contains(other, "[2] rank 2 done"));
+  CHECK(contains(other, "[3] rank 3 done"));
+  for (int r = 0; r < 4; ++r) {
+    auto e = read_env(dir + "/env_" + std::to_string(r));
+    CHECK(e["RANK"] == std::to_string(r));
+    CHECK(e["LOCAL_RANK"] == std::to_string(r % 2));
+    CHECK(e["WORLD_SIZE"] == "4");
+    CHECK(e["MASTER_PORT"] == std::to_string(port));
+    CHECK(e["TOKEN_LEN"] == "64");
+  }
+}
+
+TEST_CASE("without --node_rank, a launcher arriving when every node rank is taken is refused; the job goes on") {
+  const int port = free_port();
+  const std::string dir = make_dir(), outa = make_dir(), outb = make_dir(), outc = make_dir();
+  const std::vector<std::string> args = {"--nnodes=2", "--rdzv_id=J",
+                                         "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--grace-period=1",
+                                         kWorker, "sleep", dir};
+  const std::vector<std::pair<std::string, std::string>> env = {{"PHALANX_RDZV_SECRET", "s3cret"}};
+  Launch a = start(args, outa, env);
+  Launch b = start(args, outb, env);
+  // Both nodes have their rank once both workers run.
+  const auto deadline = Clock::now() + 30s;
+  while (worker_pids(dir, 2).size() < 2 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  const std::vector<pid_t> workers = worker_pids(dir, 2);
+  REQUIRE(workers.size() == 2);
+  Launch c = start(args, outc, env);
+  CHECK(finish(c, 30s) == 2);
+  const std::string oc = slurp(c.out);
+  INFO(oc);
+  CHECK(contains(oc, "already has its 2 nodes (node ranks 0 to 1 are taken): this launcher is one too many"));
+  CHECK_FALSE(contains(oc, "[0]"));  // it started no worker
+  CHECK(::kill(workers[0], 0) == 0);  // and the job's workers still run
+  CHECK(::kill(workers[1], 0) == 0);
+  ::kill(a.pid, SIGTERM);
+  ::kill(b.pid, SIGTERM);
+  CHECK(finish(a) != -1);
+  CHECK(finish(b) != -1);
+  CHECK(all_gone(workers));
 }

@@ -10,6 +10,7 @@
 //   phalanx/launch/r<k>/read/<node>   that node has read every report (node 0 then may exit)
 //   phalanx/launch/round              the round node 0 runs now (a launcher started late joins it)
 //   phalanx/launch/nproc/<node>       that node's --nproc-per-node (every node must match node 0)
+//   phalanx/launch/next_node          node ranks given out without --node-rank (node_rank.hpp)
 #include <atomic>
 #include <chrono>
 #include <condition_variable>

@@ -55,8 +55,9 @@ bool parse_endpoint(const std::string& text, std::string& host, int& port, std::
     char* end = nullptr;
     errno = 0;
     const long v = std::strtol(port_text.c_str(), &end, 10);
-    if (end == port_text.c_str() || *end || errno || v < 1 || v > 65535) {
-      error = "--rdzv-endpoint '" + text + "': the port must be a number in [1, 65535] (default 29400)";
+    if (end == port_text.c_str() || *end || errno || v < 0 || v > 65535) {
+      error = "--rdzv-endpoint '" + text +
+              "': the port must be a number in [0, 65535] (default 29400; 0: a free port, one node only)";
       return false;
     }
     port = static_cast<int>(v);
@@ -126,7 +127,7 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   CLI::App app{
       "phalanx-run: start a data-parallel job, like torchrun.\n\n"
       "  phalanx-run --standalone --nproc_per_node=4 ./train --epochs 3\n"
-      "  phalanx-run --nnodes=2 --node_rank=0 --rdzv_id=JOB --rdzv_endpoint=HOST:PORT ./train   (each node)\n\n"
+      "  phalanx-run --nnodes=2 --rdzv_id=JOB --rdzv_endpoint=HOST:PORT ./train   (each node)\n\n"
       "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
       "PHALANX_RDZV_TOKEN, PHALANX_RESTART_COUNT and PHALANX_STORE_HOSTED=1 (the launcher of node 0\n"
       "hosts the job's rendezvous store, so workers may start in any order), PHALANX_LINE_BUFFERED=1\n"
@@ -147,7 +148,9 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   app.add_option("--nnodes", nnodes, "number of nodes: N (or N:N; an elastic MIN:MAX range is refused)")
       ->capture_default_str();
   auto* node_rank_opt = app.add_option("--node-rank,--node_rank", o.node_rank,
-                                       "this node's index in [0, nnodes); required with --nnodes > 1")
+                                       "this node's index in [0, nnodes); default with --nnodes > 1: the "
+                                       "launcher on the --rdzv-endpoint machine that binds its port first is 0, "
+                                       "the others get 1, 2, ... in arrival order")
                             ->capture_default_str();
   auto* addr_opt = app.add_option("--master-addr,--master_addr", o.master_addr,
                                   "address of node 0 (the rendezvous host)")
@@ -162,7 +165,8 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
                                       "--master-port; port 29400 when omitted)");
   auto* id_opt = app.add_option("--rdzv-id,--rdzv_id", o.rdzv_id,
                                 "the job's identity, the same on every node: the job token is derived from "
-                                "it and PHALANX_RDZV_SECRET (set a secret: the id alone is not one)");
+                                "it and PHALANX_RDZV_SECRET (set a secret: the id alone is not one; a single node "
+                                "without a secret gets a random token)");
   app.add_option("--rdzv-backend,--rdzv_backend", backend,
                  "'c10d' or 'static' (both mean node 0's TCP store); others are refused")
       ->capture_default_str();
@@ -260,6 +264,9 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   }
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     return fail("--node-rank " + std::to_string(o.node_rank) + " must be in [0, " + std::to_string(o.nnodes) + ")");
+  if (o.nnodes > 1 && o.master_port == 0 && endpoint_opt->count())
+    return fail("--rdzv-endpoint " + endpoint + ": port 0 (a free port) works for a single node only: the nodes of "
+                "a job cannot agree on a port picked at random; give a fixed one, e.g. " + o.master_addr + ":29400");
   if (o.nnodes > 1 && o.master_port == 0)
     return fail("--master-port is required with --nnodes > 1 (or --rdzv-endpoint HOST:PORT): every node must "
                 "use the same one");
@@ -275,19 +282,22 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
       if (c < 0x20 || c == 0x7f) return fail("--rdzv-id must not contain control characters");
     const char* secret = std::getenv(kRdzvSecretEnv);
     o.rdzv_id_has_secret = secret && *secret;
-    o.rdzv_token = derive_rdzv_token(o.rdzv_id, o.rdzv_id_has_secret ? secret : "");
+    // One node without a secret gets a fresh random token (main): no other node needs to
+    // compute it, and the id alone is guessable.
+    if (o.nnodes > 1 || o.rdzv_id_has_secret)
+      o.rdzv_token = derive_rdzv_token(o.rdzv_id, o.rdzv_id_has_secret ? secret : "");
   }
-  if (o.rdzv_token.empty() && !o.standalone)
+  if (o.rdzv_token.empty() && !o.standalone && !id_opt->count())
     if (const char* t = std::getenv("PHALANX_RDZV_TOKEN")) o.rdzv_token = t;
   if (o.rdzv_token.empty() && o.nnodes > 1)
     return fail("--nnodes > 1 needs a job token shared by every node: pass --rdzv-id JOB (with "
                 "PHALANX_RDZV_SECRET set to the same secret on each node), or set PHALANX_RDZV_TOKEN (or "
                 "--rdzv-token) to the same secret on each node; without one anyone who can reach the "
                 "store could join or stop the job");
-  if (o.nnodes > 1 && !node_rank_opt->count())
-    return fail("--nnodes " + std::to_string(o.nnodes) + " needs --node-rank on every node (0 on the host of "
-                "--rdzv-endpoint, 1 to " + std::to_string(o.nnodes - 1) +
-                " on the others): phalanx-run does not assign node ranks");
+  if (o.nnodes > 1 && !node_rank_opt->count()) {
+    o.assign_node_rank = true;
+    o.node_rank = -1;
+  }
   if (!o.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(o.log_dir, ec);

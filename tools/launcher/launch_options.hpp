@@ -8,7 +8,10 @@ namespace phalanx::launcher {
 struct LaunchOptions {
   int nproc_per_node = 1;
   int nnodes = 1;
-  int node_rank = 0;
+  int node_rank = 0;  ///< -1 until the job's store assigns it (assign_node_rank)
+  /// --nnodes > 1 without --node-rank: the launcher that can bind the endpoint hosts the
+  /// store and is node 0, the others get their node rank from it (node_rank.hpp).
+  bool assign_node_rank = false;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  ///< 0: a free port (single node only)
   int max_restarts = 0;
@@ -30,7 +33,8 @@ struct LaunchOptions {
 bool parse_options(int argc, char** argv, LaunchOptions& out, int& exit_code);
 
 /// Splits --rdzv-endpoint's HOST[:PORT] ("[v6]:PORT" for IPv6); the port defaults to
-/// 29400 (torchrun's). False with `error` set (one line) when it is malformed.
+/// 29400 (torchrun's); 0 asks for a free port (a single node only: parse_options refuses it
+/// for several). False with `error` set (one line) when it is malformed.
 bool parse_endpoint(const std::string& text, std::string& host, int& port, std::string& error);
 
 /// Resolves `program` like execvp would; empty when not found or not executable.
