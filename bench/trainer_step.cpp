@@ -5,12 +5,14 @@
 // of every epoch (set-up excluded) and are run alternately; medians of the runs, with their
 // spread, and the ratio of the medians.
 //
-//   bench_trainer_step [--runs N] [--epochs E] [--backend B] [--bin DIR] [--before TRAINER]
+//   bench_trainer_step [--runs N] [--epochs E] [--global-batch B] [--backend B] [--bin DIR]
+//                      [--before TRAINER]
 //
 // DIR holds phalanx-run and phalanx-train (default: ../bin next to this program). The
 // library loop is this program itself, started by phalanx-run with --library-worker.
 // --before runs another phalanx-train binary too (e.g. one built from an older commit).
-// The data has 512 samples: 2 steps per epoch, so per-epoch work weighs as much as per-step.
+// The data has 512 samples: 2 steps per epoch at the default global batch 256, so per-epoch
+// work weighs as much as per-step; --global-batch 8 gives epochs of 64 steps.
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,11 +32,10 @@ using namespace phalanx::samplers;
 namespace {
 
 const std::string kData = std::string(PHALANX_BENCH_DIR) + "/../examples/data/seed_case_study.npz";
-constexpr std::int64_t kGlobalBatch = 256;
 constexpr double kLr = 0.1;
 
 struct Args {
-  int runs = 9, epochs = 1000;
+  int runs = 9, epochs = 1000, global_batch = 256;  // 256: 2 steps an epoch
   std::string backend, bin, before;
   bool worker = false;
 };
@@ -63,12 +64,13 @@ Args parse(int argc, char** argv) {
     if (k == "--library-worker") a.worker = true;
     else if (k == "--runs") a.runs = std::max(1, count(k, value()));
     else if (k == "--epochs") a.epochs = std::max(2, count(k, value()));
+    else if (k == "--global-batch") a.global_batch = 2 * std::max(1, count(k, value()) / 2);  // 2 workers
     else if (k == "--backend") a.backend = value();
     else if (k == "--bin") a.bin = value();
     else if (k == "--before") a.before = value();
     else {
-      std::fprintf(stderr, "unknown argument %s (usage: bench_trainer_step [--runs N] [--epochs E] [--backend B] [--bin DIR] "
-                   "[--before TRAINER])\n",
+      std::fprintf(stderr, "unknown argument %s (usage: bench_trainer_step [--runs N] [--epochs E] [--global-batch B] [--backend B] "
+                   "[--bin DIR] [--before TRAINER])\n",
                    k.c_str());
       std::exit(2);
     }
@@ -86,7 +88,7 @@ int library_worker(const Args& a) {
   Generator g(0);
   auto model = std::make_shared<parallel::DDP>(nn::mlp({64, 32, 10}, "relu", &g), pg);
   auto sampler = std::make_shared<DistributedSampler>(data->size());
-  DataLoader loader(data, {kGlobalBatch / pg->size()}, sampler);
+  DataLoader loader(data, {a.global_batch / pg->size()}, sampler);
   optim::SGD opt(model->parameters(), optim::SGDOptions{kLr});
   pg->barrier()->wait();
   const double t = bench::now_s();
@@ -191,16 +193,15 @@ int main(int argc, char** argv) {
   const std::string self = self_dir() + "/bench_trainer_step";
   const std::string launch = bin + "/phalanx-run --nproc-per-node 2 ";
   const std::string backend = a.backend.empty() ? "" : " --backend " + a.backend;
-  const std::string epochs = " --epochs " + std::to_string(a.epochs);
-  const std::string args = " --train-x " + kData + ":x --train-y " + kData + ":y --model 64-32-10 --global-batch 256 --lr 0.1" +
-                           epochs + backend;
+  const std::string epochs = " --epochs " + std::to_string(a.epochs) + " --global-batch " + std::to_string(a.global_batch);
+  const std::string args = " --train-x " + kData + ":x --train-y " + kData + ":y --model 64-32-10 --lr 0.1" + epochs + backend;
   const std::string trainer = launch + bin + "/phalanx-train" + args;
   const std::string metrics = "/tmp/bench_trainer_step_" + std::to_string(::getpid()) + ".jsonl";
 
   std::printf("CPU: %s, %ld cores online\nBLAS: %s\n", cpu_model().c_str(), ::sysconf(_SC_NPROCESSORS_ONLN),
               blas_info().c_str());
-  std::printf("textbook demo: MLP 64-32-10, seed_case_study.npz, global batch 256 on 2 workers, SGD lr 0.1, %d epochs\n",
-              a.epochs);
+  std::printf("textbook demo: MLP 64-32-10, seed_case_study.npz, global batch %d on 2 workers, SGD lr 0.1, %d epochs\n",
+              a.global_batch, a.epochs);
 
   std::vector<double> loop, plain, with_metrics, before;
   std::string backend_used;
