@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -296,4 +297,53 @@ TEST_CASE("with a test set every epoch is reported as it ends (not in a group)")
     REQUIRE(at != std::string::npos);
     CHECK(out.substr(at, out.find('\n', at) - at).find(", test accuracy ") != std::string::npos);
   }
+}
+
+TEST_CASE("SIGINT while training: the finished epochs are reported, then the trainer dies by the signal") {
+  const std::string m = dir() + "/sigint.jsonl", out = dir() + "/sigint.txt";
+  const std::string cmd = std::string(PHALANX_TRAIN) + kNpzData + " --global-batch 512 --lr 0.1 --epochs 1000000 --metrics " + m +
+                          " > " + out + " 2>&1";
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Wait for training to start (the first step record), then some more 1-step epochs.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    std::ifstream f(m);
+    std::string line;
+    if (std::getline(f, line) && !line.empty()) break;
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    ::usleep(20000);
+  }
+  ::usleep(300000);
+  REQUIRE(::kill(pid, SIGINT) == 0);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  std::ifstream o(out);
+  std::stringstream ss;
+  ss << o.rdbuf();
+  const std::string text = ss.str();
+  INFO(text);
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGINT);
+  CHECK(text.find("got Interrupt at step") != std::string::npos);
+  // Every step taken has its record, and its epoch (one step each) its record and its line.
+  std::ifstream f(m);
+  std::vector<nlohmann::json> recs;
+  for (std::string line; std::getline(f, line);) recs.push_back(nlohmann::json::parse(line));
+  REQUIRE(recs.size() >= 2);
+  const long steps = recs[recs.size() - 2]["step"].get<long>();
+  CHECK(steps > 1);
+  REQUIRE(recs.size() == static_cast<std::size_t>(2 * steps));
+  for (long e = 1; e <= steps; ++e) {
+    CHECK(recs[2 * (e - 1)]["step"] == e);
+    CHECK(recs[2 * (e - 1) + 1]["epoch"] == e);
+    CHECK(recs[2 * (e - 1) + 1].contains("train_loss"));
+  }
+  CHECK(std::count(text.begin(), text.end(), '\n') >= steps);
+  CHECK(text.find("epoch " + std::to_string(steps) + ": train loss ") != std::string::npos);
+  CHECK(text.find("epoch " + std::to_string(steps + 1) + ": train loss ") == std::string::npos);
 }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -160,6 +161,40 @@ bool gradients_finite(const std::vector<Tensor>& params) {
   }
   return true;
 }
+
+// SIGINT/SIGTERM during training (Ctrl-C, or phalanx-run stopping its workers) are noted by
+// the handler and acted on between steps: the finished epochs are reported, then the process
+// dies by the same signal, as it would have without the handler.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void note_stop_signal(int sig) { g_stop_signal = sig; }
+
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = note_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // a step in progress is finished, not interrupted
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() { restore(); }
+  /// The handlers as they were; then a signal noted meanwhile is raised again.
+  void restore() {
+    if (restored_) return;
+    restored_ = true;
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    if (const int sig = g_stop_signal) {
+      std::signal(sig, SIG_DFL);
+      std::raise(sig);
+    }
+  }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+  bool restored_ = false;
+};
 
 // --save/--plot are written after training: their folder must take a file before it starts.
 void check_writable(const char* option, const std::string& path) {
@@ -495,6 +530,19 @@ int run_training(const TrainConfig& c) {
   const std::int64_t resumed_step = step;
 
   const std::vector<Tensor> params = model->parameters();
+  StopSignals stop_signals;
+  auto stop_if_signalled = [&] {
+    if (!g_stop_signal) return;
+    if (rank == 0)
+      std::fprintf(stderr, "phalanx-train: got %s at step %lld; reporting the finished epochs, then stopping\n",
+                   strsignal(g_stop_signal), static_cast<long long>(step));
+    try {
+      report_epochs(false);  // no collective: the other ranks are stopping too
+      metrics.close();
+    } catch (...) {
+    }
+    stop_signals.restore();  // dies by the signal
+  };
   // ---- TRAINING LOOP ----
   for (std::int64_t epoch = start_epoch; epoch < c.epochs; ++epoch) {
     sampler->set_epoch(epoch);
@@ -503,6 +551,7 @@ int run_training(const TrainConfig& c) {
     progress.start_epoch(epoch, skip_batches);
     for (Batch& b : loader) {
       if (batch_index++ < skip_batches) continue;  // resuming mid-epoch: already trained on these
+      stop_if_signalled();
       opt->zero_grad();
       Tensor loss = cross_entropy(model->forward(b.x.to(dev)), b.y.to(dev));
       const float l = loss.item();
@@ -552,6 +601,7 @@ int run_training(const TrainConfig& c) {
   }
   // The final checkpoint, always (unless this run resumed from the end and trained nothing).
   if (step != resumed_step || start_epoch < c.epochs || resume_path.empty()) save_checkpoint(c.epochs, 0);
+  stop_if_signalled();
   // ---- END TRAINING LOOP ----
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
