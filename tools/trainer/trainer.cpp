@@ -472,7 +472,9 @@ int run_training(const TrainConfig& c) {
   };
   // A run stopped by an error (a non-finite loss, a lost peer, a full disk) still reports the
   // epochs that finished, without a collective; the metrics file then writes the step records
-  // held back when it is destroyed.
+  // held back when it is destroyed. Declared after the signal handlers: a signal noted before
+  // the error is raised again (ending the process) after this report.
+  StopSignals stop_signals;
   struct ReportOnError {
     std::function<void()> report;
     const int uncaught = std::uncaught_exceptions();
@@ -482,7 +484,10 @@ int run_training(const TrainConfig& c) {
         } catch (...) {
         }
     }
-  } report_on_error{[&] { report_epochs(false); }};
+  } report_on_error{[&] {
+    report_epochs(false);
+    metrics.flush();
+  }};
   // Every rank takes part (the partial epoch sums are gathered); rank 0 writes.
   auto save_checkpoint = [&](std::int64_t epoch, std::int64_t in_epoch) {
     if (!ckdir) return;
@@ -530,7 +535,6 @@ int run_training(const TrainConfig& c) {
   const std::int64_t resumed_step = step;
 
   const std::vector<Tensor> params = model->parameters();
-  StopSignals stop_signals;
   auto stop_if_signalled = [&] {
     if (!g_stop_signal) return;
     if (rank == 0)
@@ -602,6 +606,7 @@ int run_training(const TrainConfig& c) {
   // The final checkpoint, always (unless this run resumed from the end and trained nothing).
   if (step != resumed_step || start_epoch < c.epochs || resume_path.empty()) save_checkpoint(c.epochs, 0);
   stop_if_signalled();
+  stop_signals.restore();  // from here on a signal acts at once, as before training
   // ---- END TRAINING LOOP ----
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
