@@ -15,6 +15,7 @@
 #include <phalanx/phalanx.hpp>
 
 #include "launcher/launch_options.hpp"
+#include "launcher/node_rank.hpp"
 #include "launcher/rdzv_token.hpp"
 #include "tools/launcher_harness.hpp"
 
@@ -82,6 +83,27 @@ TEST_CASE("--rdzv-endpoint HOST[:PORT]: torchrun's default port, IPv6 in bracket
     CHECK_FALSE(parse_endpoint(bad, host, port, error));
     CHECK(contains(error, "--rdzv-endpoint"));
   }
+}
+
+TEST_CASE("without --node-rank: who hosts (the endpoint bound here), and node ranks in arrival order") {
+  const int port = free_port();
+  std::string error;
+  CHECK(probe_endpoint("127.0.0.1", port, error) == EndpointBind::kFree);
+  {
+    phalanx::TcpStoreOptions so;
+    so.port = port;
+    phalanx::TcpStoreServer holder(so);  // another launcher hosts already
+    CHECK(probe_endpoint("127.0.0.1", port, error) == EndpointBind::kInUse);
+  }
+  CHECK(probe_endpoint("127.0.0.1", port, error) == EndpointBind::kFree);  // the probe let go of it
+  // 192.0.2.1 (TEST-NET-1) is no address of this machine: connect to it, do not host.
+  CHECK(probe_endpoint("192.0.2.1", port, error) == EndpointBind::kNotLocal);
+
+  phalanx::MemoryStore store;
+  CHECK(claim_node_rank(store, 3) == 1);
+  CHECK(claim_node_rank(store, 3) == 2);
+  CHECK(claim_node_rank(store, 3) == -1);  // node 0 (the host) and two others: full
+  CHECK(claim_node_rank(store, 3) == -1);
 }
 
 TEST_CASE("phalanx-run --standalone --nproc_per_node=2 runs a job with a fresh token") {
