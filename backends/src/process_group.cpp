@@ -18,18 +18,6 @@ std::chrono::milliseconds default_timeout() {
   return kDefaultTimeout;
 }
 
-namespace {
-std::string message_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-}  // namespace
-
 ProcessGroup::ProcessGroup(int rank, int size, std::chrono::milliseconds timeout, bool inline_ops)
     : rank_(rank), size_(size), timeout_(timeout), inline_ops_(inline_ops) {
   if (size < 1) throw ConfigError(detail::concat("world size must be >= 1, got ", size));
@@ -81,7 +69,7 @@ void ProcessGroup::abort(std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mu_);
     if (abort_error_) return;
     abort_error_ = error;
-    if (broken_.empty()) broken_ = message_of(error);
+    if (broken_.empty()) broken_ = detail::message_of(error);
     if (running_) victims.push_back(running_);
     if (completing_) victims.push_back(completing_);
     for (auto& item : queue_) victims.push_back(item.work);
@@ -214,7 +202,7 @@ void ProcessGroup::fail_item(const WorkPtr& work, std::exception_ptr error) {
   std::deque<Item> queued;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (broken_.empty()) broken_ = message_of(error);
+    if (broken_.empty()) broken_ = detail::message_of(error);
     queued.swap(queue_);  // never started, and would only fail one by one (a timeout each)
   }
   work->finish(error);

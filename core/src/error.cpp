@@ -1,5 +1,7 @@
 #include "phalanx/core/error.hpp"
 
+#include <cstdio>
+
 #include "phalanx/core/dtype.hpp"
 
 namespace phalanx {
@@ -8,6 +10,30 @@ namespace detail {
 void throw_internal(const char* file, int line, const std::string& what) {
   throw InternalError(concat(file, ":", line, ": ", what,
                              " (an internal error in Phalanx: please report it)"));
+}
+
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s) {
+    if (ch >= 0x20 && ch < 0x7f && ch != '\\') {
+      out += static_cast<char>(ch);
+    } else {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", ch);
+      out += b;
+    }
+  }
+  return out;
+}
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
+  }
 }
 }  // namespace detail
 

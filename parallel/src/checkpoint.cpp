@@ -61,21 +61,6 @@ Tensor dbl(double v) {
   return i64(bits);
 }
 
-// A name from a file, for a one-line message: non-printable bytes as \xNN.
-std::string printable(const std::string& s) {
-  std::string out;
-  for (unsigned char ch : s) {
-    if (ch >= 0x20 && ch < 0x7f && ch != '\\') {
-      out += static_cast<char>(ch);
-    } else {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02x", ch);
-      out += b;
-    }
-  }
-  return out;
-}
-
 // A setting's text as int64 character codes (numpy: ''.join(map(chr, a))).
 Tensor text_tensor(const std::string& v) {
   std::vector<std::int64_t> c(v.begin(), v.end());
@@ -253,7 +238,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointExpect
       }
       s.config[rest] = text;
     } else if (kind != "manifest" && kind != "pos") {
-      throw IoError(what + ": unexpected member '" + printable(k) + "'");
+      throw IoError(what + ": unexpected member '" + detail::printable(k) + "'");
     }
   }
   // The stored fingerprints must describe what the file holds (a consistent writer).

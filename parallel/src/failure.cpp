@@ -50,7 +50,7 @@ void report_failure(const std::string& message) noexcept { post_and_linger(messa
 
 void report_failure(std::exception_ptr error) noexcept {
   if (!error) return;
-  post_and_linger(error_message(error), is_secondary_failure(error), failure_kind(error));
+  post_and_linger(detail::message_of(error), is_secondary_failure(error), failure_kind(error));
 }
 
 }  // namespace phalanx::parallel

@@ -14,15 +14,6 @@ std::shared_ptr<FailureContext> g_ctx;
 
 }  // namespace
 
-std::string error_message(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
 
 std::string one_line(std::string s) {
   for (char& c : s)
@@ -167,7 +158,7 @@ ProcessGroup::FailureHook make_failure_hook(std::shared_ptr<FailureContext> ctx,
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     }
-    ctx->post(error_message(better ? better : error), secondary, failure_kind(error));
+    ctx->post(detail::message_of(better ? better : error), secondary, failure_kind(error));
     return better;
   };
 }

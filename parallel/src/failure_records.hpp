@@ -82,8 +82,6 @@ ProcessGroup::FailureHook make_failure_hook(std::shared_ptr<FailureContext> ctx,
 /// a desync, or a PeerFailedError).
 bool is_secondary_failure(const std::exception_ptr& error);
 std::string one_line(std::string s);
-/// what() of an exception_ptr ("unknown error" for a non-std exception).
-std::string error_message(const std::exception_ptr& error);
 /// "desync" for a DesyncError, else empty: FailureRecord::kind.
 std::string failure_kind(const std::exception_ptr& error);
 

@@ -238,7 +238,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     s.group = group;
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
-    ctx->post(error_message(error), is_secondary_failure(error) || ctx->peer_failed.load(), failure_kind(error));
+    ctx->post(detail::message_of(error), is_secondary_failure(error) || ctx->peer_failed.load(), failure_kind(error));
     ctx->linger_for_readers(std::chrono::milliseconds(1500));
     throw;
   }

@@ -40,20 +40,6 @@ void sync_path(const std::string& path, bool directory) {
     throw IoError(path + ": fsync failed (" + std::strerror(e) + ")");
 }
 
-std::string printable(const std::string& s) {
-  std::string out;
-  for (unsigned char ch : s) {
-    if (ch >= 0x20 && ch < 0x7f && ch != '\\') {
-      out += static_cast<char>(ch);
-    } else {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02x", ch);
-      out += b;
-    }
-  }
-  return out;
-}
-
 constexpr const char* kFileTag = "phalanx-file-crc32:";
 
 // Replaces the placeholder at the end of the file with the CRC-32 of everything before it.
@@ -137,7 +123,7 @@ static TensorMap read_members(const std::string& bytes, const std::string& path,
     if (zip_stat_index(z.get(), i, 0, &st) != 0 || !(st.valid & ZIP_STAT_NAME) || !(st.valid & ZIP_STAT_SIZE))
       throw IoError(path + ": corrupt zip directory");
     std::string name = st.name;
-    const std::string shown = printable(name);  // a damaged name's bytes, escaped for a one-line message
+    const std::string shown = detail::printable(name);  // a damaged name's bytes, escaped for a one-line message
     // A stored member is no larger than the archive, a deflated one at most ~1032 times.
     if (st.size > bytes.size() * 1100ull + (1u << 20))
       throw IoError(path + ": member '" + shown + "' claims an impossible size (" + std::to_string(st.size) + " bytes)");
@@ -157,7 +143,7 @@ static TensorMap read_members(const std::string& bytes, const std::string& path,
     if (name.size() >= 4 && name.compare(name.size() - 4, 4, ".npy") == 0)
       name.resize(name.size() - 4);
     if (out.contains(name)) throw IoError(path + ": member '" + shown + "' appears twice");
-    out.set(name, parse_npy(buf.data(), buf.size(), path + "[" + printable(name) + "]"));
+    out.set(name, parse_npy(buf.data(), buf.size(), path + "[" + detail::printable(name) + "]"));
   }
   return out;
 }

@@ -3,6 +3,7 @@
 //  - typed exceptions for what a user can cause; the message says what was expected,
 //    what was given and what to do;
 //  - PHALANX_CHECK for programming errors inside the library: file:line and both values.
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -35,6 +36,11 @@ std::string concat(Args&&... args) {
   return os.str();
 }
 [[noreturn]] void throw_internal(const char* file, int line, const std::string& what);
+/// A name or value read from outside, for a one-line message: bytes outside printable
+/// ASCII (and the backslash) as \xNN.
+std::string printable(const std::string& s);
+/// The message of an exception held in an exception_ptr ("unknown error" for non-std ones).
+std::string message_of(const std::exception_ptr& e);
 }  // namespace detail
 
 }  // namespace phalanx
