@@ -159,6 +159,18 @@ std::exception_ptr Reducer::finish_launched(std::size_t* failed) {
   return error;
 }
 
+std::exception_ptr Reducer::drain_pass(std::size_t* failed) {
+  std::exception_ptr error;
+  try {
+    launch_void_rest();
+  } catch (const CommError&) {
+    error = std::current_exception();
+    *failed = next_launch_;
+  }
+  if (std::exception_ptr e = finish_launched(failed); e && !error) error = e;
+  return error;
+}
+
 void Reducer::abandon_pass() {
   // The previous backward stopped part-way (an exception inside the autograd graph or a
   // hook): its end-of-backward callback never ran, and that exception already reached the
@@ -166,15 +178,8 @@ void Reducer::abandon_pass() {
   // no rank pairs its next pass with another's old one), complete them all, so no
   // collective still writes into the gradient buffers, then start afresh. The gradients
   // are garbage: zero them before the next backward (optimizer.zero_grad()).
-  std::exception_ptr error;
   std::size_t failed = 0;
-  try {
-    launch_void_rest();
-  } catch (const CommError&) {
-    error = std::current_exception();
-    failed = next_launch_;
-  }
-  if (std::exception_ptr e = finish_launched(&failed); e && !error) error = e;
+  const std::exception_ptr error = drain_pass(&failed);
   armed_ = false;
   reset_pass();
   if (error)
@@ -267,15 +272,8 @@ void Reducer::finalize() {
     // Send the rest as void and complete everything, so the group stays in step and the
     // peers' pass fails too; a communication error wins (its kind kept: a peer's failure
     // stays a PeerFailedError).
-    std::exception_ptr error;
     std::size_t failed = 0;
-    try {
-      launch_void_rest();
-    } catch (const CommError&) {
-      error = std::current_exception();
-      failed = next_launch_;
-    }
-    if (std::exception_ptr e = finish_launched(&failed); e && !error) error = e;
+    const std::exception_ptr error = drain_pass(&failed);
     reset_pass();
     if (error)
       rethrow_with_context(error, detail::concat("DDP: reducing gradient bucket ", failed, " failed: "));

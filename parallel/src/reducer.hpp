@@ -45,6 +45,9 @@ class Reducer {
   void launch_void_rest();
   /// Finishes the launched buckets; the first communication error (its bucket in *failed).
   std::exception_ptr finish_launched(std::size_t* failed);
+  /// A pass that cannot end normally: launch_void_rest, then finish_launched; the first
+  /// communication error (a failed launch wins), its bucket in *failed.
+  std::exception_ptr drain_pass(std::size_t* failed);
   void set_pass_flag(float value);
   float pass_flag() const;
 

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "phalanx/core/error.hpp"
+#include "phalanx/core/finite.hpp"
 #include "phalanx/core/kernels.hpp"
 #include "phalanx/core/npy.hpp"
 
@@ -87,13 +88,7 @@ std::int64_t find_nonfinite(const float* p, std::int64_t n, std::int64_t& count)
   count = 0;
   for (std::int64_t s = 0; s < n; s += kChunk) {
     const std::int64_t e = std::min(n, s + kChunk);
-    std::uint32_t any = 0;
-    for (std::int64_t i = s; i < e; ++i) {
-      std::uint32_t bits;
-      std::memcpy(&bits, p + i, 4);
-      any |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-    }
-    if (!any) continue;
+    if (all_finite(p + s, e - s)) continue;
     for (std::int64_t i = s; i < e; ++i)
       if (!std::isfinite(p[i])) {
         if (first < 0) first = i;

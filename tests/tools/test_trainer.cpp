@@ -18,40 +18,23 @@
 
 #include <phalanx/phalanx.hpp>
 
+#include "tools/trainer_harness.hpp"
+
 using namespace phalanx;
 
 namespace {
 
+using trainer_test::Result;
+
 std::string dir() {
-  static const std::string d = [] {
-    const std::string p = "/tmp/phalanx_train_" + std::to_string(::getpid());
-    std::system(("rm -rf " + p + " && mkdir -p " + p).c_str());
-    // the case study's data as .npy files, as a user would bring them
-    const TensorMap f = load_npz(std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.npz");
-    save_npy(p + "/x.npy", f.at("x"));
-    save_npy(p + "/y.npy", f.at("y"));
-    TensorMap init;
-    for (const char* k : {"0.weight", "0.bias", "2.weight", "2.bias"}) init.set(k, f.at(k));
-    save_npz(p + "/init.npz", init);
-    return p;
-  }();
+  static const std::string d = trainer_test::case_study_dir("phalanx_train");
   return d;
 }
 
-struct Result {
-  int code;
-  std::string out;
-};
-
 Result run(const std::string& args, bool launcher = false, int workers = 2) {
-  const std::string log = dir() + "/out.txt";
   const std::string cmd = (launcher ? std::string(PHALANX_RUN) + " --nproc-per-node " + std::to_string(workers) + " " : "") +
-                          PHALANX_TRAIN + " " + args + " > " + log + " 2>&1";
-  const int status = std::system(cmd.c_str());
-  std::ifstream f(log);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str()};
+                          PHALANX_TRAIN + " " + args;
+  return trainer_test::run_command(cmd, dir() + "/out.txt");
 }
 
 nlohmann::json summary(const std::string& out) {

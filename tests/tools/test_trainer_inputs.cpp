@@ -20,6 +20,8 @@
 
 #include <phalanx/phalanx.hpp>
 
+#include "tools/trainer_harness.hpp"
+
 using namespace phalanx;
 
 namespace {
@@ -28,11 +30,8 @@ const std::string kNpz = std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.n
 
 std::string dir() {
   static const std::string d = [] {
-    const std::string p = "/tmp/phalanx_train_inputs_" + std::to_string(::getpid());
-    std::system(("rm -rf " + p + " && mkdir -p " + p).c_str());
+    const std::string p = trainer_test::case_study_dir("phalanx_train_inputs");
     const TensorMap f = load_npz(kNpz);
-    save_npy(p + "/x.npy", f.at("x"));
-    save_npy(p + "/y.npy", f.at("y"));
     Tensor bad = f.at("x").clone();
     bad.data<float>()[17 * 64 + 3] = std::nanf("");
     bad.data<float>()[400 * 64] = std::numeric_limits<float>::infinity();
@@ -56,22 +55,14 @@ std::string dir() {
   return d;
 }
 
-struct Result {
-  int code;
-  std::string out;
-};
+using trainer_test::Result;
 
 Result run(const std::string& args, const std::string& env = "", bool launcher = false, int workers = 2) {
-  const std::string log = dir() + "/out.txt";
   const std::string cmd = env + " " +
                           (launcher ? std::string(PHALANX_RUN) + " --nproc-per-node " + std::to_string(workers) + " "
                                     : "") +
-                          PHALANX_TRAIN + " " + args + " > " + log + " 2>&1";
-  const int status = std::system(cmd.c_str());
-  std::ifstream f(log);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str()};
+                          PHALANX_TRAIN + " " + args;
+  return trainer_test::run_command(cmd, dir() + "/out.txt");
 }
 
 const std::string kData = " --train-x " + kNpz + ":x --train-y " + kNpz + ":y";

@@ -24,40 +24,21 @@
 
 #include <phalanx/phalanx.hpp>
 
+#include "tools/trainer_harness.hpp"
+
 using namespace phalanx;
 
 namespace {
 
+using trainer_test::Result;
+using trainer_test::slurp;
+
 std::string dir() {
-  static const std::string d = [] {
-    const std::string p = "/tmp/phalanx_resume_" + std::to_string(::getpid());
-    std::system(("rm -rf " + p + " && mkdir -p " + p).c_str());
-    const TensorMap f = load_npz(std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.npz");
-    save_npy(p + "/x.npy", f.at("x"));
-    save_npy(p + "/y.npy", f.at("y"));
-    TensorMap init;
-    for (const char* k : {"0.weight", "0.bias", "2.weight", "2.bias"}) init.set(k, f.at(k));
-    save_npz(p + "/init.npz", init);
-    return p;
-  }();
+  static const std::string d = trainer_test::case_study_dir("phalanx_resume");
   return d;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result run(const std::string& cmd) {
-  const std::string log = dir() + "/out.txt";
-  const int status = std::system((cmd + " > " + log + " 2>&1").c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(log)};
-}
+Result run(const std::string& cmd) { return trainer_test::run_command(cmd, dir() + "/out.txt"); }
 
 const std::string kTrain = std::string(PHALANX_TRAIN) + " --train-x " + dir() + "/x.npy --train-y " + dir() +
                            "/y.npy --init " + dir() + "/init.npz";

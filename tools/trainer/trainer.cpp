@@ -18,6 +18,7 @@
 #include <tuple>
 #include <nlohmann/json.hpp>
 
+#include <phalanx/core/finite.hpp>
 #include <phalanx/core/kernels.hpp>
 #include <phalanx/phalanx.hpp>
 
@@ -138,28 +139,23 @@ std::map<std::string, std::string> resume_settings(const TrainConfig& c, double 
   return m;
 }
 
-// True when every gradient is finite (no gradient: nothing to check). On the CPU one pass
-// over each buffer testing the exponent bits (all ones: inf or NaN), vectorised, with no
-// allocation; elsewhere one reduction per tensor (x * 0 is 0 exactly for finite x).
+// True when every gradient is finite (no gradient: nothing to check). On the CPU one
+// vectorised pass over each buffer (all_finite), with no allocation; elsewhere one
+// reduction per tensor (x * 0 is 0 exactly for finite x), summed on the device and read
+// back once.
 bool gradients_finite(const std::vector<Tensor>& params) {
+  Tensor device_sum;
   for (const Tensor& p : params) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
     if (g.device().is_cpu() && g.dtype() == DType::Float32) {
-      const auto* bytes = static_cast<const unsigned char*>(g.raw_data());
-      const std::int64_t n = g.numel();
-      std::uint32_t bad = 0;  // an integer OR: the compiler vectorises it (a float sum it may not reorder)
-      for (std::int64_t i = 0; i < n; ++i) {
-        std::uint32_t b;
-        std::memcpy(&b, bytes + 4 * i, 4);
-        bad |= (b & 0x7f800000u) == 0x7f800000u;
-      }
-      if (bad) return false;
-    } else if (!std::isfinite(sum(g * 0.f).item())) {
-      return false;
+      if (!all_finite(static_cast<const float*>(g.raw_data()), g.numel())) return false;
+    } else {
+      const Tensor s = sum(g * 0.f);
+      device_sum = device_sum.defined() ? device_sum + s : s;
     }
   }
-  return true;
+  return !device_sum.defined() || std::isfinite(device_sum.item());
 }
 
 // SIGINT/SIGTERM during training (Ctrl-C, or phalanx-run stopping its workers) are noted by

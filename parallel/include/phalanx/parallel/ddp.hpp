@@ -10,7 +10,9 @@
 // Semantics are PyTorch's (docs/ddp.md): parameters are checked across ranks and broadcast
 // from rank 0 at construction; gradients are bucketed in reverse registration order (first
 // bucket 1 MiB, then bucket_cap_mb); each bucket's reduction starts from the autograd hook
-// as soon as its last gradient is ready; the end of backward waits for every bucket.
+// as soon as its last gradient is ready, except the last bucket, launched at the end of
+// backward (it carries the pass flag that makes a pass abandoned on one rank fail on all);
+// the end of backward waits for every bucket.
 #include <memory>
 #include <string>
 #include <vector>

@@ -1,0 +1,47 @@
+#pragma once
+// Running phalanx-train from tests: the case study's data as a user brings it (.npy files
+// and PyTorch's initial weights), and a command run with its output captured.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <unistd.h>
+
+#include <phalanx/phalanx.hpp>
+
+namespace trainer_test {
+
+/// A fresh /tmp/<prefix>_<pid> holding x.npy, y.npy and init.npz (the textbook's weights)
+/// from examples/data/seed_case_study.npz.
+inline std::string case_study_dir(const std::string& prefix) {
+  using namespace phalanx;
+  const std::string p = "/tmp/" + prefix + "_" + std::to_string(::getpid());
+  std::system(("rm -rf " + p + " && mkdir -p " + p).c_str());
+  const TensorMap f = load_npz(std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.npz");
+  save_npy(p + "/x.npy", f.at("x"));
+  save_npy(p + "/y.npy", f.at("y"));
+  TensorMap init;
+  for (const char* k : {"0.weight", "0.bias", "2.weight", "2.bias"}) init.set(k, f.at(k));
+  save_npz(p + "/init.npz", init);
+  return p;
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+/// Runs a shell command with stdout and stderr in `log`; its exit code (-1 when killed).
+inline Result run_command(const std::string& cmd, const std::string& log) {
+  const int status = std::system((cmd + " > " + log + " 2>&1").c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(log)};
+}
+
+}  // namespace trainer_test
