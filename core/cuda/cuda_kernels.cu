@@ -405,6 +405,46 @@ std::int64_t CudaKernels::find_label_out_of_range(const Tensor& target, std::int
   return h == ULLONG_MAX ? -1 : static_cast<std::int64_t>(h);
 }
 
+namespace {
+// |x| as int bits orders like the float for every non-negative value, NaN above infinity:
+// one atomicMax on the bits keeps the maximum, and a NaN wins.
+__global__ void abs_max_k(const float* x, std::int64_t n, int* slot) {
+  int m = 0;
+  GRID_LOOP(i, n) m = max(m, __float_as_int(fabsf(x[i])));
+  atomicMax(slot, m);
+}
+__global__ void fixed_acc_k(const float* x, double scale, long long* acc, std::int64_t n) {
+  GRID_LOOP(i, n) acc[i] += __double2ll_rn(static_cast<double>(x[i]) * scale);
+}
+__global__ void fixed_to_float_k(const long long* acc, double scale, double count, float* o, std::int64_t n) {
+  GRID_LOOP(i, n) o[i] = static_cast<float>((static_cast<double>(acc[i]) / scale) / count);
+}
+}  // namespace
+
+void CudaKernels::abs_max_into(const Tensor& x, Tensor& out, std::int64_t index) {
+  on_device(x);
+  const std::int64_t n = x.numel();
+  if (!n) return;
+  abs_max_k<<<blocks_for(n), kThreads>>>(cf(x), n, static_cast<int*>(out.raw_data()) + index);
+  after_launch("abs-max kernel");
+}
+
+void CudaKernels::fixed_point_accumulate(const Tensor& x, double scale, Tensor& acc) {
+  on_device(x);
+  const std::int64_t n = x.numel();
+  if (!n) return;
+  fixed_acc_k<<<blocks_for(n), kThreads>>>(cf(x), scale, static_cast<long long*>(acc.raw_data()), n);
+  after_launch("fixed-point accumulate kernel");
+}
+
+void CudaKernels::fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) {
+  on_device(acc);
+  const std::int64_t n = out.numel();
+  if (!n) return;
+  fixed_to_float_k<<<blocks_for(n), kThreads>>>(static_cast<const long long*>(acc.raw_data()), scale, count, mf(out), n);
+  after_launch("fixed-point to float kernel");
+}
+
 void CudaKernels::convert(const Tensor& src, Tensor& dst) {
   on_device(src);
   const std::int64_t n = src.numel();

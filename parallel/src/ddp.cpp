@@ -5,6 +5,7 @@
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/world.hpp"
 #include "phalanx/parallel/init.hpp"
+#include "exact_reducer.hpp"
 #include "reducer.hpp"
 
 namespace phalanx::parallel {
@@ -17,6 +18,23 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
   if (!(options_.bucket_cap_mb > 0) || !(options_.first_bucket_mb > 0))
     throw ValueError("DDP: bucket sizes must be positive");
   register_module("", module_);  // same parameter names and state_dict as the plain model
+  if (options_.exact.enabled) {
+    // Exact mode on every world size, one included: the fixed-point sum is what makes the
+    // bits independent of the world size.
+    for (auto& [n, b] : module_->named_buffers())
+      throw ConfigError("DDP exact mode: the model has buffer '" + n +
+                        "', which exact mode cannot make identical across world sizes; use a model "
+                        "without buffers or turn exact mode off");
+    const auto named = module_->named_parameters();
+    if (pg_->size() > 1) {
+      verify_same_model(*pg_, named);
+      std::vector<Tensor> state;
+      for (auto& [n, p] : named) state.push_back(p);
+      broadcast_coalesced(*pg_, state, 0);
+    }
+    exact_ = std::make_unique<ExactReducer>(named, pg_, options_);
+    return;
+  }
   if (pg_->size() == 1) return;  // a world of one: no reducer, no hooks, no copies
   const auto named = module_->named_parameters();
   verify_same_model(*pg_, named);
@@ -31,6 +49,11 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
 DistributedDataParallel::~DistributedDataParallel() = default;
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
+  if (exact_) {
+    Tensor out = module_->forward(x);
+    if (grad_mode_enabled() && out.requires_grad()) exact_->arm(out);
+    return out;
+  }
   if (!reducer_) return module_->forward(x);
   if (options_.broadcast_buffers && !buffers_.empty()) broadcast_coalesced(*pg_, buffers_, 0);
   Tensor out = module_->forward(x);
@@ -39,7 +62,15 @@ Tensor DistributedDataParallel::forward(const Tensor& x) {
 }
 
 void DistributedDataParallel::register_comm_hook(CommHookPtr hook) {
+  if (exact_)
+    throw ConfigError("DDP: a comm hook (" + (hook ? hook->name() : std::string("null")) +
+                      ") cannot be combined with exact mode, which reduces in 64-bit fixed point "
+                      "itself; drop the hook or turn exact mode off");
   if (reducer_) reducer_->set_hook(std::move(hook));
+}
+
+std::int64_t DistributedDataParallel::micro_batches_per_rank() const {
+  return exact_ ? exact_->micro_batches_per_rank() : 0;
 }
 
 std::vector<std::vector<std::size_t>> DistributedDataParallel::bucket_layout() const {
@@ -51,6 +82,9 @@ double DistributedDataParallel::last_comm_seconds() const { return reducer_ ? re
 
 DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp)
     : ddp_(ddp), prev_(ddp.reducer_ ? ddp.reducer_->sync() : true) {
+  if (ddp_.exact_)
+    throw ConfigError("DDP: no_sync() has no meaning in exact mode: each backward is one micro-batch "
+                      "and the last one of the step reduces; drop no_sync() or turn exact mode off");
   if (ddp_.reducer_) ddp_.reducer_->set_sync(false);
 }
 

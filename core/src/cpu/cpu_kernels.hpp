@@ -68,6 +68,9 @@ class CpuKernels final : public DeviceKernels {
   void cross_entropy_backward(const Tensor& probs, const Tensor& target, const Tensor& grad_loss,
                               float scale, Tensor& grad_logits) override;
   std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override;
+  void abs_max_into(const Tensor& x, Tensor& out, std::int64_t index) override;
+  void fixed_point_accumulate(const Tensor& x, double scale, Tensor& acc) override;
+  void fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) override;
   void convert(const Tensor& src, Tensor& dst) override;
   void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer,
                   const SgdUpdate& u) override;

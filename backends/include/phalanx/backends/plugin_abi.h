@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PHALANX_PLUGIN_ABI_VERSION 2u  /* 2: Storage gained file mappings */
+#define PHALANX_PLUGIN_ABI_VERSION 3u  /* 3: Sim device, exact-mode kernels; 2: Storage file mappings */
 #define PHALANX_PLUGIN_ENTRY_SYMBOL "phalanx_plugin_entry"
 
 #ifdef __cplusplus

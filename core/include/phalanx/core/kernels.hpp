@@ -104,6 +104,16 @@ class DeviceKernels {
   virtual void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                            Tensor& max_exp_avg_sq, const AdamUpdate& u) = 0;
 
+  // exact mode (docs/exact.md): fixed-point sums that do not depend on the order of addition
+  /// out[index] = max(out[index], max_i |x[i]|); out is float32; a NaN in x (or already in
+  /// out[index]) leaves NaN there.
+  virtual void abs_max_into(const Tensor& x, Tensor& out, std::int64_t index) = 0;
+  /// acc[i] += llrint(double(x[i]) * scale): x float32, acc int64, same numel. The caller
+  /// picks `scale` (a power of two) so that no sum leaves int64's range.
+  virtual void fixed_point_accumulate(const Tensor& x, double scale, Tensor& acc) = 0;
+  /// out[i] = float((double(acc[i]) / scale) / count): acc int64, out float32, same numel.
+  virtual void fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) = 0;
+
   /// Checks that every int64 label is in [0, classes); returns the first bad index or -1.
   virtual std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) = 0;
 };

@@ -23,14 +23,27 @@
 
 namespace phalanx::parallel {
 
+/// Exact mode (docs/exact.md): the same bits on any number of workers. The global batch is
+/// split into micro-batches of a fixed size; each rank runs forward and backward once per
+/// micro-batch it owns (micro_batches_per_rank() of them per step), and the backward of the
+/// last one leaves in every .grad() the mean over the global batch, summed in 64-bit fixed
+/// point so that the order of addition (hence the world size) does not matter.
+struct ExactMode {
+  bool enabled = false;
+  std::int64_t global_batch = 0;  ///< samples per optimizer step, all ranks together
+  std::int64_t micro_batch = 0;   ///< samples per forward/backward; divides global_batch
+};
+
 struct DDPOptions {
   double bucket_cap_mb = 25.0;      ///< bucket size after the first
   double first_bucket_mb = 1.0;     ///< the first bucket (the last layers) is small so it starts early
   bool find_unused_parameters = false;  ///< walk the graph each forward; unused parameters count as ready
   bool broadcast_buffers = true;    ///< broadcast buffers from rank 0 before each forward
+  ExactMode exact;                  ///< bit-exact across world sizes (off by default)
 };
 
 class Reducer;
+class ExactReducer;
 
 class DistributedDataParallel : public nn::Module {
  public:
@@ -64,6 +77,10 @@ class DistributedDataParallel : public nn::Module {
   };
   NoSync no_sync() { return NoSync(*this); }
 
+  /// Exact mode: micro-batches this rank runs per optimizer step (global/micro/world);
+  /// 0 when exact mode is off.
+  std::int64_t micro_batches_per_rank() const;
+
   /// Bucket layout, for inspection and tests: parameter indices per bucket.
   std::vector<std::vector<std::size_t>> bucket_layout() const;
   /// Seconds the end of the last backward spent waiting for communication, and the total
@@ -78,6 +95,7 @@ class DistributedDataParallel : public nn::Module {
   DDPOptions options_;
   std::vector<Tensor> buffers_;  // the module's buffers, listed once (broadcast each forward)
   std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<ExactReducer> exact_;  // instead of reducer_ in exact mode (any world size)
 };
 
 using DDP = DistributedDataParallel;
