@@ -14,6 +14,7 @@
 #include "phalanx/backends/prefix_store.hpp"
 #include "phalanx/backends/tcp_store.hpp"
 #include "phalanx/backends/world_of_one.hpp"
+#include "phalanx/core/kernels.hpp"
 #include "phalanx/core/world.hpp"
 #include "phalanx/parallel/launch_env.hpp"
 #include "desync_check.hpp"
@@ -30,6 +31,8 @@ struct State {
   std::unique_ptr<TcpStoreServer> server;  // when this rank hosts the store
   StorePtr store;
   std::unique_ptr<FailureWatcher> watcher;  // aborts the group when another rank fails
+  Device device;            // decided by init (valid when has_device)
+  bool has_device = false;
 };
 State& state() {
   // Never destroyed: a process that exits without destroy_process_group() drops its
@@ -113,15 +116,31 @@ void check_in(Store& prefixed, int rank, int world, const std::string& backend,
 
 }  // namespace
 
+Device resolve_device(const InitOptions& o) {
+  const LaunchEnv env = read_launch_env();
+  if (!o.device.empty()) return resolve_device(o.device, env, "InitOptions::device");
+  if (const std::string d = env_or("PHALANX_DEVICE", ""); !d.empty()) return resolve_device(d, env, "PHALANX_DEVICE");
+  if (const std::string d = config_string(read_config(o), "device"); !d.empty())
+    return resolve_device(d, env, "'device' in the config file");
+  return Device::cpu();
+}
+
+Device local_device() {
+  {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.has_device) return s.device;
+  }
+  return resolve_device(InitOptions{});
+}
+
 std::string resolve_backend(const InitOptions& o, int world_size) {
   std::string b = o.backend;
   if (b.empty()) b = env_or("PHALANX_BACKEND", "");
   if (b.empty()) b = config_string(read_config(o), "backend");
   if (!b.empty() && b != "auto") return b;
   if (world_size == 1) return "single";
-  std::string device = !o.device.empty() ? o.device : env_or("PHALANX_DEVICE", "");
-  if (device.empty()) device = config_string(read_config(o), "device");
-  if (device.rfind("cuda", 0) == 0 && backend_available("nccl")) return "nccl";
+  if (resolve_device(o).type == DeviceType::CUDA && backend_available("nccl")) return "nccl";
   const LaunchEnv env = read_launch_env();
   if ((env.source == "openmpi" || env.source == "slurm" || env.source == "pmi") && backend_available("mpi")) return "mpi";
   return "gloo";
@@ -139,6 +158,9 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   if (rank >= world)
     throw ConfigError(detail::concat("init_process_group: rank ", rank, " is not below the world size ", world));
   const auto timeout = o.timeout.count() > 0 ? o.timeout : default_timeout();
+  // The device, decided once; its plugin loads (or says why it cannot) before any rendezvous.
+  const Device device = resolve_device(o);
+  if (!device.is_cpu()) kernels_for(device);
   const std::string backend = resolve_backend(o, world);
   const bool debug_detail = debug_detail_enabled();
 
@@ -146,6 +168,8 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     if (world != 1)
       throw ConfigError(detail::concat("backend 'single' is a world of one, but WORLD_SIZE is ", world));
     s.group = std::make_shared<WorldOfOneProcessGroup>(timeout);
+    s.device = device;
+    s.has_device = true;
     set_default_world({0, 1, true});
     return s.group;
   }
@@ -231,6 +255,9 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     cfg.store = prefixed;
     cfg.timeout = timeout;
     cfg.hostname = host;
+    cfg.local_rank = env.local_rank;
+    cfg.local_world_size = env.local_world_size;
+    cfg.device = device;
     ProcessGroupPtr group = create_process_group(backend, cfg, o.plugin_path);
     group->set_failure_hook(make_failure_hook(ctx));
     if (debug_detail) group->set_collective_check(make_desync_check(prefixed, rank, world));
@@ -243,6 +270,8 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     throw;
   }
   s.store = store;
+  s.device = device;
+  s.has_device = true;
   set_default_world({rank, world, true});
   undo.armed = false;
   return s.group;
@@ -256,6 +285,7 @@ void destroy_process_group() {
   set_failure_context(nullptr);
   s.store.reset();
   s.server.reset();
+  s.has_device = false;
   set_default_world({0, 1});
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/error.hpp"
 
 namespace phalanx::parallel {
 
@@ -79,6 +80,15 @@ LaunchEnv read_launch_env() {
   if (const char* r = get("PHALANX_RESTART_COUNT")) e.restart_count = parse_int("PHALANX_RESTART_COUNT", r, 0, kMax);
   if (const char* h = get("PHALANX_STORE_HOSTED")) e.store_hosted = std::string(h) == "1";
   return e;
+}
+
+Device resolve_device(const std::string& text, const LaunchEnv& env, const std::string& source) {
+  if (text == "cuda") return Device::cuda(env.local_rank);
+  try {
+    return Device::parse(text);
+  } catch (const ValueError&) {
+    throw ConfigError(source + "='" + text + "' is not a device: use cpu, cuda (= cuda:LOCAL_RANK), cuda:N, sim or sim:N");
+  }
 }
 
 }  // namespace phalanx::parallel

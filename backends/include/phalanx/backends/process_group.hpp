@@ -37,6 +37,13 @@ struct BackendConfig {
   std::shared_ptr<Store> store;  ///< rendezvous store (already prefixed for this group)
   std::chrono::milliseconds timeout{kDefaultTimeout};
   std::string hostname = "127.0.0.1";  ///< address this rank listens on
+  /// Where this rank runs, decided once by parallel::init_process_group (docs/ddp.md,
+  /// "Devices"): the launcher's LOCAL_RANK / LOCAL_WORLD_SIZE (or MPI's, SLURM's), and the
+  /// device resolved from InitOptions::device / PHALANX_DEVICE / the config file ("cuda"
+  /// without an index is cuda:LOCAL_RANK). Backends read these fields, never the environment.
+  int local_rank = 0;
+  int local_world_size = 1;
+  Device device = Device::cpu();
 };
 
 

@@ -14,6 +14,15 @@
 // connects, checks that all ranks agree on the world size and backend and that no rank is
 // taken twice, then the backend connects its full mesh. file:///path uses a FileStore on a
 // shared filesystem instead.
+//
+// Device: decided once, here (docs/ddp.md, "Devices"): InitOptions::device > PHALANX_DEVICE >
+// "device" in the config file > "cpu"; "cuda" without an index is cuda:LOCAL_RANK. A device
+// that is no device, or whose plugin cannot load, fails init before any rendezvous. The
+// backend receives it (BackendConfig::device, local_rank); code that needs it asks
+// local_device() and never reads LOCAL_RANK itself:
+//
+//   auto pg = phalanx::parallel::init_process_group();
+//   model->to(phalanx::parallel::local_device());
 #include <chrono>
 #include <string>
 
@@ -28,7 +37,7 @@ struct InitOptions {
   int world_size = -1;      ///< -1 = from the environment
   std::chrono::milliseconds timeout{0};  ///< 0 = default_timeout(): PHALANX_TIMEOUT or kDefaultTimeout (300 s)
   std::string plugin_path;  ///< explicit plugin file or directory
-  std::string device;       ///< "" = PHALANX_DEVICE or "cpu"
+  std::string device;       ///< "" = PHALANX_DEVICE / config / "cpu"; "cuda" = cuda:LOCAL_RANK
   std::string config_file;  ///< "" = PHALANX_CONFIG
 };
 
@@ -39,6 +48,12 @@ void destroy_process_group();
 bool is_initialized();
 /// The default group; a world of one ("single") when init was never called.
 ProcessGroupPtr default_process_group();
+/// The device these options and this environment name for this rank (see above); throws
+/// ConfigError naming the source of a text that is no device.
+Device resolve_device(const InitOptions& options = {});
+/// The device init_process_group decided for this rank; before init (or after destroy),
+/// resolve_device() of the environment.
+Device local_device();
 /// The backend init would choose for these options and this environment.
 std::string resolve_backend(const InitOptions& options, int world_size);
 
