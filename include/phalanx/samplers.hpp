@@ -4,5 +4,6 @@
 #include "phalanx/samplers/dataset.hpp"
 #include "phalanx/samplers/distributed_sampler.hpp"
 #include "phalanx/samplers/idx.hpp"
+#include "phalanx/samplers/micro_batch_sampler.hpp"
 #include "phalanx/samplers/sampler.hpp"
 #include "phalanx/samplers/shuffle.hpp"
