@@ -194,27 +194,41 @@ ProcessGroupPtr create_process_group(const std::string& name, const BackendConfi
 }
 
 bool load_device_plugin(DeviceType type, std::string* reason) {
-  if (type != DeviceType::CUDA) {
+  // CUDA ships as a plugin; sim is the test accelerator (tests/support/sim_device), built
+  // with the tests into the build tree and never installed.
+  const bool sim = type == DeviceType::Sim;
+  if (type != DeviceType::CUDA && !sim) {
     if (reason) *reason = "no plugin provides this device type";
     return false;
   }
+  const std::string name = sim ? "sim" : "cuda", what = sim ? "the sim device plugin" : "the CUDA device plugin";
   try {
-    const phalanx_plugin_descriptor& d = load_plugin("cuda");
+    const phalanx_plugin_descriptor& d = load_plugin(name);
     if (std::string(d.kind ? d.kind : "") != "device") {
-      if (reason) *reason = "libphalanx_cuda.so is not a device plugin";
+      if (reason) *reason = file_name(name) + " is not a device plugin";
       return false;
     }
     char why[512] = {0};
     if (d.probe && !d.probe(why, sizeof why)) {
-      if (reason) *reason = std::string("the CUDA device plugin cannot run here: ") + why;
+      if (reason) *reason = what + " cannot run here: " + why;
       return false;
     }
     char err[512] = {0};
     if (!d.create(nullptr, err, sizeof err)) {
-      if (reason) *reason = std::string("the CUDA device plugin failed to start: ") + err;
+      if (reason) *reason = what + " failed to start: " + err;
       return false;
     }
     return true;
+  } catch (const PluginNotFoundError& e) {
+    if (reason) {
+      *reason = e.what();
+      if (sim && reason->find("' not found: ") != std::string::npos)  // not a load failure
+        *reason = "no " + file_name(name) + " in " + join(plugin_search_path(""), ", ") +
+                  ": the sim device is a test plugin, built with the tests and never installed; "
+                  "build the tests (target phalanx_sim) and run from the build tree, or set "
+                  "PHALANX_PLUGIN_PATH to the build directory";
+    }
+    return false;
   } catch (const std::exception& e) {
     if (reason) *reason = e.what();
     return false;

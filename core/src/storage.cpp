@@ -18,10 +18,25 @@ Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(d
 }
 
 Storage::~Storage() {
+  if (borrowed_)
+    return;  // keep_alive_ is released with the object
   if (map_base_)
     ::munmap(map_base_, map_len_);
   else if (data_)
     kernels_for(device_).deallocate(data_, nbytes_, device_.index);
+}
+
+std::shared_ptr<Storage> Storage::borrow(void* data, std::size_t nbytes, Device device,
+                                         std::shared_ptr<const void> keep_alive) {
+  if (!data && nbytes)
+    throw ValueError(detail::concat("Storage::borrow: a null pointer for ", nbytes, " bytes"));
+  std::shared_ptr<Storage> s(new Storage());
+  s->data_ = data;
+  s->nbytes_ = nbytes;
+  s->device_ = device;
+  s->borrowed_ = true;
+  s->keep_alive_ = std::move(keep_alive);
+  return s;
 }
 
 std::shared_ptr<Storage> Storage::map_file(const std::string& path, std::size_t offset, std::size_t nbytes) {

@@ -205,6 +205,9 @@ Tensor& Tensor::add_(const Tensor& other, float alpha) {
   if (other.numel() != numel())
     throw ShapeError("add_(): shapes " + shape_str(shape()) + " and " + shape_str(other.shape()) +
                      " differ");
+  if (other.device() != device())
+    throw TypeError("add_(): " + other.str() + " is on another device than " + str() +
+                    "; move it with .to(" + device().str() + ")");
   kernels_for(device()).axpy(alpha, other, *this);
   return *this;
 }

@@ -99,9 +99,14 @@ void CpuKernels::fill(Tensor& out, double value) {
       return;
     }
     std::fill(p, p + n, static_cast<float>(value));
-  } else {
+  } else if (out.dtype() == DType::Int64) {
     auto* p = out.data<std::int64_t>();
     std::fill(p, p + n, static_cast<std::int64_t>(value));
+  } else {  // float16 / bfloat16: one 2-byte pattern per element, rounded as convert() does
+    const float v = static_cast<float>(value);
+    const std::uint16_t bits = out.dtype() == DType::Float16 ? float_to_fp16(v) : float_to_bf16(v);
+    auto* p = static_cast<std::uint16_t*>(out.raw_data());
+    std::fill(p, p + n, bits);
   }
 }
 

@@ -9,6 +9,10 @@ using namespace ops_detail;
 
 namespace {
 
+// The device pointer of a float32 tensor the op has checked: GEMM runs on the tensors'
+// device, so this is never dereferenced on the host (data<float>() would refuse a CUDA one).
+float* dptr(const Tensor& t) { return static_cast<float*>(t.raw_data()); }
+
 class MatmulBackward final : public Node {
  public:
   MatmulBackward(Tensor a, Tensor b) : a_(std::move(a)), b_(std::move(b)) {}
@@ -18,13 +22,13 @@ class MatmulBackward final : public Node {
     Tensor ga, gb;
     if (needs_grad(*this, 0)) {  // dA = dC B^T
       ga = autograd::gradient_buffer(*this, 0, {m, k}, g.device());
-      kern.gemm(false, true, m, k, n, 1.f, g.data<float>(), n, b_.data<float>(), n, 0.f,
-                ga.data<float>(), k);
+      kern.gemm(false, true, m, k, n, 1.f, dptr(g), n, dptr(b_), n, 0.f,
+                dptr(ga), k);
     }
     if (needs_grad(*this, 1)) {  // dB = A^T dC
       gb = autograd::gradient_buffer(*this, 1, {k, n}, g.device());
-      kern.gemm(true, false, k, n, m, 1.f, a_.data<float>(), k, g.data<float>(), n, 0.f,
-                gb.data<float>(), n);
+      kern.gemm(true, false, k, n, m, 1.f, dptr(a_), k, dptr(g), n, 0.f,
+                dptr(gb), n);
     }
     return {ga, gb};
   }
@@ -46,13 +50,13 @@ class LinearBackward final : public Node {
     Tensor gx, gw, gb;
     if (needs_grad(*this, 0)) {  // dX = dY W
       gx = Tensor::empty(x_.shape(), DType::Float32, g.device());
-      k.gemm(false, false, rows, in_f, out_f, 1.f, g.data<float>(), out_f, w_.data<float>(), in_f,
-             0.f, gx.data<float>(), in_f);
+      k.gemm(false, false, rows, in_f, out_f, 1.f, dptr(g), out_f, dptr(w_), in_f,
+             0.f, dptr(gx), in_f);
     }
     if (needs_grad(*this, 1)) {  // dW = dY^T X
       gw = autograd::gradient_buffer(*this, 1, w_.shape(), g.device());
-      k.gemm(true, false, out_f, in_f, rows, 1.f, g.data<float>(), out_f, x_.data<float>(), in_f,
-             0.f, gw.data<float>(), in_f);
+      k.gemm(true, false, out_f, in_f, rows, 1.f, dptr(g), out_f, dptr(x_), in_f,
+             0.f, dptr(gw), in_f);
     }
     if (has_bias_ && needs_grad(*this, 2)) {  // db = column sums of dY
       gb = autograd::gradient_buffer(*this, 2, {out_f}, g.device());
@@ -79,8 +83,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                      shape_str(b.shape()));
   const std::int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
   Tensor out = Tensor::empty({m, n}, DType::Float32, a.device());
-  kernels_for(a.device()).gemm(false, false, m, n, k, 1.f, a.data<float>(), k, b.data<float>(), n,
-                               0.f, out.data<float>(), n);
+  kernels_for(a.device()).gemm(false, false, m, n, k, 1.f, dptr(a), k, dptr(b), n,
+                               0.f, dptr(out), n);
   if (grad_mode_enabled() && (a.requires_grad() || b.requires_grad()))
     autograd::record(std::make_shared<MatmulBackward>(a.detach(), b.detach()), {&a, &b}, out);
   return out;
@@ -111,8 +115,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor out = Tensor::empty(out_shape, DType::Float32, x.device());
   DeviceKernels& k = kernels_for(x.device());
   if (has_bias) k.broadcast_rows(bias, out);  // then GEMM accumulates onto it (beta = 1)
-  k.gemm(false, true, rows, out_f, in_f, 1.f, x.data<float>(), in_f, weight.data<float>(), in_f,
-         has_bias ? 1.f : 0.f, out.data<float>(), out_f);
+  k.gemm(false, true, rows, out_f, in_f, 1.f, dptr(x), in_f, dptr(weight), in_f,
+         has_bias ? 1.f : 0.f, dptr(out), out_f);
   if (grad_mode_enabled() &&
       (x.requires_grad() || weight.requires_grad() || (has_bias && bias.requires_grad()))) {
     auto node = std::make_shared<LinearBackward>(x.detach(), weight.detach(), has_bias);

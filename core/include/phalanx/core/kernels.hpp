@@ -46,7 +46,7 @@ class DeviceKernels {
   virtual void copy_from_host(void* dst, const void* host_src, std::size_t nbytes) = 0;
 
   // elementwise (float32 unless stated)
-  virtual void fill(Tensor& out, double value) = 0;  ///< float32 or int64
+  virtual void fill(Tensor& out, double value) = 0;  ///< any dtype (float16/bfloat16 rounded to nearest even)
   virtual void unary(UnaryOp op, const Tensor& x, Tensor& out) = 0;
   /// grad_x = grad_y * f'(x); `x` and `y` (= f(x)) are both given, a kernel uses what it needs.
   virtual void unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y,

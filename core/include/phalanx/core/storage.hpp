@@ -30,11 +30,20 @@ class Storage {
   /// the path names by then. `what` names the file in errors.
   static std::shared_ptr<Storage> map_fd(int fd, const std::string& what, std::size_t offset, std::size_t nbytes);
 
+  /// A non-owning view of `nbytes` at `data` on `device` (memory someone else owns): the
+  /// storage never frees it and holds `keep_alive` (typically the owning Storage) until it
+  /// is destroyed. A device plugin uses it to hand its memory to the CPU kernels as CPU
+  /// tensors (tests/support/sim_device); `data` must stay valid while `keep_alive` lives.
+  static std::shared_ptr<Storage> borrow(void* data, std::size_t nbytes, Device device,
+                                         std::shared_ptr<const void> keep_alive);
+
   void* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   /// True for a file mapping (map_file, map_fd).
   bool mapped() const { return map_base_ != nullptr; }
+  /// True for a borrowed view (borrow): the memory belongs to someone else.
+  bool borrowed() const { return borrowed_; }
 
  private:
   Storage() = default;
@@ -43,6 +52,8 @@ class Storage {
   Device device_;
   void* map_base_ = nullptr;  // the whole mapping (page aligned), when mapped()
   std::size_t map_len_ = 0;
+  bool borrowed_ = false;
+  std::shared_ptr<const void> keep_alive_;  // what a borrowed view keeps alive
 };
 
 }  // namespace phalanx

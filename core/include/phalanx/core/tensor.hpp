@@ -38,8 +38,11 @@ class Tensor {
   Device device() const;
   std::size_t nbytes() const;
 
-  /// Typed pointer to the first element; checks dtype (and that T matches it).
+  /// Typed host pointer to the first element; checks that T matches the dtype and that the
+  /// tensor is in host memory (a CUDA or sim tensor throws TypeError: copy it to the CPU).
   template <typename T> T* data() const;
+  /// The first element's address on the tensor's own device (a device pointer for CUDA and
+  /// sim tensors: for kernels, plugins and byte copies through the device's kernel table).
   void* raw_data() const;
   /// Value of a one-element tensor (copied to the host if needed).
   float item() const;

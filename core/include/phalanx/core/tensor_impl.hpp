@@ -66,6 +66,9 @@ T* Tensor::data() const {
   if (impl_->dtype() != dtype_of<T>::value)
     throw TypeError(detail::concat("data<T>(): tensor is ", dtype_name(impl_->dtype()),
                                    ", asked for ", dtype_name(dtype_of<T>::value)));
+  if (!impl_->device().is_cpu())
+    throw TypeError(detail::concat("data<T>(): ", str(), " is not in host memory; copy it first with "
+                                   ".to(Device::cpu()) (or read it with item()/to_vector())"));
   return static_cast<T*>(impl_->data());
 }
 

@@ -1,0 +1,51 @@
+// The sim device plugin's entry point (tests only, never installed): registers the sim
+// kernel table for DeviceType::Sim. PHALANX_SIM_UNAVAILABLE=<reason> makes the probe fail,
+// so tests can check the error a missing device gives. Test hooks are exported below.
+#include <cstdio>
+#include <cstdlib>
+
+#include "phalanx/backends/plugin_abi.h"
+#include "sim_allocator.hpp"
+#include "sim_kernels.hpp"
+
+namespace {
+
+int probe(char* reason, size_t len) {
+  if (const char* why = std::getenv("PHALANX_SIM_UNAVAILABLE")) {
+    std::snprintf(reason, len, "PHALANX_SIM_UNAVAILABLE is set (%s)", why);
+    return 0;
+  }
+  return 1;
+}
+
+void* create(const void*, char* error, size_t len) {
+  try {
+    phalanx::register_device_kernels(phalanx::DeviceType::Sim, &phalanx::sim::table());
+    return &phalanx::sim::table();
+  } catch (const std::exception& e) {
+    std::snprintf(error, len, "%s", e.what());
+    return nullptr;
+  }
+}
+
+const phalanx_plugin_descriptor kDescriptor = {
+    PHALANX_PLUGIN_ABI_VERSION, "sim", "device",
+    "test accelerator: host memory behind tagged pointers, poisoned when freed, CPU kernels",
+    &probe, &create, nullptr};
+
+}  // namespace
+
+#define SIM_EXPORT extern "C" __attribute__((visibility("default")))
+
+SIM_EXPORT const phalanx_plugin_descriptor* phalanx_plugin_entry(void) { return &kDescriptor; }
+
+/// 1: the freed block holding `ptr` is quarantined with its poison intact; 0: it was
+/// written after the free; -1: not in the quarantine.
+SIM_EXPORT int phalanx_sim_freed_block_poisoned(const void* ptr) {
+  return phalanx::sim::Allocator::instance().freed_block_poisoned(ptr);
+}
+/// Live (allocated, not freed) blocks and bytes: leak checks.
+SIM_EXPORT size_t phalanx_sim_live_blocks(void) { return phalanx::sim::Allocator::instance().live_blocks(); }
+SIM_EXPORT size_t phalanx_sim_live_bytes(void) { return phalanx::sim::Allocator::instance().live_bytes(); }
+/// The tag bit every sim pointer carries.
+SIM_EXPORT unsigned long long phalanx_sim_tag(void) { return phalanx::sim::kTag; }

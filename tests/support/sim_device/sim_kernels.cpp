@@ -1,0 +1,189 @@
+#include "sim_kernels.hpp"
+
+#include <cstring>
+
+#include "phalanx/core/tensor_impl.hpp"
+#include "sim_allocator.hpp"
+
+namespace phalanx::sim {
+
+namespace {
+
+DeviceKernels& cpu() { return kernels_for(Device::cpu()); }
+
+/// A CPU tensor over the host memory of sim tensor `t` (undefined stays undefined); it
+/// keeps `t`'s storage alive.
+Tensor host_view(const Tensor& t, const char* op) {
+  if (!t.defined()) return t;
+  if (t.device().type != DeviceType::Sim)
+    throw TypeError(detail::concat("sim kernel ", op, ": got ", t.str(), "; every operand must be on the "
+                                   "sim device (move it with .to(Device::sim()))"));
+  void* p = Allocator::instance().host(t.raw_data(), t.nbytes(), op);
+  auto storage = Storage::borrow(p, t.nbytes(), Device::cpu(), t.impl()->storage());
+  return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, t.shape(), t.dtype()));
+}
+
+/// Bytes a row-major GEMM operand of `rows` x `cols` with leading dimension `ld` spans.
+std::size_t span(std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return static_cast<std::size_t>((rows - 1) * ld + cols) * sizeof(float);
+}
+
+class SimKernels final : public DeviceKernels {
+ public:
+  const char* name() const override { return "sim"; }
+
+  void* allocate(std::size_t nbytes, int) override { return Allocator::instance().allocate(nbytes); }
+  void deallocate(void* p, std::size_t nbytes, int) override { Allocator::instance().deallocate(p, nbytes); }
+  void copy(void* dst, const void* src, std::size_t n) override {
+    if (!n) return;
+    auto& a = Allocator::instance();
+    std::memmove(a.host(dst, n, "copy (destination)"), a.host(src, n, "copy (source)"), n);
+  }
+  void copy_to_host(void* host_dst, const void* src, std::size_t n) override {
+    if (!n) return;
+    check_host(host_dst, "copy_to_host (destination)");
+    std::memcpy(host_dst, Allocator::instance().host(src, n, "copy_to_host (source)"), n);
+  }
+  void copy_from_host(void* dst, const void* host_src, std::size_t n) override {
+    if (!n) return;
+    check_host(host_src, "copy_from_host (source)");
+    std::memcpy(Allocator::instance().host(dst, n, "copy_from_host (destination)"), host_src, n);
+  }
+
+  void fill(Tensor& out, double value) override {
+    Tensor o = host_view(out, "fill");
+    cpu().fill(o, value);
+  }
+  void unary(UnaryOp op, const Tensor& x, Tensor& out) override {
+    Tensor o = host_view(out, "unary");
+    cpu().unary(op, host_view(x, "unary"), o);
+  }
+  void unary_backward(UnaryOp op, const Tensor& gy, const Tensor& x, const Tensor& y, Tensor& gx) override {
+    Tensor o = host_view(gx, "unary_backward");
+    cpu().unary_backward(op, host_view(gy, "unary_backward"), host_view(x, "unary_backward"),
+                         host_view(y, "unary_backward"), o);
+  }
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override {
+    Tensor o = host_view(out, "binary");
+    cpu().binary(op, host_view(a, "binary"), host_view(b, "binary"), o);
+  }
+  void affine_scalar(const Tensor& x, float mul, float add, Tensor& out) override {
+    Tensor o = host_view(out, "affine_scalar");
+    cpu().affine_scalar(host_view(x, "affine_scalar"), mul, add, o);
+  }
+  void axpy(float alpha, const Tensor& x, Tensor& y) override {
+    Tensor o = host_view(y, "axpy");
+    cpu().axpy(alpha, host_view(x, "axpy"), o);
+  }
+  void scale(Tensor& x, float factor) override {
+    Tensor o = host_view(x, "scale");
+    cpu().scale(o, factor);
+  }
+  void divide(Tensor& x, float divisor) override {
+    Tensor o = host_view(x, "divide");
+    cpu().divide(o, divisor);
+  }
+
+  void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+            std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) override {
+    auto& al = Allocator::instance();
+    const float* ha = static_cast<const float*>(al.host(a, ta ? span(k, m, lda) : span(m, k, lda), "gemm (A)"));
+    const float* hb = static_cast<const float*>(al.host(b, tb ? span(n, k, ldb) : span(k, n, ldb), "gemm (B)"));
+    float* hc = static_cast<float*>(al.host(c, span(m, n, ldc), "gemm (C)"));
+    cpu().gemm(ta, tb, m, n, k, alpha, ha, lda, hb, ldb, beta, hc, ldc);
+  }
+
+  void sum_to_period(const Tensor& in, Tensor& out, float scale) override {
+    Tensor o = host_view(out, "sum_to_period");
+    cpu().sum_to_period(host_view(in, "sum_to_period"), o, scale);
+  }
+  void sum_dim(const Tensor& in, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out,
+               float scale) override {
+    Tensor o = host_view(out, "sum_dim");
+    cpu().sum_dim(host_view(in, "sum_dim"), outer, d, inner, o, scale);
+  }
+  void expand_dim(const Tensor& g, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out,
+                  float scale) override {
+    Tensor o = host_view(out, "expand_dim");
+    cpu().expand_dim(host_view(g, "expand_dim"), outer, d, inner, o, scale);
+  }
+  void broadcast_rows(const Tensor& row, Tensor& out) override {
+    Tensor o = host_view(out, "broadcast_rows");
+    cpu().broadcast_rows(host_view(row, "broadcast_rows"), o);
+  }
+  void transpose(const Tensor& in, int d0, int d1, Tensor& out) override {
+    Tensor o = host_view(out, "transpose");
+    cpu().transpose(host_view(in, "transpose"), d0, d1, o);
+  }
+
+  void log_softmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override {
+    Tensor o = host_view(out, "log_softmax");
+    cpu().log_softmax(host_view(x, "log_softmax"), outer, d, inner, o);
+  }
+  void log_softmax_backward(const Tensor& gy, const Tensor& y, std::int64_t outer, std::int64_t d,
+                            std::int64_t inner, Tensor& gx) override {
+    Tensor o = host_view(gx, "log_softmax_backward");
+    cpu().log_softmax_backward(host_view(gy, "log_softmax_backward"), host_view(y, "log_softmax_backward"),
+                               outer, d, inner, o);
+  }
+  void cross_entropy(const Tensor& logits, const Tensor& target, Tensor& probs, Tensor& loss) override {
+    Tensor p = host_view(probs, "cross_entropy"), l = host_view(loss, "cross_entropy");
+    cpu().cross_entropy(host_view(logits, "cross_entropy"), host_view(target, "cross_entropy"), p, l);
+  }
+  void cross_entropy_backward(const Tensor& probs, const Tensor& target, const Tensor& grad_loss, float scale,
+                              Tensor& grad_logits) override {
+    Tensor o = host_view(grad_logits, "cross_entropy_backward");
+    cpu().cross_entropy_backward(host_view(probs, "cross_entropy_backward"),
+                                 host_view(target, "cross_entropy_backward"),
+                                 host_view(grad_loss, "cross_entropy_backward"), scale, o);
+  }
+  void convert(const Tensor& src, Tensor& dst) override {
+    Tensor o = host_view(dst, "convert");
+    cpu().convert(host_view(src, "convert"), o);
+  }
+
+  void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdUpdate& u) override {
+    Tensor p = host_view(param, "sgd_update"), b = host_view(buf, "sgd_update");
+    cpu().sgd_update(p, host_view(grad, "sgd_update"), b, u);
+  }
+  void adam_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, Tensor& vmax,
+                   const AdamUpdate& u) override {
+    Tensor p = host_view(param, "adam_update"), hm = host_view(m, "adam_update"),
+           hv = host_view(v, "adam_update"), hx = host_view(vmax, "adam_update");
+    cpu().adam_update(p, host_view(grad, "adam_update"), hm, hv, hx, u);
+  }
+
+  void abs_max_into(const Tensor& x, Tensor& out, std::int64_t index) override {
+    Tensor o = host_view(out, "abs_max_into");
+    cpu().abs_max_into(host_view(x, "abs_max_into"), o, index);
+  }
+  void fixed_point_accumulate(const Tensor& x, double scale, Tensor& acc) override {
+    Tensor o = host_view(acc, "fixed_point_accumulate");
+    cpu().fixed_point_accumulate(host_view(x, "fixed_point_accumulate"), scale, o);
+  }
+  void fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) override {
+    Tensor o = host_view(out, "fixed_point_to_float");
+    cpu().fixed_point_to_float(host_view(acc, "fixed_point_to_float"), scale, count, o);
+  }
+
+  std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override {
+    return cpu().find_label_out_of_range(host_view(target, "find_label_out_of_range"), classes);
+  }
+
+ private:
+  static void check_host(const void* p, const char* what) {
+    if (is_tagged(p))
+      throw ValueError(detail::concat("sim device: ", what, " got a sim pointer (", p,
+                                      ") where host memory belongs"));
+  }
+};
+
+}  // namespace
+
+DeviceKernels& table() {
+  static SimKernels k;
+  return k;
+}
+
+}  // namespace phalanx::sim
