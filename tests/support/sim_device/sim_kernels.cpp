@@ -182,8 +182,8 @@ class SimKernels final : public DeviceKernels {
 }  // namespace
 
 DeviceKernels& table() {
-  static SimKernels k;
-  return k;
+  static SimKernels* k = new SimKernels;  // never destroyed: storages may die during exit
+  return *k;
 }
 
 }  // namespace phalanx::sim
