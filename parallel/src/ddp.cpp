@@ -51,7 +51,14 @@ DistributedDataParallel::~DistributedDataParallel() = default;
 Tensor DistributedDataParallel::forward(const Tensor& x) {
   if (exact_) {
     Tensor out = module_->forward(x);
-    if (grad_mode_enabled() && out.requires_grad()) exact_->arm(out);
+    if (grad_mode_enabled() && out.requires_grad()) {
+      // One forward and backward is one micro-batch; the mean of its loss weighs it 1/K.
+      if (x.dim() < 1 || x.size(0) != options_.exact.micro_batch)
+        throw ShapeError(detail::concat("DDP exact mode: the input has ", x.dim() < 1 ? 0 : x.size(0),
+                                        " samples, the micro-batch is ", options_.exact.micro_batch,
+                                        "; feed exactly one micro-batch per forward (pad or drop a short last batch)"));
+      exact_->arm(out);
+    }
     return out;
   }
   if (!reducer_) return module_->forward(x);
@@ -74,6 +81,7 @@ std::int64_t DistributedDataParallel::micro_batches_per_rank() const {
 }
 
 std::vector<std::vector<std::size_t>> DistributedDataParallel::bucket_layout() const {
+  if (exact_) return exact_->layout();
   return reducer_ ? reducer_->layout() : std::vector<std::vector<std::size_t>>{};
 }
 

@@ -1,12 +1,19 @@
 #pragma once
 // Exact mode's reducer (docs/exact.md). Each backward is one micro-batch: its gradients are
-// kept (float32, on the parameters' device) and their per-parameter maxima recorded. The
-// backward of the rank's last micro-batch of a step then agrees on one power-of-two scale
-// per parameter (an allreduce MAX of the maxima; a max is exact in any order), converts every
-// kept micro-batch gradient to int64 fixed point with it, sums them (exact, so associative),
-// allreduces the int64 sums, and writes sum / scale / micro_batches into each .grad() once.
-// Every float operation is per micro-batch or per element of the final sum, so the result
-// does not depend on which rank computed which micro-batch: the same bits on any world size.
+// kept (float32, on the parameters' device: micro-batch j of the step writes straight into
+// slot j, a flat buffer) and their per-parameter maxima recorded as they are produced. The
+// end of the backward of the rank's last micro-batch of a step then agrees on one
+// power-of-two scale per parameter (an allreduce MAX of the maxima, plus a flag slot that
+// voids the step on every rank when one rank's backward stopped part-way; a max is exact in
+// any order), converts every kept micro-batch gradient to int64 fixed point with it, sums
+// them (exact, so associative) into one int64 buffer per bucket, allreduces the buckets
+// (each launched as soon as it is converted), and writes sum / scale / micro_batches into
+// each .grad() once (the last slot, which then holds the step's gradients). Every float
+// operation is per micro-batch or per element of the final sum, so the result does not
+// depend on which rank computed which micro-batch: the same bits on any world size.
+// Everything runs on the parameters' device through its kernel table; only the maxima
+// (one float per parameter) travel to the host, to choose the scales.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,9 +31,13 @@ class ExactReducer {
   ExactReducer(const ExactReducer&) = delete;
   ExactReducer& operator=(const ExactReducer&) = delete;
 
-  /// After a forward in grad mode: one micro-batch's backward is expected.
+  /// After a forward in grad mode: one micro-batch's backward is expected. The step's first
+  /// micro-batch clears .grad(). When the previous backward stopped part-way, completes that
+  /// step as void on every rank (one collective) and throws AutogradError.
   void arm(const Tensor& output);
   std::int64_t micro_batches_per_rank() const { return per_rank_; }
+  /// Bucket layout (parameter indices per int64 bucket), for inspection and tests.
+  std::vector<std::vector<std::size_t>> layout() const;
 
  private:
   std::int64_t per_rank_ = 0;

@@ -1,0 +1,535 @@
+// Exact mode (docs/exact.md): the same weights, bit for bit, on 1, 2, 3 or 4 workers with a
+// shuffled assignment of micro-batches to ranks; close to normal mode; exact_mean; the
+// errors; the fixed-point kernels; and normal mode's run-to-run determinism.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <numeric>
+
+#include "phalanx/core/kernels.hpp"
+#include "support/multirank.hpp"
+
+using namespace phalanx;
+using namespace phalanx::test;
+using parallel::DDP;
+using parallel::DDPOptions;
+
+namespace {
+
+constexpr std::int64_t kSamples = 96, kFeatures = 16, kClasses = 5;
+constexpr std::int64_t kGlobal = 24, kMicro = 2, kK = kGlobal / kMicro;  // 12 micro-batches a step
+
+struct Data {
+  Tensor x, y;
+};
+
+Data make_data() {
+  Generator g(99);
+  return {randn({kSamples, kFeatures}, &g), randint(kClasses, {kSamples}, &g)};
+}
+
+/// Eight parameters; with a tiny bucket cap each gets an int64 bucket of its own.
+std::shared_ptr<nn::Module> make_model() {
+  Generator g(3);
+  return nn::mlp({kFeatures, 24, 24, 24, kClasses}, "tanh", &g);
+}
+
+std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind, const std::vector<Tensor>& ps) {
+  if (kind == "sgd") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1, 0.9});
+  optim::AdamOptions a;
+  a.lr = 1e-2;
+  a.weight_decay = 0.05;
+  return std::make_unique<optim::AdamW>(ps, a);
+}
+
+std::vector<std::int64_t> shuffled(std::int64_t n, std::uint64_t seed) {
+  std::vector<std::int64_t> v(n);
+  std::iota(v.begin(), v.end(), 0);
+  Generator g(seed);
+  for (std::int64_t i = n - 1; i > 0; --i) std::swap(v[i], v[g.next_u64() % (i + 1)]);
+  return v;
+}
+
+/// Samples of global micro-batch m of step t (shuffled once per epoch of 4 steps).
+std::vector<std::int64_t> micro_samples(std::int64_t step, std::int64_t m) {
+  const auto order = shuffled(kSamples, 1000 + step / (kSamples / kGlobal));
+  const std::int64_t base = (step % (kSamples / kGlobal)) * kGlobal + m * kMicro;
+  return {order.begin() + base, order.begin() + base + kMicro};
+}
+
+/// Rank r's micro-batches of step t: a shuffled assignment, different every step.
+std::vector<std::int64_t> my_micro_batches(std::int64_t step, int rank, int world) {
+  const auto perm = shuffled(kK, 7 + step);
+  const std::int64_t per = kK / world;
+  return {perm.begin() + rank * per, perm.begin() + (rank + 1) * per};
+}
+
+void gather(const Data& d, const std::vector<std::int64_t>& idx, Tensor& xb, Tensor& yb) {
+  xb = Tensor::empty({static_cast<std::int64_t>(idx.size()), kFeatures});
+  yb = Tensor::empty({static_cast<std::int64_t>(idx.size())}, DType::Int64);
+  samplers::TensorDataset(d.x, d.y).gather(idx.data(), static_cast<std::int64_t>(idx.size()), xb, yb);
+}
+
+std::vector<char> bytes_of(const std::vector<Tensor>& ps) {
+  std::vector<char> out;
+  for (const auto& p : ps) {
+    const auto v = p.to_vector<float>();
+    const char* b = reinterpret_cast<const char*>(v.data());
+    out.insert(out.end(), b, b + v.size() * sizeof(float));
+  }
+  return out;
+}
+
+DDPOptions exact_options() {
+  DDPOptions o;
+  o.exact.enabled = true;
+  o.exact.global_batch = kGlobal;
+  o.exact.micro_batch = kMicro;
+  o.bucket_cap_mb = 1024.0 / (1 << 20);  // 1 KiB of int64: several buckets
+  return o;
+}
+
+struct Run {
+  std::vector<char> weights;
+  std::vector<double> losses;  // exact_mean per step
+};
+
+/// `steps` exact steps on this rank; the weights' bytes and the logged losses.
+Run train_exact(ProcessGroupPtr pg, const std::string& opt_kind, int steps, bool zero_grad) {
+  const Data d = make_data();
+  DDP ddp(make_model(), pg, exact_options());
+  const int W = pg->size();
+  if (ddp.micro_batches_per_rank() != kK / W) throw std::runtime_error("micro_batches_per_rank");
+  if (ddp.bucket_layout().size() < 4) throw std::runtime_error("fewer than 4 buckets");
+  auto opt = make_opt(opt_kind, ddp.parameters());
+  Run run;
+  for (int t = 0; t < steps; ++t) {
+    if (zero_grad) opt->zero_grad();
+    std::vector<std::pair<std::int64_t, double>> losses;
+    for (std::int64_t m : my_micro_batches(t, pg->rank(), W)) {
+      Tensor xb, yb;
+      gather(d, micro_samples(t, m), xb, yb);
+      Tensor loss = cross_entropy(ddp.forward(xb), yb);
+      losses.emplace_back(m, loss.item());
+      loss.backward();
+    }
+    opt->step();
+    run.losses.push_back(parallel::exact_mean(*pg, losses, kK));
+  }
+  run.weights = bytes_of(ddp.parameters());
+  return run;
+}
+
+Run run_world(int W, const std::string& opt_kind, int steps, bool zero_grad = true) {
+  std::vector<Run> runs(W);
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(W, [&](int rank) {
+    auto pg = make_thread_group("gloo", rank, W, store);
+    runs[rank] = train_exact(pg, opt_kind, steps, zero_grad);
+  });
+  for (int r = 1; r < W; ++r) {
+    REQUIRE(runs[r].weights == runs[0].weights);
+    REQUIRE(runs[r].losses == runs[0].losses);
+  }
+  return runs[0];
+}
+
+/// Normal mode on one process: the same samples as one batch of kGlobal per step.
+std::vector<Tensor> train_plain(const std::string& opt_kind, int steps) {
+  const Data d = make_data();
+  auto model = make_model();
+  auto opt = make_opt(opt_kind, model->parameters());
+  for (int t = 0; t < steps; ++t) {
+    std::vector<std::int64_t> idx;
+    for (std::int64_t m = 0; m < kK; ++m) {
+      const auto s = micro_samples(t, m);
+      idx.insert(idx.end(), s.begin(), s.end());
+    }
+    Tensor xb, yb;
+    gather(d, idx, xb, yb);
+    opt->zero_grad();
+    cross_entropy(model->forward(xb), yb).backward();
+    opt->step();
+  }
+  return model->parameters();
+}
+
+std::vector<float> floats_of(const std::vector<char>& bytes) {
+  std::vector<float> f(bytes.size() / sizeof(float));
+  std::memcpy(f.data(), bytes.data(), bytes.size());
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("exact mode: the same weights and logged losses, bit for bit, on W = 1, 2, 3, 4 (SGD momentum, AdamW)") {
+  set_num_threads(1);
+  for (const std::string opt_kind : {"sgd", "adamw"}) {
+    CAPTURE(opt_kind);
+    const Run one = run_world(1, opt_kind, 5);
+    for (int W : {2, 3, 4}) {
+      CAPTURE(W);
+      const Run many = run_world(W, opt_kind, 5);
+      CHECK(many.weights == one.weights);
+      CHECK(many.losses == one.losses);
+    }
+    // Exactness does not cost accuracy: within 1e-6 (relative, in norm) of normal mode.
+    const auto plain = train_plain(opt_kind, 5);
+    const auto exact = floats_of(one.weights);
+    std::size_t at = 0;
+    for (const auto& p : plain) {
+      const auto v = p.to_vector<float>();
+      double diff = 0, norm = 0;
+      for (float w : v) {
+        diff += (exact[at] - static_cast<double>(w)) * (exact[at] - static_cast<double>(w));
+        norm += static_cast<double>(w) * w;
+        ++at;
+      }
+      CHECK(std::sqrt(diff / norm) < 1e-6);
+    }
+  }
+}
+
+TEST_CASE("exact mode: W = 2 as forked processes over TCP equals W = 1 in this process") {
+  set_num_threads(1);
+  const Run one = run_world(1, "sgd", 3);
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  char path[] = "/tmp/phalanx_exact_XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  const auto results = run_processes(2, [&](int rank) {
+    set_rank_env(rank, 2, port);
+    ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+    auto pg = parallel::init_process_group();
+    const Run r = train_exact(pg, "sgd", 3, false);
+    if (rank == 0) {
+      std::ofstream(path, std::ios::binary).write(r.weights.data(), static_cast<std::streamsize>(r.weights.size()));
+    }
+    return 0;
+  });
+  CHECK(results[0].exit_code == 0);
+  CHECK(results[1].exit_code == 0);
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(path);
+  CHECK(got == one.weights);
+}
+
+TEST_CASE("exact mode: zero_grad is optional (the step's first micro-batch overwrites .grad)") {
+  set_num_threads(1);
+  CHECK(run_world(2, "sgd", 3, false).weights == run_world(2, "sgd", 3, true).weights);
+}
+
+TEST_CASE("exact mode: .grad() is undefined between micro-batches and the global mean after the last") {
+  const Data d = make_data();
+  auto pg = std::make_shared<WorldOfOneProcessGroup>();
+  DDPOptions o = exact_options();
+  o.exact.global_batch = 4;  // two micro-batches of 2
+  auto model = make_model();
+  DDP ddp(model, pg, o);
+  Tensor xb, yb;
+  gather(d, {0, 1}, xb, yb);
+  cross_entropy(ddp.forward(xb), yb).backward();
+  for (const auto& p : ddp.parameters()) CHECK_FALSE(p.grad().defined());
+  gather(d, {2, 3}, xb, yb);
+  cross_entropy(ddp.forward(xb), yb).backward();
+  auto ref = make_model();
+  gather(d, {0, 1, 2, 3}, xb, yb);
+  cross_entropy(ref->forward(xb), yb).backward();
+  const auto got = ddp.parameters(), want = ref->parameters();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto g = got[i].grad().to_vector<float>(), w = want[i].grad().to_vector<float>();
+    for (std::size_t k = 0; k < g.size(); ++k) CHECK(std::abs(g[k] - w[k]) <= 1e-6 * (1 + std::abs(w[k])));
+  }
+}
+
+namespace {
+class TwoHeads : public nn::Module {
+ public:
+  TwoHeads() {
+    Generator g(7);
+    a = register_module("a", std::make_shared<nn::Linear>(kFeatures, kClasses, true, &g));
+    b = register_module("b", std::make_shared<nn::Linear>(kFeatures, kClasses, true, &g));
+  }
+  Tensor forward(const Tensor& x) override { return use_b ? b->forward(x) : a->forward(x); }
+  std::string describe() const override { return "TwoHeads"; }
+  std::shared_ptr<nn::Linear> a, b;
+  bool use_b = false;
+};
+
+std::vector<char> train_two_heads(int W, int rank, ProcessGroupPtr pg) {
+  const Data d = make_data();
+  auto model = std::make_shared<TwoHeads>();
+  DDP ddp(model, pg, exact_options());
+  optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+  for (int t = 0; t < 3; ++t) {
+    for (std::int64_t m : my_micro_batches(t, rank, W)) {
+      model->use_b = m % 3 == 0;  // head b only in some micro-batches, whoever runs them
+      Tensor xb, yb;
+      gather(d, micro_samples(t, m), xb, yb);
+      cross_entropy(ddp.forward(xb), yb).backward();
+    }
+    opt.step();
+  }
+  return bytes_of(ddp.parameters());
+}
+}  // namespace
+
+TEST_CASE("exact mode: parameters unused by some micro-batches contribute zero, the same bits on any W") {
+  std::vector<char> one;
+  run_threads(1, [&](int) { one = train_two_heads(1, 0, std::make_shared<WorldOfOneProcessGroup>()); });
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::vector<char>> got(3);
+  run_threads(3, [&](int rank) { got[rank] = train_two_heads(3, rank, make_thread_group("gloo", rank, 3, store)); });
+  for (const auto& g : got) CHECK(g == one);
+}
+
+TEST_CASE("exact_mean: index order, the same bits on any W, and its errors") {
+  // Values whose float sum depends on the order: only the index order is used.
+  std::vector<double> v = {1e16, 1.0, -1e16, 3.25, 1e-3, -7.5, 2.0 / 3.0, 1e8, -0.1, 42.0, 5e-9, 1.5};
+  double serial = 0;
+  for (double x : v) serial += x;
+  serial /= static_cast<double>(v.size());
+  for (int W : {1, 2, 3, 4}) {
+    auto store = std::make_shared<MemoryStore>();
+    run_threads(W, [&](int rank) {
+      auto pg = make_thread_group("gloo", rank, W, store);
+      std::vector<std::pair<std::int64_t, double>> mine;
+      const auto perm = shuffled(12, 5);
+      for (std::size_t i = rank; i < perm.size(); i += W) mine.emplace_back(perm[i], v[perm[i]]);
+      const double got = parallel::exact_mean(*pg, mine, 12);
+      REQUIRE_RANK(rank, std::memcmp(&got, &serial, sizeof(double)) == 0, detail::concat(got, " vs ", serial));
+    });
+  }
+  WorldOfOneProcessGroup one;
+  CHECK_THROWS_WITH_AS(parallel::exact_mean(one, {{12, 1.0}}, 12), doctest::Contains("outside [0, 12)"), ValueError);
+  CHECK_THROWS_WITH_AS(parallel::exact_mean(one, {{1, 1.0}, {1, 2.0}}, 2), doctest::Contains("twice"), ValueError);
+  CHECK_THROWS_WITH_AS(parallel::exact_mean(one, {{0, 1.0}}, 2), doctest::Contains("index 1 was given by 0"),
+                       ConfigError);
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("gloo", rank, 2, store);
+    try {
+      parallel::exact_mean(*pg, {{0, 1.0}, {1, 2.0}}, 2);  // both ranks give both
+      REQUIRE_RANK(rank, false, "expected an error");
+    } catch (const ConfigError& e) {
+      REQUIRE_RANK(rank, std::string(e.what()).find("index 0 was given by 2 rank(s)") != std::string::npos, e.what());
+    }
+  });
+}
+
+TEST_CASE("exact mode: clear errors for sizes, hooks, no_sync, buffers, input size, backward without forward") {
+  auto one = std::make_shared<WorldOfOneProcessGroup>();
+  DDPOptions o = exact_options();
+  o.exact.micro_batch = 5;
+  CHECK_THROWS_WITH_AS(DDP(make_model(), one, o), doctest::Contains("micro-batch (5) does not divide the global batch (24)"),
+                       ConfigError);
+  o.exact.micro_batch = 0;
+  CHECK_THROWS_AS(DDP(make_model(), one, o), ConfigError);
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(5, [&](int rank) {
+    auto pg = make_thread_group("gloo", rank, 5, store);
+    try {
+      DDP ddp(make_model(), pg, exact_options());
+      REQUIRE_RANK(rank, false, "expected an error");
+    } catch (const ConfigError& e) {
+      REQUIRE_RANK(rank, std::string(e.what()).find("world size (5) does not divide the 12 micro-batches") != std::string::npos,
+                   e.what());
+    }
+  });
+  DDP ddp(make_model(), one, exact_options());
+  CHECK_THROWS_WITH_AS(ddp.register_comm_hook(parallel::fp16_compress_hook()), doctest::Contains("exact mode"), ConfigError);
+  CHECK_THROWS_WITH_AS(ddp.no_sync(), doctest::Contains("exact mode"), ConfigError);
+  const Data d = make_data();
+  Tensor xb, yb;
+  gather(d, {0, 1, 2}, xb, yb);
+  CHECK_THROWS_WITH_AS(ddp.forward(xb), doctest::Contains("the micro-batch is 2"), ShapeError);
+  {
+    NoGradGuard g;  // evaluation: any batch size
+    CHECK_NOTHROW(ddp.forward(xb));
+  }
+  gather(d, {0, 1}, xb, yb);
+  Tensor loss = cross_entropy(ddp.forward(xb), yb);
+  Tensor again = cross_entropy(ddp.forward(xb), yb);  // a forward without backward does not count
+  again.backward();
+  CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("without a forward"), AutogradError);
+  class WithBuffer : public nn::Module {
+   public:
+    WithBuffer() {
+      register_module("fc", std::make_shared<nn::Linear>(2, 2));
+      register_buffer("running_mean", zeros({2}));
+    }
+    Tensor forward(const Tensor& x) override { return x; }
+    std::string describe() const override { return "WithBuffer"; }
+  };
+  CHECK_THROWS_WITH_AS(DDP(std::make_shared<WithBuffer>(), one, exact_options()), doctest::Contains("running_mean"),
+                       ConfigError);
+}
+
+TEST_CASE("exact mode: a NaN gradient on one rank voids the step on every rank, naming the parameter; the next step works") {
+  auto store = std::make_shared<MemoryStore>();
+  const Data d = make_data();
+  run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("gloo", rank, 2, store, std::chrono::seconds(20));
+    DDP ddp(make_model(), pg, exact_options());
+    for (int t = 0; t < 2; ++t) {
+      bool failed = false;
+      for (std::int64_t m : my_micro_batches(t, rank, 2)) {
+        Tensor xb, yb;
+        gather(d, micro_samples(t, m), xb, yb);
+        if (t == 0 && rank == 1 && m == my_micro_batches(t, rank, 2)[2]) xb.mul_(NAN);
+        try {
+          cross_entropy(ddp.forward(xb), yb).backward();
+        } catch (const ValueError& e) {
+          failed = true;
+          REQUIRE_RANK(rank, std::string(e.what()).find("gradient of parameter '") != std::string::npos &&
+                                 std::string(e.what()).find("not finite") != std::string::npos,
+                       e.what());
+        }
+      }
+      REQUIRE_RANK(rank, failed == (t == 0), "the NaN step fails on every rank, the next one does not");
+      for (const auto& p : ddp.parameters()) REQUIRE_RANK(rank, p.grad().defined() == (t == 1), "gradients");
+    }
+  });
+}
+
+TEST_CASE("exact mode: a backward that stops part-way on one rank voids the step on every rank; the next step is in step") {
+  auto store = std::make_shared<MemoryStore>();
+  const Data d = make_data();
+  std::vector<std::vector<char>> after(2);
+  run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("gloo", rank, 2, store, std::chrono::seconds(20));
+    auto model = make_model();
+    DDP ddp(model, pg, exact_options());
+    bool fail = false;
+    const Tensor where = model->parameters()[2];
+    const auto id = where.register_grad_accumulated_hook([&](const Tensor&) {
+      if (fail) throw ValueError("injected failure inside backward");
+    });
+    const auto mine = my_micro_batches(0, rank, 2);
+    std::string seen;
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      Tensor xb, yb;
+      gather(d, micro_samples(0, mine[i]), xb, yb);
+      fail = rank == 0 && i == 1;
+      try {
+        cross_entropy(ddp.forward(xb), yb).backward();
+      } catch (const Error& e) {
+        seen += e.what();
+        if (rank == 0 && i == 1) break;  // the failing rank leaves the step
+      }
+    }
+    fail = false;
+    if (rank == 0) {
+      // Its next forward completes the void step with the peer and says so.
+      Tensor xb, yb;
+      gather(d, micro_samples(1, 0), xb, yb);
+      try {
+        cross_entropy(ddp.forward(xb), yb).backward();
+        REQUIRE_RANK(rank, false, "expected the void step's error");
+      } catch (const AutogradError& e) {
+        REQUIRE_RANK(rank, std::string(e.what()).find("step is void on every rank") != std::string::npos, e.what());
+      }
+      REQUIRE_RANK(rank, seen.find("injected") != std::string::npos, seen);
+    } else {
+      REQUIRE_RANK(rank, seen.find("stopped part-way on at least one of 2") != std::string::npos, seen);
+    }
+    where.remove_grad_accumulated_hook(id);
+    // The next step pairs with the peer's next step and gives the exact gradients.
+    for (std::int64_t m : my_micro_batches(1, rank, 2)) {
+      Tensor xb, yb;
+      gather(d, micro_samples(1, m), xb, yb);
+      cross_entropy(ddp.forward(xb), yb).backward();
+    }
+    std::vector<Tensor> grads;
+    for (const auto& p : ddp.parameters()) grads.push_back(p.grad());
+    after[rank] = bytes_of(grads);
+  });
+  CHECK(after[0] == after[1]);
+}
+
+TEST_CASE("fixed-point kernels: round half to even, negatives, order independence, conversion back") {
+  DeviceKernels& k = kernels_for(Device::cpu());
+  Tensor x = Tensor::empty({6});
+  const std::vector<float> xs = {0.375f, 0.625f, -0.375f, -0.625f, 1.0f, -2.0f};
+  std::memcpy(x.data<float>(), xs.data(), sizeof(float) * xs.size());
+  Tensor acc = zeros({6}, DType::Int64);
+  k.fixed_point_accumulate(x, 4.0, acc);  // 1.5 2.5 -1.5 -2.5 4 -8
+  CHECK(acc.to_vector<std::int64_t>() == std::vector<std::int64_t>{2, 2, -2, -2, 4, -8});
+  k.fixed_point_accumulate(x, 4.0, acc);
+  CHECK(acc.to_vector<std::int64_t>() == std::vector<std::int64_t>{4, 4, -4, -4, 8, -16});
+  Tensor out = Tensor::empty({6});
+  k.fixed_point_to_float(acc, 4.0, 2.0, out);  // (acc / 4) / 2
+  CHECK(out.to_vector<float>() == std::vector<float>{0.5f, 0.5f, -0.5f, -0.5f, 1.0f, -2.0f});
+  // Order independence: 40 values of mixed magnitude summed in many orders, same bits.
+  Generator g(1);
+  std::vector<Tensor> vals;
+  for (int i = 0; i < 40; ++i) vals.push_back(randn({257}, &g).mul_(std::pow(10.f, static_cast<float>(i % 7 - 3))));
+  const double scale = std::ldexp(1.0, 40);
+  std::vector<std::int64_t> first;
+  std::vector<float> first_float;
+  for (int order = 0; order < 5; ++order) {
+    const auto perm = shuffled(40, 100 + order);
+    Tensor a = zeros({257}, DType::Int64);
+    for (std::int64_t i : perm) k.fixed_point_accumulate(vals[i], scale, a);
+    Tensor f = Tensor::empty({257});
+    k.fixed_point_to_float(a, scale, 40.0, f);
+    if (order == 0) {
+      first = a.to_vector<std::int64_t>();
+      first_float = f.to_vector<float>();
+    } else {
+      CHECK(a.to_vector<std::int64_t>() == first);
+      CHECK(f.to_vector<float>() == first_float);
+    }
+  }
+  // abs_max_into: a running max per slot; NaN sticks.
+  Tensor m = zeros({2});
+  k.abs_max_into(x, m, 1);
+  CHECK(m.to_vector<float>() == std::vector<float>{0.f, 2.f});
+  Tensor bad = Tensor::empty({3});
+  const float bs[3] = {1.f, NAN, 0.5f};
+  std::memcpy(bad.data<float>(), bs, sizeof(bs));
+  k.abs_max_into(bad, m, 0);
+  k.abs_max_into(x, m, 0);
+  CHECK(std::isnan(m.to_vector<float>()[0]));
+}
+
+TEST_CASE("normal mode: two runs with the same world size, seed and data give the same bits") {
+  set_num_threads(1);
+  auto run = [](const std::string& tag) {
+    std::vector<std::vector<char>> out(2);
+    auto store = std::make_shared<MemoryStore>();
+    run_threads(2, [&](int rank) {
+      auto pg = make_thread_group("gloo", rank, 2, std::make_shared<PrefixStore>(tag, store));
+      const Data d = make_data();
+      DDPOptions o;
+      o.bucket_cap_mb = o.first_bucket_mb = 1024.0 / (1 << 20);
+      DDP ddp(make_model(), pg, o);
+      auto opt = make_opt("adamw", ddp.parameters());
+      for (int t = 0; t < 4; ++t) {
+        std::vector<std::int64_t> idx;
+        for (std::int64_t m = rank; m < kK; m += 2) {
+          const auto s = micro_samples(t, m);
+          idx.insert(idx.end(), s.begin(), s.end());
+        }
+        Tensor xb, yb;
+        gather(d, idx, xb, yb);
+        opt->zero_grad();
+        cross_entropy(ddp.forward(xb), yb).backward();
+        opt->step();
+      }
+      out[rank] = bytes_of(ddp.parameters());
+    });
+    CHECK(out[0] == out[1]);
+    return out[0];
+  };
+  CHECK(run("a") == run("b"));
+}
