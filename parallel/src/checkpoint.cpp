@@ -2,6 +2,7 @@
 // Layout (every member an .npy that numpy reads): model.<k>, optim.<k>, sched.<k>, user.<k>,
 // scalar.<k> (a double's int64 bits), rng.<k> (int64[4]: state, inc, has_spare, spare bits),
 // pos.step_in_epoch, then manifest.<field> (int64 scalars), manifest.checksum last.
+// manifest.exact (1: written in exact mode) is optional: files from before exact mode lack it.
 #include <cstring>
 #include <ctime>
 
@@ -155,6 +156,8 @@ CheckpointManifest save_checkpoint(const std::string& path, const CheckpointStat
   m.set("manifest.model_fingerprint", u64(man.model_fingerprint));
   m.set("manifest.optimizer_fingerprint", u64(man.optimizer_fingerprint));
   m.set("manifest.written_unix", i64(man.written_unix));
+  man.exact = s.exact;
+  m.set("manifest.exact", i64(man.exact ? 1 : 0));
   man.checksum = content_checksum(m);
   m.set("manifest.checksum", u64(man.checksum));
   save_npz(path, m);
@@ -199,6 +202,11 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointExpect
   man.model_fingerprint = static_cast<std::uint64_t>(scalar("manifest.model_fingerprint"));
   man.optimizer_fingerprint = static_cast<std::uint64_t>(scalar("manifest.optimizer_fingerprint"));
   man.written_unix = scalar("manifest.written_unix");
+  if (m.contains("manifest.exact")) {
+    const std::int64_t e = scalar("manifest.exact");
+    if (e != 0 && e != 1) throw IoError(detail::concat(what, ": manifest.exact must be 0 or 1, got ", e, ": the file is damaged"));
+    man.exact = e == 1;
+  }
 
   CheckpointState& s = out.state;
   s.world_size = man.world_size;
@@ -206,6 +214,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointExpect
   s.micro_batch = man.micro_batch;
   s.step = man.step;
   s.epoch = man.epoch;
+  s.exact = man.exact;
   s.step_in_epoch = scalar("pos.step_in_epoch");
   if (s.step < 0 || s.epoch < 0 || s.step_in_epoch < 0 || s.world_size < 1)
     throw IoError(detail::concat(what, ": impossible position (step ", s.step, ", epoch ", s.epoch, ", step in epoch ",
@@ -251,9 +260,30 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointExpect
       throw ConfigError(detail::concat(what, " was written with ", name, " ", stored, ", this run has ", current,
                                        ": ", fix));
   };
-  check("world size", man.world_size, expect.world_size, "resume with the same number of workers");
+  if (expect.exact >= 0 && man.exact != (expect.exact != 0))
+    throw ConfigError(man.exact ? detail::concat(what, " was written in exact mode (micro-batch ", man.micro_batch,
+                                                 ") and this run is not: resume with --exact --micro-batch ",
+                                                 man.micro_batch)
+                                : what + " was written in normal mode and this run is in exact mode: resume without "
+                                         "--exact (only a checkpoint written in exact mode resumes in it)");
+  const bool exact = man.exact && expect.exact == 1;
   check("global batch", man.global_batch, expect.global_batch, "resume with the same --global-batch");
-  check("micro-batch", man.micro_batch, expect.micro_batch, "resume with the same per-worker batch");
+  if (exact) {
+    // Exact mode: the state is the same on every world size; any W that divides the
+    // micro-batches of a step computes the same steps.
+    check("micro-batch", man.micro_batch, expect.micro_batch, "resume with the same --micro-batch");
+    const std::int64_t per_step = man.micro_batch > 0 ? man.global_batch / man.micro_batch : 0;
+    if (expect.world_size > 0 && (per_step < 1 || per_step % expect.world_size != 0))
+      throw ConfigError(detail::concat(what, " was written in exact mode with ", per_step,
+                                       " micro-batches a step (global batch ", man.global_batch, " / micro-batch ",
+                                       man.micro_batch, "), which ", expect.world_size,
+                                       " workers do not divide: resume on a number of workers that divides ", per_step));
+  } else {
+    check("world size", man.world_size, expect.world_size,
+          "resume with the same number of workers (only a checkpoint written in exact mode, --exact, resumes on "
+          "another)");
+    check("micro-batch", man.micro_batch, expect.micro_batch, "resume with the same per-worker batch");
+  }
   if (expect.model && fingerprint(*expect.model) != man.model_fingerprint)
     throw ConfigError(what + " holds another model (fingerprint " + hex64(man.model_fingerprint) + ", this run's " +
                       hex64(fingerprint(*expect.model)) + "; " + first_difference(s.model, *expect.model) +

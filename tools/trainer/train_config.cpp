@@ -126,7 +126,7 @@ void check_model_size(const std::string& text, const std::vector<std::int64_t>& 
 struct RawOptions {
   std::string model = "64-32-10", config;
   std::string lr, momentum, weight_decay, global_batch, base_lr, base_batch, warmup_steps, epochs, seed;
-  std::string checkpoint_every, keep_checkpoints, lr_step_size, lr_milestones, lr_gamma;
+  std::string checkpoint_every, keep_checkpoints, lr_step_size, lr_milestones, lr_gamma, micro_batch;
   bool no_shuffle = false, shuffle = false, no_data_check = false;
 };
 
@@ -173,6 +173,9 @@ void add_options(CLI::App& app, TrainConfig& c, RawOptions& r) {
   app.add_option("--metrics", c.metrics, "JSON Lines: one record per step and one per epoch");
   app.add_option("--plot", c.plot, "SVG of the loss curves");
   app.add_flag("--eval-train", c.eval_train, "evaluate the final mean loss over the whole training set");
+  app.add_flag("--exact", c.exact, "exact mode: the same weights, bit for bit, on any number of workers that divides "
+                                   "the micro-batches of a step (docs/exact.md); needs --micro-batch");
+  integer("--micro-batch", r.micro_batch, "exact mode: samples per forward/backward, a divisor of --global-batch", "none");
   app.add_flag("--allow-nonfinite", c.allow_nonfinite, "keep training through a NaN/inf loss (default: stop at that step)");
   app.add_option("--checkpoint-dir", c.checkpoint_dir, "write checkpoints here (rank 0, atomically)");
   integer("--checkpoint-every", r.checkpoint_every, "checkpoint every N steps, >= 0 (0: at the end of every epoch)", "0");
@@ -199,6 +202,7 @@ void apply_numbers(const CLI::App& app, const RawOptions& r, TrainConfig& c) {
     c.keep_checkpoints = static_cast<int>(int_in("--keep-checkpoints", r.keep_checkpoints, 1, INT_MAX, "an integer in [1, 2147483647]"));
   if (given("--lr-step-size")) c.lr_step_size = positive("--lr-step-size", r.lr_step_size);
   if (given("--lr-milestones")) c.lr_milestones = milestones_of(r.lr_milestones);
+  if (given("--micro-batch")) c.micro_batch = positive("--micro-batch", r.micro_batch);
   if (given("--lr-gamma")) c.lr_gamma = real_in("--lr-gamma", r.lr_gamma, 0, true, 1, false, "a number in (0, 1]");
   c.model = parse_widths(r.model);
   check_model_size(r.model, c.model);
@@ -235,6 +239,20 @@ void check_combination(const CLI::App& app, TrainConfig& c) {
   if (!multistep && app.count("--lr-milestones") > 0) throw ValueError("--lr-milestones needs --lr-schedule multistep");
   if (!step && !multistep && app.count("--lr-gamma") > 0)
     throw ValueError("--lr-gamma needs --lr-schedule step or multistep");
+  // Exact mode: the micro-batch is what the user fixes with the global batch; the world
+  // size (checked when the workers start) must divide global-batch / micro-batch.
+  if (c.micro_batch > 0 && !c.exact)
+    throw ValueError("--micro-batch needs --exact (in normal mode each worker's batch is --global-batch / the number of "
+                     "workers)");
+  if (c.exact && c.micro_batch == 0)
+    throw ValueError(detail::concat("--exact needs --micro-batch M: the samples of one forward/backward, a divisor of "
+                                    "--global-batch ", c.global_batch));
+  if (c.exact && c.global_batch % c.micro_batch != 0)
+    throw ValueError(detail::concat("--micro-batch ", c.micro_batch, " does not divide --global-batch ", c.global_batch,
+                                    ": choose a divisor of ", c.global_batch));
+  if (c.exact && c.allow_nonfinite)
+    throw ValueError("--exact and --allow-nonfinite conflict: exact mode sums gradients in fixed point, where NaN and inf "
+                     "have no value (a non-finite gradient stops the step); drop one of them");
 }
 
 // PHALANX_TRAIN_MAX_EPOCHS=N caps --epochs (the README test runs the README's commands

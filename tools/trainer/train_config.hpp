@@ -42,6 +42,10 @@ struct TrainConfig {
   double lr_gamma = 0.1;                     ///< step/multistep: the decay factor
   bool allow_nonfinite = false;  ///< --allow-nonfinite: keep training through a NaN/inf loss
   bool check_data = true;        ///< --no-data-check clears it: skip the non-finite scan of loaded data
+  /// --exact: exact mode (docs/exact.md), the same bits on any world size dividing
+  /// global_batch / micro_batch; each step runs that many micro-batches of micro_batch samples.
+  bool exact = false;
+  std::int64_t micro_batch = 0;  ///< --micro-batch M (with --exact): samples per forward/backward
 };
 
 /// Parses argv (and --config). Every numeric option is checked against its range, a config

@@ -20,6 +20,7 @@
 
 #include <phalanx/core/finite.hpp>
 #include <phalanx/core/kernels.hpp>
+#include <phalanx/parallel/exact.hpp>
 #include <phalanx/phalanx.hpp>
 
 #include "evaluation.hpp"
@@ -36,6 +37,7 @@ using Clock = std::chrono::steady_clock;
 using samplers::Batch;
 using samplers::DataLoader;
 using samplers::DistributedSampler;
+using samplers::MicroBatchSampler;
 using samplers::TensorDataset;
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& ps, double lr) {
@@ -224,6 +226,10 @@ int run_training(const TrainConfig& c) {
   const int world = pg->size(), rank = pg->rank();
   const Datasets data = load_data(c);
   const std::int64_t n = data.train->size();
+  // Exact mode: the world size must divide the micro-batches of a step (checked before the
+  // linear scaling, whose own check, W dividing B, follows from it).
+  parallel::ExactMode exact_mode{c.exact, c.global_batch, c.micro_batch};
+  const parallel::ExactPlan xplan = c.exact ? parallel::exact_plan(exact_mode, world) : parallel::ExactPlan{};
 
   optim::ScalingOptions so;
   so.global_batch = c.global_batch;
@@ -256,6 +262,7 @@ int run_training(const TrainConfig& c) {
                               {"seed", std::to_string(c.seed)},
                               {"shuffle", c.shuffle ? "on" : "off"},
                               {"drop last", c.drop_last ? "on" : "off"},
+                              {"exact", c.exact ? "micro-batch " + std::to_string(c.micro_batch) : "off"},
                               {"checkpoint every", std::to_string(c.checkpoint_every)},
                               {"resume", c.resume_from.empty() ? (c.resume ? "latest" : "no") : c.resume_from}},
                              pg);
@@ -264,22 +271,40 @@ int run_training(const TrainConfig& c) {
   auto net = nn::mlp(c.model, c.activation, &gen);
   if (!c.init.empty()) net->load_state_dict(load_npz(c.init));
   net->to(dev);
-  auto model = std::make_shared<parallel::DDP>(net, pg);
+  parallel::DDPOptions ddp_options;
+  ddp_options.exact = exact_mode;
+  auto model = std::make_shared<parallel::DDP>(net, pg, ddp_options);
   auto opt = make_optimizer(c, model->parameters(), plan.lr);
-  samplers::DistributedSamplerOptions dso;
-  dso.shuffle = c.shuffle;
-  dso.seed = c.seed;
-  dso.drop_last = c.drop_last;
-  auto sampler = std::make_shared<DistributedSampler>(n, dso);
-  samplers::DataLoaderOptions lo{plan.per_rank_batch};
-  lo.drop_last = c.drop_last;
+  // Normal mode: each rank a shard of every global batch (DistributedSampler). Exact mode:
+  // each rank its micro-batches of every global batch (MicroBatchSampler, the same
+  // micro-batches on any world size); the loader then yields micro-batches, K a step.
+  samplers::SamplerPtr sampler;
+  std::shared_ptr<MicroBatchSampler> micro_sampler;
+  if (c.exact) {
+    samplers::MicroBatchSamplerOptions mo;
+    mo.global_batch = c.global_batch;
+    mo.micro_batch = c.micro_batch;
+    mo.shuffle = c.shuffle;
+    mo.seed = c.seed;
+    mo.drop_last = c.drop_last;
+    sampler = micro_sampler = std::make_shared<MicroBatchSampler>(n, mo);
+  } else {
+    samplers::DistributedSamplerOptions dso;
+    dso.shuffle = c.shuffle;
+    dso.seed = c.seed;
+    dso.drop_last = c.drop_last;
+    sampler = std::make_shared<DistributedSampler>(n, dso);
+  }
+  const std::int64_t micro_per_step = c.exact ? xplan.per_rank : 1;  // forward/backward passes a step
+  samplers::DataLoaderOptions lo{c.exact ? c.micro_batch : plan.per_rank_batch};
+  lo.drop_last = c.drop_last && !c.exact;  // exact mode: the sampler hands out whole micro-batches
   // No prefetch thread: the data is in memory (or mapped), and a batch's gather is a few
   // row copies, cheaper than handing it over between threads. A thread per worker would also
   // compete with the workers for the cores (with 2 workers on 2 cores it cost ~40 us a step:
   // docs/benchmarks.md).
   lo.prefetch = 0;
   DataLoader loader(data.train, lo, sampler);
-  const std::int64_t steps_per_epoch = loader.num_batches();
+  const std::int64_t steps_per_epoch = c.exact ? micro_sampler->steps_per_epoch() : loader.num_batches();
   Schedule schedule = make_schedule(c, *opt, plan.scale, steps_per_epoch * c.epochs);
 
   // ---- resume: --resume-from PATH, --resume (the newest checkpoint that verifies, if there is
@@ -289,7 +314,8 @@ int run_training(const TrainConfig& c) {
   parallel::CheckpointExpect expect;
   expect.world_size = world;
   expect.global_batch = c.global_batch;
-  expect.micro_batch = plan.per_rank_batch;
+  expect.micro_batch = c.exact ? c.micro_batch : plan.per_rank_batch;
+  expect.exact = c.exact ? 1 : 0;  // exact mode resumes on any world size dividing its micro-batches
   expect.model = &model_now;
   expect.optimizer = &opt_now;
   expect.config = &settings;
@@ -348,6 +374,9 @@ int run_training(const TrainConfig& c) {
   if (ckdir && !resume_path.empty()) ckdir->protect(resume_path);  // the pruning never removes it
   std::int64_t step = 0, start_epoch = 0, skip_batches = 0;
   Tensor stats = zeros({2});  // this rank's (loss sum, steps) of the epoch in progress
+  // Exact mode: the epoch in progress's sum of the steps' losses (each the same on every rank
+  // and world size: exact_mean), and its steps; no sum over the ranks is needed.
+  double exact_loss_sum = 0, exact_steps = 0;
   tools::Series train_curve{"train loss", {}, {}}, test_curve{"test loss", {}, {}};
   parallel::CheckpointManifest resumed;
   double elapsed_before = 0;  // training seconds before the resume point (metrics' clock)
@@ -374,6 +403,14 @@ int run_training(const TrainConfig& c) {
                                        " steps per epoch: resume with the same data and --drop-last"));
     if (const Tensor* t = ck.state.user.find("epoch_stats"))  // every rank's partial sums
       if (t->numel() == 2 * world) stats = tensor(std::vector<float>{t->to_vector<float>()[2 * rank], t->to_vector<float>()[2 * rank + 1]}, {2});
+    if (c.exact) {  // the same on every rank and world size
+      const auto sum = ck.state.scalars.find("epoch_loss_sum"), steps = ck.state.scalars.find("epoch_steps");
+      if (sum == ck.state.scalars.end() || steps == ck.state.scalars.end())
+        throw IoError("checkpoint " + resume_path + ": written in exact mode without its epoch_loss_sum/epoch_steps: the "
+                      "file is damaged");
+      exact_loss_sum = sum->second;
+      exact_steps = steps->second;
+    }
     for (auto* curve : {&train_curve, &test_curve})
       if (const Tensor* t = ck.state.user.find(curve == &train_curve ? "train_curve" : "test_curve"))
         for (float v : t->to_vector<float>()) {
@@ -408,6 +445,7 @@ int run_training(const TrainConfig& c) {
     std::int64_t epoch;
     float loss_sum, steps;
     double test_loss = 0, test_acc = -1;
+    double exact_loss = 0;  ///< exact mode: the epoch's loss, already over all ranks
   };
   std::vector<PendingEpoch> pending;
   std::int64_t steps_unreported = 0;
@@ -420,17 +458,17 @@ int run_training(const TrainConfig& c) {
   // as `train_loss_rank0`), unless it is the only rank.
   auto report_epochs = [&](bool summed) {
     if (pending.empty()) return;
-    const bool exact = summed || world == 1;
+    const bool exact = summed || world == 1 || c.exact;  // exact mode: every rank holds the whole sum
     const auto k = static_cast<std::int64_t>(pending.size());
     Tensor sums = zeros({k, 2});
     for (std::int64_t i = 0; i < k; ++i) {
       sums.data<float>()[2 * i] = pending[i].loss_sum;
       sums.data<float>()[2 * i + 1] = pending[i].steps;
     }
-    if (summed) sums = sum_over_ranks(sums, *pg, dev);
+    if (summed && !c.exact) sums = sum_over_ranks(sums, *pg, dev);
     for (std::int64_t i = 0; i < k; ++i) {
       const PendingEpoch& p = pending[i];
-      last_epoch_loss = sums.data<float>()[2 * i] / std::max(1.f, sums.data<float>()[2 * i + 1]);
+      last_epoch_loss = c.exact ? p.exact_loss : sums.data<float>()[2 * i] / std::max(1.f, sums.data<float>()[2 * i + 1]);
       nlohmann::json rec{{"epoch", p.epoch + 1}, {exact ? "train_loss" : "train_loss_rank0", last_epoch_loss}};
       train_curve.x.push_back(static_cast<double>(p.epoch + 1));
       train_curve.y.push_back(last_epoch_loss);
@@ -489,9 +527,11 @@ int run_training(const TrainConfig& c) {
     if (!ckdir) return;
     report_epochs(true);  // the curves and the metrics file hold every finished epoch
     Tensor all = zeros({world, 2});
-    all.data<float>()[2 * rank] = stats.data<float>()[0];
-    all.data<float>()[2 * rank + 1] = stats.data<float>()[1];
-    all = sum_over_ranks(all, *pg, dev);
+    if (!c.exact) {  // exact mode: rank 0's sums are every rank's, and depend on no world size
+      all.data<float>()[2 * rank] = stats.data<float>()[0];
+      all.data<float>()[2 * rank + 1] = stats.data<float>()[1];
+      all = sum_over_ranks(all, *pg, dev);
+    }
     if (rank != 0) return;
     metrics.flush();  // the metrics file is never behind a checkpoint
     parallel::CheckpointState s;
@@ -503,10 +543,16 @@ int run_training(const TrainConfig& c) {
     s.step_in_epoch = in_epoch;
     s.world_size = world;
     s.global_batch = c.global_batch;
-    s.micro_batch = plan.per_rank_batch;
+    s.micro_batch = c.exact ? c.micro_batch : plan.per_rank_batch;
+    s.exact = c.exact;
     s.config = settings;
     s.scalars["seconds"] = elapsed_before + std::chrono::duration<double>(Clock::now() - t0).count();
-    s.user.set("epoch_stats", all);
+    if (c.exact) {
+      s.scalars["epoch_loss_sum"] = exact_loss_sum;
+      s.scalars["epoch_steps"] = exact_steps;
+    } else {
+      s.user.set("epoch_stats", all);
+    }
     std::vector<float> tc(train_curve.y.begin(), train_curve.y.end()), ec(test_curve.y.begin(), test_curve.y.end());
     s.user.set("train_curve", tensor(tc, {static_cast<std::int64_t>(tc.size())}));
     s.user.set("test_curve", tensor(ec, {static_cast<std::int64_t>(ec.size())}));
@@ -516,6 +562,11 @@ int run_training(const TrainConfig& c) {
   if (rank == 0) {
     std::printf("phalanx-train: %lld samples, model %s, %s, %d worker(s) on %s; %s\n", static_cast<long long>(n),
                 widths_str(c.model).c_str(), c.optimizer.c_str(), world, pg->backend_name().c_str(), plan.describe().c_str());
+    if (c.exact)
+      std::printf("phalanx-train: exact mode: %lld micro-batches of %lld a step, %lld per worker (the same weights on "
+                  "any number of workers that divides %lld)\n",
+                  static_cast<long long>(xplan.micro_batches), static_cast<long long>(c.micro_batch),
+                  static_cast<long long>(xplan.per_rank), static_cast<long long>(xplan.micro_batches));
     if (!resume_path.empty() && start_epoch < c.epochs)
       std::printf("phalanx-train: resumed at step %lld (epoch %lld, checkpoint written at %s) from %s\n",
                   static_cast<long long>(step), static_cast<long long>(start_epoch + 1), resumed.written_at().c_str(),
@@ -544,48 +595,88 @@ int run_training(const TrainConfig& c) {
     stop_signals.restore();  // dies by the signal
   };
   // ---- TRAINING LOOP ----
+  // A step is micro_per_step forward/backward passes: one in normal mode; in exact mode this
+  // rank's micro-batches of the step, after whose last backward the gradients hold the mean
+  // over the global batch, the same bits on any world size.
+  std::vector<std::pair<std::int64_t, double>> micro_losses;  // exact mode: (micro-batch index, loss)
+  micro_losses.reserve(static_cast<std::size_t>(micro_per_step));
   for (std::int64_t epoch = start_epoch; epoch < c.epochs; ++epoch) {
     sampler->set_epoch(epoch);
     model->train();
-    std::int64_t batch_index = 0;
+    std::int64_t batch_index = 0, micro = 0;  // steps of the epoch taken; passes of the step in progress
+    double lr_used = 0;
     progress.start_epoch(epoch, skip_batches);
     for (Batch& b : loader) {
-      if (batch_index++ < skip_batches) continue;  // resuming mid-epoch: already trained on these
-      stop_if_signalled();
-      opt->zero_grad();
+      if (batch_index < skip_batches) {  // resuming mid-epoch: already trained on these
+        if (++micro == micro_per_step) micro = 0, ++batch_index;
+        continue;
+      }
+      if (micro == 0) {
+        stop_if_signalled();
+        opt->zero_grad();
+        micro_losses.clear();
+        lr_used = opt->param_groups()[0].lr();  // before the schedule moves it
+      }
       Tensor loss = cross_entropy(model->forward(b.x.to(dev)), b.y.to(dev));
       const float l = loss.item();
       // A non-finite loss stops here, before its gradients reach any weight (and before any
       // checkpoint could hold them): the last good checkpoint stays the newest.
       if (!std::isfinite(l) && !c.allow_nonfinite)
         throw ValueError(detail::concat("non-finite loss (", l, ") at step ", step + 1, " (epoch ", epoch + 1,
-                                        ", step ", batch_index, " of ", steps_per_epoch, ")",
+                                        ", step ", batch_index + 1, " of ", steps_per_epoch,
+                                        c.exact ? ", micro-batch " + std::to_string(micro_sampler->micro_batch_index(micro))
+                                                : std::string(),
+                                        ")",
                                         ckdir ? "; the last good checkpoint is kept in " + c.checkpoint_dir : std::string(),
                                         "; lower --lr, check the data, or pass --allow-nonfinite to train on"));
-      const double lr_used = opt->param_groups()[0].lr();  // before the schedule moves it
-      loss.backward();  // the gradients are all-reduced when it returns: every rank sees the same
+      if (!c.exact) {
+        loss.backward();  // the gradients are all-reduced when it returns: every rank sees the same
+      } else {
+        try {
+          loss.backward();  // the last of the step's passes reduces (a non-finite gradient throws on every rank)
+        } catch (const ValueError& e) {
+          throw ValueError(detail::concat("step ", step + 1, " (epoch ", epoch + 1, ", step ", batch_index + 1, " of ",
+                                          steps_per_epoch, "): ", e.what()));
+        }
+        micro_losses.emplace_back(micro_sampler->micro_batch_index(micro), static_cast<double>(l));
+      }
+      if (++micro < micro_per_step) continue;
+      micro = 0;
+      ++batch_index;
+      // The loss logged: this rank's batch in normal mode; in exact mode the mean over the
+      // global batch's micro-batches, the same on every rank and world size (one small allreduce).
+      const double step_loss =
+          c.exact ? parallel::exact_mean(*pg, micro_losses, micro_sampler->micro_batches_per_step(), dev) : l;
       // A finite loss can still give non-finite gradients (NaN in the data under --no-data-check,
       // an overflow): they would reach every weight, so the step stops here too.
       if (!c.allow_nonfinite && !gradients_finite(params)) {
         report_epochs(true);  // every rank is here: the gradients are the same on all
         throw ValueError(detail::concat("non-finite gradient at step ", step + 1, " (epoch ", epoch + 1, ", step ",
-                                        batch_index, " of ", steps_per_epoch, "; loss ", l, ")",
+                                        batch_index, " of ", steps_per_epoch, "; loss ", step_loss, ")",
                                         ckdir ? "; the last good checkpoint is kept in " + c.checkpoint_dir : std::string(),
                                         "; check the data, lower --lr, or pass --allow-nonfinite to train on"));
       }
       opt->step();
       schedule.step();
       ++step;
-      stats.data<float>()[0] += l;
-      stats.data<float>()[1] += 1;
+      if (c.exact) {
+        exact_loss_sum += step_loss;
+        exact_steps += 1;
+      } else {
+        stats.data<float>()[0] += l;
+        stats.data<float>()[1] += 1;
+      }
       if (metrics.enabled())
-        metrics.step(step, epoch + 1, l, lr_used, elapsed_before + std::chrono::duration<double>(Clock::now() - t0).count());
-      progress.update(batch_index, l);
+        metrics.step(step, epoch + 1, step_loss, lr_used,
+                     elapsed_before + std::chrono::duration<double>(Clock::now() - t0).count());
+      progress.update(batch_index, step_loss);
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save_checkpoint(epoch, batch_index);
     }
     skip_batches = 0;
     PendingEpoch done{epoch, stats.data<float>()[0], stats.data<float>()[1]};
     stats.data<float>()[0] = stats.data<float>()[1] = 0;
+    done.exact_loss = exact_loss_sum / std::max(1.0, exact_steps);
+    exact_loss_sum = exact_steps = 0;
     steps_unreported += batch_index;
     if (data.test) {
       model->eval();

@@ -42,12 +42,16 @@ struct CheckpointState {
   std::map<std::string, std::string> config;
   // The run's shape, checked on load:
   std::int64_t world_size = 1, global_batch = 0, micro_batch = 0;
+  /// Written in exact mode (micro_batch is then exact mode's micro-batch, and the state does
+  /// not depend on the world size: it resumes on any world size dividing global/micro).
+  bool exact = false;
 };
 
 /// The manifest stored with a checkpoint (load_checkpoint returns it).
 struct CheckpointManifest {
   std::int64_t format_version = kCheckpointFormat;
   std::int64_t world_size = 0, global_batch = 0, micro_batch = 0, step = 0, epoch = 0;
+  bool exact = false;  ///< manifest.exact (absent in files written before exact mode: false)
   std::uint64_t model_fingerprint = 0, optimizer_fingerprint = 0, checksum = 0;
   std::int64_t written_unix = 0;  ///< wall clock, seconds since 1970
   /// "2026-11-30 01:40:12 UTC"
@@ -57,6 +61,10 @@ struct CheckpointManifest {
 /// What the current run expects; -1 or nullptr = not checked.
 struct CheckpointExpect {
   std::int64_t world_size = -1, global_batch = -1, micro_batch = -1;
+  /// 1: this run is in exact mode, 0: it is not, -1: not checked. The file's mode must be this
+  /// run's. Only exact mode on both sides lets the world size differ: it must then divide the
+  /// file's micro-batches per step (global_batch / micro_batch).
+  int exact = -1;
   const TensorMap* model = nullptr;      ///< the current model's state_dict (names, shapes, dtypes)
   const TensorMap* optimizer = nullptr;  ///< the current optimizer's state_dict (its type and groups)
   /// The current run's settings: each one the file records must be equal (a file that
