@@ -116,8 +116,8 @@ std::map<std::string, double> torch_side() {
   const std::string script = bench::peer_script("torch_allreduce.py");
   const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
                           " WORLD_SIZE=2 OMP_NUM_THREADS=1 ";
-  const std::string cmd = "(" + env + "RANK=1 /usr/bin/python3 " + script + counts + " >/dev/null 2>&1 & " + env +
-                          "RANK=0 /usr/bin/python3 " + script + counts + "; wait) 2>/dev/null";
+  const std::string cmd = "(" + env + "RANK=1 " + bench::python() + " " + script + counts + " >/dev/null 2>&1 & " + env +
+                          "RANK=0 " + bench::python() + " " + script + counts + "; wait) 2>/dev/null";
   std::map<std::string, double> m;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return m;

@@ -10,14 +10,20 @@
 #include <string>
 #include <vector>
 
+#include "relocatable_paths.hpp"  // examples/support: data and peers found beside the executable
+
 namespace phalanx::bench {
 
 inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+/// The Python that runs the peers: $PHALANX_PYTHON, else python3 on the PATH or
+/// /usr/bin/python3 (Debian's python3-torch), whichever imports torch.
+inline const std::string& python() { return relocatable::python(); }
+
 /// Runs `command`, returns the number after `key=` in its output, or -1 when the peer
-/// could not run (PyTorch missing: install python3-torch).
+/// could not run (PyTorch missing: install python3-torch, or set PHALANX_PYTHON).
 inline double run_peer(const std::string& command, const std::string& key) {
   FILE* p = popen((command + " 2>&1").c_str(), "r");
   if (!p) return -1;
@@ -67,7 +73,7 @@ inline std::string run_python_ranks(int world, int port, const std::string& scri
     const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
                             " WORLD_SIZE=" + std::to_string(world) + " RANK=" + std::to_string(r) +
                             " OMP_NUM_THREADS=1 ";
-    cmd += env + "/usr/bin/python3 " + script_and_args + (r > 0 ? " >/dev/null 2>&1 & " : "; wait");
+    cmd += env + python() + " " + script_and_args + (r > 0 ? " >/dev/null 2>&1 & " : "; wait");
   }
   cmd += ") 2>/dev/null";
   std::string out;
@@ -85,9 +91,16 @@ inline double find_value(const std::string& text, const std::string& key) {
   return pos == std::string::npos ? -1 : std::stod(text.substr(pos + key.size() + 1));
 }
 
-/// Where the peers' scripts live (set by CMake).
+/// A peer's script: $PHALANX_PEERS_DIR/name, else peers/name beside the executable or one
+/// folder up (the build tree links bench/peers there; the GPU bundle carries a copy).
 inline std::string peer_script(const std::string& name) {
-  return std::string(PHALANX_BENCH_DIR) + "/peers/" + name;
+  return relocatable::find_file("PHALANX_PEERS_DIR", "peers", name);
+}
+
+/// An example's data file: $PHALANX_DATA_DIR/name, else data/name beside the executable or
+/// one folder up (the build tree links examples/data there).
+inline std::string data_file(const std::string& name) {
+  return relocatable::find_file("PHALANX_DATA_DIR", "data", name);
 }
 
 }  // namespace phalanx::bench

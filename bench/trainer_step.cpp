@@ -31,7 +31,7 @@ using namespace phalanx::samplers;
 
 namespace {
 
-const std::string kData = std::string(PHALANX_BENCH_DIR) + "/../examples/data/seed_case_study.npz";
+const std::string kData = bench::data_file("seed_case_study.npz");
 constexpr double kLr = 0.1;
 
 struct Args {

@@ -27,6 +27,7 @@
 
 #include <phalanx/phalanx.hpp>
 
+#include "relocatable_paths.hpp"
 #include "svg_chart.hpp"
 
 using namespace phalanx;
@@ -49,7 +50,7 @@ struct Data {
 };
 
 Data load_data() {
-  TensorMap f = load_npz(std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.npz");
+  TensorMap f = load_npz(relocatable::find_file("PHALANX_DATA_DIR", "data", "seed_case_study.npz"));
   Data d{f.at("x"), f.at("y"), {}, f.at("torch_final_loss").to_vector<float>()};
   for (const char* k : {"0.weight", "0.bias", "2.weight", "2.bias"}) d.init.set(k, f.at(k));
   return d;

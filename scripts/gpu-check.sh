@@ -1,31 +1,341 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with an NVIDIA GPU (the device tool's H200): builds with the
-# CUDA and NCCL plugins, runs the GPU suite, trains the textbook's model on the GPU through
-# NCCL, and benchmarks the MLP step against PyTorch on the same GPU. Meant to finish within
-# 10 minutes; writes its log to $OUT/gpu-check.log when OUT is set.
+# The GPU check (docs/gpu.md), run on the GPU machine from the bundle that
+# scripts/gpu-bundle.sh made here: no build step, nothing fetched. Steps:
+#   environment     the GPU, python3 and its torch, CUDA's libraries (nvidia-* wheels of that
+#                   python3, or /usr/local/cuda), and an ldd audit: every library resolves into
+#                   the bundle, the system's glibc/libstdc++ or CUDA's folders found here
+#   cpu ddp         phalanx-train alone vs 2 workers over Gloo under phalanx-run (CPU)
+#   cpu example     lr_scaling_study --check (CPU)
+#   cpu-side tests  the CUDA plugin's behaviour without a usable device
+#   gpu suite       tests/cuda's suite (ops and gradients vs CPU, optimizers, conversions,
+#                   NCCL world of one)
+#   memcheck        compute-sanitizer --tool memcheck over the kernel cases, when the tool works
+#   gpu ddp         phalanx-train on CUDA alone vs W=1 over NCCL and W=2 over Gloo on one GPU
+#                   (phalanx-run), each within 1e-5 of the one process
+#   gpu example     lr_scaling_study --device cuda --check
+#   gpu bench       bench_mlp_step --device cuda against PyTorch CUDA (python3 from PATH)
+# Without a GPU (or with PHALANX_CHECK_NO_GPU=1) every GPU step reports "skipped (no GPU)".
+# Writes gpu-check.log and gpu-check.json (figures) to $PHALANX_CHECK_OUT, else $OUT, else
+# ./gpu-check-out; exits non-zero when any step fails. Meant to finish within 8 minutes.
+#
+#   gpu-bundle/gpu-check.sh            (the copy inside the bundle)
+#   scripts/gpu-check.sh               (finds gpu-bundle/ or unpacks gpu-bundle.tar.gz beside it)
+#   PHALANX_BUNDLE=DIR scripts/gpu-check.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
-LOG=${OUT:-/tmp}/gpu-check.log
+
+# ---- the bundle ----
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+unpacked=""
+if [ -n "${PHALANX_BUNDLE:-}" ]; then B=$PHALANX_BUNDLE
+elif [ -f "$here/MANIFEST" ]; then B=$here
+elif [ -f "$here/../gpu-bundle/MANIFEST" ]; then B=$here/../gpu-bundle
+elif [ -f "$here/../gpu-bundle.tar.gz" ]; then
+  unpacked=$(mktemp -d /tmp/phalanx-gpu-bundle.XXXXXX)
+  tar xzf "$here/../gpu-bundle.tar.gz" -C "$unpacked" || { echo "gpu-check: cannot unpack $here/../gpu-bundle.tar.gz"; exit 2; }
+  B=$(dirname "$(find "$unpacked" -maxdepth 2 -name MANIFEST | head -1)")
+else
+  echo "gpu-check: no bundle beside $here: run scripts/gpu-bundle.sh first (or set PHALANX_BUNDLE)"; exit 2
+fi
+[ -f "$B/MANIFEST" ] || { echo "gpu-check: $B is not a bundle (no MANIFEST): run scripts/gpu-bundle.sh"; exit 2; }
+B=$(cd "$B" && pwd)
+BIN=$B/bin
+DATA=$B/data/seed_case_study.npz
+
+RESULTS=${PHALANX_CHECK_OUT:-${OUT:-$PWD/gpu-check-out}}
+mkdir -p "$RESULTS" || { echo "gpu-check: cannot create $RESULTS"; exit 2; }
+RESULTS=$(cd "$RESULTS" && pwd)
+LOG=$RESULTS/gpu-check.log
+JSON=$RESULTS/gpu-check.json
+WORK=$(mktemp -d /tmp/phalanx-gpu-check.XXXXXX)
+finished=0  # a script that dies half-way (bash can exit 0 on some errors) must not pass
+trap 'rc=$?; rm -rf "$WORK" ${unpacked:+"$unpacked"}; [ "$finished" = 1 ] || { echo "gpu-check: stopped before the summary" >&2; exit 1; }; exit $rc' EXIT
 exec > >(tee "$LOG") 2>&1
-nvidia-smi -L || { echo "gpu-check: no GPU here"; exit 1; }
-BUILD=build-gpu
-if ! command -v cmake >/dev/null || ! dpkg -s libgloo-dev >/dev/null 2>&1; then scripts/setup.sh >/dev/null; fi
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPHALANX_WITH_CUDA=ON -DPHALANX_WITH_NCCL=ON >/dev/null
-cmake --build "$BUILD" -j "$(nproc)" >/dev/null || { echo "gpu-check: build failed"; exit 1; }
-echo "== GPU suite"; "$BUILD"/tests/cuda_tests; rc=$?
-echo "== CPU-side CUDA checks"; "$BUILD"/tests/cuda_cpu_side_tests || rc=1
-python3 - <<'PY' || echo "gpu-check: numpy missing, the training check below will fail"
-import numpy as np
-d = np.load("examples/data/seed_case_study.npz")
-np.save("/tmp/phalanx_x.npy", d["x"]); np.save("/tmp/phalanx_y.npy", d["y"])
-np.savez("/tmp/phalanx_init.npz", **{k: d[k] for k in ["0.weight", "0.bias", "2.weight", "2.bias"]})
-PY
-echo "== the textbook's single run on the GPU (NCCL, world of one; PyTorch 1.13 on CPU: 1.5834)"
-"$BUILD"/bin/phalanx-train --train-x /tmp/phalanx_x.npy --train-y /tmp/phalanx_y.npy --init /tmp/phalanx_init.npz \
-  --global-batch 64 --lr 0.1 --epochs 30 --no-shuffle --eval-train --device cuda --backend nccl | tail -2 || rc=1
-echo "== the case study's example on the GPU (one process)"
-"$BUILD"/examples/lr_scaling_study --device cuda --check || rc=1
-echo "== MLP step, GPU, against PyTorch CUDA on the same GPU"
-"$BUILD"/bench/bench_mlp_step --device cuda || rc=1
-echo "gpu-check: exit $rc"
-exit $rc
+TEE_PID=$!
+cd "$WORK"
+
+START=$(date +%s)
+BUDGET_S=${PHALANX_CHECK_BUDGET_S:-450}  # steps not started after this many seconds fail
+HARD_END=$((START + BUDGET_S + 20))        # and no command runs past this
+failures=0
+steps_json=()
+figures_json=()
+
+json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr '\n\t' '  ')"; }
+figure() { # NAME VALUE [string]: a figure for the JSON
+  if [ "${3:-}" = string ] || ! [[ $2 =~ ^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$ ]]; then figures_json+=("$(json_str "$1"): $(json_str "$2")")
+  else figures_json+=("$(json_str "$1"): $2"); fi
+}
+record() { # NAME STATUS SECONDS DETAIL
+  steps_json+=("{\"name\": $(json_str "$1"), \"status\": $(json_str "$2"), \"seconds\": $3, \"detail\": $(json_str "$4")}")
+  printf -- '-- %s: %s (%ss)%s\n' "$1" "$2" "$3" "${4:+ $4}"
+}
+elapsed() { echo $(( $(date +%s) - START )); }
+# tmo SECONDS CMD...: CMD with a time limit, cut to what the budget leaves (exit 124 when it
+# runs out).
+tmo() {
+  local s=$1 left=$((HARD_END - $(date +%s))); shift
+  [ "$left" -lt "$s" ] && s=$(( left > 5 ? left : 5 ))
+  timeout --kill-after=10 "$s" "$@"
+}
+
+# step NAME FUNCTION [ARGS...]: runs a check; it passes when FUNCTION returns 0. FUNCTION may
+# set DETAIL (one line for the summary).
+step() {
+  local name=$1; shift
+  echo; echo "== $name"
+  if [ "$(elapsed)" -ge "$BUDGET_S" ]; then
+    failures=$((failures + 1)); record "$name" failed 0 "not started: the ${BUDGET_S}s budget is spent"; return
+  fi
+  DETAIL=""
+  local t0 t1 rc
+  t0=$(date +%s.%N)
+  "$@"; rc=$?
+  t1=$(date +%s.%N)
+  local dt
+  dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}')
+  if [ $rc -eq 0 ]; then record "$name" passed "$dt" "$DETAIL"
+  elif [ $rc -eq 77 ]; then record "$name" "skipped (${DETAIL:-no reason given})" "$dt" ""
+  else
+    failures=$((failures + 1))
+    [ $rc -eq 124 ] || [ $rc -eq 137 ] && DETAIL="timed out${DETAIL:+; $DETAIL}"
+    record "$name" failed "$dt" "exit $rc${DETAIL:+; $DETAIL}"
+  fi
+}
+skip() { echo; echo "== $1"; record "$1" "skipped ($2)" 0 ""; }
+
+# ---- environment: the GPU, python3, CUDA's libraries ----
+echo "gpu-check: bundle $B"
+sed -n '1,9p' "$B/MANIFEST"
+echo "results: $RESULTS"
+
+HAVE_GPU=0
+gpu_name=""
+if [ -z "${PHALANX_CHECK_NO_GPU:-}" ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >"$WORK/smi" 2>&1 && grep -q '^GPU ' "$WORK/smi"; then
+  HAVE_GPU=1
+  gpu_name=$(sed -n '1s/^GPU 0: \(.*\) (UUID.*/\1/p' "$WORK/smi")
+  cat "$WORK/smi"
+  nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/driver, memory: /'
+  figure gpu "$gpu_name" string
+  figure driver "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)" string
+else
+  echo "no GPU here${PHALANX_CHECK_NO_GPU:+ (PHALANX_CHECK_NO_GPU is set)}: the GPU steps are skipped"
+fi
+figure host "$(uname -n)" string
+figure glibc "$(getconf GNU_LIBC_VERSION 2>/dev/null | sed 's/^glibc //')" string
+
+PY=$(command -v python3 || true)
+torch_line=""
+if [ -n "$PY" ]; then
+  torch_line=$("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null || true)
+  echo "python3: $PY (torch: ${torch_line:-not importable})"
+  figure python3 "$PY" string
+  figure torch "${torch_line:-none}" string
+fi
+
+# CUDA's libraries: $PHALANX_CUDA_LIB_DIRS, python3's nvidia-* wheels, the CUDA toolkit, the driver.
+cuda_dirs=()
+add_dir() { local d; for d in "$@"; do [ -d "$d" ] && cuda_dirs+=("$(cd "$d" && pwd)"); done; }
+IFS=: read -r -a extra <<<"${PHALANX_CUDA_LIB_DIRS:-}"
+add_dir "${extra[@]}"
+if [ -n "$PY" ]; then
+  while read -r sp; do
+    for d in "$sp"/nvidia/*/lib "$sp"/nvidia/cu*/lib64; do ls "$d"/lib*.so* >/dev/null 2>&1 && add_dir "$d"; done
+  done < <("$PY" -c 'import site; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)
+fi
+add_dir /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64 /usr/local/nvidia/lib
+cuda_path=$(IFS=:; echo "${cuda_dirs[*]}")
+cuda_needs=$(sed -n 's/^cuda-needs: //p' "$B/MANIFEST")
+missing_cuda=""
+for lib in $cuda_needs; do
+  found=""
+  for d in "${cuda_dirs[@]}"; do [ -e "$d/$lib" ] && { found=$d; break; }; done
+  echo "  $lib: ${found:-NOT FOUND}"
+  [ -n "$found" ] || missing_cuda="$missing_cuda $lib"
+done
+export LD_LIBRARY_PATH="$B/lib${cuda_path:+:$cuda_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PHALANX_DATA_DIR=$B/data PHALANX_PEERS_DIR=$B/peers
+[ -n "$PY" ] && export PHALANX_PYTHON=$PY
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+# The ldd audit: every library of the bundle resolves into the bundle (by its run paths alone:
+# the bundle is not on LD_LIBRARY_PATH here), the system's glibc, libstdc++ and libgcc_s, or
+# CUDA's folders. A libstdc++ too old for the bundle switches to lib/fallback.
+cuda_not_found='(libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so[^ ]* => not found'
+system_lib='^(libc|libm|libdl|libpthread|librt|libutil|libresolv|libmvec|libstdc\+\+|libgcc_s)\.so'
+cuda_lib='^(libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-|libnvJitLink|libnvrtc)\.'
+audit() {
+  local path=$1 out=$WORK/ldd bad=0 f
+  : >"$out"; : >"$WORK/audit"
+  for f in "$BIN"/* "$B"/lib/*.so*; do
+    LD_LIBRARY_PATH=$path ldd "$f" 2>&1 | sed "s|^[[:space:]]*|$(basename "$f"): |" >>"$out"
+  done
+  if grep -q "version \`\(GLIBCXX\|CXXABI\)_[0-9.]*' not found" "$out" && [ "$path" != "$B/lib/fallback${cuda_path:+:$cuda_path}" ]; then
+    echo "the system's libstdc++ is older than the bundle's needs ($(sed -n 's/^glibcxx-needs: //p' "$B/MANIFEST")): using lib/fallback"
+    export LD_LIBRARY_PATH="$B/lib:$B/lib/fallback${cuda_path:+:$cuda_path}"
+    audit "$B/lib/fallback${cuda_path:+:$cuda_path}"; return
+  fi
+  while read -r line; do
+    case $line in
+      *"=> $B/"*|*linux-vdso*|*ld-linux*|*"statically linked"*) ;;
+      *"=> not found"*|*"not found"*)
+        if [ "$HAVE_GPU" = 0 ] && [[ $line =~ $cuda_not_found ]]; then continue; fi
+        echo "unresolved: ${line#*: }" >>"$WORK/audit"; bad=1 ;;
+      *"=> "*)
+        local lib=${line#*: }; lib=${lib%% *}
+        if [[ $lib =~ $system_lib ]]; then continue; fi
+        local resolved=${line#*=> }; resolved=${resolved%% (*}
+        local ok=0 d
+        for d in "${cuda_dirs[@]}"; do [[ $resolved == "$d"/* ]] && ok=1; done
+        [[ $lib =~ $cuda_lib ]] || ok=0
+        [ $ok = 1 ] || { echo "outside the bundle: ${line#*: }" | sed 's/ (0x[0-9a-f]*)$//' >>"$WORK/audit"; bad=1; } ;;
+    esac
+  done <"$out"
+  [ $bad = 0 ] || sort -u "$WORK/audit" | sed 's/^/  /'
+  return $bad
+}
+check_environment() {
+  audit "$cuda_path" || { DETAIL="a library resolves outside the bundle, or not at all (see the log)"; return 1; }
+  if [ "$HAVE_GPU" = 1 ] && [ -n "$missing_cuda" ]; then
+    DETAIL="CUDA libraries not found:$missing_cuda (the bundle was built with CUDA $(sed -n 's/^cuda-built-with: //p' "$B/MANIFEST"); install PyTorch's nvidia-* wheels for that CUDA major or set PHALANX_CUDA_LIB_DIRS)"
+    return 1
+  fi
+  DETAIL="every library resolves into the bundle, the system or CUDA's folders"
+}
+step "environment" check_environment
+
+# ---- CPU: the bundle's programs work from here ----
+train_common=(--train-x "$DATA:x" --train-y "$DATA:y" --global-batch 64 --lr 0.1 --epochs 30 --no-shuffle --eval-train --seed 0)
+final_loss() { grep -o '"final_train_loss":[-0-9.eE+]*' "$1" | tail -1 | cut -d: -f2; }
+field() { grep -o "\"$2\":\"[^\"]*\"" "$1" | tail -1 | cut -d'"' -f4; }
+within() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN {d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= t)}'; }
+
+# ddp_vs_one LABEL DEVICE_ONE RUNS...: trains alone on DEVICE_ONE, then each RUN ("W BACKEND
+# DEVICE") under phalanx-run; each final loss within 1e-5 of the one process's.
+ddp_vs_one() {
+  local label=$1 dev=$2; shift 2
+  tmo 120 "$BIN/phalanx-train" "${train_common[@]}" --device "$dev" >"$WORK/one.out" 2>&1
+  local rc=$?; cat "$WORK/one.out"
+  local one; one=$(final_loss "$WORK/one.out")
+  [ $rc -eq 0 ] && [ -n "$one" ] || { DETAIL="the one process failed"; return 1; }
+  figure "${label}_one_process_loss" "$one"
+  DETAIL="one process $one"
+  local run w backend d ok=0
+  for run in "$@"; do
+    read -r w backend d <<<"$run"
+    echo "   W=$w over $backend on $d:"
+    tmo 150 "$BIN/phalanx-run" --nproc-per-node "$w" "$BIN/phalanx-train" "${train_common[@]}" --device "$d" --backend "$backend" \
+      >"$WORK/w.out" 2>&1
+    rc=$?; cat "$WORK/w.out"
+    local loss used world
+    loss=$(final_loss "$WORK/w.out"); used=$(field "$WORK/w.out" backend)
+    world=$(grep -o '"world_size":[0-9]*' "$WORK/w.out" | tail -1 | cut -d: -f2)
+    figure "${label}_w${w}_${backend}_loss" "${loss:-none}"
+    if [ $rc -ne 0 ] || [ -z "$loss" ]; then DETAIL="$DETAIL; W=$w $backend failed (exit $rc)"; ok=1; continue; fi
+    if [ "$used" != "$backend" ] || [ "$world" != "$w" ]; then DETAIL="$DETAIL; W=$w ran as $used, world $world"; ok=1; continue; fi
+    if within "$loss" "$one" 1e-5; then DETAIL="$DETAIL; W=$w $backend $loss"
+    else DETAIL="$DETAIL; W=$w $backend $loss differs by more than 1e-5"; ok=1; fi
+  done
+  return $ok
+}
+step "cpu ddp: W=2 over Gloo equals one process" ddp_vs_one cpu cpu "2 gloo cpu"
+
+example() { # DEVICE
+  tmo 120 "$BIN/lr_scaling_study" --device "$1" --check >"$WORK/ex.out" 2>&1
+  local rc=$?; cat "$WORK/ex.out"
+  DETAIL=$(grep -o 'check: [a-zA-Z]*' "$WORK/ex.out" | tail -1)
+  return $rc
+}
+step "cpu example: lr_scaling_study --check" example cpu
+
+cpu_side() { tmo 60 "$BIN/cuda_cpu_side_tests"; }
+if [ "$HAVE_GPU" = 1 ]; then
+  skip "cpu-side tests" "a GPU is here; the GPU suite covers the device"
+else
+  step "cpu-side tests (no device)" cpu_side
+fi
+
+# ---- GPU ----
+gpu_suite() {
+  tmo 180 "$BIN/cuda_tests" "$@" >"$WORK/suite.out" 2>&1
+  local rc=$?; cat "$WORK/suite.out"
+  DETAIL=$(grep -E '^\[doctest\] (test cases|assertions):' "$WORK/suite.out" | tr -s ' ' | paste -sd ';' -)
+  return $rc
+}
+no_gpu_suite() { # the suite must skip itself cleanly (exit 77) where there is no GPU
+  tmo 60 "$BIN/cuda_tests" >"$WORK/suite.out" 2>&1
+  local rc=$?; cat "$WORK/suite.out"
+  [ $rc -eq 77 ] && { echo "(the suite skipped itself: exit 77)"; DETAIL="no GPU"; return 77; }
+  DETAIL="expected exit 77 without a GPU"; return 1
+}
+
+memcheck() {
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+  [ -n "$cs" ] || { DETAIL="compute-sanitizer not found"; return 77; }
+  # The kernel cases only: NCCL and the 2^31-element tensor under memcheck would take minutes.
+  tmo 150 "$cs" --tool memcheck --error-exitcode 86 --print-limit 20 "$BIN/cuda_tests" \
+    --test-case-exclude='*NCCL*,*nccl*,*2^31*' >"$WORK/mc.out" 2>&1
+  local rc=$?; tail -40 "$WORK/mc.out"
+  if grep -qE 'Device not supported|Error: Target application terminated before first instrumented API call|unable to (initialize|load)' "$WORK/mc.out"; then
+    DETAIL="the tool does not work here: $(grep -m1 -E 'Device not supported|Error:|unable to' "$WORK/mc.out")"; return 77
+  fi
+  DETAIL=$(grep -m1 -E 'ERROR SUMMARY' "$WORK/mc.out")
+  return $rc
+}
+
+bench() {
+  tmo 150 "$BIN/bench_mlp_step" --device cuda >"$WORK/bench.out" 2>&1
+  local rc=$?; cat "$WORK/bench.out"
+  [ $rc -eq 0 ] || { DETAIL="bench_mlp_step failed"; return $rc; }
+  local row ok=0
+  for model in 784-1024-1024-10 64-32-10; do
+    row=$(awk -v m="$model" '$1 == m {print $3, $4}' "$WORK/bench.out")
+    read -r ours theirs <<<"$row"
+    figure "mlp_${model}_phalanx_us" "${ours:-none}"
+    figure "mlp_${model}_torch_us" "${theirs:-none}"
+    if [ -z "$theirs" ] || ! awk -v t="$theirs" 'BEGIN {exit !(t > 0)}'; then DETAIL="$DETAIL $model: the PyTorch peer did not run;"; ok=1; continue; fi
+    local ratio; ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN {printf "%.3f", a / b}')
+    figure "mlp_${model}_phalanx_over_torch" "$ratio"
+    DETAIL="$DETAIL $model: ${ours} us vs torch ${theirs} us (${ratio}x);"
+  done
+  local big; big=$(awk -v m=784-1024-1024-10 '$1 == m && $4 > 0 {print ($3 / $4 <= 1.2) ? "met" : "MISSED"}' "$WORK/bench.out")
+  figure mlp_bar_1_2x "${big:-unknown}" string
+  DETAIL="$DETAIL bar (784-1024-1024-10 <= 1.2x torch): ${big:-unknown}"
+  return $ok
+}
+
+if [ "$HAVE_GPU" = 1 ]; then
+  step "gpu suite" gpu_suite
+  step "memcheck (kernel cases)" memcheck
+  step "gpu ddp: W=1 over NCCL and W=2 over Gloo on one GPU equal one process" ddp_vs_one cuda cuda "1 nccl cuda" "2 gloo cuda:0"
+  step "gpu example: lr_scaling_study --device cuda --check" example cuda
+  step "gpu bench: bench_mlp_step --device cuda vs PyTorch CUDA" bench
+else
+  step "gpu suite" no_gpu_suite
+  for s in "memcheck (kernel cases)" "gpu ddp: W=1 over NCCL and W=2 over Gloo on one GPU equal one process" \
+           "gpu example: lr_scaling_study --device cuda --check" "gpu bench: bench_mlp_step --device cuda vs PyTorch CUDA"; do
+    skip "$s" "no GPU"
+  done
+fi
+
+# ---- summary ----
+total=$(elapsed)
+verdict=$([ $failures -eq 0 ] && echo passed || echo failed)
+{
+  echo "{"
+  echo "  \"verdict\": \"$verdict\", \"failures\": $failures, \"seconds\": $total, \"gpu\": $([ "$HAVE_GPU" = 1 ] && echo true || echo false),"
+  echo "  \"bundle\": $(json_str "$(sed -n '2,3p' "$B/MANIFEST" | paste -sd ';' -)"),"
+  echo "  \"steps\": ["
+  for i in "${!steps_json[@]}"; do echo "    ${steps_json[$i]}$([ "$i" -lt $((${#steps_json[@]} - 1)) ] && echo ,)"; done
+  echo "  ],"
+  echo "  \"figures\": {"
+  for i in "${!figures_json[@]}"; do echo "    ${figures_json[$i]}$([ "$i" -lt $((${#figures_json[@]} - 1)) ] && echo ,)"; done
+  echo "  }"
+  echo "}"
+} >"$JSON"
+echo
+echo "gpu-check: $verdict ($failures failed step(s), ${total}s); log $LOG, figures $JSON"
+exec >&- 2>&-
+wait "$TEE_PID" 2>/dev/null
+finished=1
+[ $failures -eq 0 ]

@@ -10,6 +10,7 @@ PACKAGES=(
   libgloo-dev libopenmpi-dev openmpi-bin
   doctest-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libzip-dev zlib1g-dev
+  patchelf
   dataset-fashion-mnist
 )
 

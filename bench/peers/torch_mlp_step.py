@@ -1,6 +1,7 @@
-#!/usr/bin/python3
-"""PyTorch peer for bench/mlp_step: forward + backward + plain SGD step of an MLP, 1 thread.
-usage: torch_mlp_step.py WIDTHS BATCH ITERS [DEVICE]   (WIDTHS like 784-1024-1024-10; DEVICE cpu or cuda:0)
+#!/usr/bin/env python3
+"""PyTorch peer for bench/mlp_step: zero_grad + forward + backward + torch.optim.SGD step of an
+MLP, 1 CPU thread, on DEVICE (the C++ side does the same with optim::SGD).
+usage: torch_mlp_step.py WIDTHS BATCH ITERS [DEVICE]   (WIDTHS like 784-1024-1024-10; DEVICE cpu, cuda or cuda:0)
 prints: step_us=<median microseconds per step>"""
 import sys, time, statistics
 import torch
