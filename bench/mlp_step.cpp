@@ -71,6 +71,7 @@ int run(int argc, char** argv) {
     }
   }
   const bool cuda = !dev.is_cpu();
+  const std::string peer = skip_peer ? "" : bench::peer_script("torch_mlp_step.py");  // found before any timing
   struct Case {
     std::vector<std::int64_t> widths;
     std::int64_t batch;
@@ -87,7 +88,7 @@ int run(int argc, char** argv) {
     double theirs = -1;
     if (!skip_peer)
       theirs = bench::run_peer("OMP_NUM_THREADS=1 " + bench::python() + " " +
-                                   bench::peer_script("torch_mlp_step.py") + " " +
+                                   peer + " " +
                                    widths_str(c.widths) + " " + std::to_string(c.batch) + " " +
                                    std::to_string(c.iters) + " " + dev.str(),
                                "step_us");
