@@ -17,7 +17,11 @@
 //
 // Options: --check (exit non-zero unless the PyTorch figures are matched), --plot F.svg
 // (the training-loss curves), --metrics F.jsonl (one record per configuration and epoch),
-// --device cuda (each worker on GPU LOCAL_RANK; the backend then defaults to NCCL).
+// --device cuda (each worker on GPU LOCAL_RANK; the backend then defaults to NCCL),
+// --exact --micro-batch M (every row in DDP's exact mode, docs/exact.md: each global batch
+// split into micro-batches of M samples, summed in fixed point; then "variant", one process
+// at batch 256, and "linear", the workers at 256, end with the same weights bit for bit, and
+// --check requires it).
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -71,10 +75,12 @@ struct Run {
   float final_loss = 0;
   std::vector<double> epoch_loss;  // mean training loss per epoch, over all workers
   double lr = 0;
+  TensorMap weights;  // the final weights (on the CPU)
 };
 
-/// Trains one configuration on `pg` (every rank of it calls this).
-Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg, Device dev) {
+/// Trains one configuration on `pg` (every rank of it calls this). micro > 0: exact mode
+/// with micro-batches of `micro` samples.
+Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg, Device dev, std::int64_t micro) {
   const std::int64_t n = data.x.shape()[0];
   const int world = pg->size(), rank = pg->rank();
   const optim::ScalingPlan plan = plan_for(c, world, n);
@@ -84,14 +90,33 @@ Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg, Device d
   auto net = nn::mlp({64, 32, 10});
   net->load_state_dict(data.init);                              // the textbook's initial weights
   net->to(dev);
-  auto model = std::make_shared<parallel::DDP>(net, pg);        // [2] wrap the model
-  samplers::DistributedSamplerOptions so;
-  so.num_replicas = world;
-  so.rank = rank;
-  so.shuffle = false;
-  auto sampler = std::make_shared<samplers::DistributedSampler>(n, so);  // [3] shard the data
+  parallel::DDPOptions ddp_options;
+  if (micro > 0) ddp_options.exact = {true, c.global_batch, micro};  // exact mode
+  auto model = std::make_shared<parallel::DDP>(net, pg, ddp_options);  // [2] wrap the model
+  // [3] shard the data: each worker a slice of every global batch; in exact mode each
+  // worker its micro-batches of every global batch (the same micro-batches for any W).
+  samplers::SamplerPtr sampler;
+  std::shared_ptr<samplers::MicroBatchSampler> micro_sampler;
+  if (micro > 0) {
+    samplers::MicroBatchSamplerOptions mo;
+    mo.global_batch = c.global_batch;
+    mo.micro_batch = micro;
+    mo.num_replicas = world;
+    mo.rank = rank;
+    mo.shuffle = false;
+    sampler = micro_sampler = std::make_shared<samplers::MicroBatchSampler>(n, mo);
+  } else {
+    samplers::DistributedSamplerOptions so;
+    so.num_replicas = world;
+    so.rank = rank;
+    so.shuffle = false;
+    sampler = std::make_shared<samplers::DistributedSampler>(n, so);
+  }
   auto dataset = std::make_shared<samplers::TensorDataset>(data.x, data.y);
-  samplers::DataLoader loader(dataset, {plan.per_rank_batch}, sampler);
+  samplers::DataLoader loader(dataset, {micro > 0 ? micro : plan.per_rank_batch}, sampler);
+  // Forward/backward passes per step: 1, or this worker's micro-batches of the step.
+  const std::int64_t passes = micro > 0 ? model->micro_batches_per_rank() : 1;
+  std::vector<std::pair<std::int64_t, double>> micro_losses;  // exact mode: (micro-batch index, loss)
   optim::SGD opt(model->parameters(), optim::SGDOptions{run.lr});
   std::unique_ptr<optim::LinearLR> warmup;
   if (plan.warmup_steps > 0)
@@ -101,14 +126,29 @@ Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg, Device d
   for (int epoch = 0; epoch < 30; ++epoch) {
     sampler->set_epoch(epoch);
     Tensor stats = zeros({2});  // loss sum and step count, summed over workers below
+    double exact_sum = 0, exact_steps = 0;  // exact mode: the steps' losses, the same on every worker
+    std::int64_t pass = 0;
     for (samplers::Batch& b : loader) {
-      opt.zero_grad();
+      if (pass == 0) opt.zero_grad();
       Tensor loss = cross_entropy(model->forward(b.x.to(dev)), b.y.to(dev));
-      loss.backward();
+      loss.backward();  // exact mode: the step's last pass leaves the global batch's mean gradient
+      if (micro > 0) micro_losses.emplace_back(micro_sampler->micro_batch_index(pass), loss.item());
+      if (++pass < passes) continue;
+      pass = 0;
       opt.step();
       if (warmup) warmup->step();
-      stats.data<float>()[0] += loss.item();
-      stats.data<float>()[1] += 1;
+      if (micro > 0) {  // the global batch's loss: the mean over its micro-batches, in their order
+        exact_sum += parallel::exact_mean(*pg, micro_losses, micro_sampler->micro_batches_per_step(), dev);
+        exact_steps += 1;
+        micro_losses.clear();
+      } else {
+        stats.data<float>()[0] += loss.item();
+        stats.data<float>()[1] += 1;
+      }
+    }
+    if (micro > 0) {
+      run.epoch_loss.push_back(exact_sum / exact_steps);
+      continue;
     }
     Tensor on = stats.to(dev);  // NCCL reduces device tensors
     pg->allreduce(on)->wait();
@@ -118,13 +158,15 @@ Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg, Device d
   // ---- END TRAINING LOOP ----
   NoGradGuard no_grad;
   run.final_loss = cross_entropy(model->forward(data.x.to(dev)), data.y.to(dev)).item();
+  for (const auto& [k, v] : net->state_dict()) run.weights.set(k, v.to(Device::cpu()));
   return run;
 }
 
 }  // namespace
 
 int run(int argc, char** argv) {
-  bool check = false;
+  bool check = false, exact = false;
+  std::int64_t micro = 0;
   std::string plot, metrics, device = "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -132,10 +174,19 @@ int run(int argc, char** argv) {
     else if (a == "--plot" && i + 1 < argc) plot = argv[++i];
     else if (a == "--metrics" && i + 1 < argc) metrics = argv[++i];
     else if (a == "--device" && i + 1 < argc) device = argv[++i];
+    else if (a == "--exact") exact = true;
+    else if (a == "--micro-batch" && i + 1 < argc) micro = std::atoll(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: lr_scaling_study [--check] [--plot F.svg] [--metrics F.jsonl] [--device cpu|cuda]\n");
+      std::fprintf(stderr, "usage: lr_scaling_study [--check] [--plot F.svg] [--metrics F.jsonl] [--device cpu|cuda] "
+                           "[--exact --micro-batch M]\n");
       return 2;
     }
+  }
+  // Exact mode: M divides the single row's batch of 64 (hence 256); the workers are checked below.
+  if (exact != (micro != 0) || (exact && (micro < 1 || 64 % micro != 0))) {
+    std::fprintf(stderr, "lr_scaling_study: --exact goes with --micro-batch M, M one of 1, 2, 4, 8, 16, 32, 64 (a "
+                         "divisor of the batch sizes 64 and 256)\n");
+    return 2;
   }
   set_num_threads(1);
   Device dev = Device::parse(device);
@@ -146,6 +197,13 @@ int run(int argc, char** argv) {
   const int W = world->size(), rank = world->rank();
   if (256 % W != 0) {
     if (rank == 0) std::fprintf(stderr, "lr_scaling_study: run it with 1, 2, 4, 8 ... workers (W must divide 256)\n");
+    return 2;
+  }
+  if (exact && (256 / micro) % W != 0) {
+    if (rank == 0)
+      std::fprintf(stderr, "lr_scaling_study: %d workers do not divide the %lld micro-batches of a global batch of 256 "
+                           "(--micro-batch %lld): use fewer workers or a smaller --micro-batch\n",
+                   W, static_cast<long long>(256 / micro), static_cast<long long>(micro));
     return 2;
   }
   const Data data = load_data();
@@ -160,16 +218,20 @@ int run(int argc, char** argv) {
     const bool solo = c.workers == 1;
     Run r;
     if (!solo)
-      r = train(data, c, world, dev);
+      r = train(data, c, world, dev, micro);
     else if (rank == 0)
-      r = train(data, c, alone, dev);
+      r = train(data, c, alone, dev, micro);
     world->barrier()->wait();
     runs.push_back(r);
   }
   if (rank != 0) return 0;
 
-  std::printf("Linear learning-rate scaling (64-32-10 MLP, SGD, 30 epochs, 512 samples; %d worker%s, backend %s)\n\n",
+  std::printf("Linear learning-rate scaling (64-32-10 MLP, SGD, 30 epochs, 512 samples; %d worker%s, backend %s)\n",
               W, W > 1 ? "s" : "", world->backend_name().c_str());
+  if (exact)
+    std::printf("exact mode: micro-batches of %lld, gradients summed in 64-bit fixed point\n",
+                static_cast<long long>(micro));
+  std::printf("\n");
   std::printf("%-8s %8s %12s %8s %12s %14s %10s\n", "config", "workers", "global batch", "lr", "final loss",
               "PyTorch 1.13", "diff");
   bool ok = true;
@@ -189,8 +251,16 @@ int run(int argc, char** argv) {
   }
   const float variant_gap = std::abs(runs[3].final_loss - runs[2].final_loss);
   ok = ok && variant_gap <= 1e-4f;
+  // Exact mode: one process at batch 256 and W workers at 256 take the same steps, bit for bit.
+  bool same_bits = runs[3].weights.names() == runs[2].weights.names();
+  for (const auto& [k, v] : runs[3].weights)
+    same_bits = same_bits && runs[2].weights.contains(k) && v.to_vector<float>() == runs[2].weights.at(k).to_vector<float>();
+  if (exact) ok = ok && same_bits && variant_gap == 0;
   std::printf("\nvariant vs linear: %.9g vs %.9g, %.3e apart (one process at batch 256 vs %d worker%s at %d each)\n", runs[3].final_loss, runs[2].final_loss,
               variant_gap, W, W > 1 ? "s" : "", 256 / W);
+  if (exact)
+    std::printf("exact mode: variant and linear weights %s\n",
+                same_bits ? "identical, bit for bit" : "DIFFER (exact mode promises the same bits)");
   std::printf("direct vs single: %+.3f (keeping lr 0.1 at 4x the batch takes 4x fewer steps of the same size)\n",
               runs[1].final_loss - runs[0].final_loss);
   if (W == 1) std::printf("(one process: the 4-worker rows ran as one process on the global batch; "
