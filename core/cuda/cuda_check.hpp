@@ -15,6 +15,7 @@ class CudaError : public Error {
 };
 
 [[noreturn]] inline void throw_cuda(const char* call, cudaError_t e, const char* file, int line) {
+  (void)cudaGetLastError();  // reported here: a later launch check on this thread must not see it again
   throw CudaError(detail::concat(call, " failed at ", file, ":", line, ": ", cudaGetErrorName(e), " (",
                                  cudaGetErrorString(e), ")"));
 }

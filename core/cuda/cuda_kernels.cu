@@ -2,17 +2,19 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cfloat>
-#include <climits>
 
 #include "cuda_check.hpp"
 #include "cuda_kernels.hpp"
+#include "phalanx/core/half.hpp"
 
 namespace phalanx::cuda {
 
 namespace {
 
 constexpr int kThreads = 256;
+constexpr std::int64_t kLongRow = 1 << 16;  // sum_dim: rows this long are split over many blocks
 inline int blocks_for(std::int64_t n) {
   return static_cast<int>(std::min<std::int64_t>((n + kThreads - 1) / kThreads, 65535 * 4));
 }
@@ -25,8 +27,19 @@ void after_launch(const char* what) {
 
 void on_device(const Tensor& t) { PHALANX_CUDA_CHECK(cudaSetDevice(t.device().index)); }
 
+/// The device that owns `p` (memory from cudaMalloc), made current; throws for other memory.
+int device_of_memory(const void* p, const char* what) {
+  cudaPointerAttributes attr{};
+  PHALANX_CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
+  if (attr.type != cudaMemoryTypeDevice)
+    throw CudaError(detail::concat(what, ": the pointer is not CUDA device memory (cudaPointerGetAttributes)"));
+  PHALANX_CUDA_CHECK(cudaSetDevice(attr.device));
+  return attr.device;
+}
+
 __global__ void fill_f32(float* o, float v, std::int64_t n) { GRID_LOOP(i, n) o[i] = v; }
 __global__ void fill_i64(long long* o, long long v, std::int64_t n) { GRID_LOOP(i, n) o[i] = v; }
+__global__ void fill_u16(unsigned short* o, unsigned short v, std::int64_t n) { GRID_LOOP(i, n) o[i] = v; }
 
 __global__ void unary_k(int op, const float* x, float* o, std::int64_t n) {
   GRID_LOOP(i, n) {
@@ -76,19 +89,44 @@ __global__ void sum_period_k(const float* in, float* out, std::int64_t p, std::i
   }
 }
 
-// One block per row of [outer, d] (inner == 1): a shared-memory tree in double.
-__global__ void row_sum_k(const float* in, float* out, std::int64_t d, float scale) {
+// The block's threads' doubles summed by a shared-memory tree (fixed order); thread 0 gets it.
+__device__ double block_sum(double s) {
   __shared__ double part[kThreads];
-  const float* row = in + blockIdx.x * d;
-  double s = 0;
-  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += row[i];
   part[threadIdx.x] = s;
   __syncthreads();
   for (int w = blockDim.x / 2; w > 0; w /= 2) {
     if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(part[0] * scale);
+  return part[0];
+}
+
+// One block per row of [outer, d] (inner == 1): a shared-memory tree in double.
+__global__ void row_sum_k(const float* in, float* out, std::int64_t d, float scale) {
+  const float* row = in + static_cast<std::int64_t>(blockIdx.x) * d;
+  double s = 0;
+  for (std::int64_t i = threadIdx.x; i < d; i += blockDim.x) s += row[i];
+  const double total = block_sum(s);
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(total * scale);
+}
+
+// Long rows: gridDim.x blocks share row blockIdx.y, each writes its partial (double) to
+// part[row * gridDim.x + block]; row_parts_k then adds a row's partials in a fixed order,
+// so the result does not depend on scheduling.
+__global__ void row_part_k(const float* in, double* part, std::int64_t d) {
+  const float* row = in + static_cast<std::int64_t>(blockIdx.y) * d;
+  double s = 0;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < d;
+       i += static_cast<std::int64_t>(blockDim.x) * gridDim.x)
+    s += row[i];
+  const double total = block_sum(s);
+  if (threadIdx.x == 0) part[static_cast<std::int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = total;
+}
+__global__ void row_parts_k(const double* part, int parts, float* out, float scale) {
+  double s = 0;
+  for (int i = threadIdx.x; i < parts; i += blockDim.x) s += part[static_cast<std::int64_t>(blockIdx.x) * parts + i];
+  const double total = block_sum(s);
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(total * scale);
 }
 
 __global__ void sum_dim_k(const float* in, float* out, std::int64_t outer, std::int64_t d, std::int64_t inner, float scale) {
@@ -159,7 +197,8 @@ __global__ void cross_entropy_k(const float* x, const long long* t, float* p, fl
     }
     const float inv = 1.f / s;
     for (std::int64_t j = 0; j < c; ++j) prow[j] *= inv;
-    l[r] = (mx + logf(s)) - row[t[r]];
+    const long long tr = t[r];  // a bad label (reported by the label check) gives NaN, never a stray read
+    l[r] = tr < 0 || tr >= c ? __int_as_float(0x7fffffff) : (mx + logf(s)) - row[tr];
   }
 }
 
@@ -170,10 +209,6 @@ __global__ void cross_entropy_bw_k(const float* p, const long long* t, const flo
     const float g = (per_row ? gl[r] : gl[0]) * scale;
     o[idx] = p[idx] * g - (j == t[r] ? g : 0.f);
   }
-}
-
-__global__ void label_check_k(const long long* t, std::int64_t n, long long classes, unsigned long long* first_bad) {
-  GRID_LOOP(i, n) if (t[i] < 0 || t[i] >= classes) atomicMin(first_bad, static_cast<unsigned long long>(i));
 }
 
 __global__ void to_half_k(const float* s, __half* d, std::int64_t n) { GRID_LOOP(i, n) d[i] = __float2half_rn(s[i]); }
@@ -225,6 +260,9 @@ CudaKernels& table() {
 
 cublasHandle_t CudaKernels::blas(int device) {
   std::lock_guard<std::mutex> lock(blas_mu_);
+  if (device < 0 || device >= kMaxDevices)
+    throw CudaError(detail::concat("cuda:", device, " is outside the ", kMaxDevices,
+                                   " devices this build supports (cuda_kernels.hpp, kMaxDevices)"));
   if (!handles_[device]) {
     PHALANX_CUDA_CHECK(cudaSetDevice(device));
     PHALANX_CUBLAS_CHECK(cublasCreate(&handles_[device]));
@@ -232,24 +270,43 @@ cublasHandle_t CudaKernels::blas(int device) {
   return handles_[device];
 }
 
+// Copies run on the legacy default stream of the memory's own device, so that they follow
+// the kernels queued there, whichever device this thread (a comm worker, say) had current.
 void CudaKernels::copy(void* dst, const void* src, std::size_t n) {
-  if (n) PHALANX_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, 0));
+  if (!n) return;
+  device_of_memory(dst, "copy");
+  PHALANX_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, 0));
 }
 void CudaKernels::copy_to_host(void* dst, const void* src, std::size_t n) {
-  if (n) PHALANX_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+  if (n) {
+    device_of_memory(src, "copy_to_host");
+    PHALANX_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+  }
+  labels_.resolve();  // a result reaches the host: report a bad label found on the device
 }
 void CudaKernels::copy_from_host(void* dst, const void* src, std::size_t n) {
-  if (n) PHALANX_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+  if (!n) return;
+  device_of_memory(dst, "copy_from_host");
+  PHALANX_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
 }
 
 void CudaKernels::fill(Tensor& out, double v) {
   on_device(out);
   const std::int64_t n = out.numel();
   if (!n) return;
-  if (out.dtype() == DType::Float32)
-    fill_f32<<<blocks_for(n), kThreads>>>(mf(out), static_cast<float>(v), n);
-  else
-    fill_i64<<<blocks_for(n), kThreads>>>(static_cast<long long*>(out.raw_data()), static_cast<long long>(v), n);
+  switch (out.dtype()) {
+    case DType::Float32: fill_f32<<<blocks_for(n), kThreads>>>(mf(out), static_cast<float>(v), n); break;
+    case DType::Int64:
+      fill_i64<<<blocks_for(n), kThreads>>>(static_cast<long long*>(out.raw_data()), static_cast<long long>(v), n);
+      break;
+    case DType::Float16:
+    case DType::BFloat16: {  // one 2-byte pattern, rounded on the host exactly as the CPU fill does
+      const float f = static_cast<float>(v);
+      const unsigned short bits = out.dtype() == DType::Float16 ? float_to_fp16(f) : float_to_bf16(f);
+      fill_u16<<<blocks_for(n), kThreads>>>(static_cast<unsigned short*>(out.raw_data()), bits, n);
+      break;
+    }
+  }
   after_launch("fill kernel");
 }
 
@@ -302,8 +359,9 @@ void CudaKernels::divide(Tensor& x, float d) {
 
 void CudaKernels::gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
                        std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  int device = 0;
-  PHALANX_CUDA_CHECK(cudaGetDevice(&device));
+  if (m == 0 || n == 0) return;  // an empty C (k == 0 still scales C by beta)
+  // The output's device, not the thread's current one (cuBLAS runs on its handle's device).
+  const int device = device_of_memory(c, "gemm");
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   PHALANX_CUBLAS_CHECK(cublasSgemm(blas(device), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
@@ -319,7 +377,15 @@ void CudaKernels::sum_to_period(const Tensor& in, Tensor& out, float s) {
 
 void CudaKernels::sum_dim(const Tensor& in, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out, float s) {
   on_device(in);
-  if (inner == 1) {
+  if (inner == 1 && d >= kLongRow && outer >= 1 && outer < 1024) {  // a few long rows: many blocks per row
+    const int parts = static_cast<int>(std::min<std::int64_t>(1024, (d + kLongRow - 1) / kLongRow * 8));
+    Tensor part = Tensor::empty({outer * parts}, DType::Int64, in.device());  // 8-byte slots for doubles
+    row_part_k<<<dim3(static_cast<unsigned>(parts), static_cast<unsigned>(outer)), kThreads>>>(
+        cf(in), static_cast<double*>(part.raw_data()), d);
+    after_launch("sum_dim kernel (partial sums)");
+    row_parts_k<<<static_cast<unsigned>(outer), kThreads>>>(static_cast<const double*>(part.raw_data()), parts,
+                                                            mf(out), s);
+  } else if (inner == 1) {
     if (outer) row_sum_k<<<static_cast<unsigned>(outer), kThreads>>>(cf(in), mf(out), d, s);
   } else if (outer * inner) {
     sum_dim_k<<<blocks_for(outer * inner), kThreads>>>(cf(in), mf(out), outer, d, inner, s);
@@ -391,18 +457,11 @@ void CudaKernels::cross_entropy_backward(const Tensor& probs, const Tensor& targ
 }
 
 std::int64_t CudaKernels::find_label_out_of_range(const Tensor& target, std::int64_t classes) {
+  // Deferred (kernels.hpp): the check runs on the device; a bad label is reported by this
+  // thread's next copy_to_host (the loss read), or by its next label check.
   on_device(target);
-  const std::int64_t n = target.numel();
-  if (!n) return -1;
-  unsigned long long* d = static_cast<unsigned long long*>(allocate(8, target.device().index));
-  const unsigned long long init = ULLONG_MAX;
-  PHALANX_CUDA_CHECK(cudaMemcpy(d, &init, 8, cudaMemcpyHostToDevice));
-  label_check_k<<<blocks_for(n), kThreads>>>(static_cast<const long long*>(target.raw_data()), n, classes, d);
-  after_launch("label check kernel");
-  unsigned long long h = 0;
-  PHALANX_CUDA_CHECK(cudaMemcpy(&h, d, 8, cudaMemcpyDeviceToHost));
-  deallocate(d, 8, target.device().index);
-  return h == ULLONG_MAX ? -1 : static_cast<std::int64_t>(h);
+  if (target.numel()) labels_.launch(target, classes);
+  return -1;
 }
 
 namespace {
@@ -411,7 +470,8 @@ namespace {
 __global__ void abs_max_k(const float* x, std::int64_t n, int* slot) {
   int m = 0;
   GRID_LOOP(i, n) m = max(m, __float_as_int(fabsf(x[i])));
-  atomicMax(slot, m);
+  for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if ((threadIdx.x & 31) == 0) atomicMax(slot, m);  // one atomic per warp (kThreads is a multiple of 32)
 }
 __global__ void fixed_acc_k(const float* x, double scale, long long* acc, std::int64_t n) {
   GRID_LOOP(i, n) acc[i] += __double2ll_rn(static_cast<double>(x[i]) * scale);

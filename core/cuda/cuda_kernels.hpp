@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "cuda_allocator.hpp"
+#include "label_check.hpp"
 #include "phalanx/core/kernels.hpp"
 
 namespace phalanx::cuda {
@@ -52,10 +53,12 @@ class CudaKernels final : public DeviceKernels {
                    const AdamUpdate& u) override;
 
  private:
+  static constexpr int kMaxDevices = 64;  ///< cuBLAS handles, one per device index
   cublasHandle_t blas(int device);
   CachingAllocator alloc_;
+  LabelCheck labels_;
   std::mutex blas_mu_;
-  cublasHandle_t handles_[64] = {};
+  cublasHandle_t handles_[kMaxDevices] = {};
 };
 
 /// The process-wide table (registered by the plugin's create()).

@@ -115,6 +115,9 @@ class DeviceKernels {
   virtual void fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) = 0;
 
   /// Checks that every int64 label is in [0, classes); returns the first bad index or -1.
+  /// A device table may instead check asynchronously (CUDA: no copy per step): it returns -1
+  /// and throws the same ValueError when the calling thread next reads a result to the host
+  /// (copy_to_host, e.g. the loss).
   virtual std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) = 0;
 };
 

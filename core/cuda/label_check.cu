@@ -1,0 +1,102 @@
+#include "label_check.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "cuda_check.hpp"
+
+namespace phalanx::cuda {
+
+namespace {
+
+__global__ void label_flag_k(const long long* t, std::int64_t n, long long classes, int* flag) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(blockDim.x) * gridDim.x)
+    if (t[i] < 0 || t[i] >= classes) *flag = 1;  // every writer stores the same value
+}
+
+/// This thread's check that has not been read yet.
+struct Pending {
+  LabelCheck* owner = nullptr;
+  LabelCheck::Slot* slot = nullptr;
+  Tensor target;
+  std::int64_t classes = 0;
+  ~Pending() {
+    if (slot) owner->release(slot);  // no CUDA call at thread exit; acquire() waits for its event
+  }
+};
+thread_local Pending pending;
+
+}  // namespace
+
+LabelCheck::Slot* LabelCheck::acquire(int device) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if ((*it)->device == device) {
+        Slot* s = *it;
+        free_.erase(it);
+        // A slot released at a thread's exit may still have its kernel running.
+        PHALANX_CUDA_CHECK(cudaEventSynchronize(s->done));
+        return s;
+      }
+  }
+  auto* s = new Slot;
+  s->device = device;
+  PHALANX_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s->host), sizeof(int),
+                                   cudaHostAllocMapped | cudaHostAllocPortable));
+  PHALANX_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&s->mapped), s->host, 0));
+  PHALANX_CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));  // on `device` (current)
+  return s;
+}
+
+void LabelCheck::release(Slot* slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.push_back(slot);
+}
+
+void LabelCheck::launch(const Tensor& target, std::int64_t classes) {
+  resolve();
+  const std::int64_t n = target.numel();
+  Slot* s = acquire(target.device().index);
+  *static_cast<volatile int*>(s->host) = 0;  // the slot's last kernel has finished (resolve/acquire)
+  const int threads = 256;
+  const int blocks = static_cast<int>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
+  label_flag_k<<<blocks, threads>>>(static_cast<const long long*>(target.raw_data()), n, classes, s->mapped);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaEventRecord(s->done, 0);
+  if (e != cudaSuccess) {
+    release(s);
+    throw_cuda("label check kernel", e, __FILE__, __LINE__);
+  }
+  pending.owner = this;
+  pending.slot = s;
+  pending.target = target;
+  pending.classes = classes;
+}
+
+void LabelCheck::resolve() {
+  if (!pending.slot) return;
+  Slot* s = std::exchange(pending.slot, nullptr);
+  const Tensor target = std::move(pending.target);
+  pending.target = Tensor();
+  const cudaError_t e = cudaEventSynchronize(s->done);
+  const bool bad = *static_cast<volatile int*>(s->host) != 0;
+  release(s);
+  if (e != cudaSuccess) throw_cuda("cudaEventSynchronize (label check)", e, __FILE__, __LINE__);
+  if (!bad) return;
+  // The error path: find the first bad label as the CPU check does.
+  std::vector<long long> labels(static_cast<std::size_t>(target.numel()));
+  PHALANX_CUDA_CHECK(cudaSetDevice(target.device().index));
+  PHALANX_CUDA_CHECK(cudaMemcpy(labels.data(), target.raw_data(), labels.size() * sizeof(long long),
+                                cudaMemcpyDeviceToHost));
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] < 0 || labels[i] >= pending.classes)
+      throw ValueError(detail::concat("cross_entropy: target[", i, "] = ", labels[i],
+                                      " is not a class index in [0, ", pending.classes, ") (found on ",
+                                      target.device().str(), " by the label check; reported at the next read to the host)"));
+  throw ValueError(detail::concat("cross_entropy: a target on ", target.device().str(),
+                                  " held a label outside [0, ", pending.classes, ") (changed since the check)"));
+}
+
+}  // namespace phalanx::cuda

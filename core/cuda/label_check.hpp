@@ -1,0 +1,41 @@
+#pragma once
+// Cross-entropy's label check on CUDA without a copy per step. A kernel raises a flag in pinned
+// host memory that the device writes directly; the calling thread reads the flag (a host load,
+// no copy) once, when it next reads a result to the host (copy_to_host: the loss read) or
+// checks labels again. A bad label then throws the CPU check's ValueError (index and label,
+// found by one copy of the labels, on the error path only), at most one step late; until then
+// the bad row's loss is NaN (the cross_entropy kernel never reads outside the row).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "phalanx/core/tensor.hpp"
+
+namespace phalanx::cuda {
+
+class LabelCheck {
+ public:
+  /// Checks `target` (int64, contiguous, on the current CUDA device) against [0, classes) on
+  /// the default stream. Reports this thread's earlier check first (may throw ValueError).
+  void launch(const Tensor& target, std::int64_t classes);
+  /// Waits for this thread's pending check, if any; throws ValueError when it saw a bad label.
+  void resolve();
+
+  /// A flag in mapped pinned memory and the event after the kernel that may raise it.
+  struct Slot {
+    int device = -1;
+    int* host = nullptr;    ///< the flag, as the host reads it
+    int* mapped = nullptr;  ///< the same flag, as the device writes it
+    cudaEvent_t done = nullptr;
+  };
+  void release(Slot* slot);
+
+ private:
+  Slot* acquire(int device);
+  std::mutex mu_;
+  std::vector<Slot*> free_;  // never freed: a few per thread that ever checked labels
+};
+
+}  // namespace phalanx::cuda
