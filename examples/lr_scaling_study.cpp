@@ -189,11 +189,10 @@ int run(int argc, char** argv) {
     return 2;
   }
   set_num_threads(1);
-  Device dev = Device::parse(device);
-  if (!dev.is_cpu() && std::getenv("LOCAL_RANK")) dev = Device::cuda(std::atoi(std::getenv("LOCAL_RANK")));
   parallel::InitOptions io;
-  io.device = device;
+  io.device = device;  // "cuda": each worker on GPU LOCAL_RANK, decided by init
   auto world = parallel::init_process_group(io);  // [1] a world of one, or the launcher's workers
+  const Device dev = parallel::local_device();
   const int W = world->size(), rank = world->rank();
   if (256 % W != 0) {
     if (rank == 0) std::fprintf(stderr, "lr_scaling_study: run it with 1, 2, 4, 8 ... workers (W must divide 256)\n");

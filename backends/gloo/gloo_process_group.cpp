@@ -98,10 +98,31 @@ void sum16(void* c, const void* a, const void* b, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) o[i] = Store(Load(x[i]) + Load(y[i]));
 }
 
-void require_cpu(const Tensor& t, const char* op) {
-  if (!t.device().is_cpu())
-    throw TypeError(std::string(op) + ": the gloo backend takes CPU tensors, got one on " +
-                    t.device().str() + "; use the nccl backend for CUDA tensors");
+// Gloo reads and writes host memory. A CPU tensor is used in place (zero-copy); a tensor of
+// another device (CUDA, sim) is staged through a host buffer: copied in before the
+// operation, copied back after it, as PyTorch's Gloo backend does for CUDA tensors.
+
+/// `t` itself when it is on the CPU; else a host buffer like it, holding t's values when
+/// `copy_in` (an input), uninitialised otherwise (an output only).
+Tensor host_of(const Tensor& t, bool copy_in = true) {
+  if (t.device().is_cpu()) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  if (copy_in) kernels_for(t.device()).copy_to_host(h.raw_data(), t.raw_data(), t.nbytes());
+  return h;
+}
+
+/// Copies `nbytes` of host memory at `src` into `dst` at byte `offset`, whatever dst's device.
+void write_back(const Tensor& dst, std::size_t offset, const void* src, std::size_t nbytes) {
+  char* d = static_cast<char*>(dst.raw_data()) + offset;
+  if (dst.device().is_cpu())
+    std::memcpy(d, src, nbytes);
+  else
+    kernels_for(dst.device()).copy_from_host(d, src, nbytes);
+}
+
+/// The staged result back into `t` (nothing to do when `host` is t itself).
+void copy_back(const Tensor& host, const Tensor& t) {
+  if (!host.is_same(t)) write_back(t, 0, host.raw_data(), t.nbytes());
 }
 
 }  // namespace
@@ -282,64 +303,71 @@ void GlooProcessGroup::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq)
 }
 
 void GlooProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
-  require_cpu(t, "allreduce");
-  guarded("allreduce", seq, [&] { allreduce_impl(t, op, seq); });
+  Tensor h = host_of(t);
+  guarded("allreduce", seq, [&] { allreduce_impl(h, op, seq); });
+  copy_back(h, t);
 }
 
 void GlooProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
-  require_cpu(t, "broadcast");
+  Tensor h = host_of(t, rank() == root);
   guarded("broadcast", seq, [&] {
     ::gloo::BroadcastOptions o(context_);
-    by_dtype(t, [&](auto* tag) {
+    by_dtype(h, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      o.setOutput(static_cast<T*>(t.raw_data()), static_cast<std::size_t>(t.numel()));
+      o.setOutput(static_cast<T*>(h.raw_data()), static_cast<std::size_t>(h.numel()));
     });
     o.setRoot(root);
     o.setTag(tag_of(seq));
     o.setTimeout(timeout());
     ::gloo::broadcast(o);
   });
+  if (rank() != root) copy_back(h, t);
 }
 
 void GlooProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
-  require_cpu(in, "allgather");
+  const Tensor h = host_of(in);
   guarded("allgather", seq, [&] {
     Tensor flat = Tensor::empty({in.numel() * size()}, in.dtype());
     ::gloo::AllgatherOptions o(context_);
     by_dtype(in, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      o.setInput(static_cast<T*>(in.raw_data()), static_cast<std::size_t>(in.numel()));
+      o.setInput(static_cast<T*>(h.raw_data()), static_cast<std::size_t>(in.numel()));
       o.setOutput(static_cast<T*>(flat.raw_data()), static_cast<std::size_t>(flat.numel()));
     });
     o.setTag(tag_of(seq));
     o.setTimeout(timeout());
     ::gloo::allgather(o);
     for (int r = 0; r < size(); ++r)
-      std::memcpy(out[r].raw_data(), static_cast<char*>(flat.raw_data()) + r * in.nbytes(), in.nbytes());
+      write_back(out[r], 0, static_cast<char*>(flat.raw_data()) + r * in.nbytes(), in.nbytes());
   });
 }
 
 void GlooProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op,
                                           std::uint64_t seq) {
-  require_cpu(out, "reduce_scatter");
   // Allreduce of the concatenated inputs, then this rank's chunk: simple and exact; it moves
-  // twice the bytes of a dedicated reduce-scatter.
+  // twice the bytes of a dedicated reduce-scatter. The concatenation is host memory (it
+  // stages the inputs of any device).
   Tensor flat = Tensor::empty({out.numel() * size()}, out.dtype());
-  for (int r = 0; r < size(); ++r)
-    std::memcpy(static_cast<char*>(flat.raw_data()) + r * out.nbytes(), in[r].raw_data(), out.nbytes());
+  for (int r = 0; r < size(); ++r) {
+    char* dst = static_cast<char*>(flat.raw_data()) + r * out.nbytes();
+    if (in[r].device().is_cpu())
+      std::memcpy(dst, in[r].raw_data(), out.nbytes());
+    else
+      kernels_for(in[r].device()).copy_to_host(dst, in[r].raw_data(), out.nbytes());
+  }
   guarded("reduce_scatter", seq, [&] { allreduce_impl(flat, op, seq); });
-  std::memcpy(out.raw_data(), static_cast<char*>(flat.raw_data()) + rank() * out.nbytes(), out.nbytes());
+  write_back(out, 0, static_cast<char*>(flat.raw_data()) + rank() * out.nbytes(), out.nbytes());
 }
 
 void GlooProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
-  require_cpu(t, "reduce");
+  Tensor h = host_of(t);
   guarded("reduce", seq, [&] {
-    Tensor scratch = rank() == root ? t : Tensor::empty(t.shape(), t.dtype());
+    Tensor scratch = rank() == root ? h : Tensor::empty(h.shape(), h.dtype());
     ::gloo::ReduceOptions o(context_);
-    by_dtype(t, [&](auto* tag) {
+    by_dtype(h, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      o.setInput(static_cast<T*>(t.raw_data()), static_cast<std::size_t>(t.numel()));
-      o.setOutput(static_cast<T*>(scratch.raw_data()), static_cast<std::size_t>(t.numel()));
+      o.setInput(static_cast<T*>(h.raw_data()), static_cast<std::size_t>(h.numel()));
+      o.setOutput(static_cast<T*>(scratch.raw_data()), static_cast<std::size_t>(h.numel()));
       o.setReduceFunction(reduce_fn<T>(op));
     });
     o.setRoot(root);
@@ -347,17 +375,19 @@ void GlooProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_
     o.setTimeout(timeout());
     ::gloo::reduce(o);
   });
-  if (op == ReduceOp::Avg && rank() == root) kernels_for(t.device()).divide(t, static_cast<float>(size()));
+  if (rank() != root) return;
+  if (op == ReduceOp::Avg) kernels_for(h.device()).divide(h, static_cast<float>(size()));
+  copy_back(h, t);
 }
 
 void GlooProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
-  require_cpu(in, "gather");
+  const Tensor h = host_of(in);
   guarded("gather", seq, [&] {
     Tensor flat = rank() == root ? Tensor::empty({in.numel() * size()}, in.dtype()) : Tensor();
     ::gloo::GatherOptions o(context_);
     by_dtype(in, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      o.setInput(static_cast<T*>(in.raw_data()), static_cast<std::size_t>(in.numel()));
+      o.setInput(static_cast<T*>(h.raw_data()), static_cast<std::size_t>(in.numel()));
       if (rank() == root) o.setOutput(static_cast<T*>(flat.raw_data()), static_cast<std::size_t>(flat.numel()));
     });
     o.setRoot(root);
@@ -366,28 +396,32 @@ void GlooProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, in
     ::gloo::gather(o);
     if (rank() == root)
       for (int r = 0; r < size(); ++r)
-        std::memcpy(out[r].raw_data(), static_cast<char*>(flat.raw_data()) + r * in.nbytes(), in.nbytes());
+        write_back(out[r], 0, static_cast<char*>(flat.raw_data()) + r * in.nbytes(), in.nbytes());
   });
 }
 
 void GlooProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) {
-  require_cpu(out, "scatter");
+  Tensor h = host_of(out, false);
+  std::vector<Tensor> hin;
+  if (rank() == root)
+    for (auto& t : in) hin.push_back(host_of(t));
   guarded("scatter", seq, [&] {
     ::gloo::ScatterOptions o(context_);
     by_dtype(out, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       if (rank() == root) {
         std::vector<T*> ptrs;
-        for (auto& t : in) ptrs.push_back(static_cast<T*>(t.raw_data()));
+        for (auto& t : hin) ptrs.push_back(static_cast<T*>(t.raw_data()));
         o.setInputs(ptrs, static_cast<std::size_t>(out.numel()));
       }
-      o.setOutput(static_cast<T*>(out.raw_data()), static_cast<std::size_t>(out.numel()));
+      o.setOutput(static_cast<T*>(h.raw_data()), static_cast<std::size_t>(out.numel()));
     });
     o.setRoot(root);
     o.setTag(tag_of(seq));
     o.setTimeout(timeout());
     ::gloo::scatter(o);
   });
+  copy_back(h, out);
 }
 
 void GlooProcessGroup::run_barrier(std::uint64_t seq) {
@@ -400,24 +434,28 @@ void GlooProcessGroup::run_barrier(std::uint64_t seq) {
 }
 
 void GlooProcessGroup::run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) {
-  require_cpu(t, "send");
+  const Tensor h = host_of(t);
   std::shared_ptr<::gloo::transport::UnboundBuffer> buf;
   guarded("send", seq, [&] {
-    buf = context_->createUnboundBuffer(t.raw_data(), t.nbytes());
+    buf = context_->createUnboundBuffer(h.raw_data(), h.nbytes());
     buf->send(dst, static_cast<std::uint64_t>(tag));
   });
-  // The tensor is captured so its memory outlives the transfer.
-  defer_completion([this, buf, t, seq] { guarded("send", seq, [&] { buf->waitSend(timeout()); }); });
+  // The (host) tensor is captured so its memory outlives the transfer.
+  defer_completion([this, buf, h, seq] { guarded("send", seq, [&] { buf->waitSend(timeout()); }); });
 }
 
 void GlooProcessGroup::run_recv(Tensor& t, int src, int tag, std::uint64_t seq) {
-  require_cpu(t, "recv");
+  const Tensor h = host_of(t, false);
   std::shared_ptr<::gloo::transport::UnboundBuffer> buf;
   guarded("recv", seq, [&] {
-    buf = context_->createUnboundBuffer(t.raw_data(), t.nbytes());
+    buf = context_->createUnboundBuffer(h.raw_data(), h.nbytes());
     buf->recv(src, static_cast<std::uint64_t>(tag));
   });
-  defer_completion([this, buf, t, seq] { guarded("recv", seq, [&] { buf->waitRecv(timeout()); }); });
+  // A staged receive lands in `t` when it completes (before its Work does).
+  defer_completion([this, buf, h, t, seq] {
+    guarded("recv", seq, [&] { buf->waitRecv(timeout()); });
+    copy_back(h, t);
+  });
 }
 
 }  // namespace phalanx::gloo_backend

@@ -1,5 +1,7 @@
 #pragma once
-// The Gloo communication backend (CPU tensors over TCP), Debian's libgloo 0.5.
+// The Gloo communication backend over TCP, Debian's libgloo 0.5. Gloo works on host memory:
+// CPU tensors are used in place; tensors of any other device (CUDA, sim) are staged through
+// a host buffer (copied in, the operation, copied back), as PyTorch's Gloo backend does.
 #include <memory>
 
 #include "phalanx/backends/process_group.hpp"

@@ -5,6 +5,7 @@
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/world.hpp"
 #include "phalanx/parallel/init.hpp"
+#include "model_sync.hpp"
 
 namespace phalanx::parallel {
 
@@ -48,29 +49,9 @@ Settings decode(const std::string& bytes) {
   return out;
 }
 
-/// Every rank's bytes, through two allgathers (the lengths, then the padded bytes as int64
-/// words, which every backend carries).
+/// Every rank's bytes, on this rank's device (NCCL carries device tensors only).
 std::vector<std::string> allgather_bytes(ProcessGroup& pg, const std::string& mine) {
-  const int world = pg.size();
-  Tensor len = Tensor::empty({1}, DType::Int64);
-  *static_cast<std::int64_t*>(len.raw_data()) = static_cast<std::int64_t>(mine.size());
-  std::vector<Tensor> lens;
-  for (int r = 0; r < world; ++r) lens.push_back(Tensor::empty({1}, DType::Int64));
-  pg.allgather(lens, len)->wait();
-  std::int64_t longest = 0;
-  for (const auto& l : lens) longest = std::max(longest, *static_cast<const std::int64_t*>(l.raw_data()));
-  const std::int64_t words = std::max<std::int64_t>(1, (longest + 7) / 8);
-  Tensor buf = Tensor::empty({words}, DType::Int64);
-  std::memset(buf.raw_data(), 0, static_cast<std::size_t>(words) * 8);
-  std::memcpy(buf.raw_data(), mine.data(), mine.size());
-  std::vector<Tensor> bufs;
-  for (int r = 0; r < world; ++r) bufs.push_back(Tensor::empty({words}, DType::Int64));
-  pg.allgather(bufs, buf)->wait();
-  std::vector<std::string> out;
-  for (int r = 0; r < world; ++r)
-    out.emplace_back(static_cast<const char*>(bufs[r].raw_data()),
-                     static_cast<std::size_t>(*static_cast<const std::int64_t*>(lens[r].raw_data())));
-  return out;
+  return parallel::allgather_bytes(pg, mine, local_device());
 }
 
 const std::string* find(const Settings& s, const std::string& name) {

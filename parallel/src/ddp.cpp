@@ -18,6 +18,9 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
   if (!(options_.bucket_cap_mb > 0) || !(options_.first_bucket_mb > 0))
     throw ValueError("DDP: bucket sizes must be positive");
   register_module("", module_);  // same parameter names and state_dict as the plain model
+  // One device for the whole model (any world size, so the error does not depend on it);
+  // the model check, the broadcasts and the buckets all live there.
+  const Device device = model_device(module_->named_parameters(), module_->named_buffers());
   if (options_.exact.enabled) {
     // Exact mode on every world size, one included: the fixed-point sum is what makes the
     // bits independent of the world size.
@@ -27,7 +30,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
                         "without buffers or turn exact mode off");
     const auto named = module_->named_parameters();
     if (pg_->size() > 1) {
-      verify_same_model(*pg_, named);
+      verify_same_model(*pg_, named, device);
       std::vector<Tensor> state;
       for (auto& [n, p] : named) state.push_back(p);
       broadcast_coalesced(*pg_, state, 0);
@@ -37,7 +40,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
   }
   if (pg_->size() == 1) return;  // a world of one: no reducer, no hooks, no copies
   const auto named = module_->named_parameters();
-  verify_same_model(*pg_, named);
+  verify_same_model(*pg_, named, device);
   std::vector<Tensor> state;
   for (auto& [n, p] : named) state.push_back(p);
   for (auto& [n, b] : module_->named_buffers()) buffers_.push_back(b);

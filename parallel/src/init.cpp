@@ -118,7 +118,7 @@ void check_in(Store& prefixed, int rank, int world, const std::string& backend,
 
 Device resolve_device(const InitOptions& o) {
   const LaunchEnv env = read_launch_env();
-  if (!o.device.empty()) return resolve_device(o.device, env, "InitOptions::device");
+  if (!o.device.empty()) return resolve_device(o.device, env, "the device option");
   if (const std::string d = env_or("PHALANX_DEVICE", ""); !d.empty()) return resolve_device(d, env, "PHALANX_DEVICE");
   if (const std::string d = config_string(read_config(o), "device"); !d.empty())
     return resolve_device(d, env, "'device' in the config file");

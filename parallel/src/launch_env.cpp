@@ -87,7 +87,8 @@ Device resolve_device(const std::string& text, const LaunchEnv& env, const std::
   try {
     return Device::parse(text);
   } catch (const ValueError&) {
-    throw ConfigError(source + "='" + text + "' is not a device: use cpu, cuda (= cuda:LOCAL_RANK), cuda:N, sim or sim:N");
+    throw ConfigError("unknown device '" + text + "' (from " + source +
+                      "): use cpu, cuda (= cuda:LOCAL_RANK), cuda:N, sim or sim:N");
   }
 }
 

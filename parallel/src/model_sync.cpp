@@ -1,15 +1,17 @@
 #include "model_sync.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/creation.hpp"
+#include "phalanx/core/kernels.hpp"
 
 namespace phalanx::parallel {
 
 namespace {
-std::string describe(const std::vector<std::pair<std::string, Tensor>>& named) {
+std::string describe(const NamedTensors& named) {
   std::string s;
   for (const auto& [name, t] : named) s += name + "\t" + shape_str(t.shape()) + "\n";
   return s;
@@ -31,25 +33,58 @@ std::string pretty(const std::string& line) {
 }
 }  // namespace
 
-void verify_same_model(ProcessGroup& pg, const std::vector<std::pair<std::string, Tensor>>& named) {
+Device model_device(const NamedTensors& params, const NamedTensors& buffers) {
+  const std::pair<std::string, Tensor>* first = nullptr;
+  const char* first_kind = "parameter";
+  for (const NamedTensors* list : {&params, &buffers}) {
+    const char* kind = list == &params ? "parameter" : "buffer";
+    for (const auto& nt : *list) {
+      if (!first) {
+        first = &nt;
+        first_kind = kind;
+      } else if (nt.second.device() != first->second.device()) {
+        throw ConfigError(detail::concat("DDP: the model spans devices: ", first_kind, " '", first->first, "' is on ",
+                                         first->second.device().str(), " but ", kind, " '", nt.first, "' is on ",
+                                         nt.second.device().str(),
+                                         "; move the whole model to one device before wrapping it "
+                                         "(model->to(parallel::local_device()))"));
+      }
+    }
+  }
+  return first ? first->second.device() : Device::cpu();
+}
+
+std::vector<std::string> allgather_bytes(ProcessGroup& pg, const std::string& mine, Device device) {
   const int W = pg.size();
-  const std::string mine = describe(named);
-  // Exchange lengths, then the descriptions packed 8 bytes per int64.
-  Tensor len = tensor(std::vector<std::int64_t>{static_cast<std::int64_t>(mine.size())}, {1});
+  const std::int64_t my_len = static_cast<std::int64_t>(mine.size());
+  Tensor len = from_buffer(&my_len, {1}, device);
   std::vector<Tensor> lens;
-  for (int r = 0; r < W; ++r) lens.push_back(zeros({1}, DType::Int64));
+  for (int r = 0; r < W; ++r) lens.push_back(Tensor::empty({1}, DType::Int64, device));
   pg.allgather(lens, len)->wait();
-  std::int64_t max_len = 0;
-  for (auto& l : lens) max_len = std::max(max_len, l.item_int());
-  const std::int64_t words = (max_len + 7) / 8;
-  Tensor packed = zeros({std::max<std::int64_t>(words, 1)}, DType::Int64);
-  std::memcpy(packed.raw_data(), mine.data(), mine.size());
-  std::vector<Tensor> all;
-  for (int r = 0; r < W; ++r) all.push_back(zeros({std::max<std::int64_t>(words, 1)}, DType::Int64));
-  pg.allgather(all, packed)->wait();
+  std::vector<std::int64_t> sizes;
+  for (const auto& l : lens) sizes.push_back(l.item_int());
+  const std::int64_t longest = *std::max_element(sizes.begin(), sizes.end());
+  const std::int64_t words = std::max<std::int64_t>(1, (longest + 7) / 8);
+  std::vector<std::int64_t> packed(static_cast<std::size_t>(words), 0);  // host memory
+  std::memcpy(packed.data(), mine.data(), mine.size());
+  Tensor buf = from_buffer(packed.data(), {words}, device);
+  std::vector<Tensor> bufs;
+  for (int r = 0; r < W; ++r) bufs.push_back(Tensor::empty({words}, DType::Int64, device));
+  pg.allgather(bufs, buf)->wait();
+  std::vector<std::string> out;
+  for (int r = 0; r < W; ++r) {
+    const std::vector<std::int64_t> theirs = bufs[r].to_vector<std::int64_t>();  // copied back on purpose
+    if (sizes[r] < 0 || sizes[r] > words * 8)
+      throw InternalError(detail::concat("allgather_bytes: rank ", r, " sent a length of ", sizes[r]));
+    out.emplace_back(reinterpret_cast<const char*>(theirs.data()), static_cast<std::size_t>(sizes[r]));
+  }
+  return out;
+}
+
+void verify_same_model(ProcessGroup& pg, const NamedTensors& named, Device device) {
+  const int W = pg.size();
   std::vector<std::vector<std::string>> desc;
-  for (int r = 0; r < W; ++r)
-    desc.push_back(lines(std::string(static_cast<const char*>(all[r].raw_data()), lens[r].item_int())));
+  for (const std::string& d : allgather_bytes(pg, describe(named), device)) desc.push_back(lines(d));
   // Every rank runs the same comparison on the same data: the same message everywhere.
   for (int r = 1; r < W; ++r) {
     const auto& a = desc[0];
@@ -67,28 +102,36 @@ void verify_same_model(ProcessGroup& pg, const std::vector<std::pair<std::string
 }
 
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<Tensor>& tensors, int root) {
+  if (tensors.empty()) return;
   NoGradGuard no_grad;
+  const Device device = tensors.front().device();
+  DeviceKernels& k = kernels_for(device);
   for (DType dt : {DType::Float32, DType::Int64}) {
     std::int64_t total = 0;
     for (const auto& t : tensors)
-      if (t.dtype() == dt) total += t.numel();
+      if (t.dtype() == dt) {
+        if (t.device() != device)
+          throw ConfigError("DDP: the tensors to broadcast span devices (" + device.str() + " and " +
+                            t.device().str() + "); keep the whole model on one device");
+        total += t.numel();
+      }
     if (total == 0) continue;
-    Tensor flat = Tensor::empty({total}, dt);
+    // One flat buffer on the tensors' device, filled and emptied by device copies.
+    Tensor flat = Tensor::empty({total}, dt, device);
+    char* base = static_cast<char*>(flat.raw_data());
     const std::size_t esz = element_size(dt);
-    std::int64_t off = 0;
+    std::size_t off = 0;
     for (const auto& t : tensors)
       if (t.dtype() == dt) {
-        std::memcpy(static_cast<char*>(flat.raw_data()) + off * esz, t.to(Device::cpu()).raw_data(), t.nbytes());
-        off += t.numel();
+        k.copy(base + off, t.raw_data(), t.nbytes());
+        off += static_cast<std::size_t>(t.numel()) * esz;
       }
     pg.broadcast(flat, root)->wait();
     off = 0;
     for (const auto& t : tensors)
       if (t.dtype() == dt) {
-        Tensor slice(std::make_shared<TensorImpl>(flat.impl()->storage(), static_cast<std::size_t>(off) * esz,
-                                                  t.shape(), dt));
-        Tensor(t).copy_(slice);
-        off += t.numel();
+        k.copy(t.raw_data(), base + off, t.nbytes());
+        off += static_cast<std::size_t>(t.numel()) * esz;
       }
   }
 }

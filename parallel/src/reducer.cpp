@@ -21,6 +21,7 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroup
     params_.push_back(p);
   }
   const std::size_t n = params_.size();
+  device_ = n ? params_.front().device() : Device::cpu();  // one device (DDP checked)
   for (std::size_t p = 0; p < n; ++p) index_[params_[p].impl()] = p;
   bucket_of_.resize(n);
   views_.resize(n);
@@ -56,7 +57,10 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroup
     // (0 = this rank's backward completed; 1 = it stopped part-way and sends no gradients).
     // Reduced with the gradients, it is non-zero on every rank when any rank's pass was
     // void, at no extra collective.
-    bucket.buffer = zeros({total + (b + 1 == layout.size() ? 1 : 0)});
+    bucket.buffer = zeros({total + (b + 1 == layout.size() ? 1 : 0)}, DType::Float32, device_);
+    if (b + 1 == layout.size())  // the flag, set and read through device ops
+      flag_ = Tensor(std::make_shared<TensorImpl>(bucket.buffer.impl()->storage(),
+                                                  static_cast<std::size_t>(total) * 4, Shape{1}, DType::Float32));
     for (std::size_t s = 0; s < bucket.params.size(); ++s) {
       const std::size_t p = bucket.params[s];
       bucket_of_[p] = b;
@@ -121,15 +125,9 @@ namespace {
 
 }  // namespace
 
-void Reducer::set_pass_flag(float value) {
-  Tensor& last = buckets_.back().buffer;
-  static_cast<float*>(last.raw_data())[last.numel() - 1] = value;
-}
+void Reducer::set_pass_flag(float value) { flag_.fill_(value); }
 
-float Reducer::pass_flag() const {
-  const Tensor& last = buckets_.back().buffer;
-  return static_cast<const float*>(last.raw_data())[last.numel() - 1];
-}
+float Reducer::pass_flag() const { return flag_.item(); }
 
 void Reducer::launch_void_rest() {
   // Every rank must issue the same collectives in every pass: the buckets this rank never
@@ -188,6 +186,10 @@ void Reducer::abandon_pass() {
 }
 
 void Reducer::arm(const Tensor& output) {
+  if (!params_.empty() && params_.front().device() != device_)
+    throw ConfigError("DDP: the model moved from " + device_.str() + " to " + params_.front().device().str() +
+                      " after it was wrapped; its gradient buckets stay on " + device_.str() +
+                      ": move the model before wrapping it in DDP");
   if (in_pass_) abandon_pass();
   armed_ = true;
   if (!find_unused_) return;

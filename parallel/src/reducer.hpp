@@ -6,6 +6,8 @@
 // order); the last bucket, which carries the pass flag, at the end of backward, whose
 // callback then waits for all of them. A pass that stops part-way on one rank sends its
 // remaining buckets void (flag set), so every rank's pass fails and the ranks stay in step.
+// Buckets, views and the flag live on the parameters' device; the host reads only the flag
+// (one element, copied back) once per step.
 #include <chrono>
 #include <string>
 #include <unordered_map>
@@ -51,6 +53,8 @@ class Reducer {
   void set_pass_flag(float value);
   float pass_flag() const;
 
+  Device device_;                       // the parameters' device: buckets live there
+  Tensor flag_;                         // the pass flag: the last bucket's last element
   std::vector<Tensor> params_;
   std::vector<std::string> names_;
   std::vector<std::uint64_t> hook_ids_;

@@ -212,17 +212,13 @@ void check_writable(const char* option, const std::string& path) {
 
 int run_training(const TrainConfig& c) {
   // ---- set-up: every check happens before training starts ----
-  // --device cuda: each worker on GPU LOCAL_RANK (checked before anything else starts).
-  Device dev = Device::parse(c.device);
-  if (!dev.is_cpu()) {
-    const char* lr = std::getenv("LOCAL_RANK");
-    if (c.device == "cuda" && lr) dev = Device::cuda(std::atoi(lr));
-    kernels_for(dev);  // loads the CUDA plugin, or says why it cannot
-  }
+  // The device is decided by init (--device; "cuda" = each worker on GPU LOCAL_RANK), which
+  // loads its plugin, or says why it cannot, before the rendezvous.
   parallel::InitOptions io;
   io.backend = c.backend;
   io.device = c.device;
   auto pg = parallel::init_process_group(io);
+  const Device dev = parallel::local_device();
   const int world = pg->size(), rank = pg->rank();
   const Datasets data = load_data(c);
   const std::int64_t n = data.train->size();

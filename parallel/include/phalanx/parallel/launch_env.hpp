@@ -27,8 +27,8 @@ LaunchEnv read_launch_env();
 
 /// The device named by `text` for the rank `env` describes: "cpu", "cuda:N", "sim", "sim:N"
 /// as written; "cuda" without an index is cuda:LOCAL_RANK (one GPU per local rank, as
-/// torchrun's scripts do). `source` names where the text came from ("PHALANX_DEVICE",
-/// "InitOptions::device", ...) in the ConfigError thrown for a text that is no device.
+/// torchrun's scripts do). `source` names where the text came from ("PHALANX_DEVICE", "the
+/// device option", ...) in the ConfigError thrown for a text that is no device.
 Device resolve_device(const std::string& text, const LaunchEnv& env, const std::string& source);
 
 }  // namespace phalanx::parallel
