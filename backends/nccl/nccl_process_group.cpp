@@ -1,24 +1,47 @@
 #include "nccl_process_group.hpp"
 
-#include <chrono>
-#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/store.hpp"
-#include "phalanx/core/kernels.hpp"
 
 namespace phalanx::nccl_backend {
 
 namespace {
 
 void cuda_ok(cudaError_t e, const char* call) {
-  if (e != cudaSuccess) throw CommError(std::string(call) + " failed: " + cudaGetErrorString(e));
+  if (e != cudaSuccess) throw CommError(std::string("nccl backend: ") + call + " failed: " + cudaGetErrorString(e));
 }
+/// A call's own result; ncclInProgress (non-blocking communicator) is waited for separately.
 void nccl_ok(ncclResult_t r, const char* call) {
   if (r != ncclSuccess && r != ncclInProgress) throw CommError(std::string(call) + " failed: " + ncclGetErrorString(r));
 }
+
+std::string secs(std::chrono::milliseconds t) { return detail::concat(t.count() / 1000.0, " s"); }
+
+std::string last_error(ncclComm_t comm) {
+  const char* s = comm ? ncclGetLastError(comm) : nullptr;
+  return s && *s ? std::string(" (") + s + ")" : std::string();
+}
+
+/// ncclGroupStart/End; the group is closed on every path (an open group would swallow the
+/// thread's later NCCL calls).
+class NcclGroup {
+ public:
+  NcclGroup() { nccl_ok(ncclGroupStart(), "ncclGroupStart"); }
+  ~NcclGroup() {
+    if (open_) ncclGroupEnd();
+  }
+  void end() {
+    open_ = false;
+    nccl_ok(ncclGroupEnd(), "ncclGroupEnd");
+  }
+
+ private:
+  bool open_ = true;
+};
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -41,42 +64,133 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-int local_device(int rank) {
+/// This rank's GPU, checked before NCCL is touched: two ranks of a node on one GPU hang or
+/// fail inside NCCL, so say so here, with the fix.
+int pick_device(const BackendConfig& c) {
   int count = 0;
-  cuda_ok(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
-  const char* lr = std::getenv("LOCAL_RANK");
-  const int local = lr ? std::atoi(lr) : rank;
-  return local % count;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0)
+    throw BackendUnavailableError(detail::concat("nccl: rank ", c.rank, " sees no CUDA device (",
+                                                 e != cudaSuccess ? cudaGetErrorString(e) : "the driver sees none",
+                                                 "); use the gloo backend"));
+  int dev = c.local_rank;  // a CPU device with backend nccl: cuda:LOCAL_RANK
+  if (c.device.type == DeviceType::CUDA && c.device.index >= 0)
+    dev = c.device.index;
+  else if (c.device.type != DeviceType::CUDA && !c.device.is_cpu())
+    throw ConfigError(detail::concat("nccl: rank ", c.rank, " was given device ", c.device.str(),
+                                     "; the nccl backend needs CUDA devices (use the gloo backend for others)"));
+  if (c.local_world_size > count)
+    throw ConfigError(detail::concat(
+        "nccl: LOCAL_RANK=", c.local_rank, " is one of ", c.local_world_size, " workers on this node, which has ",
+        count, " CUDA device", count == 1 ? "" : "s", ": two ranks would share one GPU, which NCCL does not support; "
+        "start at most ", count, " worker", count == 1 ? "" : "s", " per node (--nproc-per-node ", count,
+        "), or use the gloo backend (it runs CUDA tensors through host memory)"));
+  if (dev < 0 || dev >= count)
+    throw ConfigError(detail::concat("nccl: rank ", c.rank, " (LOCAL_RANK=", c.local_rank, ") was given cuda:", dev,
+                                     ", but this node has ", count, " CUDA device", count == 1 ? "" : "s",
+                                     " (cuda:0 to cuda:", count - 1, "); start at most ", count,
+                                     " workers per node, or use the gloo backend"));
+  return dev;
 }
 
 }  // namespace
 
+NcclProcessGroup::P2pBatch::~P2pBatch() {
+  if (done) cudaEventDestroy(done);  // released by CUDA once it completed
+}
+
 NcclProcessGroup::NcclProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank, c.size, c.timeout) {
   try {
-    device_ = local_device(c.rank);
+    device_ = pick_device(c);
     cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
-    ncclUniqueId id;
-    if (c.rank == 0) {
-      nccl_ok(ncclGetUniqueId(&id), "ncclGetUniqueId");
-      c.store->set("nccl/unique_id", Bytes(reinterpret_cast<std::uint8_t*>(&id), reinterpret_cast<std::uint8_t*>(&id) + sizeof id));
-    } else {
-      const Bytes b = c.store->get("nccl/unique_id");
-      if (b.size() != sizeof id) throw CommError("nccl: the unique id in the store has the wrong size");
-      std::memcpy(&id, b.data(), sizeof id);
-    }
-    nccl_ok(ncclCommInitRank(&comm_, c.size, id, c.rank), "ncclCommInitRank");
     cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     cuda_ok(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    create_communicator(c);
   } catch (...) {
     shutdown();
+    if (comm_) ncclCommAbort(comm_);
+    if (ready_) cudaEventDestroy(ready_);
+    if (done_) cudaEventDestroy(done_);
+    if (stream_) cudaStreamDestroy(stream_);
     throw;
   }
 }
 
+void NcclProcessGroup::create_communicator(const BackendConfig& c) {
+  const std::string where =
+      detail::concat("nccl: creating the communicator on rank ", c.rank, " of ", c.size, " (cuda:", device_, ")");
+  if (!c.store) throw ConfigError(where + ": the backend config has no rendezvous store");
+  ncclUniqueId id;
+  if (c.rank == 0) {
+    nccl_ok(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    c.store->set("nccl/unique_id",
+                 Bytes(reinterpret_cast<std::uint8_t*>(&id), reinterpret_cast<std::uint8_t*>(&id) + sizeof id));
+  } else {
+    Bytes b;
+    try {
+      b = c.store->get("nccl/unique_id");
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(where + " timed out: rank 0 did not publish NCCL's unique id (" + e.what() + ")");
+    }
+    if (b.size() != sizeof id)
+      throw CommError(detail::concat(where, " failed: the unique id in the store has ", b.size(), " bytes, not ",
+                                     sizeof id, " (a different NCCL version on rank 0?)"));
+    std::memcpy(&id, b.data(), sizeof id);
+  }
+  c.store->set(detail::concat("nccl/joined/", c.rank), Bytes{1});  // names the missing ranks on a timeout
+
+  // Non-blocking: the call returns at once, and the wait below is bounded by the timeout.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const auto deadline = Clock::now() + timeout();
+  const ncclResult_t r = ncclCommInitRankConfig(&comm_, c.size, id, c.rank, &config);
+  for (ncclResult_t state = r;;) {
+    if (state == ncclInProgress) {
+      const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
+      if (q != ncclSuccess) state = q;
+    }
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      const std::string detail_msg = last_error(comm_);
+      if (comm_) ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw CommError(where + " failed: " + ncclGetErrorString(state) + detail_msg +
+                      (state == ncclInvalidUsage ? "; two ranks given the same GPU also fail this way" : ""));
+    }
+    if (Clock::now() > deadline) {
+      std::string missing;
+      for (int k = 0; k < c.size; ++k)
+        if (!c.store->check({detail::concat("nccl/joined/", k)})) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw TimeoutError(where + " timed out after " + secs(timeout()) + ": " +
+                         (missing.empty() ? std::string("every rank joined, but NCCL did not connect them "
+                                                        "(NCCL_DEBUG=INFO says why; NCCL_SOCKET_IFNAME picks the network)")
+                                          : "rank(s) " + missing + " did not join") +
+                         "; the communicator was aborted");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 NcclProcessGroup::~NcclProcessGroup() {
-  shutdown();
-  if (comm_) aborted_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+  shutdown();  // the worker and completion threads stop first
+  if (comm_) {
+    // Finalize (flushes what was issued), bounded; abort when it does not finish.
+    const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout(), std::chrono::seconds(30));
+    ncclResult_t state = ncclCommFinalize(comm_);
+    while (state == ncclInProgress && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
+    }
+    if (state == ncclSuccess)
+      ncclCommDestroy(comm_);
+    else
+      ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+  barrier_ = Tensor();
   if (ready_) cudaEventDestroy(ready_);
   if (done_) cudaEventDestroy(done_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -85,53 +199,191 @@ NcclProcessGroup::~NcclProcessGroup() {
 void NcclProcessGroup::check_tensor(const Tensor& t, const char* op) const {
   if (t.device().type != DeviceType::CUDA)
     throw TypeError(std::string(op) + ": the nccl backend takes CUDA tensors, got one on " + t.device().str() +
-                    "; move it with .to(Device::cuda(LOCAL_RANK)) or use the gloo backend for CPU tensors");
+                    "; move it with .to(parallel::local_device()) or use the gloo backend for CPU tensors");
+  if (t.device().index != device_)
+    throw ValueError(detail::concat(op, ": the tensor is on ", t.device().str(), ", but rank ", rank(),
+                                    "'s NCCL communicator is on cuda:", device_,
+                                    "; move it with .to(parallel::local_device())"));
 }
 
-template <typename Fn>
-void NcclProcessGroup::collective(const char* op, std::uint64_t seq, Fn&& enqueue) {
+void NcclProcessGroup::check_alive_locked(const char* op, std::uint64_t seq) const {
   if (aborted_) throw CommError(describe(op, seq) + ": the communicator was aborted after an earlier failure");
-  cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
-  // The collective may only read what the compute stream has finished writing.
-  cuda_ok(cudaEventRecord(ready_, 0), "cudaEventRecord");
-  cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
-  enqueue();
-  cuda_ok(cudaEventRecord(done_, stream_), "cudaEventRecord");
-  // The compute stream continues after the collective without a host round trip.
-  cuda_ok(cudaStreamWaitEvent(0, done_, 0), "cudaStreamWaitEvent");
-  // Watchdog: this worker thread (not the caller) waits, with the group's timeout.
-  const auto deadline = std::chrono::steady_clock::now() + timeout();
+}
+
+void NcclProcessGroup::fail_locked(const std::string& message, bool timed_out) {
+  aborted_ = true;
+  if (comm_) ncclCommAbort(comm_);
+  comm_ = nullptr;
+  if (timed_out) throw TimeoutError(message);
+  throw CommError(message);
+}
+
+void NcclProcessGroup::ran(std::uint64_t seq) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  ran_ = seq + 1;
+  last_ran_at_ = Clock::now();
+}
+
+void NcclProcessGroup::wait_enqueued_locked(const char* op, std::uint64_t seq, Clock::time_point deadline) {
   for (;;) {
-    const cudaError_t q = cudaEventQuery(done_);
+    ncclResult_t state = ncclInProgress;
+    const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
+    if (q != ncclSuccess) state = q;
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress)
+      fail_locked(describe(op, seq) + " failed: NCCL reports " + ncclGetErrorString(state) + last_error(comm_) +
+                      " (a peer may have died); the communicator was aborted",
+                  false);
+    if (abort_requested_)
+      fail_locked(describe(op, seq) + " was aborted (the process group was aborted); the communicator was aborted",
+                  false);
+    if (Clock::now() > deadline)
+      fail_locked(describe(op, seq) + " timed out after " + secs(timeout()) +
+                      " while NCCL connected the ranks: a peer did not take part (it may have exited, hung, or "
+                      "issued a different sequence of operations); the communicator was aborted",
+                  true);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void NcclProcessGroup::watch(const char* op, std::uint64_t seq, cudaEvent_t done, Clock::time_point deadline) {
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(done);
     if (q == cudaSuccess) return;
-    if (q != cudaErrorNotReady) throw CommError(describe(op, seq) + " failed: " + cudaGetErrorString(q));
-    ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(comm_, &async);
-    if (async != ncclSuccess && async != ncclInProgress) {
-      aborted_ = true;
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
-      throw CommError(describe(op, seq) + " failed: NCCL reports " + ncclGetErrorString(async) +
-                      " (a peer may have died); the communicator was aborted");
-    }
-    if (abort_requested_) {
-      aborted_ = true;
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
-      throw CommError(describe(op, seq) + " was aborted (the process group was aborted); the communicator was aborted");
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      aborted_ = true;
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
-      throw TimeoutError(describe(op, seq) + " timed out after " + std::to_string(timeout().count() / 1000.0) +
-                         " s: a peer did not take part; the communicator was aborted");
+    // Not finished is no error: clear it, or this thread's next launch check (a kernel the
+    // barrier or a caller launches here) would report cudaErrorNotReady as its failure.
+    (void)cudaGetLastError();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      check_alive_locked(op, seq);
+      if (q != cudaErrorNotReady)
+        fail_locked(describe(op, seq) + " failed: CUDA reports " + cudaGetErrorString(q) +
+                        "; the communicator was aborted",
+                    false);
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress)
+        fail_locked(describe(op, seq) + " failed: NCCL reports " + ncclGetErrorString(async) + last_error(comm_) +
+                        " (a peer may have died); the communicator was aborted",
+                    false);
+      if (abort_requested_)
+        fail_locked(describe(op, seq) + " was aborted (the process group was aborted); the communicator was aborted",
+                    false);
+      if (Clock::now() > deadline)
+        fail_locked(describe(op, seq) + " timed out after " + secs(timeout()) +
+                        ": a peer did not take part (it may have exited, hung, or issued a different sequence of "
+                        "operations); the communicator was aborted",
+                    true);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
+template <typename Fn>
+void NcclProcessGroup::collective(const char* op, std::uint64_t seq, Fn&& enqueue) {
+  const auto deadline = Clock::now() + timeout();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_alive_locked(op, seq);
+    flush_p2p_locked(op, seq, deadline);  // sends/receives issued before this go first
+    cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
+    // The collective may only read what the compute stream has finished writing.
+    cuda_ok(cudaEventRecord(ready_, 0), "cudaEventRecord");
+    cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    enqueue();
+    wait_enqueued_locked(op, seq, deadline);  // the kernel is on the stream only after this
+    cuda_ok(cudaEventRecord(done_, stream_), "cudaEventRecord");
+    // The compute stream continues after the collective without a host round trip.
+    cuda_ok(cudaStreamWaitEvent(0, done_, 0), "cudaStreamWaitEvent");
+  }
+  // Watchdog: this worker thread (not the caller) waits, with the group's timeout.
+  watch(op, seq, done_, deadline);
+}
+
+void NcclProcessGroup::queue_p2p(bool send, const Tensor& t, int peer, std::uint64_t seq) {
+  const char* op = send ? "send" : "recv";
+  check_tensor(t, op);
+  auto p = std::make_shared<P2pOp>(P2pOp{send, t, peer, seq, nullptr});
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_alive_locked(op, seq);
+    cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
+    // The data as the compute stream has it now, however late the group is posted.
+    cuda_ok(cudaEventRecord(ready_, 0), "cudaEventRecord");
+    cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    p2p_queue_.push_back(p);
+  }
+  defer_completion([this, p] { complete_p2p(*p); });
+}
+
+void NcclProcessGroup::complete_p2p(P2pOp& p) {
+  const char* op = p.send ? "send" : "recv";
+  const auto deadline = Clock::now() + timeout();
+  // The completion thread's first CUDA call: on this rank's GPU (else CUDA makes a context on cuda:0).
+  cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
+  std::shared_ptr<P2pBatch> batch;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (p.batch) {
+        batch = p.batch;
+        break;
+      }
+      check_alive_locked(op, p.seq);
+      if (abort_requested_)
+        fail_locked(describe(op, p.seq) + " was aborted (the process group was aborted); the communicator was aborted",
+                    false);
+      // Post when the worker has run everything issued and nothing new came for a while
+      // (or, whatever the count says, nothing at all for 50 times as long).
+      const auto quiet = Clock::now() - last_ran_at_;
+      if ((ran_ == sequence_number() && quiet >= kP2pCoalesce) || quiet >= 50 * kP2pCoalesce) {
+        flush_p2p_locked(op, p.seq, deadline);
+        if (!p.batch) throw CommError(describe(op, p.seq) + ": was not posted (an earlier operation failed)");
+        batch = p.batch;
+        break;
+      }
+      if (Clock::now() > deadline)
+        fail_locked(describe(op, p.seq) + " timed out after " + secs(timeout()) +
+                        " before it could be posted; the communicator was aborted",
+                    true);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  watch(op, p.seq, batch->done, deadline);
+}
+
+void NcclProcessGroup::flush_p2p_locked(const char* op, std::uint64_t seq, Clock::time_point deadline) {
+  if (p2p_queue_.empty()) return;
+  std::vector<std::shared_ptr<P2pOp>> ops;
+  ops.swap(p2p_queue_);
+  auto batch = std::make_shared<P2pBatch>();
+  try {
+    cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
+    cuda_ok(cudaEventCreateWithFlags(&batch->done, cudaEventDisableTiming), "cudaEventCreate");
+    NcclGroup group;  // every queued operation progresses independently of the others
+    for (const auto& q : ops) {
+      void* data = q->tensor.raw_data();
+      const auto n = static_cast<std::size_t>(q->tensor.numel());
+      const ncclDataType_t type = nccl_type(q->tensor.dtype());
+      if (q->send)
+        nccl_ok(ncclSend(data, n, type, q->peer, comm_, stream_), "ncclSend");
+      else
+        nccl_ok(ncclRecv(data, n, type, q->peer, comm_, stream_), "ncclRecv");
+    }
+    group.end();
+  } catch (const std::exception& e) {
+    fail_locked(detail::concat(describe(op, seq), ": posting ", ops.size(), " send/recv operation(s) failed: ",
+                               e.what(), last_error(comm_), "; the communicator was aborted"),
+                false);
+  }
+  wait_enqueued_locked(op, seq, deadline);
+  cuda_ok(cudaEventRecord(batch->done, stream_), "cudaEventRecord");
+  cuda_ok(cudaStreamWaitEvent(0, batch->done, 0), "cudaStreamWaitEvent");
+  for (const auto& q : ops) q->batch = batch;
+}
+
 void NcclProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
+  Ran r{this, seq};
   check_tensor(t, "allreduce");
   collective("allreduce", seq, [&] {
     nccl_ok(ncclAllReduce(t.raw_data(), t.raw_data(), t.numel(), nccl_type(t.dtype()), nccl_op(op), comm_, stream_),
@@ -140,6 +392,7 @@ void NcclProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) 
 }
 
 void NcclProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
+  Ran r{this, seq};
   check_tensor(t, "broadcast");
   collective("broadcast", seq, [&] {
     nccl_ok(ncclBroadcast(t.raw_data(), t.raw_data(), t.numel(), nccl_type(t.dtype()), root, comm_, stream_),
@@ -148,23 +401,27 @@ void NcclProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
 }
 
 void NcclProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
+  Ran r{this, seq};
   check_tensor(in, "allgather");
+  for (const auto& o : out) check_tensor(o, "allgather");
   Tensor flat = Tensor::empty({in.numel() * size()}, in.dtype(), in.device());
   collective("allgather", seq, [&] {
     nccl_ok(ncclAllGather(in.raw_data(), flat.raw_data(), in.numel(), nccl_type(in.dtype()), comm_, stream_),
             "ncclAllGather");
-    for (int r = 0; r < size(); ++r)
-      cuda_ok(cudaMemcpyAsync(out[r].raw_data(), static_cast<char*>(flat.raw_data()) + r * in.nbytes(), in.nbytes(),
+    for (int k = 0; k < size(); ++k)
+      cuda_ok(cudaMemcpyAsync(out[k].raw_data(), static_cast<char*>(flat.raw_data()) + k * in.nbytes(), in.nbytes(),
                               cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
   });
 }
 
 void NcclProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op, std::uint64_t seq) {
+  Ran r{this, seq};
   check_tensor(out, "reduce_scatter");
+  for (const auto& i : in) check_tensor(i, "reduce_scatter");
   Tensor flat = Tensor::empty({out.numel() * size()}, out.dtype(), out.device());
   collective("reduce_scatter", seq, [&] {
-    for (int r = 0; r < size(); ++r)
-      cuda_ok(cudaMemcpyAsync(static_cast<char*>(flat.raw_data()) + r * out.nbytes(), in[r].raw_data(), out.nbytes(),
+    for (int k = 0; k < size(); ++k)
+      cuda_ok(cudaMemcpyAsync(static_cast<char*>(flat.raw_data()) + k * out.nbytes(), in[k].raw_data(), out.nbytes(),
                               cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
     nccl_ok(ncclReduceScatter(flat.raw_data(), out.raw_data(), out.numel(), nccl_type(out.dtype()), nccl_op(op), comm_,
                               stream_), "ncclReduceScatter");
@@ -172,6 +429,7 @@ void NcclProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, 
 }
 
 void NcclProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
+  Ran r{this, seq};
   check_tensor(t, "reduce");
   Tensor scratch = rank() == root ? t : Tensor::empty(t.shape(), t.dtype(), t.device());
   collective("reduce", seq, [&] {
@@ -181,49 +439,53 @@ void NcclProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_
 }
 
 void NcclProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
+  Ran r{this, seq};
   check_tensor(in, "gather");
+  if (rank() == root)
+    for (const auto& o : out) check_tensor(o, "gather");
   collective("gather", seq, [&] {
-    nccl_ok(ncclGroupStart(), "ncclGroupStart");
+    NcclGroup group;
     if (rank() == root)
-      for (int r = 0; r < size(); ++r)
-        nccl_ok(ncclRecv(out[r].raw_data(), in.numel(), nccl_type(in.dtype()), r, comm_, stream_), "ncclRecv");
+      for (int k = 0; k < size(); ++k)
+        nccl_ok(ncclRecv(out[k].raw_data(), in.numel(), nccl_type(in.dtype()), k, comm_, stream_), "ncclRecv");
     nccl_ok(ncclSend(in.raw_data(), in.numel(), nccl_type(in.dtype()), root, comm_, stream_), "ncclSend");
-    nccl_ok(ncclGroupEnd(), "ncclGroupEnd");
+    group.end();
   });
 }
 
 void NcclProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) {
+  Ran r{this, seq};
   check_tensor(out, "scatter");
+  if (rank() == root)
+    for (const auto& i : in) check_tensor(i, "scatter");
   collective("scatter", seq, [&] {
-    nccl_ok(ncclGroupStart(), "ncclGroupStart");
+    NcclGroup group;
     if (rank() == root)
-      for (int r = 0; r < size(); ++r)
-        nccl_ok(ncclSend(in[r].raw_data(), out.numel(), nccl_type(out.dtype()), r, comm_, stream_), "ncclSend");
+      for (int k = 0; k < size(); ++k)
+        nccl_ok(ncclSend(in[k].raw_data(), out.numel(), nccl_type(out.dtype()), k, comm_, stream_), "ncclSend");
     nccl_ok(ncclRecv(out.raw_data(), out.numel(), nccl_type(out.dtype()), root, comm_, stream_), "ncclRecv");
-    nccl_ok(ncclGroupEnd(), "ncclGroupEnd");
+    group.end();
   });
 }
 
 void NcclProcessGroup::run_barrier(std::uint64_t seq) {
-  Tensor one = Tensor::empty({1}, DType::Float32, Device::cuda(device_));
-  kernels_for(one.device()).fill(one, 1.0);
+  Ran r{this, seq};
+  // A one-float allreduce; its value does not matter, so no kernel fills it.
+  if (!barrier_.defined()) barrier_ = Tensor::empty({1}, DType::Float32, Device::cuda(device_));
   collective("barrier", seq, [&] {
-    nccl_ok(ncclAllReduce(one.raw_data(), one.raw_data(), 1, ncclFloat32, ncclSum, comm_, stream_), "ncclAllReduce");
+    nccl_ok(ncclAllReduce(barrier_.raw_data(), barrier_.raw_data(), 1, ncclFloat32, ncclSum, comm_, stream_),
+            "ncclAllReduce");
   });
 }
 
 void NcclProcessGroup::run_send(const Tensor& t, int dst, int, std::uint64_t seq) {
-  check_tensor(t, "send");
-  collective("send", seq, [&] {
-    nccl_ok(ncclSend(t.raw_data(), t.numel(), nccl_type(t.dtype()), dst, comm_, stream_), "ncclSend");
-  });
+  Ran r{this, seq};
+  queue_p2p(true, t, dst, seq);
 }
 
 void NcclProcessGroup::run_recv(Tensor& t, int src, int, std::uint64_t seq) {
-  check_tensor(t, "recv");
-  collective("recv", seq, [&] {
-    nccl_ok(ncclRecv(t.raw_data(), t.numel(), nccl_type(t.dtype()), src, comm_, stream_), "ncclRecv");
-  });
+  Ran r{this, seq};
+  queue_p2p(false, t, src, seq);
 }
 
 }  // namespace phalanx::nccl_backend
