@@ -152,7 +152,8 @@ for lib in $cuda_needs; do
   echo "  $lib: ${found:-NOT FOUND}"
   [ -n "$found" ] || missing_cuda="$missing_cuda $lib"
 done
-export LD_LIBRARY_PATH="$B/lib${cuda_path:+:$cuda_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+BASE_LD="${cuda_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$B/lib${BASE_LD:+:$BASE_LD}"
 export PHALANX_DATA_DIR=$B/data PHALANX_PEERS_DIR=$B/peers
 [ -n "$PY" ] && export PHALANX_PYTHON=$PY
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -171,7 +172,8 @@ audit() {
   done
   if grep -q "version \`\(GLIBCXX\|CXXABI\)_[0-9.]*' not found" "$out" && [ "$path" != "$B/lib/fallback${cuda_path:+:$cuda_path}" ]; then
     echo "the system's libstdc++ is older than the bundle's needs ($(sed -n 's/^glibcxx-needs: //p' "$B/MANIFEST")): using lib/fallback"
-    export LD_LIBRARY_PATH="$B/lib:$B/lib/fallback${cuda_path:+:$cuda_path}"
+    export LD_LIBRARY_PATH="$B/lib:$B/lib/fallback${BASE_LD:+:$BASE_LD}"
+    figure libstdcxx "the bundle's fallback" string
     audit "$B/lib/fallback${cuda_path:+:$cuda_path}"; return
   fi
   while read -r line; do
@@ -193,7 +195,13 @@ audit() {
   [ $bad = 0 ] || sort -u "$WORK/audit" | sed 's/^/  /'
   return $bad
 }
+version_below() { [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -1)" = "$1" ]; }
 check_environment() {
+  local have need
+  have=$(getconf GNU_LIBC_VERSION 2>/dev/null | sed 's/^glibc //'); need=$(sed -n 's/^glibc-needs: //p' "$B/MANIFEST")
+  if [ -n "$have" ] && [ -n "$need" ] && version_below "$have" "$need"; then
+    DETAIL="glibc $have here, the bundle needs $need: make the bundle on a system with an older glibc"; return 1
+  fi
   audit "$cuda_path" || { DETAIL="a library resolves outside the bundle, or not at all (see the log)"; return 1; }
   if [ "$HAVE_GPU" = 1 ] && [ -n "$missing_cuda" ]; then
     DETAIL="CUDA libraries not found:$missing_cuda (the bundle was built with CUDA $(sed -n 's/^cuda-built-with: //p' "$B/MANIFEST"); install PyTorch's nvidia-* wheels for that CUDA major or set PHALANX_CUDA_LIB_DIRS)"
