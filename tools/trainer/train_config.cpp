@@ -168,7 +168,7 @@ void add_options(CLI::App& app, TrainConfig& c, RawOptions& r) {
   app.add_flag("--no-shuffle", r.no_shuffle, "keep the data order");
   app.add_flag("--drop-last", c.drop_last, "drop the last incomplete batch (and the sampler's remainder)");
   app.add_option("--backend", c.backend, "communication backend")->default_str("auto");
-  app.add_option("--device", c.device, "cpu or cuda")->capture_default_str();
+  app.add_option("--device", c.device, "cpu, cuda (GPU LOCAL_RANK), cuda:N, or sim (the test device)")->capture_default_str();
   app.add_option("--save", c.save, "write the final weights here (.npz, state_dict names)");
   app.add_option("--metrics", c.metrics, "JSON Lines: one record per step and one per epoch");
   app.add_option("--plot", c.plot, "SVG of the loss curves");
