@@ -466,12 +466,22 @@ std::int64_t CudaKernels::find_label_out_of_range(const Tensor& target, std::int
 
 namespace {
 // |x| as int bits orders like the float for every non-negative value, NaN above infinity:
-// one atomicMax on the bits keeps the maximum, and a NaN wins.
+// a maximum on the bits keeps the largest magnitude, and a NaN wins.
+// slot = max(slot, m) on float bits, m >= 0: a NaN already in the slot stays, whatever its
+// sign (a negative one would lose a plain atomicMax on the int bits).
+__device__ void atomic_abs_max(int* slot, int m) {
+  int old = *static_cast<volatile int*>(slot);
+  while ((old & 0x7fffffff) <= 0x7f800000 && old < m) {
+    const int seen = atomicCAS(slot, old, m);
+    if (seen == old) break;
+    old = seen;
+  }
+}
 __global__ void abs_max_k(const float* x, std::int64_t n, int* slot) {
   int m = 0;
   GRID_LOOP(i, n) m = max(m, __float_as_int(fabsf(x[i])));
   for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
-  if ((threadIdx.x & 31) == 0) atomicMax(slot, m);  // one atomic per warp (kThreads is a multiple of 32)
+  if ((threadIdx.x & 31) == 0) atomic_abs_max(slot, m);  // one per warp (kThreads is a multiple of 32)
 }
 __global__ void fixed_acc_k(const float* x, double scale, long long* acc, std::int64_t n) {
   GRID_LOOP(i, n) acc[i] += __double2ll_rn(static_cast<double>(x[i]) * scale);

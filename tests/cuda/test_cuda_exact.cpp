@@ -24,13 +24,16 @@ TEST_CASE("cuda: abs_max_into, fixed_point_accumulate and fixed_point_to_float e
   x.data<float>()[77777] = -123.25f;  // the largest magnitude is negative
   Tensor nan = away_from_zero({1000}, 2);
   nan.data<float>()[999] = std::numeric_limits<float>::quiet_NaN();
-  Tensor oc = tensor(std::vector<float>{0.5f, 1000.f, 0.f}, {3}), og = oc.to(kGpu);
+  const float neg_nan = -std::numeric_limits<float>::quiet_NaN();  // x86's 0/0: the sign bit set
+  Tensor oc = tensor(std::vector<float>{0.5f, 1000.f, 0.f, neg_nan}, {4}), og = oc.to(kGpu);
   cpu.abs_max_into(x, oc, 0);
   gpu.abs_max_into(x.to(kGpu), og, 0);
   cpu.abs_max_into(x, oc, 1);
   gpu.abs_max_into(x.to(kGpu), og, 1);
   cpu.abs_max_into(nan, oc, 2);
   gpu.abs_max_into(nan.to(kGpu), og, 2);
+  cpu.abs_max_into(x, oc, 3);  // a NaN already in the slot stays
+  gpu.abs_max_into(x.to(kGpu), og, 3);
   const auto c = oc.to_vector<float>(), g = og.to(Device::cpu()).to_vector<float>();
   CHECK(g[0] == 123.25f);
   CHECK(c[0] == 123.25f);
@@ -38,6 +41,8 @@ TEST_CASE("cuda: abs_max_into, fixed_point_accumulate and fixed_point_to_float e
   CHECK(c[1] == g[1]);
   CHECK(std::isnan(g[2]));
   CHECK(std::isnan(c[2]));
+  CHECK(std::isnan(g[3]));
+  CHECK(std::isnan(c[3]));
 
   // fixed point: three accumulations, then the conversion back
   const double scale = std::ldexp(1.0, 30);
