@@ -177,7 +177,8 @@ TEST_CASE("an exact-mode checkpoint resumes on another world size, bit for bit: 
   CHECK(final_loss(r.out) == ref.loss);
 }
 
-TEST_CASE("exact mode's errors: the world size, the micro-batch, the options and the mode of a checkpoint") {
+TEST_CASE("exact mode's errors: the world size, the micro-batch, the options and the mode of a checkpoint; normal "
+          "mode repeats itself") {
   const Case& k = the_case();
   const Reference& ref = reference();
   Result r = run(k.args + " --epochs 1", 3);  // 3 does not divide 4 or 8 micro-batches
@@ -210,8 +211,12 @@ TEST_CASE("exact mode's errors: the world size, the micro-batch, the options and
   CHECK(r.out.find("was written in exact mode (micro-batch " + std::to_string(k.micro_batch) +
                    ") and this run is not: resume with --exact --micro-batch " + std::to_string(k.micro_batch)) !=
         std::string::npos);
-  r = run(normal + " --epochs 1 --checkpoint-dir " + k.dir + "/ckn", 2);
+  r = run(normal + " --epochs 1 --checkpoint-dir " + k.dir + "/ckn --save " + k.dir + "/n1.npz", 2);
   REQUIRE(r.code == 0);
+  // Normal mode is deterministic too: the same world size, seed and data give the same bytes.
+  r = run(normal + " --epochs 1 --save " + k.dir + "/n2.npz", 2);
+  REQUIRE(r.code == 0);
+  CHECK(slurp(k.dir + "/n1.npz") == slurp(k.dir + "/n2.npz"));
   r = run(normal + " --epochs 2 --checkpoint-dir " + k.dir + "/ckn --resume", 0);
   CHECK(r.code != 0);
   CHECK(r.out.find("written with world size 2, this run has 1: resume with the same number of workers (only a "
