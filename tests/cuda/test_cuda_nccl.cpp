@@ -124,11 +124,15 @@ TEST_CASE("nccl: DDP on CUDA over NCCL (world of one) equals one process") {
   CHECK(pg->backend_name() == "nccl");
   Generator g(5);
   auto net = nn::mlp({784, 256, 10}, "relu", &g);
-  auto ref = nn::mlp({784, 256, 10}, "relu", &g);
+  auto plain = nn::mlp({784, 256, 10}, "relu", &g);  // the same model on the GPU, no DDP
+  auto ref = nn::mlp({784, 256, 10}, "relu", &g);    // and on the CPU
+  plain->load_state_dict(net->state_dict());
   ref->load_state_dict(net->state_dict());
   net->to(kGpu);
+  plain->to(kGpu);
   parallel::DDP model(net, pg);
   optim::SGD opt(model.parameters(), optim::SGDOptions{0.1, 0.9});
+  optim::SGD plain_opt(plain->parameters(), optim::SGDOptions{0.1, 0.9});
   optim::SGD ref_opt(ref->parameters(), optim::SGDOptions{0.1, 0.9});
   Tensor x = randn({128, 784}, &g), y = randint(10, {128}, &g);
   Tensor xg = x.to(kGpu), yg = y.to(kGpu);
@@ -137,15 +141,24 @@ TEST_CASE("nccl: DDP on CUDA over NCCL (world of one) equals one process") {
     Tensor loss = cross_entropy(model.forward(xg), yg);
     loss.backward();
     opt.step();
+    plain_opt.zero_grad();
+    Tensor plain_loss = cross_entropy(plain->forward(xg), yg);
+    plain_loss.backward();
+    plain_opt.step();
     ref_opt.zero_grad();
     Tensor ref_loss = cross_entropy(ref->forward(x), y);
     ref_loss.backward();
     ref_opt.step();
-    CHECK(std::abs(loss.item() - ref_loss.item()) < 1e-5 * std::max(1.f, std::abs(ref_loss.item())));
+    CHECK(std::abs(loss.item() - plain_loss.item()) <= 1e-6f * std::max(1.f, std::abs(plain_loss.item())));
+    CHECK(std::abs(loss.item() - ref_loss.item()) < 1e-4f * std::max(1.f, std::abs(ref_loss.item())));
   }
   for (std::size_t i = 0; i < ref->parameters().size(); ++i) {
+    CAPTURE(i);
     CHECK(model.parameters()[i].device() == kGpu);
-    CHECK(max_rel_err(model.parameters()[i].to(Device::cpu()), ref->parameters()[i]) < 1e-5);
+    // one GPU process: DDP averages over a world of one, so (nearly) the same bits
+    CHECK(max_rel_err(model.parameters()[i].to(Device::cpu()), plain->parameters()[i].to(Device::cpu())) < 1e-6);
+    // the CPU: cuBLAS and the CPU GEMM add in different orders
+    CHECK(max_rel_err(model.parameters()[i].to(Device::cpu()), ref->parameters()[i]) < 1e-4);
   }
   parallel::destroy_process_group();
 }
