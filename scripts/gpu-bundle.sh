@@ -117,6 +117,13 @@ while :; do
   [ "$added" = 1 ] || break
 done
 
+# No path of this machine may be compiled in: the bundle runs where neither tree exists.
+for tree in "$ROOT" "$(cd "$BUILD" && pwd)"; do
+  if found=$(grep -l -a -F "$tree/" "$STAGE"/bin/* "$STAGE"/lib/libphalanx*.so*); then
+    die "the path $tree/ is compiled into $(echo "$found" | xargs -n1 basename | paste -sd, -): take it relative to the executable or from an environment variable (examples/support/relocatable_paths.hpp)"
+  fi
+done
+
 cp examples/data/seed_case_study.npz "$STAGE/data/"
 cp bench/peers/*.py "$STAGE/peers/"
 cp scripts/gpu-check.sh "$STAGE/gpu-check.sh"
