@@ -1,6 +1,7 @@
 // Exact mode's reducer: see exact_reducer.hpp and docs/exact.md.
 #include "exact_reducer.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "phalanx/backends/comm_error.hpp"
@@ -21,6 +22,10 @@ Tensor view_of(const Tensor& base, std::int64_t offset, const Shape& shape) {
                                              base.impl()->byte_offset() + static_cast<std::size_t>(offset) * item,
                                              shape, base.dtype()));
 }
+
+/// Elements of a CPU piece: its int64 sums and one slot's floats fit a 512 KiB L2 cache
+/// together with a second slot's.
+constexpr std::int64_t kCpuPiece = 16384;
 
 /// The power-of-two exponent s of parameter's scale: with |x| <= max for every kept value
 /// and K <= 2^k micro-batches, |llrint(x * 2^s)| <= 2^(61 - k), so a sum of K of them stays
@@ -50,10 +55,19 @@ int scale_exponent(float max, int k) {
 }  // namespace
 
 struct ExactReducer::State {
+  /// A piece of one parameter: its int64 sums and its gradient in every slot. On the CPU a
+  /// parameter is cut into pieces that fit the L2 cache, so zeroing the sums and adding the
+  /// L slots run while the piece is in cache (one pass over memory, not L + 1).
+  struct Piece {
+    std::size_t param;
+    Tensor acc;
+    std::vector<Tensor> src;  // [slot]
+  };
   struct Bucket {
     std::vector<std::size_t> params;
     Tensor acc;                    // int64, the bucket's fixed-point sums
     std::vector<Tensor> acc_view;  // per parameter of the bucket, shaped like it
+    std::vector<Piece> pieces;
     WorkPtr work;
   };
 
@@ -151,8 +165,16 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
     bucket.acc = zeros({size}, DType::Int64, device);
     std::int64_t at = 0;
     for (std::size_t p : members) {
+      const std::int64_t numel = s.params[p].numel();
       bucket.acc_view.push_back(view_of(bucket.acc, at, s.params[p].shape()));
-      at += s.params[p].numel();
+      const std::int64_t piece = device.is_cpu() ? kCpuPiece : numel;
+      for (std::int64_t b = 0; b < numel; b += piece) {
+        const std::int64_t len = std::min(piece, numel - b);
+        State::Piece pc{p, view_of(bucket.acc, at + b, {len}), {}};
+        for (std::int64_t j = 0; j < s.per_rank; ++j) pc.src.push_back(view_of(s.slots[j], offset[p] + b, {len}));
+        bucket.pieces.push_back(std::move(pc));
+      }
+      at += numel;
     }
     s.buckets.push_back(std::move(bucket));
   }
@@ -287,10 +309,10 @@ void ExactReducer::State::reduce() {
   std::size_t launched = 0;
   try {
     for (auto& b : buckets) {
-      b.acc.zero_();
-      for (std::size_t i = 0; i < b.params.size(); ++i)
-        for (std::int64_t j = 0; j < per_rank; ++j)
-          kernels->fixed_point_accumulate(views[j][b.params[i]], scales[b.params[i]], b.acc_view[i]);
+      for (auto& pc : b.pieces) {
+        kernels->fill(pc.acc, 0.0);
+        for (const Tensor& src : pc.src) kernels->fixed_point_accumulate(src, scales[pc.param], pc.acc);
+      }
       if (distributed) b.work = pg->allreduce(b.acc, ReduceOp::Sum);
       ++launched;
     }

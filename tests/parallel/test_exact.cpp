@@ -490,6 +490,40 @@ TEST_CASE("fixed-point kernels: round half to even, negatives, order independenc
       CHECK(f.to_vector<float>() == first_float);
     }
   }
+  // The kernel's (vector) conversion is llrint's, at every scale the reducer can pick, on
+  // lengths that are not a multiple of the vector width; the conversion back is the
+  // correctly rounded (double(acc) / scale) / count.
+  Tensor wide = randn({1027}, &g);
+  auto wv = wide.to_vector<float>();
+  for (std::size_t i = 0; i < wv.size(); ++i) wv[i] *= std::pow(10.f, static_cast<float>(static_cast<int>(i % 13) - 6));
+  wv[3] = 0.f;
+  wv[4] = -0.f;
+  wv[5] = 1e-45f;
+  wv[6] = -1e-45f;
+  std::memcpy(wide.data<float>(), wv.data(), wv.size() * sizeof(float));
+  float wmax = 0;
+  for (float f : wv) wmax = std::max(wmax, std::abs(f));
+  int we = 0;
+  std::frexp(static_cast<double>(wmax), &we);
+  for (int sexp = -60; sexp <= 61 - 2 - we; sexp += 7) {
+    CAPTURE(sexp);
+    const double sc = std::ldexp(1.0, sexp);
+    Tensor a = zeros({1027}, DType::Int64);
+    k.fixed_point_accumulate(wide, sc, a);
+    k.fixed_point_accumulate(wide, sc, a);
+    const auto got = a.to_vector<std::int64_t>();
+    Tensor back = Tensor::empty({1027});
+    k.fixed_point_to_float(a, sc, 3.0, back);
+    const auto gb = back.to_vector<float>();
+    bool same = true, same_back = true;
+    for (std::size_t i = 0; i < wv.size(); ++i) {
+      const std::int64_t want = 2 * std::llrint(static_cast<double>(wv[i]) * sc);
+      same = same && got[i] == want;
+      same_back = same_back && gb[i] == static_cast<float>((static_cast<double>(want) / sc) / 3.0);
+    }
+    CHECK(same);
+    CHECK(same_back);
+  }
   // abs_max_into: a running max per slot; NaN sticks.
   Tensor m = zeros({2});
   k.abs_max_into(x, m, 1);
