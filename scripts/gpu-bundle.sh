@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
     --out) OUT_DIR=${2:?--out needs a folder}; shift 2 ;;
     --no-build) BUILD_STEP=0; shift ;;
     --archive) ARCHIVE=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     -*) echo "gpu-bundle: unknown option $1 (usage: scripts/gpu-bundle.sh [BUILD_DIR] [--out DIR] [--no-build] [--archive])" >&2; exit 2 ;;
     *) BUILD=$1; shift ;;
   esac
@@ -139,7 +139,7 @@ elves=("$STAGE"/bin/* "$STAGE"/lib/*.so*)
 {
   echo "phalanx-gpu-bundle 1"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
-  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -1 | sed 's/^ldd //')"
+  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(getconf GNU_LIBC_VERSION)"
   echo "build-dir: $(cd "$BUILD" && pwd)"
   echo "plugins: ${plugins[*]}"
   echo "cuda-built-with: ${cuda_version:-none}"
