@@ -31,7 +31,19 @@ using namespace phalanx::samplers;
 
 namespace {
 
-const std::string kData = bench::data_file("seed_case_study.npz");
+/// The textbook's data (found beside the executable: bench_support.hpp); exits with a
+/// one-line error when it is not there.
+const std::string& data_path() {
+  static const std::string path = [] {
+    try {
+      return bench::data_file("seed_case_study.npz");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_trainer_step: %s\n", e.what());
+      std::exit(2);
+    }
+  }();
+  return path;
+}
 constexpr double kLr = 0.1;
 
 struct Args {
@@ -84,7 +96,7 @@ int library_worker(const Args& a) {
   parallel::InitOptions io;
   io.backend = a.backend;
   auto pg = parallel::init_process_group(io);
-  auto data = load_npy_dataset(kData + ":x", kData + ":y", 10);
+  auto data = load_npy_dataset(data_path() + ":x", data_path() + ":y", 10);
   Generator g(0);
   auto model = std::make_shared<parallel::DDP>(nn::mlp({64, 32, 10}, "relu", &g), pg);
   auto sampler = std::make_shared<DistributedSampler>(data->size());
@@ -194,7 +206,7 @@ int main(int argc, char** argv) {
   const std::string launch = bin + "/phalanx-run --nproc-per-node 2 ";
   const std::string backend = a.backend.empty() ? "" : " --backend " + a.backend;
   const std::string epochs = " --epochs " + std::to_string(a.epochs) + " --global-batch " + std::to_string(a.global_batch);
-  const std::string args = " --train-x " + kData + ":x --train-y " + kData + ":y --model 64-32-10 --lr 0.1" + epochs + backend;
+  const std::string args = " --train-x " + data_path() + ":x --train-y " + data_path() + ":y --model 64-32-10 --lr 0.1" + epochs + backend;
   const std::string trainer = launch + bin + "/phalanx-train" + args;
   const std::string metrics = "/tmp/bench_trainer_step_" + std::to_string(::getpid()) + ".jsonl";
 
