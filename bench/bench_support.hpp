@@ -92,9 +92,15 @@ inline double find_value(const std::string& text, const std::string& key) {
 }
 
 /// A peer's script: $PHALANX_PEERS_DIR/name, else peers/name beside the executable or one
-/// folder up (the build tree links bench/peers there; the GPU bundle carries a copy).
+/// folder up (the build tree links bench/peers there; the GPU bundle carries a copy). When
+/// there is none it says so on stderr and returns `name`, so the peer fails and reads -1.
 inline std::string peer_script(const std::string& name) {
-  return relocatable::find_file("PHALANX_PEERS_DIR", "peers", name);
+  try {
+    return relocatable::find_file("PHALANX_PEERS_DIR", "peers", name);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "peer %s: %s (its figures read -1)\n", name.c_str(), e.what());
+    return name;
+  }
 }
 
 /// An example's data file: $PHALANX_DATA_DIR/name, else data/name beside the executable or

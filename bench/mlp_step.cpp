@@ -71,7 +71,7 @@ int run(int argc, char** argv) {
     }
   }
   const bool cuda = !dev.is_cpu();
-  const std::string peer = skip_peer ? "" : bench::peer_script("torch_mlp_step.py");  // found before any timing
+  const std::string peer = skip_peer ? "" : bench::peer_script("torch_mlp_step.py");  // looked up (and warned about) first
   struct Case {
     std::vector<std::int64_t> widths;
     std::int64_t batch;
