@@ -15,6 +15,9 @@ namespace phalanx::parallel {
 
 namespace {
 
+/// Elements of a CPU piece: its int64 sums and two slots' floats fit a 512 KiB L2 cache.
+constexpr std::int64_t kCpuPiece = 16384;
+
 /// A tensor of `shape` over `base`'s storage from element `offset` on (no copy).
 Tensor view_of(const Tensor& base, std::int64_t offset, const Shape& shape) {
   const std::size_t item = base.dtype() == DType::Int64 ? 8 : 4;
@@ -23,11 +26,7 @@ Tensor view_of(const Tensor& base, std::int64_t offset, const Shape& shape) {
                                              shape, base.dtype()));
 }
 
-/// Elements of a CPU piece: its int64 sums and one slot's floats fit a 512 KiB L2 cache
-/// together with a second slot's.
-constexpr std::int64_t kCpuPiece = 16384;
-
-/// The power-of-two exponent s of parameter's scale: with |x| <= max for every kept value
+/// The power-of-two exponent s of a parameter's scale: with |x| <= max for every kept value
 /// and K <= 2^k micro-batches, |llrint(x * 2^s)| <= 2^(61 - k), so a sum of K of them stays
 /// within 2^61 (int64 holds 2^63). max == 0: every value is 0, any scale does.
 int scale_exponent(float max, int k) {
@@ -37,7 +36,7 @@ int scale_exponent(float max, int k) {
   return 61 - k - e;  // in [-67 - k, 210 - k]: 2^s is a normal double
 }
 
-/// Adds DDP's context to a communication error without changing its kind.
+/// Adds DDP's context to the communication error being handled, keeping its kind.
 [[noreturn]] void rethrow_with_context(const std::string& context) {
   try {
     throw;
@@ -65,10 +64,13 @@ struct ExactReducer::State {
   };
   struct Bucket {
     std::vector<std::size_t> params;
+    Tensor maxima;                 // float32 [params (+1: the void flag, last bucket)] on the device
+    std::vector<float> host_max;   // the agreed maxima
     Tensor acc;                    // int64, the bucket's fixed-point sums
     std::vector<Tensor> acc_view;  // per parameter of the bucket, shaped like it
     std::vector<Piece> pieces;
-    WorkPtr work;
+    WorkPtr work;                  // the sums' allreduce in flight
+    int pending = 0;               // parameters still without their gradient in the last micro-batch
   };
 
   ProcessGroupPtr pg;
@@ -76,31 +78,42 @@ struct ExactReducer::State {
   std::vector<Tensor> params;
   std::vector<std::string> names;
   std::vector<std::uint64_t> hook_ids;
+  std::vector<std::size_t> bucket_of, index_in_bucket;  // parameter -> bucket, its place there
   std::int64_t micro_batches = 0;  // K, all ranks together
   std::int64_t per_rank = 0;       // L = K / world
   int k_bits = 0;                  // K <= 2^k_bits
-  std::vector<Tensor> slots;                // L flat float32 buffers: micro-batch j's gradients
-  std::vector<std::vector<Tensor>> views;   // [slot][parameter], shaped like the parameter
-  Tensor maxima;                   // float32 [P + 1] on the device: max |g| per parameter, void flag
-  std::vector<float> host_maxima;  // P + 1
-  std::vector<double> scales;      // P
+  std::vector<Tensor> slots;               // L flat float32 buffers: micro-batch j's gradients
+  std::vector<std::vector<Tensor>> views;  // [slot][parameter], shaped like the parameter
   std::vector<Bucket> buckets;
-  std::vector<char> ready;  // parameter -> got its gradient in this backward
-  std::int64_t micro = 0;   // the step's micro-batch the current/next backward is (0 .. L-1)
+  std::vector<double> scales;  // per parameter, this step's
+  std::vector<char> ready;     // parameter -> got its gradient in this backward
+  std::int64_t micro = 0;      // the step's micro-batch the current/next backward is (0 .. L-1)
   bool armed = false;
   bool in_pass = false;
+  // This step's collective decisions, the same on every rank (they come from agreed maxima).
+  std::size_t next_bucket = 0;  // the next bucket whose maxima are agreed
+  std::string nonfinite;        // the first parameter whose agreed max is NaN or Inf
+  bool step_void = false;       // some rank's step was void (the last bucket's flag)
 
   void on_grad_ready(std::size_t p);
   void finalize();
-  void reduce();
-  void void_step();
+  void agree_bucket(std::size_t b, bool void_rank);
+  void finish_step(bool void_rank);
+  [[noreturn]] void void_step(const std::string& why);
+  void reset_step() {
+    micro = 0;
+    next_bucket = 0;
+    nonfinite.clear();
+    step_void = false;
+    armed = false;
+    in_pass = false;
+    std::fill(ready.begin(), ready.end(), 0);
+    for (auto& b : buckets) b.pending = static_cast<int>(b.params.size());
+  }
   void clear_grads() {
     for (auto& p : params) p.set_grad(Tensor());
   }
-  void start_step() {
-    micro = 0;
-    maxima.zero_();
-  }
+  bool last_micro() const { return micro + 1 == per_rank; }
   std::string where() const {
     return detail::concat("micro-batch ", micro + 1, " of ", per_rank, " on rank ", pg->rank());
   }
@@ -133,38 +146,47 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
   const Device device = s.params[0].device();
   s.kernels = &kernels_for(device);
   // L slots; the last one holds the step's result, so the memory beyond a plain model's
-  // gradients is L - 1 gradient copies, plus the int64 buckets (2 copies).
+  // gradients is L - 1 gradient copies, plus the int64 sums (two copies' worth).
   for (std::int64_t j = 0; j < s.per_rank; ++j) {
     s.slots.push_back(zeros({total}, DType::Float32, device));
     s.views.emplace_back();
     for (std::size_t p = 0; p < n; ++p) s.views[j].push_back(view_of(s.slots[j], offset[p], s.params[p].shape()));
   }
-  s.maxima = zeros({static_cast<std::int64_t>(n) + 1}, DType::Float32, device);
-  s.host_maxima.assign(n + 1, 0.f);
   s.scales.assign(n, 1.0);
   s.ready.assign(n, 0);
-  // Buckets of at most bucket_cap_mb of int64 sums, in reverse registration order; a
-  // parameter larger than the cap gets a bucket of its own.
-  const auto cap = static_cast<std::int64_t>(o.bucket_cap_mb * 1024 * 1024);
+  s.bucket_of.assign(n, 0);
+  s.index_in_bucket.assign(n, 0);
+  // The normal reducer's layout: reverse registration order (the order backward produces
+  // gradients), the first bucket closing at first_bucket_mb of float32 gradients, the
+  // others at bucket_cap_mb, so the sums of the last layers travel while backward goes on.
+  const auto cap_bytes = [&](std::size_t bucket) {
+    return static_cast<std::int64_t>((bucket == 0 ? o.first_bucket_mb : o.bucket_cap_mb) * 1024 * 1024);
+  };
   std::vector<std::vector<std::size_t>> layout(1);
   std::int64_t bytes = 0;
   for (std::size_t p = n; p-- > 0;) {
-    const std::int64_t b = s.params[p].numel() * 8;
-    if (!layout.back().empty() && bytes + b > cap) {
+    layout.back().push_back(p);
+    bytes += s.params[p].numel() * 4;
+    if (bytes >= cap_bytes(layout.size() - 1) && p > 0) {
       layout.emplace_back();
       bytes = 0;
     }
-    layout.back().push_back(p);
-    bytes += b;
   }
-  for (auto& members : layout) {
+  if (layout.back().empty()) layout.pop_back();
+  for (std::size_t bi = 0; bi < layout.size(); ++bi) {
     State::Bucket bucket;
-    bucket.params = members;
+    bucket.params = layout[bi];
+    const bool last = bi + 1 == layout.size();
+    bucket.maxima = zeros({static_cast<std::int64_t>(bucket.params.size()) + (last ? 1 : 0)}, DType::Float32, device);
+    bucket.host_max.assign(static_cast<std::size_t>(bucket.maxima.numel()), 0.f);
     std::int64_t size = 0;
-    for (std::size_t p : members) size += s.params[p].numel();
+    for (std::size_t p : bucket.params) size += s.params[p].numel();
     bucket.acc = zeros({size}, DType::Int64, device);
     std::int64_t at = 0;
-    for (std::size_t p : members) {
+    for (std::size_t i = 0; i < bucket.params.size(); ++i) {
+      const std::size_t p = bucket.params[i];
+      s.bucket_of[p] = bi;
+      s.index_in_bucket[p] = i;
       const std::int64_t numel = s.params[p].numel();
       bucket.acc_view.push_back(view_of(bucket.acc, at, s.params[p].shape()));
       const std::int64_t piece = device.is_cpu() ? kCpuPiece : numel;
@@ -178,6 +200,7 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
     }
     s.buckets.push_back(std::move(bucket));
   }
+  s.reset_step();
   for (std::size_t p = 0; p < n; ++p)
     s.hook_ids.push_back(
         s.params[p].register_grad_accumulated_hook([st = &s, p](const Tensor&) { st->on_grad_ready(p); }));
@@ -189,6 +212,11 @@ ExactReducer::~ExactReducer() {
     s.params[p].remove_grad_accumulated_hook(s.hook_ids[p]);
     s.params[p].set_grad_destination(Tensor());
   }
+  for (auto& b : s.buckets)  // nothing may still write into the sums
+    if (b.work) try {
+        b.work->wait();
+      } catch (const CommError&) {
+      }
 }
 
 std::vector<std::vector<std::size_t>> ExactReducer::layout() const {
@@ -199,7 +227,12 @@ std::vector<std::vector<std::size_t>> ExactReducer::layout() const {
 
 void ExactReducer::arm(const Tensor&) {
   State& s = *state_;
-  if (s.in_pass) s.void_step();  // throws
+  if (s.in_pass)
+    s.void_step("the previous backward (" + s.where() + ") stopped part-way");
+  if (s.armed)
+    s.void_step("the previous forward (" + s.where() +
+                ") got no backward (each forward in grad mode is one micro-batch and needs its backward; run "
+                "evaluation under NoGradGuard)");
   s.armed = true;
   // This micro-batch's gradients are written straight into its slot: .grad() must be
   // undefined for that (the step's first micro-batch thereby clears the previous result).
@@ -224,7 +257,17 @@ void ExactReducer::State::on_grad_ready(std::size_t p) {
   const Tensor g = params[p].grad();
   Tensor& slot = views[micro][p];
   if (!g.is_same(slot)) slot.copy_(g);  // reached along several paths: the sum was made elsewhere
-  kernels->abs_max_into(slot, maxima, static_cast<std::int64_t>(p));
+  Bucket& b = buckets[bucket_of[p]];
+  kernels->abs_max_into(slot, b.maxima, static_cast<std::int64_t>(index_in_bucket[p]));
+  if (!last_micro()) return;
+  // The rank's last micro-batch: a bucket whose gradients are all in has its final local
+  // maxima. Buckets go strictly in order (every rank issues the same collectives in the
+  // same order); the last one, which carries the void flag, waits for the end of backward.
+  --b.pending;
+  while (next_bucket + 1 < buckets.size() && buckets[next_bucket].pending == 0) {
+    agree_bucket(next_bucket, false);
+    ++next_bucket;
+  }
 }
 
 void ExactReducer::State::finalize() {
@@ -234,113 +277,120 @@ void ExactReducer::State::finalize() {
     if (!ready[p]) views[micro][p].zero_();  // not used by this micro-batch: contributes zero
     ready[p] = 0;
   }
-  if (micro + 1 < per_rank) {
+  if (!last_micro()) {
     clear_grads();  // partial gradients stay in the slots, out of the user's reach
     ++micro;
     return;
   }
-  reduce();
+  finish_step(false);
 }
 
-void ExactReducer::State::void_step() {
-  // The previous backward stopped part-way (its exception already reached the caller).
-  // The peers will agree on the scales in one collective at the end of their step: take
-  // part with the void flag set, so every rank's step fails and the group stays in step.
-  const std::string at = where();
-  armed = false;
-  in_pass = false;
-  std::fill(ready.begin(), ready.end(), 0);
-  clear_grads();
-  std::fill(host_maxima.begin(), host_maxima.end(), 0.f);
-  host_maxima.back() = 1.f;
-  kernels->copy_from_host(maxima.raw_data(), host_maxima.data(), host_maxima.size() * 4);
-  try {
-    if (pg->size() > 1) pg->allreduce(maxima, ReduceOp::Max)->wait();
-  } catch (const CommError&) {
-    start_step();
-    rethrow_with_context("DDP exact mode: voiding the step after a failed backward: ");
+void ExactReducer::State::agree_bucket(std::size_t bi, bool void_rank) {
+  Bucket& b = buckets[bi];
+  const bool last = bi + 1 == buckets.size();
+  // 1. Agree on the maxima (an allreduce MAX: exact in any order). A NaN travels as +Inf
+  //    (a max with NaN depends on the order, with Inf it does not); the last bucket's extra
+  //    slot is the void flag: 1 from a rank whose step is void.
+  std::vector<float>& h = b.host_max;
+  if (void_rank) {
+    std::fill(h.begin(), h.end(), 0.f);
+  } else {
+    kernels->copy_to_host(h.data(), b.maxima.raw_data(), h.size() * 4);
+    for (float& m : h)
+      if (std::isnan(m)) m = INFINITY;
   }
-  start_step();
-  throw AutogradError("DDP exact mode: the previous backward (" + at +
-                      ") stopped part-way, so this step is void on every rank and its gradients are "
-                      "cleared; this forward was not counted: start the next step with its first micro-batch");
-}
-
-void ExactReducer::State::reduce() {
-  const std::size_t n = params.size();
-  // 1. Agree on the maxima (and on whether any rank's step is void). A NaN max travels as
-  //    +Inf: a max with NaN is order-dependent, with Inf it is not.
-  kernels->copy_to_host(host_maxima.data(), maxima.raw_data(), host_maxima.size() * 4);
-  for (std::size_t p = 0; p < n; ++p)
-    if (std::isnan(host_maxima[p])) host_maxima[p] = INFINITY;
-  host_maxima.back() = 0.f;
-  try {
-    if (pg->size() > 1) {
-      kernels->copy_from_host(maxima.raw_data(), host_maxima.data(), host_maxima.size() * 4);
-      pg->allreduce(maxima, ReduceOp::Max)->wait();
-      kernels->copy_to_host(host_maxima.data(), maxima.raw_data(), host_maxima.size() * 4);
+  if (last) h.back() = void_rank ? 1.f : 0.f;
+  if (pg->size() > 1) {
+    kernels->copy_from_host(b.maxima.raw_data(), h.data(), h.size() * 4);
+    pg->allreduce(b.maxima, ReduceOp::Max)->wait();
+    kernels->copy_to_host(h.data(), b.maxima.raw_data(), h.size() * 4);
+  }
+  b.maxima.zero_();  // ready for the next step
+  if (last && h.back() != 0.f) step_void = true;
+  for (std::size_t i = 0; i < b.params.size() && nonfinite.empty(); ++i)
+    if (!std::isfinite(h[i])) nonfinite = names[b.params[i]];
+  // A step found void or non-finite sends no more sums: every rank knows it at the same
+  // point, from the same agreed maxima.
+  if (step_void || !nonfinite.empty()) return;
+  // 2. Fixed point with the agreed scales, summed over this rank's micro-batches, then over
+  //    the ranks: int64 additions, exact in any order.
+  if (void_rank) {
+    b.acc.zero_();
+  } else {
+    for (std::size_t i = 0; i < b.params.size(); ++i)
+      scales[b.params[i]] = std::ldexp(1.0, scale_exponent(h[i], k_bits));
+    for (auto& pc : b.pieces) {
+      kernels->fill(pc.acc, 0.0);
+      for (const Tensor& src : pc.src) kernels->fixed_point_accumulate(src, scales[pc.param], pc.acc);
     }
-  } catch (const CommError&) {
-    clear_grads();
-    start_step();
-    rethrow_with_context("DDP exact mode: agreeing on the gradient scales failed: ");
   }
-  start_step();
-  if (host_maxima.back() != 0.f) {
-    clear_grads();
+  if (pg->size() > 1) b.work = pg->allreduce(b.acc, ReduceOp::Sum);
+}
+
+void ExactReducer::State::finish_step(bool void_rank) {
+  std::exception_ptr comm_error;
+  std::string stage = "agreeing on the gradient scales";
+  try {
+    for (; next_bucket < buckets.size(); ++next_bucket) agree_bucket(next_bucket, void_rank);
+    stage = "reducing the gradients";
+    // 3. Divide once: sum / scale / K, into the last slot, which becomes .grad().
+    const bool write = !void_rank && !step_void && nonfinite.empty();
+    for (auto& b : buckets) {
+      if (!b.work) continue;
+      WorkPtr w = std::move(b.work);
+      w->wait();
+    }
+    if (write)
+      for (auto& b : buckets)
+        for (std::size_t i = 0; i < b.params.size(); ++i) {
+          const std::size_t p = b.params[i];
+          kernels->fixed_point_to_float(b.acc_view[i], scales[p], static_cast<double>(micro_batches),
+                                        views[per_rank - 1][p]);
+        }
+  } catch (const CommError&) {
+    comm_error = std::current_exception();
+  }
+  const bool was_void = step_void;
+  const std::string bad = nonfinite;
+  for (auto& b : buckets) {  // nothing may still write into the sums
+    if (!b.work) continue;
+    try {
+      b.work->wait();
+    } catch (const CommError&) {
+    }
+    b.work.reset();
+  }
+  reset_step();
+  clear_grads();
+  if (comm_error) {
+    try {
+      std::rethrow_exception(comm_error);
+    } catch (const CommError&) {
+      rethrow_with_context("DDP exact mode: " + stage + " failed: ");
+    }
+  }
+  if (void_rank) return;  // the caller (void_step) says why
+  if (was_void)
     throw PeerFailedError(detail::concat(
         "DDP exact mode: a backward pass stopped part-way on at least one of ", pg->size(),
         " rank(s), so this step is void on every rank and its gradients are cleared; skip this optimizer "
         "step and start the next step with its first micro-batch, or stop (the failing rank's own error says why)"));
-  }
-  for (std::size_t p = 0; p < n; ++p) {
-    if (!std::isfinite(host_maxima[p])) {
-      clear_grads();
-      throw ValueError("DDP exact mode: the gradient of parameter '" + names[p] +
-                       "' is not finite (NaN or Inf) in this step on at least one rank; the step is void on "
-                       "every rank and its gradients are cleared: skip this optimizer step, or lower the "
-                       "learning rate / check the data");
-    }
-    scales[p] = std::ldexp(1.0, scale_exponent(host_maxima[p], k_bits));
-  }
-  // 2. Convert and sum in int64, bucket by bucket; each bucket's allreduce starts as soon
-  //    as it is summed, while the next one is converted.
-  const bool distributed = pg->size() > 1;
-  std::size_t launched = 0;
-  try {
-    for (auto& b : buckets) {
-      for (auto& pc : b.pieces) {
-        kernels->fill(pc.acc, 0.0);
-        for (const Tensor& src : pc.src) kernels->fixed_point_accumulate(src, scales[pc.param], pc.acc);
-      }
-      if (distributed) b.work = pg->allreduce(b.acc, ReduceOp::Sum);
-      ++launched;
-    }
-    // 3. Divide once: sum / scale / K, into the last slot, which becomes .grad().
-    Tensor* out = views[per_rank - 1].data();
-    for (auto& b : buckets) {
-      if (b.work) {
-        WorkPtr w = std::move(b.work);
-        w->wait();
-      }
-      for (std::size_t i = 0; i < b.params.size(); ++i) {
-        const std::size_t p = b.params[i];
-        kernels->fixed_point_to_float(b.acc_view[i], scales[p], static_cast<double>(micro_batches), out[p]);
-      }
-    }
-  } catch (const CommError&) {
-    for (std::size_t i = 0; i < launched; ++i) {  // nothing may still write into the buckets
-      if (!buckets[i].work) continue;
-      try {
-        buckets[i].work->wait();
-      } catch (const CommError&) {
-      }
-      buckets[i].work.reset();
-    }
-    clear_grads();
-    rethrow_with_context("DDP exact mode: reducing the gradients failed: ");
-  }
-  for (std::size_t p = 0; p < n; ++p) params[p].set_grad(views[per_rank - 1][p]);
+  if (!bad.empty())
+    throw ValueError("DDP exact mode: the gradient of parameter '" + bad +
+                     "' is not finite (NaN or Inf) in this step on at least one rank; the step is void on every "
+                     "rank and its gradients are cleared: skip this optimizer step, or lower the learning rate / "
+                     "check the data");
+  for (std::size_t p = 0; p < params.size(); ++p) params[p].set_grad(views[per_rank - 1][p]);
+}
+
+void ExactReducer::State::void_step(const std::string& why) {
+  // The peers agree on the scales bucket by bucket at the end of their step: take part in
+  // the collectives this rank has not issued yet, with the void flag set, so every rank's
+  // step fails and the group stays in step.
+  finish_step(true);
+  throw AutogradError("DDP exact mode: " + why +
+                      ", so this step is void on every rank and its gradients are cleared; this forward was "
+                      "not counted: start the next step with its first micro-batch");
 }
 
 }  // namespace phalanx::parallel

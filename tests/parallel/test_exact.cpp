@@ -91,7 +91,7 @@ DDPOptions exact_options() {
   o.exact.enabled = true;
   o.exact.global_batch = kGlobal;
   o.exact.micro_batch = kMicro;
-  o.bucket_cap_mb = 1024.0 / (1 << 20);  // 1 KiB of int64: several buckets
+  o.bucket_cap_mb = o.first_bucket_mb = 512.0 / (1 << 20);  // 512 B of gradients: 4 buckets
   return o;
 }
 
@@ -101,9 +101,12 @@ struct Run {
 };
 
 /// `steps` exact steps on this rank; the weights' bytes and the logged losses.
-Run train_exact(ProcessGroupPtr pg, const std::string& opt_kind, int steps, bool zero_grad) {
+Run train_exact(ProcessGroupPtr pg, const std::string& opt_kind, int steps, bool zero_grad,
+                Device device = Device::cpu()) {
   const Data d = make_data();
-  DDP ddp(make_model(), pg, exact_options());
+  auto model = make_model();
+  model->to(device);
+  DDP ddp(model, pg, exact_options());
   const int W = pg->size();
   if (ddp.micro_batches_per_rank() != kK / W) throw std::runtime_error("micro_batches_per_rank");
   if (ddp.bucket_layout().size() < 4) throw std::runtime_error("fewer than 4 buckets");
@@ -115,7 +118,7 @@ Run train_exact(ProcessGroupPtr pg, const std::string& opt_kind, int steps, bool
     for (std::int64_t m : my_micro_batches(t, pg->rank(), W)) {
       Tensor xb, yb;
       gather(d, micro_samples(t, m), xb, yb);
-      Tensor loss = cross_entropy(ddp.forward(xb), yb);
+      Tensor loss = cross_entropy(ddp.forward(xb.to(device)), yb.to(device));
       losses.emplace_back(m, loss.item());
       loss.backward();
     }
@@ -221,6 +224,24 @@ TEST_CASE("exact mode: W = 2 as forked processes over TCP equals W = 1 in this p
   const std::vector<char> got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::remove(path);
   CHECK(got == one.weights);
+}
+
+TEST_CASE("exact mode on the sim test accelerator: the CPU's bits on W = 1 and 2 (nothing reads device memory on the host)") {
+  set_num_threads(1);
+  const Run cpu = run_world(1, "adamw", 3);
+  for (int W : {1, 2}) {
+    CAPTURE(W);
+    std::vector<Run> runs(W);
+    auto store = std::make_shared<MemoryStore>();
+    run_threads(W, [&](int rank) {
+      auto pg = make_thread_group("gloo", rank, W, store);
+      runs[rank] = train_exact(pg, "adamw", 3, true, Device::sim());
+    });
+    for (const Run& r : runs) {
+      CHECK(r.weights == cpu.weights);
+      CHECK(r.losses == cpu.losses);
+    }
+  }
 }
 
 TEST_CASE("exact mode: zero_grad is optional (the step's first micro-batch overwrites .grad)") {
@@ -358,9 +379,11 @@ TEST_CASE("exact mode: clear errors for sizes, hooks, no_sync, buffers, input si
   }
   gather(d, {0, 1}, xb, yb);
   Tensor loss = cross_entropy(ddp.forward(xb), yb);
-  Tensor again = cross_entropy(ddp.forward(xb), yb);  // a forward without backward does not count
-  again.backward();
+  // A forward without its backward: the next forward voids the step (the missing backward
+  // could have failed before reaching a parameter; counting on would shift the micro-batches).
+  CHECK_THROWS_WITH_AS(ddp.forward(xb), doctest::Contains("got no backward"), AutogradError);
   CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("without a forward"), AutogradError);
+  cross_entropy(ddp.forward(xb), yb).backward();  // the next step starts cleanly
   class WithBuffer : public nn::Module {
    public:
     WithBuffer() {
@@ -375,85 +398,96 @@ TEST_CASE("exact mode: clear errors for sizes, hooks, no_sync, buffers, input si
 }
 
 TEST_CASE("exact mode: a NaN gradient on one rank voids the step on every rank, naming the parameter; the next step works") {
-  auto store = std::make_shared<MemoryStore>();
   const Data d = make_data();
-  run_threads(2, [&](int rank) {
-    auto pg = make_thread_group("gloo", rank, 2, store, std::chrono::seconds(20));
-    DDP ddp(make_model(), pg, exact_options());
-    for (int t = 0; t < 2; ++t) {
-      bool failed = false;
-      for (std::int64_t m : my_micro_batches(t, rank, 2)) {
-        Tensor xb, yb;
-        gather(d, micro_samples(t, m), xb, yb);
-        if (t == 0 && rank == 1 && m == my_micro_batches(t, rank, 2)[2]) xb.mul_(NAN);
-        try {
-          cross_entropy(ddp.forward(xb), yb).backward();
-        } catch (const ValueError& e) {
-          failed = true;
-          REQUIRE_RANK(rank, std::string(e.what()).find("gradient of parameter '") != std::string::npos &&
-                                 std::string(e.what()).find("not finite") != std::string::npos,
-                       e.what());
+  // In a middle micro-batch, and in the last one (whose buckets are agreed during backward).
+  for (const std::size_t nan_at : {std::size_t{2}, std::size_t{5}}) {
+    CAPTURE(nan_at);
+    auto store = std::make_shared<MemoryStore>();
+    std::vector<std::string> messages(2);
+    run_threads(2, [&](int rank) {
+      auto pg = make_thread_group("gloo", rank, 2, store, std::chrono::seconds(20));
+      DDP ddp(make_model(), pg, exact_options());
+      for (int t = 0; t < 2; ++t) {
+        bool failed = false;
+        for (std::int64_t m : my_micro_batches(t, rank, 2)) {
+          Tensor xb, yb;
+          gather(d, micro_samples(t, m), xb, yb);
+          if (t == 0 && rank == 1 && m == my_micro_batches(t, rank, 2)[nan_at]) xb.mul_(NAN);
+          try {
+            cross_entropy(ddp.forward(xb), yb).backward();
+          } catch (const ValueError& e) {
+            failed = true;
+            messages[rank] = e.what();
+            REQUIRE_RANK(rank, std::string(e.what()).find("gradient of parameter '") != std::string::npos &&
+                                   std::string(e.what()).find("not finite") != std::string::npos,
+                         e.what());
+          }
         }
+        REQUIRE_RANK(rank, failed == (t == 0), "the NaN step fails on every rank, the next one does not");
+        for (const auto& p : ddp.parameters()) REQUIRE_RANK(rank, p.grad().defined() == (t == 1), "gradients");
       }
-      REQUIRE_RANK(rank, failed == (t == 0), "the NaN step fails on every rank, the next one does not");
-      for (const auto& p : ddp.parameters()) REQUIRE_RANK(rank, p.grad().defined() == (t == 1), "gradients");
-    }
-  });
+    });
+    CHECK(messages[0] == messages[1]);  // the same parameter named on every rank
+  }
 }
 
 TEST_CASE("exact mode: a backward that stops part-way on one rank voids the step on every rank; the next step is in step") {
-  auto store = std::make_shared<MemoryStore>();
   const Data d = make_data();
-  std::vector<std::vector<char>> after(2);
-  run_threads(2, [&](int rank) {
-    auto pg = make_thread_group("gloo", rank, 2, store, std::chrono::seconds(20));
-    auto model = make_model();
-    DDP ddp(model, pg, exact_options());
-    bool fail = false;
-    const Tensor where = model->parameters()[2];
-    const auto id = where.register_grad_accumulated_hook([&](const Tensor&) {
-      if (fail) throw ValueError("injected failure inside backward");
+  // In a middle micro-batch, and in the last one, after some buckets' maxima were agreed.
+  for (const std::size_t fail_at : {std::size_t{1}, std::size_t{5}}) {
+    CAPTURE(fail_at);
+    auto store = std::make_shared<MemoryStore>();
+    std::vector<std::vector<char>> after(2);
+    run_threads(2, [&](int rank) {
+      auto pg = make_thread_group("gloo", rank, 2, store, std::chrono::seconds(20));
+      auto model = make_model();
+      DDP ddp(model, pg, exact_options());
+      bool fail = false;
+      const Tensor where = model->parameters()[2];
+      const auto id = where.register_grad_accumulated_hook([&](const Tensor&) {
+        if (fail) throw ValueError("injected failure inside backward");
+      });
+      const auto mine = my_micro_batches(0, rank, 2);
+      std::string seen;
+      for (std::size_t i = 0; i < mine.size(); ++i) {
+        Tensor xb, yb;
+        gather(d, micro_samples(0, mine[i]), xb, yb);
+        fail = rank == 0 && i == fail_at;
+        try {
+          cross_entropy(ddp.forward(xb), yb).backward();
+        } catch (const Error& e) {
+          seen += e.what();
+          if (rank == 0 && i == fail_at) break;  // the failing rank leaves the step
+        }
+      }
+      fail = false;
+      if (rank == 0) {
+        // Its next forward completes the void step with the peer and says so.
+        Tensor xb, yb;
+        gather(d, micro_samples(1, 0), xb, yb);
+        try {
+          cross_entropy(ddp.forward(xb), yb).backward();
+          REQUIRE_RANK(rank, false, "expected the void step's error");
+        } catch (const AutogradError& e) {
+          REQUIRE_RANK(rank, std::string(e.what()).find("step is void on every rank") != std::string::npos, e.what());
+        }
+        REQUIRE_RANK(rank, seen.find("injected") != std::string::npos, seen);
+      } else {
+        REQUIRE_RANK(rank, seen.find("stopped part-way on at least one of 2") != std::string::npos, seen);
+      }
+      where.remove_grad_accumulated_hook(id);
+      // The next step pairs with the peer's next step and gives the exact gradients.
+      for (std::int64_t m : my_micro_batches(1, rank, 2)) {
+        Tensor xb, yb;
+        gather(d, micro_samples(1, m), xb, yb);
+        cross_entropy(ddp.forward(xb), yb).backward();
+      }
+      std::vector<Tensor> grads;
+      for (const auto& p : ddp.parameters()) grads.push_back(p.grad());
+      after[rank] = bytes_of(grads);
     });
-    const auto mine = my_micro_batches(0, rank, 2);
-    std::string seen;
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      Tensor xb, yb;
-      gather(d, micro_samples(0, mine[i]), xb, yb);
-      fail = rank == 0 && i == 1;
-      try {
-        cross_entropy(ddp.forward(xb), yb).backward();
-      } catch (const Error& e) {
-        seen += e.what();
-        if (rank == 0 && i == 1) break;  // the failing rank leaves the step
-      }
-    }
-    fail = false;
-    if (rank == 0) {
-      // Its next forward completes the void step with the peer and says so.
-      Tensor xb, yb;
-      gather(d, micro_samples(1, 0), xb, yb);
-      try {
-        cross_entropy(ddp.forward(xb), yb).backward();
-        REQUIRE_RANK(rank, false, "expected the void step's error");
-      } catch (const AutogradError& e) {
-        REQUIRE_RANK(rank, std::string(e.what()).find("step is void on every rank") != std::string::npos, e.what());
-      }
-      REQUIRE_RANK(rank, seen.find("injected") != std::string::npos, seen);
-    } else {
-      REQUIRE_RANK(rank, seen.find("stopped part-way on at least one of 2") != std::string::npos, seen);
-    }
-    where.remove_grad_accumulated_hook(id);
-    // The next step pairs with the peer's next step and gives the exact gradients.
-    for (std::int64_t m : my_micro_batches(1, rank, 2)) {
-      Tensor xb, yb;
-      gather(d, micro_samples(1, m), xb, yb);
-      cross_entropy(ddp.forward(xb), yb).backward();
-    }
-    std::vector<Tensor> grads;
-    for (const auto& p : ddp.parameters()) grads.push_back(p.grad());
-    after[rank] = bytes_of(grads);
-  });
-  CHECK(after[0] == after[1]);
+    CHECK(after[0] == after[1]);
+  }
 }
 
 TEST_CASE("fixed-point kernels: round half to even, negatives, order independence, conversion back") {
