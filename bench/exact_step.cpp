@@ -46,7 +46,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::max(5, std::atoi(argv[1])) : 7;
   const int steps = argc > 2 ? std::max(1, std::atoi(argv[2])) : 10;
-  const double cap_mb = argc > 3 ? std::atof(argv[3]) : 0;  // exact mode's bucket cap (default: DDP's)
+  const double cap_mb = argc > 3 ? std::atof(argv[3]) : 0;  // exact mode: both bucket caps (default: DDP's)
   const int world = 2;
   const std::int64_t global = 256, micro = 64;
   std::printf("CPU: %s\nBLAS: %s\n", cpu_model().c_str(), blas_info().c_str());
@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
         o.exact.enabled = true;
         o.exact.global_batch = global;
         o.exact.micro_batch = micro;
-        if (cap_mb > 0) o.bucket_cap_mb = cap_mb;
+        if (cap_mb > 0) o.bucket_cap_mb = o.first_bucket_mb = cap_mb;
       }
       return std::make_shared<parallel::DDP>(nn::mlp({784, 1024, 1024, 10}, "relu", &g), pg, o);
     };

@@ -539,8 +539,11 @@ TEST_CASE("fixed-point kernels: round half to even, negatives, order independenc
   for (float f : wv) wmax = std::max(wmax, std::abs(f));
   int we = 0;
   std::frexp(static_cast<double>(wmax), &we);
+  for (const char* simd : {"scalar", "avx2", "avx512"})  // each path this CPU has
   for (int sexp = -60; sexp <= 61 - 2 - we; sexp += 7) {
+    CAPTURE(simd);
     CAPTURE(sexp);
+    ::setenv("PHALANX_FIXED_POINT_SIMD", simd, 1);
     const double sc = std::ldexp(1.0, sexp);
     Tensor a = zeros({1027}, DType::Int64);
     k.fixed_point_accumulate(wide, sc, a);
@@ -555,10 +558,27 @@ TEST_CASE("fixed-point kernels: round half to even, negatives, order independenc
       same = same && got[i] == want;
       same_back = same_back && gb[i] == static_cast<float>((static_cast<double>(want) / sc) / 3.0);
     }
+    ::unsetenv("PHALANX_FIXED_POINT_SIMD");
     CHECK(same);
     CHECK(same_back);
   }
   // abs_max_into: a running max per slot; NaN sticks.
+  for (const char* simd : {"scalar", "avx2", "avx512"}) {
+    CAPTURE(simd);
+    ::setenv("PHALANX_FIXED_POINT_SIMD", simd, 1);
+    Tensor big = randn({1001}, &g);
+    auto bv = big.to_vector<float>();
+    bv[777] = -1000.f;
+    std::memcpy(big.data<float>(), bv.data(), bv.size() * sizeof(float));
+    Tensor mm = zeros({1});
+    k.abs_max_into(big, mm, 0);
+    CHECK(mm.to_vector<float>()[0] == 1000.f);
+    bv[500] = NAN;
+    std::memcpy(big.data<float>(), bv.data(), bv.size() * sizeof(float));
+    k.abs_max_into(big, mm, 0);
+    CHECK(std::isnan(mm.to_vector<float>()[0]));
+    ::unsetenv("PHALANX_FIXED_POINT_SIMD");
+  }
   Tensor m = zeros({2});
   k.abs_max_into(x, m, 1);
   CHECK(m.to_vector<float>() == std::vector<float>{0.f, 2.f});
