@@ -329,7 +329,7 @@ void ExactReducer::State::agree_bucket(std::size_t bi, bool void_rank) {
 
 void ExactReducer::State::finish_step(bool void_rank) {
   std::exception_ptr comm_error;
-  std::string stage = "agreeing on the gradient scales";
+  const char* stage = "agreeing on the gradient scales";
   try {
     for (; next_bucket < buckets.size(); ++next_bucket) agree_bucket(next_bucket, void_rank);
     stage = "reducing the gradients";
@@ -366,7 +366,7 @@ void ExactReducer::State::finish_step(bool void_rank) {
     try {
       std::rethrow_exception(comm_error);
     } catch (const CommError&) {
-      rethrow_with_context("DDP exact mode: " + stage + " failed: ");
+      rethrow_with_context(std::string("DDP exact mode: ") + stage + " failed: ");
     }
   }
   if (void_rank) return;  // the caller (void_step) says why
