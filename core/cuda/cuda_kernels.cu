@@ -360,6 +360,10 @@ void CudaKernels::divide(Tensor& x, float d) {
 void CudaKernels::gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
                        std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   if (m == 0 || n == 0) return;  // an empty C (k == 0 still scales C by beta)
+  constexpr std::int64_t kIntMax = 2147483647;  // cublasSgemm takes int sizes and strides
+  if (m > kIntMax || n > kIntMax || k > kIntMax || lda > kIntMax || ldb > kIntMax || ldc > kIntMax)
+    throw ValueError(detail::concat("matmul on CUDA: [", m, " x ", k, "] x [", k, " x ", n,
+                                    "] has a dimension over 2^31 - 1, which cuBLAS's sgemm cannot take; split it"));
   // The output's device, not the thread's current one (cuBLAS runs on its handle's device).
   const int device = device_of_memory(c, "gemm");
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
@@ -443,6 +447,7 @@ void CudaKernels::log_softmax_backward(const Tensor& g, const Tensor& y, std::in
 void CudaKernels::cross_entropy(const Tensor& logits, const Tensor& target, Tensor& probs, Tensor& loss) {
   on_device(logits);
   const std::int64_t n = logits.shape()[0], c = logits.shape()[1];
+  if (n == 0) return;  // a launch of 0 blocks is an invalid configuration
   cross_entropy_k<<<blocks_for(n), kThreads>>>(cf(logits), static_cast<const long long*>(target.raw_data()), mf(probs),
                                                mf(loss), n, c);
   after_launch("cross_entropy kernel");
@@ -451,6 +456,7 @@ void CudaKernels::cross_entropy(const Tensor& logits, const Tensor& target, Tens
 void CudaKernels::cross_entropy_backward(const Tensor& probs, const Tensor& target, const Tensor& gl, float s, Tensor& o) {
   on_device(probs);
   const std::int64_t n = probs.shape()[0], c = probs.shape()[1];
+  if (n * c == 0) return;
   cross_entropy_bw_k<<<blocks_for(n * c), kThreads>>>(cf(probs), static_cast<const long long*>(target.raw_data()), cf(gl),
                                                       gl.numel() == n && n != 1, s, mf(o), n, c);
   after_launch("cross_entropy backward kernel");
