@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/store.hpp"
@@ -279,8 +280,8 @@ void NcclProcessGroup::watch(const char* op, std::uint64_t seq, cudaEvent_t done
   }
 }
 
-template <typename Fn>
-void NcclProcessGroup::collective(const char* op, std::uint64_t seq, Fn&& enqueue) {
+template <typename Fn, typename After>
+void NcclProcessGroup::collective(const char* op, std::uint64_t seq, Fn&& enqueue, After&& after) {
   const auto deadline = Clock::now() + timeout();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -291,13 +292,22 @@ void NcclProcessGroup::collective(const char* op, std::uint64_t seq, Fn&& enqueu
     cuda_ok(cudaEventRecord(ready_, 0), "cudaEventRecord");
     cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
     enqueue();
-    wait_enqueued_locked(op, seq, deadline);  // the kernel is on the stream only after this
+    // Non-blocking communicator: until NCCL reports ncclSuccess the kernel may not be on the
+    // stream yet, and nothing else may be queued there (NCCL's rule), so `after` comes after.
+    wait_enqueued_locked(op, seq, deadline);
+    after();
     cuda_ok(cudaEventRecord(done_, stream_), "cudaEventRecord");
-    // The compute stream continues after the collective without a host round trip.
-    cuda_ok(cudaStreamWaitEvent(0, done_, 0), "cudaStreamWaitEvent");
+    // No cudaStreamWaitEvent(0, done_): the Work completes only once watch() saw done_ on the
+    // host, so whoever waits for it reads finished data, and the compute stream's kernels
+    // queued meanwhile (the rest of the backward) overlap the collective instead of waiting.
   }
   // Watchdog: this worker thread (not the caller) waits, with the group's timeout.
   watch(op, seq, done_, deadline);
+}
+
+template <typename Fn>
+void NcclProcessGroup::collective(const char* op, std::uint64_t seq, Fn&& enqueue) {
+  collective(op, seq, std::forward<Fn>(enqueue), [] {});
 }
 
 void NcclProcessGroup::queue_p2p(bool send, const Tensor& t, int peer, std::uint64_t seq) {
@@ -377,8 +387,7 @@ void NcclProcessGroup::flush_p2p_locked(const char* op, std::uint64_t seq, Clock
                 false);
   }
   wait_enqueued_locked(op, seq, deadline);
-  cuda_ok(cudaEventRecord(batch->done, stream_), "cudaEventRecord");
-  cuda_ok(cudaStreamWaitEvent(0, batch->done, 0), "cudaStreamWaitEvent");
+  cuda_ok(cudaEventRecord(batch->done, stream_), "cudaEventRecord");  // watched on the host (see collective)
   for (const auto& q : ops) q->batch = batch;
 }
 
@@ -405,13 +414,18 @@ void NcclProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in,
   check_tensor(in, "allgather");
   for (const auto& o : out) check_tensor(o, "allgather");
   Tensor flat = Tensor::empty({in.numel() * size()}, in.dtype(), in.device());
-  collective("allgather", seq, [&] {
-    nccl_ok(ncclAllGather(in.raw_data(), flat.raw_data(), in.numel(), nccl_type(in.dtype()), comm_, stream_),
-            "ncclAllGather");
-    for (int k = 0; k < size(); ++k)
-      cuda_ok(cudaMemcpyAsync(out[k].raw_data(), static_cast<char*>(flat.raw_data()) + k * in.nbytes(), in.nbytes(),
-                              cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
-  });
+  collective(
+      "allgather", seq,
+      [&] {
+        nccl_ok(ncclAllGather(in.raw_data(), flat.raw_data(), in.numel(), nccl_type(in.dtype()), comm_, stream_),
+                "ncclAllGather");
+      },
+      [&] {  // once the gather is on the stream
+        for (int k = 0; k < size(); ++k)
+          cuda_ok(cudaMemcpyAsync(out[k].raw_data(), static_cast<char*>(flat.raw_data()) + k * in.nbytes(),
+                                  in.nbytes(), cudaMemcpyDeviceToDevice, stream_),
+                  "cudaMemcpyAsync");
+      });
 }
 
 void NcclProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op, std::uint64_t seq) {

@@ -7,8 +7,9 @@
 // naming the operation and the ranks.
 //
 // Collectives run on a dedicated stream that first waits (an event, no host synchronisation)
-// for the work already queued on the compute stream; the compute stream then waits for the
-// collective. The worker thread watches each collective until it finishes.
+// for the work already queued on the compute stream. The worker thread watches each
+// collective until it finishes, and only then completes its Work: the compute stream does
+// not wait for the collective (its later kernels overlap it), so read a result after wait().
 //
 // Point-to-point: NCCL has no tags and runs a communicator's operations one after another, so
 // a send posted alone waits on the GPU for its receive, and a ring of send-then-recv posted
@@ -78,6 +79,9 @@ class NcclProcessGroup : public ProcessGroup {
   /// Makes the comm stream wait for the compute stream, runs `enqueue`, then watches.
   template <typename Fn>
   void collective(const char* op, std::uint64_t seq, Fn&& enqueue);
+  /// ... then runs `after` (more work on the comm stream) once NCCL has enqueued.
+  template <typename Fn, typename After>
+  void collective(const char* op, std::uint64_t seq, Fn&& enqueue, After&& after);
   void queue_p2p(bool send, const Tensor& t, int peer, std::uint64_t seq);
   void complete_p2p(P2pOp& op);
   /// Posts every queued send/receive as one group (mu_ held).
