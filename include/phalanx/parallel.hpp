@@ -2,6 +2,7 @@
 // Umbrella for the communication layer and parallel/.
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/file_store.hpp"
+#include "phalanx/backends/hierarchical_process_group.hpp"
 #include "phalanx/backends/memory_store.hpp"
 #include "phalanx/backends/plugin_registry.hpp"
 #include "phalanx/backends/prefix_store.hpp"

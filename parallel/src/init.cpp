@@ -18,6 +18,7 @@
 #include "phalanx/core/world.hpp"
 #include "phalanx/parallel/launch_env.hpp"
 #include "desync_check.hpp"
+#include "host_topology.hpp"
 #include "failure_aware_store.hpp"
 #include "failure_watcher.hpp"
 
@@ -134,11 +135,16 @@ Device local_device() {
   return resolve_device(InitOptions{});
 }
 
-std::string resolve_backend(const InitOptions& o, int world_size) {
+/// The backend named by the options, PHALANX_BACKEND or the config file ("" = auto).
+static std::string named_backend(const InitOptions& o) {
   std::string b = o.backend;
   if (b.empty()) b = env_or("PHALANX_BACKEND", "");
   if (b.empty()) b = config_string(read_config(o), "backend");
-  if (!b.empty() && b != "auto") return b;
+  return b == "auto" ? "" : b;
+}
+
+std::string resolve_backend(const InitOptions& o, int world_size) {
+  if (std::string b = named_backend(o); !b.empty()) return b;
   if (world_size == 1) return "single";
   if (resolve_device(o).type == DeviceType::CUDA && backend_available("nccl")) return "nccl";
   const LaunchEnv env = read_launch_env();
@@ -162,6 +168,8 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   const Device device = resolve_device(o);
   if (!device.is_cpu()) kernels_for(device);
   const std::string backend = resolve_backend(o, world);
+  // auto's CPU default becomes shm / gloo / hierarchical once the hosts are known (host_topology.hpp)
+  const bool by_hosts = backend == "hierarchical" || (backend == "gloo" && named_backend(o).empty());
   const bool debug_detail = debug_detail_enabled();
 
   if (backend == "single") {
@@ -248,7 +256,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   auto prefixed = std::make_shared<FailureAwareStore>(
       std::make_shared<PrefixStore>("phalanx/r" + std::to_string(env.restart_count) + "/default", store), ctx);
   try {
-    check_in(*prefixed, rank, world, backend, timeout);
+    check_in(*prefixed, rank, world, by_hosts && backend == "gloo" ? "auto" : backend, timeout);
     BackendConfig cfg;
     cfg.rank = rank;
     cfg.size = world;
@@ -258,7 +266,8 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     cfg.local_rank = env.local_rank;
     cfg.local_world_size = env.local_world_size;
     cfg.device = device;
-    ProcessGroupPtr group = create_process_group(backend, cfg, o.plugin_path);
+    ProcessGroupPtr group = by_hosts ? create_for_hosts(backend == "hierarchical", cfg, *prefixed, o.plugin_path)
+                                     : create_process_group(backend, cfg, o.plugin_path);
     group->set_failure_hook(make_failure_hook(ctx));
     if (debug_detail) group->set_collective_check(make_desync_check(prefixed, rank, world));
     s.watcher = std::make_unique<FailureWatcher>(ctx, group);

@@ -289,7 +289,10 @@ class TwoHeads : public nn::Module {
 std::vector<char> train_two_heads(int W, int rank, ProcessGroupPtr pg) {
   const Data d = make_data();
   auto model = std::make_shared<TwoHeads>();
-  DDP ddp(model, pg, exact_options());
+  DDPOptions o = exact_options();
+  o.bucket_cap_mb = o.first_bucket_mb = 16.0 / (1 << 20);  // a bucket per parameter: an unused
+  DDP ddp(model, pg, o);                                   // head's buckets hold up the others
+  if (ddp.bucket_layout().size() != 4) throw std::runtime_error("expected 4 buckets");
   optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
   for (int t = 0; t < 3; ++t) {
     for (std::int64_t m : my_micro_batches(t, rank, W)) {

@@ -1,0 +1,73 @@
+#include "host_topology.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+
+#include "phalanx/backends/comm_error.hpp"
+#include "phalanx/backends/hierarchical_process_group.hpp"
+#include "phalanx/backends/plugin_registry.hpp"
+
+namespace phalanx::parallel {
+
+std::string host_identity() {
+  if (const char* id = std::getenv("PHALANX_HOST_ID"); id && *id) return id;
+  char name[256] = {0};
+  ::gethostname(name, sizeof name - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  std::string id = std::string(name) + "/" + boot;
+  if (const char* node = std::getenv("GROUP_RANK"); node && *node) id += std::string("/node ") + node;
+  return id;
+}
+
+bool HostTopology::host_has_shm(int rank) const {
+  for (std::size_t r = 0; r < host_of_rank.size(); ++r)
+    if (host_of_rank[r] == host_of_rank[rank] && !shm_ok[r]) return false;
+  return true;
+}
+
+bool HostTopology::all_shm() const {
+  for (bool ok : shm_ok)
+    if (!ok) return false;
+  return true;
+}
+
+HostTopology exchange_hosts(Store& store, int rank, int world, std::chrono::milliseconds timeout) {
+  const std::string mine = std::string(backend_available("shm") ? "1" : "0") + host_identity();
+  store.set("host/" + std::to_string(rank), Bytes(mine.begin(), mine.end()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back("host/" + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const TimeoutError&) {
+    throw TimeoutError(detail::concat("rendezvous timed out after ", timeout.count() / 1000.0, " s on rank ", rank,
+                                      " while the ranks told each other their hosts; a rank stopped during init"));
+  }
+  HostTopology t;
+  std::set<std::string> hosts;
+  for (int r = 0; r < world; ++r) {
+    const std::string v = store.get_string(keys[r]);
+    t.shm_ok.push_back(!v.empty() && v[0] == '1');
+    t.host_of_rank.push_back(v.empty() ? "" : v.substr(1));
+    hosts.insert(t.host_of_rank.back());
+  }
+  t.hosts = static_cast<int>(hosts.size());
+  return t;
+}
+
+ProcessGroupPtr create_for_hosts(bool hierarchical, const BackendConfig& config, Store& store,
+                                 const std::string& plugin_path) {
+  const HostTopology t = exchange_hosts(store, config.rank, config.size, config.timeout);
+  if (t.hosts == 1 && !hierarchical) return create_process_group(t.all_shm() ? "shm" : "gloo", config, plugin_path);
+  HierarchyOptions h;
+  h.host_of_rank = t.host_of_rank;
+  h.intra_backend = t.host_has_shm(config.rank) ? "shm" : "gloo";
+  h.inter_backend = "gloo";
+  h.plugin_path = plugin_path;
+  return create_hierarchical_process_group(config, h);
+}
+
+}  // namespace phalanx::parallel

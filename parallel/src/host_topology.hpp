@@ -1,0 +1,39 @@
+#pragma once
+// Which ranks share a host, learnt at init through the rendezvous store, and the CPU
+// backend `auto` picks from it (docs/ddp.md, "Backends"): every rank on one host -> shared
+// memory ("shm") when its plugin can run on every rank, else Gloo; several hosts -> the
+// hierarchical group (shm, or Gloo, within each host; Gloo between the hosts' leaders).
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "phalanx/backends/process_group.hpp"
+#include "phalanx/backends/store.hpp"
+
+namespace phalanx::parallel {
+
+/// This process's host: PHALANX_HOST_ID when set (tests pose as several hosts on one
+/// machine), else the hostname, the kernel's boot id and the launcher's node rank
+/// (GROUP_RANK, set by phalanx-run and torchrun): two launchers are never taken for one host.
+std::string host_identity();
+
+struct HostTopology {
+  std::vector<std::string> host_of_rank;  ///< every rank's host identity
+  std::vector<bool> shm_ok;               ///< whether the shm plugin can run on that rank
+  int hosts = 1;
+  /// Whether every rank on `rank`'s host can use shared memory.
+  bool host_has_shm(int rank) const;
+  bool all_shm() const;
+};
+
+/// Posts this rank's host identity and shm availability under "host/<rank>" of the
+/// (prefixed) store and reads every rank's; a rank that never posts is a TimeoutError.
+HostTopology exchange_hosts(Store& store, int rank, int world, std::chrono::milliseconds timeout);
+
+/// The group `auto` builds for a CPU job (after exchange_hosts through `store`): shm or gloo
+/// on one host, the hierarchical group across hosts; `hierarchical` (named) forces the
+/// hierarchical group even on one host.
+ProcessGroupPtr create_for_hosts(bool hierarchical, const BackendConfig& config, Store& store,
+                                 const std::string& plugin_path);
+
+}  // namespace phalanx::parallel
