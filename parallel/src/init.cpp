@@ -17,6 +17,7 @@
 #include "phalanx/core/kernels.hpp"
 #include "phalanx/core/world.hpp"
 #include "phalanx/parallel/launch_env.hpp"
+#include "advertise_address.hpp"
 #include "desync_check.hpp"
 #include "host_topology.hpp"
 #include "failure_aware_store.hpp"
@@ -67,10 +68,6 @@ std::string config_string(const nlohmann::json& j, const char* key) {
   if (!j.contains(key)) return "";
   if (!j[key].is_string()) throw ConfigError(std::string("config key '") + key + "' must be a string");
   return j[key].get<std::string>();
-}
-
-bool is_loopback(const std::string& host) {
-  return host.empty() || host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
 /// Every rank checks in once: a duplicate rank or a disagreement on the world is an error
@@ -197,6 +194,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   StorePtr store;
   TcpStoreOptions record_opts;  // port > 0 when the store is a TCP store
   std::string host = "127.0.0.1";
+  AdvertiseInputs advertise;  // a TCP store: the address this rank advertises is chosen by advertise_address()
   const std::string method = o.init_method.empty() ? "env://" : o.init_method;
   if (method.rfind("file://", 0) == 0) {
     store = std::make_shared<FileStore>(method.substr(7), timeout);
@@ -228,11 +226,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     if (rank == 0 && !env.store_hosted) s.server = std::make_unique<TcpStoreServer>(so);
     store = std::make_shared<TcpStore>(so);
     record_opts = so;
-    host = is_loopback(addr) ? "127.0.0.1" : env_or("PHALANX_HOSTNAME", [] {
-      char buf[256] = {0};
-      ::gethostname(buf, sizeof buf - 1);
-      return std::string(buf);
-    }());
+    advertise = AdvertiseInputs{addr, port, world, env.local_world_size};
   }
   // From here the store is reachable: a failure on this rank is posted there, so the other
   // ranks fail at once (docs/errors.md), and theirs reach this rank's waits.
@@ -262,7 +256,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     cfg.size = world;
     cfg.store = prefixed;
     cfg.timeout = timeout;
-    cfg.hostname = host;
+    cfg.hostname = advertise.master_addr.empty() ? host : advertise_address(advertise);
     cfg.local_rank = env.local_rank;
     cfg.local_world_size = env.local_world_size;
     cfg.device = device;
