@@ -1,14 +1,18 @@
-// DDP benchmarks, 2 workers on this 2-core machine, Phalanx and PyTorch DDP (gloo) in the
-// same run (issue 7's bars):
+// DDP benchmarks, 2 workers on this 2-core machine, Phalanx over shared memory ("shm") and
+// over TCP ("gloo") beside PyTorch DDP (gloo) in the same run, each the median of N runs
+// (default 5, `--runs N`) with its spread (issues 7 and 14):
 //   1. the textbook's demo (Linear 64->10, 512 samples, batch 32 per worker, SGD lr 0.05):
-//      Phalanx's time per step <= 1/10 of PyTorch's;
-//   2. MLP 784-1024-1024-10, 128 samples per worker, SGD momentum: 2 workers >= 1.3x the
-//      samples/s of 1 worker and >= 1.8x PyTorch DDP's; how much allreduce is hidden;
-//   3. a bucket-size sweep (1, 5, 25, 100 MiB) on the MLP.
+//      time per step (issue 14's bar: <= 10 us on shared memory; PyTorch DDP ~1600 us);
+//   2. MLP 784-1024-1024-10, 128 samples per worker, SGD momentum: 2 workers' samples/s against
+//      one worker's (issue 14's bar: >= 1.8x on shared memory); how much allreduce is hidden;
+//   3. a bucket-size sweep (1, 5, 25, 100 MiB) on the MLP, 2 workers, the default backend.
+// The runs of every configuration alternate, so a drift of the machine's load hits them all.
+// A backend whose plugin cannot run here reads -1.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include <phalanx/phalanx.hpp>
 
@@ -19,20 +23,25 @@ using namespace phalanx::samplers;
 
 namespace {
 
-void worker_env(int rank, int world, int port) {
+void worker_env(int rank, int world, int port, const std::string& backend) {
   ::setenv("RANK", std::to_string(rank).c_str(), 1);
   ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
   ::setenv("MASTER_ADDR", "127.0.0.1", 1);
   ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
   ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+  if (backend.empty())
+    ::unsetenv("PHALANX_BACKEND");  // auto: shm on one host when its plugin can run
+  else
+    ::setenv("PHALANX_BACKEND", backend.c_str(), 1);
   set_num_threads(1);
 }
 
 /// The textbook's demo: microseconds per step.
-double demo_us(int world, int epochs) {
+double demo_us(int world, int epochs, const std::string& backend) {
+  if (!backend.empty() && !backend_available(backend)) return -1;
   TcpStoreServer server(TcpStoreOptions{});
   const std::string out = bench::run_ranks(world, [&](int rank, std::FILE* f) {
-    worker_env(rank, world, server.port());
+    worker_env(rank, world, server.port(), backend);
     auto pg = parallel::init_process_group();
     Generator g(0);
     auto model = std::make_shared<parallel::DDP>(std::make_shared<nn::Linear>(64, 10, true, &g), pg);
@@ -66,10 +75,11 @@ struct MlpResult {
 };
 
 /// MLP 784-1024-1024-10 at 128 samples per worker (world 1 = no DDP).
-MlpResult mlp(int world, int steps, double bucket_mb = 25.0) {
+MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb = 25.0) {
+  if (!backend.empty() && !backend_available(backend)) return {};
   TcpStoreServer server(TcpStoreOptions{});
   const std::string out = bench::run_ranks(world, [&](int rank, std::FILE* f) {
-    worker_env(rank, world, server.port());
+    worker_env(rank, world, server.port(), backend);
     auto pg = parallel::init_process_group();
     Generator g(0);
     nn::ModulePtr model = nn::mlp({784, 1024, 1024, 10}, "relu", &g);
@@ -106,38 +116,97 @@ double torch_us(int world, const std::string& args) {
                            "step_us");
 }
 
+/// Median and spread of one configuration's runs (-1 entries: did not run).
+struct Stats {
+  std::vector<double> v;
+  void add(double x) {
+    if (x > 0) v.push_back(x);
+  }
+  double median() const {
+    if (v.empty()) return -1;
+    std::vector<double> s = v;
+    std::sort(s.begin(), s.end());
+    return s.size() % 2 ? s[s.size() / 2] : (s[s.size() / 2 - 1] + s[s.size() / 2]) / 2;
+  }
+  double lo() const { return v.empty() ? -1 : *std::min_element(v.begin(), v.end()); }
+  double hi() const { return v.empty() ? -1 : *std::max_element(v.begin(), v.end()); }
+};
+
+void row(const char* name, const Stats& s, double scale, const char* unit) {
+  if (s.v.empty()) {
+    std::printf("   %-26s not run (plugin or peer missing)\n", name);
+    return;
+  }
+  std::printf("   %-26s median %9.1f %s   spread %9.1f .. %9.1f   (%zu runs)\n", name, s.median() * scale, unit,
+              s.lo() * scale, s.hi() * scale, s.v.size());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool skip_peer = argc > 1 && std::string(argv[1]) == "--no-peer";
-  std::printf("BLAS: %s\n\n", blas_info().c_str());
-
-  // Best of three runs on each side: this machine's timings swing between runs.
-  double demo = 1e30, demo_torch = skip_peer ? -1 : 1e30;
-  for (int r = 0; r < 3; ++r) {
-    demo = std::min(demo, demo_us(2, 100));
-    if (!skip_peer) demo_torch = std::min(demo_torch, torch_us(2, "demo 20"));
+  bool skip_peer = false;
+  int runs = 5;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--no-peer") {
+      skip_peer = true;
+    } else if (a == "--runs" && i + 1 < argc) {
+      runs = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: bench_ddp_step [--no-peer] [--runs N]\n");
+      return 2;
+    }
   }
-  std::printf("1. textbook demo (Linear 64->10, batch 32/worker), 2 workers, time per step (best of 3 runs)\n");
-  std::printf("   phalanx %8.1f us   pytorch DDP %8.1f us   pytorch/phalanx %.1fx   (bar >= 10x)\n\n", demo,
-              demo_torch, demo_torch > 0 ? demo_torch / demo : 0.0);
+  std::printf("BLAS: %s; shm plugin: %s\n\n", blas_info().c_str(), backend_available("shm") ? "yes" : "no (reads -1)");
 
-  const MlpResult one = mlp(1, 20), two = mlp(2, 20);
-  const double t1 = skip_peer ? -1 : torch_us(1, "mlp 20"), t2 = skip_peer ? -1 : torch_us(2, "mlp 20");
-  const double s1 = 128 / (one.step_us * 1e-6), s2 = 256 / (two.step_us * 1e-6);
-  const double ts1 = t1 > 0 ? 128 / (t1 * 1e-6) : 0, ts2 = t2 > 0 ? 256 / (t2 * 1e-6) : 0;
-  std::printf("2. MLP 784-1024-1024-10, 128 samples/worker, SGD momentum (samples/s in total)\n");
-  std::printf("   %-10s %12s %12s %14s %14s\n", "", "phalanx", "pytorch", "phalanx step", "pytorch step");
-  std::printf("   %-10s %12.0f %12.0f %11.1f ms %11.1f ms\n", "1 worker", s1, ts1, one.step_us / 1e3, t1 / 1e3);
-  std::printf("   %-10s %12.0f %12.0f %11.1f ms %11.1f ms\n", "2 workers", s2, ts2, two.step_us / 1e3, t2 / 1e3);
-  std::printf("   scaling: phalanx %.2fx of 1 worker (bar >= 1.3), pytorch %.2fx; phalanx/pytorch at 2 workers %.2fx "
-              "(bar >= 1.8)\n",
-              s2 / s1, ts1 > 0 ? ts2 / ts1 : 0.0, ts2 > 0 ? s2 / ts2 : 0.0);
-  std::printf("   allreduce hidden behind backward: %.0f%%\n\n", two.hidden * 100);
+  Stats demo_shm, demo_tcp, demo_torch;
+  for (int r = 0; r < runs; ++r) {
+    demo_shm.add(demo_us(2, 100, "shm"));
+    demo_tcp.add(demo_us(2, 100, "gloo"));
+    if (!skip_peer) demo_torch.add(torch_us(2, "demo 20"));
+  }
+  std::printf("1. textbook demo (Linear 64->10, batch 32/worker), 2 workers, time per step\n");
+  row("phalanx shm", demo_shm, 1, "us");
+  row("phalanx gloo (TCP)", demo_tcp, 1, "us");
+  row("pytorch DDP (gloo)", demo_torch, 1, "us");
+  std::printf("   bar: shm <= 10 us: %s; pytorch/phalanx shm %.0fx\n\n",
+              demo_shm.median() > 0 && demo_shm.median() <= 10 ? "met" : "NOT met",
+              demo_torch.median() > 0 && demo_shm.median() > 0 ? demo_torch.median() / demo_shm.median() : 0.0);
 
-  std::printf("3. bucket-size sweep, MLP, 2 workers\n");
+  Stats one, shm2, tcp2, hid_shm, hid_tcp, t1, t2;
+  for (int r = 0; r < runs; ++r) {
+    one.add(mlp(1, 20, "").step_us);
+    const MlpResult a = mlp(2, 20, "shm"), b = mlp(2, 20, "gloo");
+    shm2.add(a.step_us);
+    tcp2.add(b.step_us);
+    if (a.step_us > 0) hid_shm.v.push_back(a.hidden);
+    if (b.step_us > 0) hid_tcp.v.push_back(b.hidden);
+    if (!skip_peer) {
+      t1.add(torch_us(1, "mlp 20"));
+      t2.add(torch_us(2, "mlp 20"));
+    }
+  }
+  // samples/s from the median step times
+  auto rate = [](const Stats& s, int samples) { return s.median() > 0 ? samples / (s.median() * 1e-6) : 0.0; };
+  std::printf("2. MLP 784-1024-1024-10, 128 samples/worker, SGD momentum (time per step)\n");
+  row("phalanx 1 worker", one, 1e-3, "ms");
+  row("phalanx 2 workers shm", shm2, 1e-3, "ms");
+  row("phalanx 2 workers gloo", tcp2, 1e-3, "ms");
+  row("pytorch 1 worker", t1, 1e-3, "ms");
+  row("pytorch 2 workers DDP", t2, 1e-3, "ms");
+  const double s1 = rate(one, 128);
+  std::printf("   samples/s: phalanx 1 worker %.0f, 2 workers shm %.0f (%.2fx), gloo %.0f (%.2fx); pytorch 1 worker %.0f, "
+              "2 workers %.0f (%.2fx)\n",
+              s1, rate(shm2, 256), s1 > 0 ? rate(shm2, 256) / s1 : 0.0, rate(tcp2, 256),
+              s1 > 0 ? rate(tcp2, 256) / s1 : 0.0, rate(t1, 128), rate(t2, 256),
+              rate(t1, 128) > 0 ? rate(t2, 256) / rate(t1, 128) : 0.0);
+  std::printf("   bar: 2 workers on shm >= 1.8x one worker: %s\n", s1 > 0 && rate(shm2, 256) >= 1.8 * s1 ? "met" : "NOT met");
+  std::printf("   allreduce hidden behind backward (medians): shm %.0f%%, gloo %.0f%%\n\n",
+              hid_shm.v.empty() ? 0.0 : hid_shm.median() * 100, hid_tcp.v.empty() ? 0.0 : hid_tcp.median() * 100);
+
+  std::printf("3. bucket-size sweep, MLP, 2 workers, the default backend (auto)\n");
   for (double mb : {1.0, 5.0, 25.0, 100.0}) {
-    const MlpResult r = mlp(2, 20, mb);
+    const MlpResult r = mlp(2, 20, "", mb);
     std::printf("   bucket_cap_mb %5.0f: %8.1f ms/step, %7.0f samples/s, hidden %3.0f%%\n", mb, r.step_us / 1e3,
                 256 / (r.step_us * 1e-6), r.hidden * 100);
   }
