@@ -6,8 +6,13 @@
 // Backend priority: InitOptions::backend > PHALANX_BACKEND > the config file ("backend" in
 // the JSON file named by PHALANX_CONFIG) > auto. Auto: a world of one runs on the built-in
 // "single" backend; nccl when the device is CUDA and the plugin can run; mpi when launched
-// by mpirun/srun and the plugin can run; else gloo. A backend named explicitly that cannot
-// be loaded is an error, even in a world of one.
+// by mpirun/srun and the plugin can run; else (resolve_backend says "gloo") the ranks tell
+// each other their hosts through the store (PHALANX_HOST_ID, else hostname, boot id and the
+// launcher's GROUP_RANK) and init picks: every rank on one host -> "shm" when its plugin can
+// run on every rank, else gloo; several hosts -> the hierarchical group (shm or gloo within a
+// host, gloo between hosts; hierarchical_process_group.hpp), which can also be named
+// ("hierarchical"). A backend named explicitly ("gloo" included) is used as named; one that
+// cannot be loaded is an error, even in a world of one.
 //
 // Rendezvous (env://, the default): rank 0 hosts the TCP store on MASTER_ADDR:MASTER_PORT,
 // unless the launcher hosts it (PHALANX_STORE_HOSTED=1, what phalanx-run does); every rank
