@@ -73,16 +73,12 @@ macro(phalanx_probe_optional_parts)
 
   set(_phx_mpi_found FALSE)
   if(NOT PHALANX_WITH_MPI STREQUAL "OFF")
+    # The plugin (libphalanx_mpi.so) uses MPI's C API only, from C++: no libmpi_cxx.
+    set(MPI_CXX_SKIP_MPICXX ON)
     find_package(MPI COMPONENTS CXX QUIET)
     set(_phx_mpi_found ${MPI_CXX_FOUND})
   endif()
-  if(_phx_mpi_found AND NOT PHALANX_WITH_MPI STREQUAL "OFF")
-    message(STATUS "Phalanx: MPI found; this version has no MPI plugin yet: under mpirun/srun the OMPI_*/SLURM_* "
-                   "variables are read and the gloo backend is used")
-    set(PHALANX_HAVE_MPI OFF CACHE INTERNAL "")
-  else()
-    phalanx_optional(MPI FALSE "MPI not found (apt-get install libopenmpi-dev)")
-  endif()
+  phalanx_optional(MPI "${_phx_mpi_found}" "MPI not found (apt-get install libopenmpi-dev)")
 endmacro()
 
 # PHALANX_FUZZ: a build for the libFuzzer harnesses (tests/fuzz, docs/reliability.md) with

@@ -196,9 +196,12 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   std::string host = "127.0.0.1";
   AdvertiseInputs advertise;  // a TCP store: the address this rank advertises is chosen by advertise_address()
   const std::string method = o.init_method.empty() ? "env://" : o.init_method;
+  // Backend mpi under mpirun/srun without MASTER_ADDR: MPI_Init is the rendezvous (docs/mpi.md),
+  // so a local store and no check-in; the plugin checks MPI's world against this one.
+  const bool mpi_rendezvous = backend == "mpi" && world > 1 && method == "env://" && env.master_addr.empty();
   if (method.rfind("file://", 0) == 0) {
     store = std::make_shared<FileStore>(method.substr(7), timeout);
-  } else if (world == 1 && method == "env://" && env.master_addr.empty()) {
+  } else if ((world == 1 || mpi_rendezvous) && method == "env://" && env.master_addr.empty()) {
     store = std::make_shared<MemoryStore>(timeout);
   } else {
     std::string addr = env.master_addr;
@@ -250,7 +253,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   auto prefixed = std::make_shared<FailureAwareStore>(
       std::make_shared<PrefixStore>("phalanx/r" + std::to_string(env.restart_count) + "/default", store), ctx);
   try {
-    check_in(*prefixed, rank, world, by_hosts && backend == "gloo" ? "auto" : backend, timeout);
+    if (!mpi_rendezvous) check_in(*prefixed, rank, world, by_hosts && backend == "gloo" ? "auto" : backend, timeout);
     BackendConfig cfg;
     cfg.rank = rank;
     cfg.size = world;
@@ -263,7 +266,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     ProcessGroupPtr group = by_hosts ? create_for_hosts(backend == "hierarchical", cfg, *prefixed, o.plugin_path)
                                      : create_process_group(backend, cfg, o.plugin_path);
     group->set_failure_hook(make_failure_hook(ctx));
-    if (debug_detail) group->set_collective_check(make_desync_check(prefixed, rank, world));
+    if (debug_detail && !mpi_rendezvous) group->set_collective_check(make_desync_check(prefixed, rank, world));
     s.watcher = std::make_unique<FailureWatcher>(ctx, group);
     s.group = group;
   } catch (...) {

@@ -1,0 +1,317 @@
+#include "mpi_process_group.hpp"
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "mpi_runtime.hpp"
+#include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/half.hpp"
+#include "phalanx/core/kernels.hpp"
+
+namespace phalanx::mpi_backend {
+
+namespace {
+
+/// MPI user operations for 16-bit floats (MPI has no float16 or bfloat16 type): widen, add
+/// in float32, round back to nearest even, like the Gloo plugin. Commutative.
+template <float (*Load)(std::uint16_t), std::uint16_t (*Store)(float)>
+void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = Store(Load(a[i]) + Load(b[i]));
+}
+
+bool async_from_env() {
+  const char* s = std::getenv("PHALANX_MPI_ASYNC");
+  if (!s || !*s || std::string(s) == "0") return false;
+  if (std::string(s) == "1") return true;
+  throw ConfigError(std::string("PHALANX_MPI_ASYNC='") + s + "' is not 0 (operations on the caller's thread, the "
+                    "default) or 1 (on the group's worker thread)");
+}
+
+/// MPI counts are ints.
+int count_of(std::int64_t n, const char* op) {
+  if (n > INT_MAX)
+    throw ValueError(detail::concat(op, ": ", n, " elements are more than one MPI call takes (", INT_MAX,
+                                    "); split the tensor"));
+  return static_cast<int>(n);
+}
+
+// MPI reads and writes host memory. A CPU tensor is used in place (zero-copy); a tensor of
+// another device is staged through a host buffer: copied in before the operation, copied back
+// after it.
+
+/// `t` itself when it is on the CPU; else a host tensor like it, holding t's values when
+/// `copy_in` (an input), uninitialised otherwise (an output only).
+Tensor host_of(const Tensor& t, bool copy_in = true) {
+  if (t.device().is_cpu()) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  if (copy_in) kernels_for(t.device()).copy_to_host(h.raw_data(), t.raw_data(), t.nbytes());
+  return h;
+}
+
+/// `nbytes` of host memory at `src` into `dst` at byte `offset`, whatever dst's device.
+void write_back(const Tensor& dst, std::size_t offset, const void* src, std::size_t nbytes) {
+  char* d = static_cast<char*>(dst.raw_data()) + offset;
+  if (dst.device().is_cpu())
+    std::memcpy(d, src, nbytes);
+  else
+    kernels_for(dst.device()).copy_from_host(d, src, nbytes);
+}
+
+/// `nbytes` of `src` (any device) into host memory at `dst`.
+void read_into(void* dst, const Tensor& src, std::size_t nbytes) {
+  if (src.device().is_cpu())
+    std::memcpy(dst, src.raw_data(), nbytes);
+  else
+    kernels_for(src.device()).copy_to_host(dst, src.raw_data(), nbytes);
+}
+
+void copy_back(const Tensor& host, const Tensor& t) {
+  if (!host.is_same(t)) write_back(t, 0, host.raw_data(), t.nbytes());
+}
+
+void divide_by(Tensor& host, int size) { kernels_for(Device::cpu()).divide(host, static_cast<float>(size)); }
+
+}  // namespace
+
+MpiProcessGroup::MpiProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank, c.size, c.timeout, !async_from_env()) {
+  try {
+    if (c.size > 1 && !std::getenv("OMPI_COMM_WORLD_SIZE") && !std::getenv("PMIX_RANK") && !std::getenv("PMI_RANK") &&
+        !std::getenv("SLURM_PROCID"))
+      throw ConfigError(detail::concat("backend 'mpi' on rank ", c.rank, " of ", c.size,
+                                       ": this process was not started by mpirun or srun (no OMPI_COMM_WORLD_SIZE, "
+                                       "PMIX_RANK, PMI_RANK or SLURM_PROCID); start the job with `mpirun -np ", c.size,
+                                       " ...`, or use backend gloo (PHALANX_BACKEND=gloo)"));
+    ensure_initialized();
+    int world = 0, me = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (world != c.size || me != c.rank)
+      throw ConfigError(detail::concat("backend 'mpi': MPI says this is rank ", me, " of ", world,
+                                       ", but Phalanx was told rank ", c.rank, " of ", c.size,
+                                       "; under mpirun leave RANK and WORLD_SIZE unset (Phalanx reads "
+                                       "OMPI_COMM_WORLD_RANK/SIZE), and start every rank with the same -np"));
+    // A private communicator: the application's own MPI traffic cannot match ours, and
+    // errors come back as codes (MPI_ERRORS_ARE_FATAL would end the process mid-call).
+    if (MPI_Comm_dup(MPI_COMM_WORLD, &comm_) != MPI_SUCCESS)
+      throw CommError(detail::concat("backend 'mpi' on rank ", c.rank, ": MPI_Comm_dup of MPI_COMM_WORLD failed"));
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    int* ub = nullptr;
+    int found = 0;
+    if (MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found) == MPI_SUCCESS && found && ub) tag_ub_ = *ub;
+    MPI_Op_create(&sum16<fp16_to_float, float_to_fp16>, 1, &sum_fp16_);
+    MPI_Op_create(&sum16<bf16_to_float, float_to_bf16>, 1, &sum_bf16_);
+  } catch (...) {
+    shutdown();
+    throw;
+  }
+}
+
+MpiProcessGroup::~MpiProcessGroup() {
+  closing_ = true;  // a send or recv still waiting ends now (its Work fails)
+  shutdown();       // the threads stop before the communicator goes
+  if (finalized()) return;  // the process is exiting and MPI ended first: nothing left to free
+  if (sum_fp16_ != MPI_OP_NULL) MPI_Op_free(&sum_fp16_);
+  if (sum_bf16_ != MPI_OP_NULL) MPI_Op_free(&sum_bf16_);
+  // Local, not collective: pending requests (of timed-out sends) keep it until they end.
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiProcessGroup::check(int rc, const char* op, std::uint64_t seq) const {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) std::snprintf(msg, sizeof msg, "error code %d", rc);
+  throw CommError(describe(op, seq) + " failed: MPI: " + msg);
+}
+
+MPI_Datatype MpiProcessGroup::type_of(const Tensor& t) const {
+  switch (t.dtype()) {
+    case DType::Float32: return MPI_FLOAT;
+    case DType::Int64: return MPI_INT64_T;
+    case DType::Float16:
+    case DType::BFloat16: return MPI_UINT16_T;  // raw 16-bit words; sums through sum16
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op MpiProcessGroup::op_of(const Tensor& t, ReduceOp op) const {
+  // The base class admits only sum for 16-bit floats, and avg only for float32.
+  if (t.dtype() == DType::Float16) return sum_fp16_;
+  if (t.dtype() == DType::BFloat16) return sum_bf16_;
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return MPI_SUM;  // avg: the sum, divided once at the end
+    case ReduceOp::Product: return MPI_PROD;
+    case ReduceOp::Min: return MPI_MIN;
+    case ReduceOp::Max: return MPI_MAX;
+  }
+  return MPI_SUM;
+}
+
+char* MpiProcessGroup::scratch(std::size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+void MpiProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
+  const int n = count_of(t.numel(), "allreduce");
+  std::lock_guard<std::mutex> lock(mpi_mu_);
+  if (t.device().is_cpu()) {  // the hot path: one MPI call on the tensor itself
+    check(MPI_Allreduce(MPI_IN_PLACE, t.raw_data(), n, type_of(t), op_of(t, op), comm_), "allreduce", seq);
+    if (op == ReduceOp::Avg) divide_by(t, size());
+    return;
+  }
+  Tensor h = host_of(t);
+  check(MPI_Allreduce(MPI_IN_PLACE, h.raw_data(), n, type_of(h), op_of(h, op), comm_), "allreduce", seq);
+  if (op == ReduceOp::Avg) divide_by(h, size());
+  copy_back(h, t);
+}
+
+void MpiProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
+  const int n = count_of(t.numel(), "broadcast");
+  std::lock_guard<std::mutex> lock(mpi_mu_);
+  Tensor h = host_of(t, rank() == root);
+  check(MPI_Bcast(h.raw_data(), n, type_of(h), root, comm_), "broadcast", seq);
+  if (rank() != root) copy_back(h, t);
+}
+
+void MpiProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
+  const int n = count_of(in.numel(), "allgather");
+  count_of(in.numel() * size(), "allgather");
+  std::lock_guard<std::mutex> lock(mpi_mu_);
+  const Tensor h = host_of(in);
+  const std::size_t bytes = in.nbytes();
+  char* flat = scratch(bytes * size());
+  check(MPI_Allgather(h.raw_data(), n, type_of(in), flat, n, type_of(in), comm_), "allgather", seq);
+  for (int r = 0; r < size(); ++r) write_back(out[r], 0, flat + r * bytes, bytes);
+}
+
+void MpiProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op, std::uint64_t seq) {
+  const int n = count_of(out.numel(), "reduce_scatter");
+  count_of(out.numel() * size(), "reduce_scatter");
+  std::lock_guard<std::mutex> lock(mpi_mu_);
+  const std::size_t bytes = out.nbytes();
+  char* flat = scratch(bytes * size());
+  for (int r = 0; r < size(); ++r) read_into(flat + r * bytes, in[r], bytes);
+  Tensor h = host_of(out, false);
+  check(MPI_Reduce_scatter_block(flat, h.raw_data(), n, type_of(out), op_of(out, op), comm_), "reduce_scatter", seq);
+  if (op == ReduceOp::Avg) divide_by(h, size());
+  copy_back(h, out);
+}
+
+void MpiProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
+  const int n = count_of(t.numel(), "reduce");
+  std::lock_guard<std::mutex> lock(mpi_mu_);
+  Tensor h = host_of(t);
+  if (rank() != root) {  // only sends: its tensor stays as it was
+    check(MPI_Reduce(h.raw_data(), nullptr, n, type_of(h), op_of(h, op), root, comm_), "reduce", seq);
+    return;
+  }
+  check(MPI_Reduce(MPI_IN_PLACE, h.raw_data(), n, type_of(h), op_of(h, op), root, comm_), "reduce", seq);
+  if (op == ReduceOp::Avg) divide_by(h, size());
+  copy_back(h, t);
+}
+
+void MpiProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
+  const int n = count_of(in.numel(), "gather");
+  count_of(in.numel() * size(), "gather");
+  std::lock_guard<std::mutex> lock(mpi_mu_);
+  const Tensor h = host_of(in);
+  const std::size_t bytes = in.nbytes();
+  char* flat = rank() == root ? scratch(bytes * size()) : nullptr;
+  check(MPI_Gather(h.raw_data(), n, type_of(in), flat, n, type_of(in), root, comm_), "gather", seq);
+  if (rank() == root)
+    for (int r = 0; r < size(); ++r) write_back(out[r], 0, flat + r * bytes, bytes);
+}
+
+void MpiProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) {
+  const int n = count_of(out.numel(), "scatter");
+  count_of(out.numel() * size(), "scatter");
+  std::lock_guard<std::mutex> lock(mpi_mu_);
+  const std::size_t bytes = out.nbytes();
+  char* flat = nullptr;
+  if (rank() == root) {
+    flat = scratch(bytes * size());
+    for (int r = 0; r < size(); ++r) read_into(flat + r * bytes, in[r], bytes);
+  }
+  Tensor h = host_of(out, false);
+  check(MPI_Scatter(flat, n, type_of(out), h.raw_data(), n, type_of(out), root, comm_), "scatter", seq);
+  copy_back(h, out);
+}
+
+void MpiProcessGroup::run_barrier(std::uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mpi_mu_);
+  check(MPI_Barrier(comm_), "barrier", seq);
+}
+
+void MpiProcessGroup::run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) {
+  const int n = count_of(t.numel(), "send");
+  if (tag < 0 || tag > tag_ub_)
+    throw ValueError(detail::concat(describe("send", seq), ": tag ", tag, " is outside MPI's [0, ", tag_ub_, "]"));
+  MPI_Request req = MPI_REQUEST_NULL;
+  const Tensor h = host_of(t);
+  {
+    std::lock_guard<std::mutex> lock(mpi_mu_);
+    check(MPI_Isend(h.raw_data(), n, type_of(h), dst, tag, comm_, &req), "send", seq);
+  }
+  // The (host) tensor is captured so its memory outlives the transfer.
+  defer_completion([this, req, h, seq] { wait_request(req, h, "send", seq); });
+}
+
+void MpiProcessGroup::run_recv(Tensor& t, int src, int tag, std::uint64_t seq) {
+  const int n = count_of(t.numel(), "recv");
+  if (tag < 0 || tag > tag_ub_)
+    throw ValueError(detail::concat(describe("recv", seq), ": tag ", tag, " is outside MPI's [0, ", tag_ub_, "]"));
+  MPI_Request req = MPI_REQUEST_NULL;
+  const Tensor h = host_of(t, false);
+  {
+    std::lock_guard<std::mutex> lock(mpi_mu_);
+    check(MPI_Irecv(h.raw_data(), n, type_of(h), src, tag, comm_, &req), "recv", seq);
+  }
+  // A staged receive lands in `t` when it completes (before its Work does).
+  defer_completion([this, req, h, t, seq] {
+    wait_request(req, h, "recv", seq);
+    copy_back(h, t);
+  });
+}
+
+void MpiProcessGroup::wait_request(MPI_Request req, const Tensor& keep_alive, const char* op, std::uint64_t seq) {
+  // MPI_Wait would hold mpi_mu_ (every other MPI call of the group) for as long as the peer
+  // takes, and spin a core. Instead: MPI_Test (which also drives MPI's progress), yielding
+  // between tests for the first millisecond, then sleeping 50 µs at a time.
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto deadline = start + timeout();
+  for (;;) {
+    int done = 0;
+    {
+      std::lock_guard<std::mutex> lock(mpi_mu_);
+      check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), op, seq);
+    }
+    if (done) return;
+    const auto now = Clock::now();
+    if (closing_ || is_aborted() || now > deadline) {
+      std::lock_guard<std::mutex> lock(mpi_mu_);
+      // MPI may still write into (or read from) the buffer: keep it for the group's life.
+      orphans_.push_back(keep_alive);
+      if (closing_ || is_aborted())
+        throw CommError(describe(op, seq) + ": the process group was " + (closing_ ? "destroyed" : "aborted") +
+                        " before the " + op + " completed");
+      throw TimeoutError(detail::concat(describe(op, seq), " timed out after ", timeout().count() / 1000.0,
+                                        " s: the peer never posted the matching ", op == std::string("send") ? "recv" : "send",
+                                        " (same tag?), or it has exited"));
+    }
+    if (now - start < std::chrono::milliseconds(1))
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace phalanx::mpi_backend

@@ -1,0 +1,67 @@
+// MPI plugin vs raw OpenMPI: float32 in-place sum allreduce, 4 B ... 64 MiB, in one run,
+// one process per rank (docs/mpi.md). Raw: MPI_Allreduce(MPI_IN_PLACE, ..., MPI_COMM_WORLD),
+// exactly ../shared/anchors/mpi_allreduce.c's loop. Phalanx: pg->allreduce(t)->wait() on
+// backend mpi, what DDP calls. The two loops alternate, 5 times per size; each figure is
+// the median of the 5 (rank 0's clock; iterations per loop as in the anchor).
+//   mpirun --oversubscribe -np 2 build/bench/bench_mpi_allreduce
+// (as root add --allow-run-as-root). PHALANX_MPI_ASYNC=1 measures the worker-thread mode.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include <phalanx/phalanx.hpp>
+
+using namespace phalanx;
+
+namespace {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+}  // namespace
+
+int main() {
+  auto pg = parallel::init_process_group();  // initialises MPI (backend mpi under mpirun)
+  if (pg->backend_name() != "mpi") {
+    std::fprintf(stderr, "bench_mpi_allreduce: run it under mpirun (the backend is '%s', not mpi)\n",
+                 pg->backend_name().c_str());
+    return 2;
+  }
+  const int rank = pg->rank();
+  const std::size_t sizes[] = {4, 4096, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
+  if (rank == 0) {
+    std::printf("allreduce float32 sum in place, %d ranks, median of 5 (us per call)\n", pg->size());
+    std::printf("%10s %14s %14s %10s\n", "bytes", "raw OpenMPI", "Phalanx mpi", "speed");
+  }
+  for (std::size_t bytes : sizes) {
+    const std::int64_t n = static_cast<std::int64_t>(bytes / 4);
+    Tensor t = ones({n});
+    float* a = t.data<float>();
+    const int it = bytes <= 65536 ? 2000 : bytes <= (4u << 20) ? 50 : 10;
+    for (int i = 0; i < 5; ++i) {
+      MPI_Allreduce(MPI_IN_PLACE, a, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      pg->allreduce(t)->wait();
+    }
+    std::vector<double> raw, ours;
+    for (int rep = 0; rep < 5; ++rep) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t0 = MPI_Wtime();
+      for (int i = 0; i < it; ++i)
+        MPI_Allreduce(MPI_IN_PLACE, a, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      raw.push_back((MPI_Wtime() - t0) / it);
+      MPI_Barrier(MPI_COMM_WORLD);
+      t0 = MPI_Wtime();
+      for (int i = 0; i < it; ++i) pg->allreduce(t)->wait();
+      ours.push_back((MPI_Wtime() - t0) / it);
+    }
+    if (rank == 0) {
+      const double r = median(raw), o = median(ours);
+      std::printf("%10zu %14.2f %14.2f %9.2fx\n", bytes, r * 1e6, o * 1e6, r / o);
+      std::fflush(stdout);
+    }
+  }
+  parallel::destroy_process_group();
+  return 0;
+}
