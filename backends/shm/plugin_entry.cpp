@@ -1,0 +1,23 @@
+// The plugin's one C entry point.
+#include <cstdio>
+
+#include "phalanx/backends/plugin_abi.h"
+#include "shm_process_group.hpp"
+
+namespace {
+void* create(const void* config, char* error, size_t error_len) {
+  // Phalanx errors (TimeoutError for a rank that never attaches, ...) propagate as C++
+  // exceptions: plugins are C++ built against this Phalanx, see plugin_abi.h.
+  return new phalanx::shm::ShmProcessGroup(*static_cast<const phalanx::BackendConfig*>(config));
+}
+void destroy(void* pg) { delete static_cast<phalanx::shm::ShmProcessGroup*>(pg); }
+
+const phalanx_plugin_descriptor kDescriptor = {
+    PHALANX_PLUGIN_ABI_VERSION, "shm", "comm", "shared memory, every rank on one host (CPU tensors; others staged)",
+    nullptr, &create, &destroy,
+};
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const phalanx_plugin_descriptor* phalanx_plugin_entry(void) {
+  return &kDescriptor;
+}

@@ -1,0 +1,99 @@
+#include "shm_process_group.hpp"
+
+#include <cstdlib>
+#include <string>
+
+#include "phalanx/backends/comm_error.hpp"
+#include "phalanx/backends/prefix_store.hpp"
+#include "shm_signature.hpp"
+
+namespace phalanx::shm {
+
+namespace {
+
+bool inline_from_env() {
+  const char* s = std::getenv("PHALANX_SHM_INLINE");
+  if (!s || !*s || std::string(s) == "1") return true;
+  if (std::string(s) == "0") return false;
+  throw ConfigError(std::string("PHALANX_SHM_INLINE='") + s + "' is not 0 (worker thread) or 1 (caller's thread)");
+}
+
+std::size_t bytes_from_env(const char* name, std::size_t fallback) {
+  const char* s = std::getenv(name);
+  if (!s || !*s) return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(s, &end, 10);
+  if (end == s || *end || v < 0) throw ConfigError(std::string(name) + "='" + s + "' is not a byte count");
+  return static_cast<std::size_t>(v);
+}
+
+}  // namespace
+
+ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
+    : ProcessGroup(c.rank, c.size, c.timeout, inline_from_env()), sends_(c.size), recvs_(c.size) {
+  try {
+    if (!c.store) throw ConfigError("shm backend: BackendConfig::store is null (the rendezvous needs a store)");
+    const WaitPolicy policy = wait_policy_from_env(c.size);
+    auto store = std::make_shared<PrefixStore>("shm", c.store);
+    seg_ = std::make_unique<Segment>(*store, c.rank, c.size, slot_bytes_from_env(), c.timeout);
+    sync_ = std::make_unique<Sync>(*seg_, c.rank, policy, c.timeout);
+    const std::size_t half = seg_->half_bytes();
+    small_max_ = std::min(bytes_from_env("PHALANX_SHM_SMALL_BYTES", 16 * 1024), half);
+    chunk_bytes_ = std::max<std::size_t>(4096, std::min(bytes_from_env("PHALANX_SHM_CHUNK_BYTES", 256 * 1024), half));
+    // Everyone attached: one barrier so that no rank starts while another is still setting up.
+    Op o = begin("create", 0, make_sig(OpCode::Barrier, 0, 0));
+    step(o);
+    next_round();
+  } catch (...) {
+    sync_.reset();
+    seg_.reset();
+    shutdown();
+    throw;
+  }
+}
+
+ShmProcessGroup::~ShmProcessGroup() {
+  shutdown();  // the worker and completion threads stop before the segment goes
+  if (sync_) sync_->mark_left();
+}
+
+void ShmProcessGroup::on_abort() noexcept {
+  if (sync_) sync_->abort();
+}
+
+ShmProcessGroup::Op ShmProcessGroup::begin(const char* name, std::uint64_t seq, std::uint64_t sig) const {
+  return Op{name, seq, sig, Clock::now() + timeout()};
+}
+
+void ShmProcessGroup::step(Op& o) {
+  const std::uint64_t s = ++step_;
+  sync_->post(s, o.sig);
+  const int W = size(), me = rank();
+  Segment& seg = *seg_;
+  if (W == 1) return;
+  // W = 2: one atomic to watch.
+  auto ready = [&] {
+    for (int q = 0; q < W; ++q)
+      if (q != me && seg.line(q).step.load(std::memory_order_acquire) < s) return false;
+    return true;
+  };
+  auto need = [&](int q) { return seg.line(q).step.load(std::memory_order_acquire) < s; };
+  sync_->wait(ready, need, o.deadline, [&] { return describe(o.name, o.seq); });
+  if (o.first) {
+    o.first = false;
+    for (int q = 0; q < W; ++q) {
+      if (q == me) continue;
+      const std::uint64_t theirs = seg.line(q).sig[s & 1].load(std::memory_order_relaxed);
+      if (theirs != o.sig) fail_signature(o, q, theirs);
+    }
+  }
+}
+
+void ShmProcessGroup::fail_signature(const Op& o, int q, std::uint64_t theirs) {
+  sync_->mark_failed();
+  throw CommError(describe(o.name, o.seq) + ": rank " + std::to_string(q) + " called " + sig_str(theirs) +
+                  " where this rank called " + sig_str(o.sig) +
+                  "; every rank must issue the same collectives with the same sizes, in the same order");
+}
+
+}  // namespace phalanx::shm

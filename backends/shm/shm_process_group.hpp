@@ -1,0 +1,82 @@
+#pragma once
+// The shared-memory communication backend ("shm"): every rank of the group on one host,
+// all bytes through one POSIX shared-memory segment (docs/shm.md).
+//
+// Operations run inline on the caller's thread (PHALANX_SHM_INLINE=0: on the group's worker
+// thread), so a small allreduce costs a few cache-line transfers, not a thread hop. The
+// collectives advance in "rounds": each rank writes its part into its own staging slot
+// (half round & 1 of it), posts a step, waits until every rank posted it, and reads the
+// others' slots. Reductions sum the ranks' values in rank order 0..W-1, so results are
+// the same bits on every rank and in every run. send/recv go through a ring buffer per
+// ordered pair of ranks, advanced by whichever thread waits (so a ring of sends and
+// receives cannot deadlock).
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "phalanx/backends/process_group.hpp"
+#include "shm_segment.hpp"
+#include "shm_sync.hpp"
+
+namespace phalanx::shm {
+
+class ShmProcessGroup : public ProcessGroup {
+ public:
+  explicit ShmProcessGroup(const BackendConfig& config);
+  ~ShmProcessGroup() override;
+  std::string backend_name() const override { return "shm"; }
+
+ protected:
+  void on_abort() noexcept override;
+  void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) override;
+  void run_broadcast(Tensor& t, int root, std::uint64_t seq) override;
+  void run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) override;
+  void run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op, std::uint64_t seq) override;
+  void run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) override;
+  void run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) override;
+  void run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) override;
+  void run_barrier(std::uint64_t seq) override;
+  void run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) override;
+  void run_recv(Tensor& t, int src, int tag, std::uint64_t seq) override;
+
+ private:
+  /// The operation running now (collectives run one at a time, in issue order).
+  struct Op {
+    const char* name;
+    std::uint64_t seq;
+    std::uint64_t sig;
+    Clock::time_point deadline;
+    bool first = true;  ///< its first step checks every rank's signature
+  };
+  Op begin(const char* name, std::uint64_t seq, std::uint64_t sig) const;
+  /// Posts the next step and waits until every rank posted it.
+  void step(Op& op);
+  /// The half of the staging slots the current round uses; next_round() moves on.
+  int half() const { return static_cast<int>(round_ & 1); }
+  void next_round() { ++round_; }
+  /// Allreduce (root < 0) or reduce to `root`, in place on host memory.
+  void reduce_impl(Tensor& t, ReduceOp op, int root, Op& o);
+  [[noreturn]] void fail_signature(const Op& o, int q, std::uint64_t theirs);
+
+  // point to point (shm_p2p.cpp)
+  struct P2p;
+  using P2pPtr = std::shared_ptr<P2p>;
+  void post_p2p(const P2pPtr& p);
+  bool progress_locked();
+  bool progress_send(P2p& p);
+  bool progress_recv(P2p& p);
+  void wait_p2p(const P2pPtr& p);
+
+  std::unique_ptr<Segment> seg_;
+  std::unique_ptr<Sync> sync_;
+  std::uint64_t step_ = 0;   ///< the last step this rank posted
+  std::uint64_t round_ = 0;  ///< rounds run so far (selects the slot half)
+  std::size_t small_max_;    ///< allreduce up to this many bytes: one round, every rank reduces it all
+  std::size_t chunk_bytes_;  ///< larger ones: rounds of this many bytes, each rank reducing 1/W of each
+
+  std::mutex p2p_mu_;
+  std::vector<std::deque<P2pPtr>> sends_, recvs_;  ///< pending, per peer, in issue order
+};
+
+}  // namespace phalanx::shm

@@ -1,0 +1,201 @@
+#include "shm_segment.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <random>
+#include <thread>
+
+#include "phalanx/backends/comm_error.hpp"
+#include "phalanx/backends/store.hpp"
+
+namespace phalanx::shm {
+
+namespace {
+
+std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+std::string hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+/// FNV-1a of the job token: the job in the name without the token itself.
+std::uint64_t job_hash() {
+  const char* t = std::getenv("PHALANX_RDZV_TOKEN");
+  std::uint64_t h = 1469598103934665603ull;
+  for (const char* p = t ? t : ""; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
+  return h;
+}
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+}  // namespace
+
+std::uint64_t slot_bytes_from_env() {
+  const char* s = std::getenv("PHALANX_SHM_BYTES");
+  if (!s || !*s) return 4u << 20;
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  double mult = 1;
+  const std::string suffix = end ? end : "";
+  if (suffix == "K" || suffix == "KiB") mult = 1024;
+  else if (suffix == "M" || suffix == "MiB") mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GiB") mult = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty()) mult = -1;
+  const double bytes = v * mult;
+  if (end == s || mult < 0 || !(bytes >= 64 * 1024) || bytes > (1ull << 34))
+    throw ConfigError(std::string("PHALANX_SHM_BYTES='") + s +
+                      "' is not a staging size per rank between 64K and 16G (bytes, or with K/M/G)");
+  return round_up(static_cast<std::uint64_t>(bytes), 8192);
+}
+
+void Segment::compute_layout() {
+  const std::size_t page = 4096;
+  lines_off_ = round_up(sizeof(Header), kLine);
+  chanctl_off_ = round_up(lines_off_ + world_ * sizeof(RankLine), kLine);
+  slots_off_ = round_up(chanctl_off_ + static_cast<std::size_t>(world_ * world_) * sizeof(ChannelCtl), page);
+  chans_off_ = slots_off_ + world_ * slot_bytes_;
+  total_ = chans_off_ + static_cast<std::size_t>(world_ * world_) * chan_bytes_;
+}
+
+Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, std::chrono::milliseconds timeout)
+    : world_(world), slot_bytes_(slot_bytes) {
+  // Channels: a quarter of a slot each, at least 16 KiB, at most 1 MiB, a power of two.
+  std::size_t c = 16 * 1024;
+  while (c * 2 <= std::min<std::size_t>(slot_bytes_ / 4, 1u << 20)) c *= 2;
+  chan_bytes_ = c;
+  int fd = -1;
+  bool created = false;
+  const auto fail = [&](const std::string& msg) {
+    if (base_) ::munmap(base_, total_);
+    base_ = nullptr;
+    if (fd >= 0) ::close(fd);
+    if (!name_.empty()) ::shm_unlink(name_.c_str());  // whoever fails removes the name
+    throw CommError(detail::concat("shm group: rank ", rank, " of ", world, ": ", msg));
+  };
+  if (rank == 0) {
+    compute_layout();
+    std::random_device rd;
+    const std::uint64_t id = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
+    name_ = std::string("/") + kNamePrefix + hex64(job_hash()).substr(0, 8) + "-" + std::to_string(::getuid()) +
+            "-" + hex64(id);
+    struct statvfs vfs{};
+    if (::statvfs("/dev/shm", &vfs) == 0 && static_cast<double>(vfs.f_bavail) * vfs.f_frsize < total_) {
+      name_.clear();
+      fail(detail::concat("/dev/shm has ", static_cast<double>(vfs.f_bavail) * vfs.f_frsize / 1048576.0,
+                          " MiB free, the segment needs ", total_ / 1048576.0,
+                          " MiB: lower PHALANX_SHM_BYTES, or enlarge /dev/shm (docker: --shm-size)"));
+    }
+    fd = ::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+      const int e = errno;
+      name_.clear();
+      fail("shm_open(O_CREAT) failed: " + errno_text(e) + " (is /dev/shm mounted and writable?)");
+    }
+    created = true;
+    if (::ftruncate(fd, static_cast<off_t>(total_)) != 0) fail("ftruncate failed: " + errno_text(errno));
+  }
+  if (created) {
+    void* p = ::mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) fail(detail::concat("mmap of ", total_, " bytes failed: ", errno_text(errno)));
+    base_ = static_cast<char*>(p);
+    ::close(fd);
+    fd = -1;
+    // Initialised before the name is published: no rank maps a half-written header.
+    std::memset(base_, 0, slots_off_);
+    Header& hd = *new (base_) Header;
+    hd.world = world;
+    hd.slot_bytes = slot_bytes_;
+    hd.chan_bytes = chan_bytes_;
+    hd.total_bytes = total_;
+    hd.version = kVersion;
+    hd.magic = kMagic;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  try {
+    if (rank == 0) store.set("name", name_);
+    else name_ = store.get_string("name");
+  } catch (const std::exception& e) {
+    if (rank != 0) name_.clear();
+    fail(std::string(rank != 0 && dynamic_cast<const TimeoutError*>(&e) ? "rank 0 did not publish the segment's name: "
+                                                                         : "the store failed: ") + e.what());
+  }
+  if (!created) {
+    fd = ::shm_open(name_.c_str(), O_RDWR, 0600);
+    if (fd < 0) {
+      const int e = errno;
+      const std::string n = name_;
+      name_.clear();  // not ours to remove: rank 0 may still be attaching others
+      fail("cannot open the segment " + n + " rank 0 created: " + errno_text(e) +
+           (e == ENOENT ? " (it was already removed: rank 0 failed, or this rank joined a stale group)" : ""));
+    }
+    struct stat st{};
+    if (::fstat(fd, &st) != 0) fail("fstat failed: " + errno_text(errno));
+    if (static_cast<std::size_t>(st.st_size) < sizeof(Header))
+      fail(detail::concat("the segment ", name_, " is too small (", st.st_size, " bytes)"));
+    // Read rank 0's sizes from its header (its PHALANX_SHM_BYTES decides).
+    void* h = ::mmap(nullptr, sizeof(Header), PROT_READ, MAP_SHARED, fd, 0);
+    if (h == MAP_FAILED) fail("mmap of the header failed: " + errno_text(errno));
+    const auto* hp = static_cast<const Header*>(h);
+    const std::uint64_t magic = hp->magic, sb = hp->slot_bytes, cb = hp->chan_bytes, tb = hp->total_bytes;
+    const std::uint32_t version = hp->version;
+    const std::int32_t hw = hp->world;
+    ::munmap(h, sizeof(Header));
+    if (magic != kMagic || version != kVersion || hw != world)
+      fail(detail::concat("the segment ", name_, " is not a version-", kVersion, " shm segment of world ", world,
+                          " (its world: ", hw, "); are two jobs sharing one store prefix?"));
+    slot_bytes_ = sb;
+    chan_bytes_ = cb;
+    compute_layout();
+    if (tb != total_ || static_cast<std::size_t>(st.st_size) != total_)
+      fail(detail::concat("the segment's size ", st.st_size, " does not match its layout (", total_, ")"));
+    void* p = ::mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) fail(detail::concat("mmap of ", total_, " bytes failed: ", errno_text(errno)));
+    base_ = static_cast<char*>(p);
+    ::close(fd);
+    fd = -1;
+  }
+  // Touch this rank's own slot and its outgoing channels now (first-touch page faults are
+  // paid at creation, not in the first collective).
+  std::memset(slot(rank, 0), 0, slot_bytes_);
+  RankLine& me = line(rank);
+  me.pid = static_cast<std::int32_t>(::getpid());
+  me.state.store(kAlive, std::memory_order_seq_cst);
+  header().attached.fetch_add(1, std::memory_order_seq_cst);
+  // Wait until every rank attached, then remove the name: from here on the segment lives
+  // exactly as long as some rank maps it.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::microseconds(50);
+  while (header().attached.load(std::memory_order_acquire) < world) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::string missing;
+      for (int r = 0; r < world; ++r)
+        if (line(r).state.load() == kAttaching) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      const std::string msg = detail::concat(
+          "shm group: rank ", rank, " of ", world, ": ranks ", missing, " did not attach to the segment within ",
+          timeout.count() / 1000.0, " s (did they start, and choose the shm backend too?)");
+      ::munmap(base_, total_);
+      base_ = nullptr;
+      ::shm_unlink(name_.c_str());
+      throw TimeoutError(msg);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(2000));
+  }
+  ::shm_unlink(name_.c_str());  // every rank tries; ENOENT once one of them did
+}
+
+Segment::~Segment() {
+  if (base_) ::munmap(base_, total_);
+}
+
+}  // namespace phalanx::shm

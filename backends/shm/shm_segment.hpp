@@ -1,0 +1,98 @@
+#pragma once
+// The shared-memory segment of one shm group: its layout, and how the ranks create and
+// attach it through the group's store (docs/shm.md).
+//
+// Layout (every part cache-line aligned, the slots and channels page aligned):
+//   Header            fixed fields written once by rank 0, the attach counter, the futex word
+//   RankLine[W]       one line per rank, written only by that rank (step, signature, state, pid)
+//   ChannelCtl[W*W]   head/tail counters of each directed send/recv channel (src*W + dst)
+//   slot[W]           each rank's staging area (slot_bytes: two halves, used alternately)
+//   channel[W*W]      each directed channel's ring buffer (chan_bytes; src == dst unused)
+//
+// The name carries the job (a hash of PHALANX_RDZV_TOKEN), this user and a random id that
+// rank 0 publishes in the store; every rank unlinks it as soon as all W ranks attached, so
+// nothing is left in /dev/shm even when a rank is killed afterwards.
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace phalanx {
+class Store;
+}
+
+namespace phalanx::shm {
+
+constexpr std::uint64_t kMagic = 0x50484c5853484d31ull;  // "PHLXSHM1"
+constexpr std::uint32_t kVersion = 1;
+constexpr std::size_t kLine = 64;
+/// The prefix of every segment name (in /dev/shm without the slash).
+constexpr const char* kNamePrefix = "phalanx-shm-";
+
+enum RankState : std::int32_t { kAttaching = 0, kAlive = 1, kLeft = 2, kFailed = 3 };
+
+struct alignas(kLine) Header {
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::int32_t world;
+  std::uint64_t slot_bytes;
+  std::uint64_t chan_bytes;
+  std::uint64_t total_bytes;
+  alignas(kLine) std::atomic<std::int32_t> attached;
+  alignas(kLine) std::atomic<std::uint32_t> epoch;  ///< futex word: bumped when a sleeper must wake
+  std::atomic<std::int32_t> sleepers;                ///< ranks/threads in futex_wait now
+};
+
+struct alignas(kLine) RankLine {
+  std::atomic<std::uint64_t> step;     ///< the last step this rank posted
+  std::atomic<std::uint64_t> sig[2];   ///< the signature of the op posting step s, at sig[s & 1]
+  std::atomic<std::int32_t> state;     ///< RankState
+  std::int32_t pid;
+};
+
+struct alignas(kLine) ChannelCtl {
+  alignas(kLine) std::atomic<std::uint64_t> head;  ///< bytes the sender has written, in total
+  alignas(kLine) std::atomic<std::uint64_t> tail;  ///< bytes the receiver has consumed, in total
+};
+
+/// One attached segment (the mapping and the offsets into it).
+class Segment {
+ public:
+  /// Rank 0 creates the segment and publishes its name under `key` in `store`; the others
+  /// attach. Returns once all `world` ranks attached and the name is unlinked. Throws a
+  /// one-line CommError/TimeoutError/ConfigError on failure (and leaves nothing behind).
+  Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, std::chrono::milliseconds timeout);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  Header& header() const { return *reinterpret_cast<Header*>(base_); }
+  RankLine& line(int r) const { return reinterpret_cast<RankLine*>(base_ + lines_off_)[r]; }
+  ChannelCtl& channel_ctl(int src, int dst) const {
+    return reinterpret_cast<ChannelCtl*>(base_ + chanctl_off_)[src * world_ + dst];
+  }
+  /// Half `h` (0 or 1) of rank r's staging slot.
+  char* slot(int r, int h) const { return base_ + slots_off_ + r * slot_bytes_ + h * half_bytes(); }
+  char* channel(int src, int dst) const {
+    return base_ + chans_off_ + static_cast<std::size_t>(src * world_ + dst) * chan_bytes_;
+  }
+  std::size_t half_bytes() const { return slot_bytes_ / 2; }
+  std::size_t chan_bytes() const { return chan_bytes_; }
+  const std::string& name() const { return name_; }
+  int world() const { return world_; }
+
+ private:
+  void compute_layout();
+  std::string name_;
+  int world_;
+  std::size_t slot_bytes_, chan_bytes_ = 0;
+  std::size_t lines_off_ = 0, chanctl_off_ = 0, slots_off_ = 0, chans_off_ = 0, total_ = 0;
+  char* base_ = nullptr;
+};
+
+/// PHALANX_SHM_BYTES (staging bytes per rank; default 4 MiB), validated.
+std::uint64_t slot_bytes_from_env();
+
+}  // namespace phalanx::shm

@@ -1,0 +1,142 @@
+#include "shm_sync.hpp"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <thread>
+
+#include "phalanx/backends/comm_error.hpp"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+namespace phalanx::shm {
+
+namespace {
+
+long env_us(const char* name, long fallback) {
+  const char* s = std::getenv(name);
+  if (!s || !*s) return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (end == s || *end || v < 0 || v > 10000000)
+    throw ConfigError(std::string(name) + "='" + s + "' is not a number of microseconds in [0, 10000000]");
+  return v;
+}
+
+int cpus_available() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+}  // namespace
+
+WaitPolicy wait_policy_from_env(int ranks_on_host) {
+  const bool oversubscribed = ranks_on_host > cpus_available();
+  WaitPolicy p;
+  p.spin = std::chrono::microseconds(env_us("PHALANX_SHM_SPIN_US", oversubscribed ? 0 : 50));
+  p.yield = std::chrono::microseconds(env_us("PHALANX_SHM_YIELD_US", oversubscribed ? 20 : 200));
+  return p;
+}
+
+Sync::Sync(Segment& seg, int rank, WaitPolicy policy, std::chrono::milliseconds timeout)
+    : seg_(seg), rank_(rank), policy_(policy), pidfds_(seg.world(), -1), timeout_(timeout) {
+  for (int q = 0; q < seg.world(); ++q) {
+    if (q == rank) continue;
+    const int pid = seg.line(q).pid;
+    const long fd = ::syscall(SYS_pidfd_open, pid, 0);
+    if (fd >= 0) {
+      pidfds_[q] = static_cast<int>(fd);
+    } else if (errno == ESRCH) {
+      for (int& f : pidfds_)
+        if (f >= 0) ::close(f);
+      throw CommError(detail::concat("shm group: rank ", rank, " of ", seg.world(), ": rank ", q, " (pid ", pid,
+                                     ") died while the group was being created"));
+    }
+  }
+}
+
+Sync::~Sync() {
+  for (int f : pidfds_)
+    if (f >= 0) ::close(f);
+}
+
+void Sync::wake() {
+  Header& h = seg_.header();
+  h.epoch.fetch_add(1, std::memory_order_seq_cst);
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&h.epoch), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void Sync::sleep_on(std::uint32_t epoch) {
+  // 1 ms at most: the caller checks the peers, the abort flag and the deadline after each.
+  struct timespec ts{0, 1000000};
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&seg_.header().epoch), FUTEX_WAIT, epoch, &ts, nullptr, 0);
+}
+
+void Sync::abort() noexcept {
+  aborted_.store(true, std::memory_order_seq_cst);
+  mark_failed();
+}
+
+void Sync::mark_failed() noexcept {
+  RankLine& me = seg_.line(rank_);
+  if (me.state.load() == kAlive) me.state.store(kFailed, std::memory_order_seq_cst);
+  wake();
+}
+
+void Sync::mark_left() noexcept {
+  RankLine& me = seg_.line(rank_);
+  if (me.state.load() == kAlive) me.state.store(kLeft, std::memory_order_seq_cst);
+  wake();
+}
+
+int Sync::peer_problem(int q) const {
+  if (pidfds_[q] >= 0) {
+    struct pollfd p{pidfds_[q], POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR))) return 1;
+  } else if (::kill(seg_.line(q).pid, 0) != 0 && errno == ESRCH) {
+    return 1;
+  }
+  const int st = seg_.line(q).state.load(std::memory_order_acquire);
+  if (st == kLeft) return 2;
+  if (st == kFailed) return 3;
+  return 0;
+}
+
+void Sync::fail_peer(int q, int why, const std::function<std::string()>& ctx) {
+  mark_failed();
+  const std::string who = detail::concat("rank ", q, " (pid ", seg_.line(q).pid, ")");
+  if (why == 1)
+    throw CommError(ctx() + ": " + who + " died (it exited or was killed) while this rank waited for it; "
+                    "the job cannot continue: restart it");
+  if (why == 2)
+    throw CommError(ctx() + ": " + who + " destroyed its process group (or exited) before taking part; "
+                    "every rank must issue the same collectives");
+  throw CommError(ctx() + ": " + who + " failed (its own error says why) and will not take part");
+}
+
+void Sync::fail_timeout(int q, const std::function<std::string()>& ctx) {
+  mark_failed();
+  const std::string who = q >= 0 ? detail::concat("rank ", q, " (pid ", seg_.line(q).pid, ")") : std::string("a peer");
+  throw TimeoutError(detail::concat(ctx(), " timed out after ", timeout_.count() / 1000.0, " s waiting for ", who,
+                                    ", which is alive but did not take part (it may hang, be much slower, or "
+                                    "have issued a different sequence of collectives; raise PHALANX_TIMEOUT if "
+                                    "it is only slow)"));
+}
+
+void Sync::fail_aborted(const std::function<std::string()>& ctx) {
+  mark_failed();
+  throw CommError(ctx() + ": the process group was aborted");
+}
+
+}  // namespace phalanx::shm

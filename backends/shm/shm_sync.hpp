@@ -1,0 +1,145 @@
+#pragma once
+// Waiting in the shm backend: spin briefly, then sched_yield, then sleep on a futex in the
+// segment (FUTEX_WAIT on shared memory works across processes). While it waits, every
+// millisecond it checks that the ranks it waits for are alive (a pidfd per peer, opened
+// once all ranks attached), have not left or failed, that the group was not aborted, and
+// the operation's deadline.
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shm_segment.hpp"
+
+namespace phalanx::shm {
+
+using Clock = std::chrono::steady_clock;
+
+struct WaitPolicy {
+  std::chrono::nanoseconds spin{0};   ///< busy-wait this long first (PHALANX_SHM_SPIN_US)
+  std::chrono::nanoseconds yield{0};  ///< then sched_yield this long (PHALANX_SHM_YIELD_US), then sleep
+};
+
+/// The policy from the environment: by default spin 50 us and yield 200 us when this host
+/// has at least one CPU per rank; when it has fewer (oversubscribed) no spinning, and
+/// yield 20 us before sleeping.
+WaitPolicy wait_policy_from_env(int ranks_on_host);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+class Sync {
+ public:
+  /// Opens a pidfd for every peer (the segment's lines hold their pids).
+  Sync(Segment& seg, int rank, WaitPolicy policy, std::chrono::milliseconds timeout);
+  ~Sync();
+  Sync(const Sync&) = delete;
+  Sync& operator=(const Sync&) = delete;
+
+  /// Publishes this rank's step `s` (and its op signature), waking sleepers if any.
+  void post(std::uint64_t s, std::uint64_t sig) {
+    RankLine& me = seg_.line(rank_);
+    me.sig[s & 1].store(sig, std::memory_order_relaxed);
+    me.step.store(s, std::memory_order_seq_cst);
+    wake_if_sleepers();
+  }
+  /// After a store another rank may sleep on (a channel's head or tail).
+  void wake_if_sleepers() {
+    if (seg_.header().sleepers.load(std::memory_order_seq_cst) > 0) wake();
+  }
+  void wake();
+
+  /// Waits until ready() holds. need(q): whether this wait still needs rank q (a dead,
+  /// departed or failed rank that is not needed is no error). ctx(): the operation's
+  /// description, for errors. Throws CommError (dead/left/failed peer, abort) or
+  /// TimeoutError (deadline), after marking this rank failed.
+  template <class Ready, class Need>
+  void wait(Ready&& ready, Need&& need, Clock::time_point deadline, const std::function<std::string()>& ctx) {
+    if (ready()) return;
+    if (policy_.spin.count() > 0) {
+      const auto until = Clock::now() + policy_.spin;
+      for (unsigned i = 1;; ++i) {
+        cpu_relax();
+        if (ready()) return;
+        if ((i & 63) == 0) {
+          if (aborted_.load(std::memory_order_relaxed)) break;
+          if (Clock::now() > until) break;
+        }
+      }
+    }
+    const auto yield_until = Clock::now() + policy_.yield;
+    auto next_check = Clock::time_point{};
+    for (;;) {
+      const auto now = Clock::now();
+      if (now >= next_check) {
+        check(ready, need, deadline, ctx);
+        if (ready()) return;
+        next_check = now + std::chrono::milliseconds(1);
+      }
+      if (now < yield_until) {
+        ::sched_yield();
+        if (ready()) return;
+        continue;
+      }
+      Header& h = seg_.header();
+      const std::uint32_t e = h.epoch.load(std::memory_order_acquire);
+      h.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      if (ready()) {
+        h.sleepers.fetch_sub(1, std::memory_order_relaxed);
+        return;
+      }
+      sleep_on(e);
+      h.sleepers.fetch_sub(1, std::memory_order_relaxed);
+      if (ready()) return;
+    }
+  }
+
+  /// abort(): waits return at once with `message`.
+  void abort() noexcept;
+  bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
+  /// Tells the peers this rank failed (they stop waiting for it).
+  void mark_failed() noexcept;
+  /// Tells the peers this rank destroyed its group.
+  void mark_left() noexcept;
+
+ private:
+  template <class Ready, class Need>
+  void check(Ready& ready, Need& need, Clock::time_point deadline, const std::function<std::string()>& ctx) {
+    if (aborted()) fail_aborted(ctx);
+    for (int q = 0; q < seg_.world(); ++q)
+      if (q != rank_ && need(q)) {
+        const int why = peer_problem(q);
+        if (why != 0 && !ready()) fail_peer(q, why, ctx);
+      }
+    if (Clock::now() > deadline) {
+      int stuck = -1;
+      for (int q = 0; q < seg_.world() && stuck < 0; ++q)
+        if (q != rank_ && need(q)) stuck = q;
+      if (!ready()) fail_timeout(stuck, ctx);
+    }
+  }
+  /// 0: fine; 1: died; 2: left the group; 3: failed.
+  int peer_problem(int q) const;
+  [[noreturn]] void fail_peer(int q, int why, const std::function<std::string()>& ctx);
+  [[noreturn]] void fail_timeout(int q, const std::function<std::string()>& ctx);
+  [[noreturn]] void fail_aborted(const std::function<std::string()>& ctx);
+  void sleep_on(std::uint32_t epoch);
+
+  Segment& seg_;
+  int rank_;
+  WaitPolicy policy_;
+  std::vector<int> pidfds_;  ///< -1: none (self, or pidfd_open unavailable: kill(pid, 0) then)
+  std::atomic<bool> aborted_{false};
+  std::chrono::milliseconds timeout_{0};
+};
+
+}  // namespace phalanx::shm

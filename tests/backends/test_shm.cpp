@@ -1,0 +1,291 @@
+// The shared-memory backend (backends/shm, docs/shm.md): the conformance suite on forked
+// ranks (W = 1..4, staging smaller than the messages so every collective runs in rounds),
+// every dtype, sim tensors staged like Gloo's, the same bits run to run and equal to the
+// rank-ordered sum, dead peers detected promptly with nothing left in /dev/shm, mismatched
+// calls and timeouts named, abort, and 4 ranks on fewer cores.
+#include <dirent.h>
+#include <doctest/doctest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstring>
+#include <set>
+
+#include "support/conformance.hpp"
+
+using namespace phalanx;
+using namespace phalanx::test;
+
+namespace {
+
+/// A client of the parent's store, prefixed for one group.
+StorePtr client(int port, const std::string& prefix) {
+  TcpStoreOptions o;
+  o.port = port;
+  return std::make_shared<PrefixStore>(prefix, std::make_shared<TcpStore>(o));
+}
+
+ProcessGroupPtr make_shm(int rank, int world, const StorePtr& store,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  BackendConfig cfg;
+  cfg.rank = rank;
+  cfg.size = world;
+  cfg.store = store;
+  cfg.timeout = timeout;
+  cfg.local_rank = rank;
+  cfg.local_world_size = world;
+  return create_process_group("shm", cfg);
+}
+
+std::set<std::string> shm_names() {
+  std::set<std::string> out;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d))
+      if (std::strncmp(e->d_name, "phalanx-shm-", 12) == 0) out.insert(e->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+
+/// The segment name a group published (without the slash), read from the parent's store.
+std::string segment_of(int port, const std::string& prefix) {
+  TcpStoreOptions o;
+  o.port = port;
+  TcpStore s(o);
+  const std::string n = s.get_string(prefix + "/shm/name");
+  return n.substr(1);
+}
+
+bool exists_in_dev_shm(const std::string& name) { return shm_names().count(name) > 0; }
+
+void check_all_ok(const std::vector<ProcResult>& results) {
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    CAPTURE(r);
+    CHECK(results[r].exit_code == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("shm: the conformance suite on W = 1..4 forked ranks, messages larger than the staging") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const std::string prefix = "conf" + std::to_string(world);
+    const auto results = run_processes(world, [&](int rank) {
+      // 64 KiB per rank: 32 KiB rounds, so 70000 floats take 9 rounds, and 16 KiB send/recv
+      // rings that a 280 KB message streams through.
+      ::setenv("PHALANX_SHM_BYTES", "64K", 1);
+      auto pg = make_shm(rank, world, client(port, prefix));
+      REQUIRE_RANK(rank, pg->backend_name() == "shm", pg->backend_name());
+      run_conformance(*pg, {1, 1000, 70000});
+      return 0;
+    });
+    check_all_ok(results);
+    CHECK(!exists_in_dev_shm(segment_of(port, prefix)));
+  }
+}
+
+TEST_CASE("shm: through init_process_group (PHALANX_BACKEND=shm), default staging, W = 2") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  check_all_ok(run_processes(2, [&](int rank) {
+    set_rank_env(rank, 2, port, "shm");
+    ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+    auto pg = parallel::init_process_group();
+    REQUIRE_RANK(rank, pg->backend_name() == "shm", pg->backend_name());
+    run_conformance(*pg, {3, 300000});
+    parallel::destroy_process_group();
+    return 0;
+  }));
+}
+
+TEST_CASE("shm: float16, bfloat16, int64 and every float32 op equal the closed forms; sim tensors equal CPU ones") {
+  const int W = 3;
+  auto store = std::make_shared<MemoryStore>();
+  ::setenv("PHALANX_SHM_BYTES", "64K", 1);
+  run_threads(W, [&](int rank) {
+    auto pg = make_thread_group("shm", rank, W, std::make_shared<PrefixStore>("dt", store));
+    for (std::int64_t n : {5, 40000}) {
+      // 16-bit floats: small integers are exact; the sum 1 + 2 + 3 = 6 per element.
+      for (DType dt : {DType::Float16, DType::BFloat16}) {
+        Tensor t = to_dtype(full({n}, static_cast<float>(rank + 1)), dt);
+        pg->allreduce(t)->wait();
+        const Tensor f = to_dtype(t, DType::Float32);
+        for (std::int64_t i = 0; i < n; ++i)
+          REQUIRE_RANK(rank, f.data<float>()[i] == 6.f, dtype_name(dt));
+      }
+      Tensor ti = ramp(n, rank + 1, DType::Int64);
+      pg->allreduce(ti, ReduceOp::Max)->wait();
+      expect_values(rank, "int64 max", ti, [&](std::int64_t i) { return ((i % 7) + 1) * W; });
+      // sim tensors: staged through host memory, the same bytes as on the CPU
+      Generator g(static_cast<std::uint64_t>(rank * 1000 + n));
+      const Tensor x = randn({n}, &g);
+      std::string got[2];
+      for (int d = 0; d < 2; ++d) {
+        const Device dev = d == 0 ? Device::cpu() : Device::sim();
+        Tensor t = x.clone().to(dev);
+        pg->allreduce(t, ReduceOp::Avg)->wait();
+        Tensor b = x.clone().to(dev);
+        pg->broadcast(b, 1)->wait();
+        std::vector<Tensor> outs;
+        for (int r = 0; r < W; ++r) outs.push_back(Tensor::empty({n}, DType::Float32, dev));
+        pg->allgather(outs, x.clone().to(dev))->wait();
+        Tensor sent = x.clone().to(dev), recvd = Tensor::empty({n}, DType::Float32, dev);
+        auto s = pg->send(sent, (rank + 1) % W);
+        auto v = pg->recv(recvd, (rank + W - 1) % W);
+        s->wait();
+        v->wait();
+        for (const Tensor& r : {t, b, outs[0], outs[2], recvd}) {
+          REQUIRE_RANK(rank, r.device() == dev, "the result stays on its device");
+          const Tensor h = r.to(Device::cpu());
+          got[d].append(static_cast<const char*>(h.raw_data()), h.nbytes());
+        }
+      }
+      REQUIRE_RANK(rank, got[0] == got[1], "sim results differ from the CPU's");
+    }
+  });
+  ::unsetenv("PHALANX_SHM_BYTES");
+}
+
+TEST_CASE("shm: the same bits run after run, equal to the sum in rank order 0..W-1, on both algorithms") {
+  const int W = 3;
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(W, [&](int rank) {
+    auto pg = make_thread_group("shm", rank, W, std::make_shared<PrefixStore>("det", store));
+    for (std::int64_t n : {1000, 1000000}) {  // one round (every rank sums all) and slices
+      std::vector<Tensor> inputs;
+      for (int q = 0; q < W; ++q) {
+        Generator g(static_cast<std::uint64_t>(q * 7 + 1));
+        inputs.push_back(randn({n}, &g) * 1000.f);
+      }
+      Tensor want = inputs[0].clone();
+      for (int q = 1; q < W; ++q)
+        for (std::int64_t i = 0; i < n; ++i) want.data<float>()[i] += inputs[q].data<float>()[i];
+      for (int run = 0; run < 2; ++run) {
+        Tensor t = inputs[rank].clone();
+        pg->allreduce(t)->wait();
+        REQUIRE_RANK(rank, std::memcmp(t.raw_data(), want.raw_data(), t.nbytes()) == 0,
+                     detail::concat("n = ", n, ", run ", run, ": not the rank-ordered sum, bit for bit"));
+      }
+    }
+  });
+}
+
+TEST_CASE("shm: a rank killed during an allreduce: the others fail within 2 s naming it; nothing left in /dev/shm") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  for (int trial = 0; trial < 3; ++trial) {
+    CAPTURE(trial);
+    const int world = 3, victim = trial % world;
+    const std::string prefix = "kill" + std::to_string(trial);
+    const auto results = run_processes(world, [&](int rank) {
+      auto pg = make_shm(rank, world, client(port, prefix));
+      Tensor t = ones({trial == 1 ? 300000 : 1000});
+      for (int i = 0;; ++i) {
+        if (rank == victim && i == 200) ::raise(SIGKILL);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          pg->allreduce(t)->wait();
+        } catch (const CommError& e) {
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          const std::string m = e.what();
+          REQUIRE_RANK(rank, s < 2.0, detail::concat("failed after ", s, " s: ", m));
+          REQUIRE_RANK(rank, m.find("allreduce #") != std::string::npos && m.find("(shm)") != std::string::npos,
+                       m);
+          REQUIRE_RANK(rank, m.find("died") != std::string::npos || m.find("failed") != std::string::npos, m);
+          return 0;
+        }
+      }
+    }, std::chrono::seconds(20));
+    for (int r = 0; r < world; ++r) {
+      CAPTURE(r);
+      if (r == victim)
+        CHECK(results[r].signal == SIGKILL);
+      else
+        CHECK(results[r].exit_code == 0);
+    }
+    CHECK(!exists_in_dev_shm(segment_of(port, prefix)));
+  }
+}
+
+TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end the wait with one clear error") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  // different sizes
+  check_all_ok(run_processes(2, [&](int rank) {
+    auto pg = make_shm(rank, 2, client(port, "mismatch"));
+    Tensor t = ones({rank == 0 ? 10 : 20});
+    try {
+      pg->allreduce(t)->wait();
+    } catch (const CommError& e) {
+      const std::string m = e.what();
+      REQUIRE_RANK(rank, m.find("same collectives with the same sizes") != std::string::npos, m);
+      return 0;
+    }
+    return 1;
+  }));
+  // a peer that is alive but never calls: TimeoutError naming it, after the group's timeout
+  check_all_ok(run_processes(2, [&](int rank) {
+    auto pg = make_shm(rank, 2, client(port, "silent"), std::chrono::milliseconds(700));
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return 0;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      pg->barrier()->wait();
+    } catch (const TimeoutError& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string m = e.what();
+      REQUIRE_RANK(rank, m.find("barrier #0 on rank 0 of 2 (shm) timed out") != std::string::npos, m);
+      REQUIRE_RANK(rank, m.find("rank 1 (pid") != std::string::npos, m);
+      REQUIRE_RANK(rank, s > 0.6 && s < 1.4, s);
+      return 0;
+    }
+    return 1;
+  }));
+  // abort() from another thread ends an allreduce nobody else joins, at once
+  check_all_ok(run_processes(2, [&](int rank) {
+    auto pg = make_shm(rank, 2, client(port, "abort"));
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      return 0;
+    }
+    std::thread killer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      pg->abort(std::make_exception_ptr(CommError("test abort")));
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor t = ones({100});
+    std::string m;
+    try {
+      pg->allreduce(t)->wait();
+    } catch (const CommError& e) {
+      m = e.what();
+    }
+    killer.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    REQUIRE_RANK(rank, m == "test abort", m);
+    REQUIRE_RANK(rank, s < 0.5, s);
+    return 0;
+  }));
+}
+
+TEST_CASE("shm: 4 ranks on this machine's cores (oversubscribed on 2) complete small and large allreduces") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  const auto t0 = std::chrono::steady_clock::now();
+  check_all_ok(run_processes(4, [&](int rank) {
+    auto pg = make_shm(rank, 4, client(port, "over"));
+    Tensor small = ones({16}), large = ones({1 << 20});
+    for (int i = 0; i < 500; ++i) pg->allreduce(small)->wait();
+    for (int i = 0; i < 5; ++i) pg->allreduce(large)->wait();
+    REQUIRE_RANK(rank, large.data<float>()[12345] == 1024.f, large.data<float>()[12345]);
+    return 0;
+  }, std::chrono::seconds(25)));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("W = 4: 500 allreduces of 64 B and 5 of 4 MiB took " << s << " s");
+  CHECK(s < 15);
+}
