@@ -10,6 +10,7 @@
 #   lib/fallback/  this machine's libstdc++ and libgcc_s, used by gpu-check only when the
 #           target's are too old for the bundle
 #   data/, peers/  the examples' data and the PyTorch peers (found beside bin/)
+#   src/    the CUDA and NCCL plugins' sources (gpu-check rebuilds them for another CUDA major)
 #   gpu-check.sh, MANIFEST
 #
 # usage: scripts/gpu-bundle.sh [BUILD_DIR] [--out DIR] [--no-build] [--archive]
@@ -32,7 +33,7 @@ while [ $# -gt 0 ]; do
     --out) OUT_DIR=${2:?--out needs a folder}; shift 2 ;;
     --no-build) BUILD_STEP=0; shift ;;
     --archive) ARCHIVE=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     -*) echo "gpu-bundle: unknown option $1 (usage: scripts/gpu-bundle.sh [BUILD_DIR] [--out DIR] [--no-build] [--archive])" >&2; exit 2 ;;
     *) BUILD=$1; shift ;;
   esac
@@ -127,6 +128,10 @@ done
 cp examples/data/seed_case_study.npz "$STAGE/data/"
 cp bench/peers/*.py "$STAGE/peers/"
 cp scripts/gpu-check.sh "$STAGE/gpu-check.sh"
+# The CUDA plugins' sources and the headers they include (about 300 KiB): gpu-check rebuilds
+# the two plugins with the target's nvcc where its CUDA major is not the one built with here.
+mkdir -p "$STAGE/src"
+cp -r --parents include core/include backends/include core/cuda backends/nccl "$STAGE/src/"
 chmod +x "$STAGE/gpu-check.sh"
 
 # What the target must offer: the highest glibc and libstdc++ symbol versions used, and CUDA's

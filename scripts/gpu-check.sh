@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check (docs/gpu.md), run on the GPU machine from the bundle that
-# scripts/gpu-bundle.sh made here: no build step, nothing fetched. Steps:
+# scripts/gpu-bundle.sh made here: nothing fetched, and no build step unless the target's
+# CUDA major is not the bundle's (then the two CUDA plugins are first rebuilt with the
+# target's nvcc: "plugins for this machine's CUDA", below). Steps:
 #   environment     the GPU, python3 and its torch, CUDA's libraries (nvidia-* wheels of that
 #                   python3, or /usr/local/cuda), and an ldd audit: every library resolves into
 #                   the bundle, the system's glibc/libstdc++ or CUDA's folders found here
@@ -54,7 +56,7 @@ TEE_PID=$!
 cd "$WORK"
 
 START=$(date +%s)
-BUDGET_S=${PHALANX_CHECK_BUDGET_S:-450}  # steps not started after this many seconds fail
+BUDGET_S=${PHALANX_CHECK_BUDGET_S:-420}  # steps not started after this many seconds fail (the call: 8 min)
 HARD_END=$((START + BUDGET_S + 20))        # and no command runs past this
 failures=0
 steps_json=()
@@ -152,6 +154,90 @@ for lib in $cuda_needs; do
   echo "  $lib: ${found:-NOT FOUND}"
   [ -n "$found" ] || missing_cuda="$missing_cuda $lib"
 done
+
+# ---- CUDA built here vs CUDA there ----
+# The two CUDA plugins need the CUDA major they were built with (MANIFEST: cuda-built-with),
+# and a driver for it; nothing else in the bundle uses CUDA. Where the target offers another
+# major (PyTorch's wheels for CUDA 12, a driver for CUDA 12 only), libphalanx_cuda.so and
+# libphalanx_nccl.so are rebuilt from the bundle's src/ with the target's nvcc, against its
+# CUDA and NCCL and the bundle's libphalanx.so.0, into a copy of the bundle (about a minute).
+# PHALANX_CHECK_REBUILD_PLUGINS=1 forces this, =0 forbids it; PHALANX_CUDA_ARCH (default 90).
+built_major=$(sed -n 's/^cuda-built-with: \([0-9]*\).*/\1/p' "$B/MANIFEST")
+driver_cuda=""
+[ "$HAVE_GPU" = 1 ] && driver_cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9.]*\).*/\1/p' | head -1)
+[ -n "$driver_cuda" ] && figure driver_cuda "$driver_cuda" string
+rebuild_reason=""
+case "${PHALANX_CHECK_REBUILD_PLUGINS:-auto}" in
+  1) rebuild_reason="PHALANX_CHECK_REBUILD_PLUGINS=1" ;;
+  0) ;;
+  *) if [ "$HAVE_GPU" = 1 ] && [ -n "$missing_cuda" ]; then
+       rebuild_reason="CUDA ${built_major}'s libraries are not here:$missing_cuda"
+     elif [ "$HAVE_GPU" = 1 ] && [ -n "$driver_cuda" ] && [ -n "$built_major" ] && [ "${driver_cuda%%.*}" -lt "$built_major" ]; then
+       rebuild_reason="the driver supports CUDA $driver_cuda, the plugins were built with CUDA $built_major"
+     fi ;;
+esac
+rebuild_plugins() {
+  echo "rebuilding the CUDA plugins: $rebuild_reason"
+  local s=$B/src out=$WORK/plugins nvcc home ver maj d
+  [ -d "$s/core/cuda" ] || { DETAIL="the bundle has no src/ (made by an older scripts/gpu-bundle.sh)"; return 1; }
+  nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || ls -d /usr/local/cuda-*/bin/nvcc 2>/dev/null | sort -V | tail -1)
+  [ -n "$nvcc" ] || { DETAIL="no nvcc on the PATH or in /usr/local/cuda*/bin: put the CUDA toolkit's bin/ on the PATH"; return 1; }
+  home=$(cd "$(dirname "$nvcc")/.." && pwd)
+  ver=$("$nvcc" --version | sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p'); maj=${ver%%.*}
+  local dirs=("$home/lib64" "$home/lib" "$home/targets/x86_64-linux/lib" "${cuda_dirs[@]}")
+  find_lib() { local d; for d in "${dirs[@]}"; do [ -e "$d/$1" ] && { echo "$d/$1"; return; }; done; }
+  local cudart cublas nccl nccl_inc=""
+  cudart=$(find_lib "libcudart.so.$maj"); cublas=$(find_lib "libcublas.so.$maj"); nccl=$(find_lib libnccl.so.2)
+  for d in "$home/include" "${dirs[@]/%//../include}" /usr/include; do [ -f "$d/nccl.h" ] && { nccl_inc=$d; break; }; done
+  echo "  nvcc $nvcc (CUDA $ver); cudart ${cudart:-NOT FOUND}; cublas ${cublas:-NOT FOUND}; nccl ${nccl:-NOT FOUND}; nccl.h in ${nccl_inc:-NOT FOUND}"
+  [ -n "$cudart" ] && [ -n "$cublas" ] || { DETAIL="CUDA $ver's libcudart.so.$maj or libcublas.so.$maj not found"; return 1; }
+  local arch=${PHALANX_CUDA_ARCH:-90}
+  local inc=(-I"$s/include" -I"$s/core/include" -I"$s/backends/include" -I"$s/core/cuda" -I"$home/include")
+  local cxx=(g++ -O3 -std=c++17 -fPIC "${inc[@]}")
+  local cu=("$nvcc" -O3 -std=c++17 -allow-unsupported-compiler -Xcompiler=-fPIC -gencode "arch=compute_$arch,code=sm_$arch"
+            -gencode "arch=compute_$arch,code=compute_$arch" "${inc[@]}")
+  mkdir -p "$out" && cd "$out" || return 1
+  tmo 240 "${cu[@]}" -c "$s/core/cuda/cuda_kernels.cu" -o kernels.o & local k=$!
+  tmo 240 "${cu[@]}" -c "$s/core/cuda/label_check.cu" -o labels.o & local l=$!
+  local rc=0
+  tmo 120 "${cxx[@]}" -c "$s/core/cuda/cuda_allocator.cpp" -o allocator.o || rc=1
+  tmo 120 "${cxx[@]}" -c "$s/core/cuda/plugin_entry.cpp" -o cuda_entry.o || rc=1
+  wait $k || rc=1; wait $l || rc=1
+  [ $rc = 0 ] && g++ -shared -Wl,--no-undefined -o libphalanx_cuda.so kernels.o labels.o allocator.o cuda_entry.o "$B/lib/libphalanx.so.0" \
+    "$cudart" "$cublas" -Wl,-rpath,'$ORIGIN' || rc=1
+  local plugins="cuda"
+  if [ $rc = 0 ] && [ -n "$nccl" ] && [ -n "$nccl_inc" ]; then
+    if tmo 120 "${cxx[@]}" -I"$nccl_inc" -c "$s/backends/nccl/nccl_process_group.cpp" -o nccl_pg.o &&
+       tmo 120 "${cxx[@]}" -I"$nccl_inc" -c "$s/backends/nccl/plugin_entry.cpp" -o nccl_entry.o &&
+       g++ -shared -Wl,--no-undefined -o libphalanx_nccl.so nccl_pg.o nccl_entry.o "$B/lib/libphalanx.so.0" "$cudart" "$nccl" -Wl,-rpath,'$ORIGIN'; then
+      plugins="cuda nccl"
+    else rc=1; fi
+  elif [ $rc = 0 ]; then
+    echo "  NCCL (libnccl.so.2 and nccl.h) not found: the NCCL plugin is left out"
+  fi
+  cd "$WORK" || return 1
+  [ $rc = 0 ] || { DETAIL="building the plugins with CUDA $ver failed (see the log)"; return 1; }
+  # A copy of the bundle with these plugins (the programs find lib/ by their run paths).
+  cp -a "$B" "$WORK/bundle" || return 1
+  rm -f "$WORK/bundle/lib/libphalanx_cuda.so" "$WORK/bundle/lib/libphalanx_nccl.so"
+  for p in $plugins; do cp "$out/libphalanx_$p.so" "$WORK/bundle/lib/"; done
+  B=$WORK/bundle; BIN=$B/bin; DATA=$B/data/seed_case_study.npz
+  cuda_needs=$(objdump -p "$B"/lib/libphalanx_*.so | awk '/NEEDED/ {print $2}' | grep -E '^lib(cudart|cublas|nccl)' | sort -u)
+  cuda_needs="$cuda_needs libcublasLt.so.$maj"
+  missing_cuda=""
+  local lib found
+  for lib in $cuda_needs; do
+    found=""; for d in "${cuda_dirs[@]}"; do [ -e "$d/$lib" ] && { found=$d; break; }; done
+    [ -n "$found" ] || missing_cuda="$missing_cuda $lib"
+  done
+  figure plugins "rebuilt here with CUDA $ver (sm_$arch): $plugins" string
+  DETAIL="built with CUDA $ver for sm_$arch: $plugins (${rebuild_reason})"
+}
+if [ -n "$rebuild_reason" ]; then
+  add_dir "${PHALANX_CUDA_HOME:-/usr/local/cuda}/lib64"
+  step "plugins for this machine's CUDA" rebuild_plugins
+  cuda_path=$(IFS=:; echo "${cuda_dirs[*]}")
+fi
 BASE_LD="${cuda_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH="$B/lib${BASE_LD:+:$BASE_LD}"
 export PHALANX_DATA_DIR=$B/data PHALANX_PEERS_DIR=$B/peers
