@@ -254,8 +254,10 @@ float* mf(const Tensor& t) { return static_cast<float*>(t.raw_data()); }
 }  // namespace
 
 CudaKernels& table() {
-  static CudaKernels k;
-  return k;
+  // Never destroyed (as the sim device's): tensors held by other statics (a process group's
+  // buffers, a cached model) are freed during exit, after a function-local static would be.
+  static CudaKernels* const k = new CudaKernels;
+  return *k;
 }
 
 cublasHandle_t CudaKernels::blas(int device) {
