@@ -191,6 +191,9 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<RefusalWatch> refusals;
   if (server && o.nnodes > 1) refusals = std::make_unique<RefusalWatch>(*server, token_source(o));
+  if (server && o.nnodes > 1)
+    if (const std::string note = loopback_endpoint_note(o.master_addr); !note.empty())
+      std::fprintf(stderr, "phalanx-run: %s\n", note.c_str());
   // The launcher's own client of the job's store: failure records (blame), and with several
   // nodes the rounds the launchers agree on.
   std::shared_ptr<Store> store;

@@ -30,6 +30,7 @@
 #include <phalanx/phalanx.hpp>
 
 #include "../../parallel/src/advertise_address.hpp"
+#include "launcher/node_rank.hpp"
 #include "tools/trainer_harness.hpp"
 
 using namespace phalanx;
@@ -154,11 +155,17 @@ class TwoHosts {
     sh("ip netns del " + ns_[0]);
     sh("ip netns del " + ns_[1]);
     sh("ip link del " + veth_[0]);  // only when making the namespaces stopped half way
+    sh("rm -rf /etc/netns/" + ns_[0] + " /etc/netns/" + ns_[1]);
   }
   TwoHosts(const TwoHosts&) = delete;
   TwoHosts& operator=(const TwoHosts&) = delete;
 
   bool ok() const { return reason_.empty(); }
+  /// Host i's /etc/hosts (`ip netns exec` mounts /etc/netns/<ns>/hosts over it).
+  void set_hosts_file(int i, const std::string& text) const {
+    sh("mkdir -p /etc/netns/" + ns_[i]);
+    std::ofstream("/etc/netns/" + ns_[i] + "/hosts") << text;
+  }
   const std::string& reason() const { return reason_; }
   const std::string& ns(int i) const { return ns_[i]; }
   const std::string& addr(int i) const { return addr_[i]; }
@@ -370,9 +377,18 @@ TEST_CASE("errors: a missing interface names the ones that exist; loopback on a 
   }
 }
 
+TEST_CASE("phalanx-run's note: a master address that is a name resolving to loopback here") {
+  CHECK(launcher::loopback_endpoint_note("127.0.0.1").empty());  // addresses are meant as written
+  CHECK(launcher::loopback_endpoint_note("127.0.1.1").empty());
+  CHECK(launcher::loopback_endpoint_note("::1").empty());
+  CHECK(launcher::loopback_endpoint_note("localhost").empty());
+  CHECK(launcher::loopback_endpoint_note("no-such-host.invalid").empty());
+  CHECK(launcher::loopback_endpoint_note("10.0.0.1").empty());
+}
+
 // ---- two hosts ----
 
-TEST_CASE("two hosts, no address variable: every rank advertises its host's address; the conformance suite passes on 2 + 2") {
+TEST_CASE("two hosts, no address variable: every rank advertises its host's address; the conformance suite passes on 2 + 2 (auto: hierarchical; gloo)") {
   TwoHosts h;
   SKIP_WITHOUT_NAMESPACES(h);
   const auto t0 = Clock::now();
@@ -388,8 +404,17 @@ TEST_CASE("two hosts, no address variable: every rank advertises its host's addr
     CHECK(has(j.out[node], "[" + std::to_string(r) + "] rank " + std::to_string(r) + " of 4 advertises " + h.addr(node)));
     CHECK(has(j.out[node], "[" + std::to_string(r) + "] rank " + std::to_string(r) + " conformance ok"));
   }
-  MESSAGE("conformance on two hosts (2 + 2 ranks): " << std::chrono::duration<double>(Clock::now() - t0).count()
-                                                     << " s");
+  // auto: two hosts make the hierarchical group (within each host, then between the hosts' leaders).
+  CHECK(has(j.out[1], "[2] rank 2 conformance ok on hierarchical"));
+  // The flat Gloo mesh across the hosts.
+  const Job g = run_job(h, 2, NETNS_WORKER, "PHALANX_BACKEND=gloo", "PHALANX_BACKEND=gloo");
+  INFO(g.both());
+  CHECK(g.code[0] == 0);
+  CHECK(g.code[1] == 0);
+  for (int r = 0; r < 4; ++r)
+    CHECK(has(g.out[r / 2], "[" + std::to_string(r) + "] rank " + std::to_string(r) + " conformance ok on gloo"));
+  MESSAGE("conformance on two hosts (2 + 2 ranks), auto and gloo: "
+          << std::chrono::duration<double>(Clock::now() - t0).count() << " s");
 }
 
 TEST_CASE("two hosts: GLOO_SOCKET_IFNAME / PHALANX_SOCKET_IFNAME pick the interface; lo fails at once saying what to set") {
@@ -438,6 +463,30 @@ TEST_CASE("two hosts: GLOO_SOCKET_IFNAME / PHALANX_SOCKET_IFNAME pick the interf
   CHECK(has(j.out[0], "GLOO_SOCKET_IFNAME=eth7: this host has no network interface 'eth7' (its interfaces: lo, phxnet0)"));
 }
 
+TEST_CASE("two hosts: node 0's hostname maps to 127.0.1.1 in its /etc/hosts (as in many containers): its launcher says so") {
+  TwoHosts h;
+  SKIP_WITHOUT_NAMESPACES(h);
+  h.set_hosts_file(0, "127.0.0.1 localhost\n127.0.1.1 phxnode0\n");
+  h.set_hosts_file(1, "127.0.0.1 localhost\n" + h.addr(0) + " phxnode0\n");
+  const std::string out0 = "/tmp/phalanx_netns_note0_" + std::to_string(::getpid());
+  const std::string out1 = "/tmp/phalanx_netns_note1_" + std::to_string(::getpid());
+  const std::string args = "--nnodes 2 --nproc-per-node 1 --master-addr phxnode0 --master-port 29500 --rdzv-timeout 2 "
+                           "--timeout 3 " + std::string(NETNS_WORKER) + " quick";
+  const Launcher l0 = start_in(h.ns(0), args, out0), l1 = start_in(h.ns(1), args, out1);
+  const int code1 = finish(l1, 20s);  // node 0's store is on loopback: node 1 never reaches it
+  ::kill(l0.pid, SIGTERM);
+  finish(l0, 20s);
+  const std::string o0 = slurp(out0), o1 = slurp(out1);
+  std::remove(out0.c_str());
+  std::remove(out1.c_str());
+  INFO("node 0:\n" << o0 << "node 1:\n" << o1);
+  CHECK(has(o0, "phalanx-run: note: the master address phxnode0 resolves to the loopback address 127.0.1.1 on this "
+                "machine, so the job's store listens on loopback only and launchers on other hosts cannot reach it: "
+                "give node 0's network address (--master-addr or --rdzv-endpoint) unless every node runs on this machine"));
+  CHECK(code1 != 0);
+  CHECK_FALSE(has(o1, "note: the master address"));  // node 1 resolves it to node 0's address
+}
+
 TEST_CASE("two hosts: phalanx-train on 2 + 2 workers, no address variable, equals one process") {
   TwoHosts h;
   SKIP_WITHOUT_NAMESPACES(h);
@@ -458,7 +507,16 @@ TEST_CASE("two hosts: phalanx-train on 2 + 2 workers, no address variable, equal
   REQUIRE(j.code[0] == 0);
   REQUIRE(j.code[1] == 0);
   CHECK(has(j.out[0], "\"world_size\":4"));
+  CHECK(has(j.out[0], "4 worker(s) on hierarchical"));  // auto on two hosts
   CHECK(slurp(d + "/exact4.npz") == slurp(d + "/exact1.npz"));
+  // The same on the flat Gloo mesh across the hosts.
+  j = run_job(h, 2, std::string(PHALANX_TRAIN) + exact + " --save " + d + "/exact4g.npz", "PHALANX_BACKEND=gloo",
+              "PHALANX_BACKEND=gloo");
+  INFO(j.both());
+  REQUIRE(j.code[0] == 0);
+  REQUIRE(j.code[1] == 0);
+  CHECK(has(j.out[0], "4 worker(s) on gloo"));
+  CHECK(slurp(d + "/exact4g.npz") == slurp(d + "/exact1.npz"));
   // Normal DDP: equal up to the order of the float sums.
   one_process(data, d + "/normal1.npz");
   j = run_job(h, 2, std::string(PHALANX_TRAIN) + data + " --save " + d + "/normal4.npz");

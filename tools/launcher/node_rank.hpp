@@ -21,6 +21,13 @@ enum class EndpointBind {
 /// `error` is set (one line) for kError.
 EndpointBind probe_endpoint(const std::string& host, int port, std::string& error);
 
+/// For the launcher that hosts a multi-node job's store: a one-line note (without the
+/// "phalanx-run: " prefix) when HOST is a name, not an address or "localhost", that resolves
+/// on this machine to loopback addresses only (a hostname mapped to 127.0.1.1 in /etc/hosts,
+/// as in many containers): the store then listens on loopback, which launchers on other
+/// hosts cannot reach. "" otherwise.
+std::string loopback_endpoint_note(const std::string& host);
+
 /// The counter node ranks are taken from.
 constexpr const char* kNodeRankCounter = "phalanx/launch/next_node";
 
