@@ -102,6 +102,25 @@ TEST_CASE("auto on one host picks shared memory when its plugin can run; gloo wh
   }));
 }
 
+TEST_CASE("a rank of the other host dies mid-job: both ranks of the first host fail soon, naming the failure") {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto results = run_on_hosts({0, 0, 1}, "", [&](const ProcessGroupPtr& pg) {
+    Tensor t = ones({1000});
+    pg->allreduce(t)->wait();
+    if (pg->rank() == 2) ::_exit(3);  // gone without a word: its connections close
+    try {
+      for (;;) pg->allreduce(t)->wait();
+    } catch (const CommError& e) {
+      ::_exit(std::string(e.what()).find("allreduce") != std::string::npos ? 7 : 8);
+    }
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(results[2].exit_code == 3);
+  CHECK(results[0].exit_code == 7);
+  CHECK(results[1].exit_code == 7);
+  CHECK(secs < 20);  // well within PHALANX_TIMEOUT (30 s): the failure travels, nobody waits it out
+}
+
 TEST_CASE("a hierarchical group needs one host identity per rank") {
   BackendConfig cfg;
   cfg.size = 2;
