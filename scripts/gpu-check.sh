@@ -203,13 +203,13 @@ rebuild_plugins() {
   tmo 120 "${cxx[@]}" -c "$s/core/cuda/cuda_allocator.cpp" -o allocator.o || rc=1
   tmo 120 "${cxx[@]}" -c "$s/core/cuda/plugin_entry.cpp" -o cuda_entry.o || rc=1
   wait $k || rc=1; wait $l || rc=1
-  [ $rc = 0 ] && g++ -shared -Wl,--no-undefined -o libphalanx_cuda.so kernels.o labels.o allocator.o cuda_entry.o "$B/lib/libphalanx.so.0" \
+  [ $rc = 0 ] && g++ -shared -Wl,--no-undefined -Wl,-rpath-link,"$B/lib" -o libphalanx_cuda.so kernels.o labels.o allocator.o cuda_entry.o "$B/lib/libphalanx.so.0" \
     "$cudart" "$cublas" -Wl,-rpath,'$ORIGIN' || rc=1
   local plugins="cuda"
   if [ $rc = 0 ] && [ -n "$nccl" ] && [ -n "$nccl_inc" ]; then
     if tmo 120 "${cxx[@]}" -I"$nccl_inc" -c "$s/backends/nccl/nccl_process_group.cpp" -o nccl_pg.o &&
        tmo 120 "${cxx[@]}" -I"$nccl_inc" -c "$s/backends/nccl/plugin_entry.cpp" -o nccl_entry.o &&
-       g++ -shared -Wl,--no-undefined -o libphalanx_nccl.so nccl_pg.o nccl_entry.o "$B/lib/libphalanx.so.0" "$cudart" "$nccl" -Wl,-rpath,'$ORIGIN'; then
+       g++ -shared -Wl,--no-undefined -Wl,-rpath-link,"$B/lib" -o libphalanx_nccl.so nccl_pg.o nccl_entry.o "$B/lib/libphalanx.so.0" "$cudart" "$nccl" -Wl,-rpath,'$ORIGIN'; then
       plugins="cuda nccl"
     else rc=1; fi
   elif [ $rc = 0 ]; then
