@@ -70,6 +70,79 @@ double demo_us(int world, int epochs, const std::string& backend) {
   return bench::find_value(out, "step_us");
 }
 
+/// A group whose operations do nothing, on the usual worker thread: what issuing a
+/// collective and waiting for it costs before any byte moves (the worker-thread hop).
+class HopOnly : public ProcessGroup {
+ public:
+  HopOnly() : ProcessGroup(0, 1, std::chrono::seconds(30)) {}
+  ~HopOnly() override { shutdown(); }
+  std::string backend_name() const override { return "hop-only"; }
+
+ protected:
+  void run_allreduce(Tensor&, ReduceOp, std::uint64_t) override {}
+  void run_broadcast(Tensor&, int, std::uint64_t) override {}
+  void run_allgather(std::vector<Tensor>&, const Tensor&, std::uint64_t) override {}
+  void run_reduce_scatter(Tensor&, std::vector<Tensor>&, ReduceOp, std::uint64_t) override {}
+  void run_reduce(Tensor&, int, ReduceOp, std::uint64_t) override {}
+  void run_gather(std::vector<Tensor>&, const Tensor&, int, std::uint64_t) override {}
+  void run_scatter(Tensor&, std::vector<Tensor>&, int, std::uint64_t) override {}
+  void run_barrier(std::uint64_t) override {}
+  void run_send(const Tensor&, int, int, std::uint64_t) override {}
+  void run_recv(Tensor&, int, int, std::uint64_t) override {}
+};
+
+/// Microseconds per allreduce issued and waited for on a HopOnly group (one process).
+double hop_us(int iters) {
+  HopOnly pg;
+  Tensor t = ones({651});
+  for (int i = 0; i < iters / 10; ++i) pg.allreduce(t)->wait();
+  const double t0 = bench::now_s();
+  for (int i = 0; i < iters; ++i) pg.allreduce(t)->wait();
+  return (bench::now_s() - t0) / iters * 1e6;
+}
+
+/// Where the demo's step goes, 2 workers on `backend`, the same batch every step (no data
+/// loader): the step without DDP (forward, backward, SGD), one allreduce of the demo's bucket
+/// (650 gradients + the pass flag) issued and waited for, and the DDP step.
+struct DemoParts {
+  double compute_us = -1, allreduce_us = -1, ddp_us = -1;
+};
+DemoParts demo_parts(const std::string& backend, int iters) {
+  if (!backend_available(backend)) return {};
+  TcpStoreServer server(TcpStoreOptions{});
+  const std::string out = bench::run_ranks(2, [&](int rank, std::FILE* f) {
+    worker_env(rank, 2, server.port(), backend);
+    auto pg = parallel::init_process_group();
+    Generator g(0);
+    auto lin = std::make_shared<nn::Linear>(64, 10, true, &g);
+    const Tensor x = randn({32, 64}, &g), y = randint(10, {32}, &g);
+    auto time_steps = [&](nn::Module& m) {
+      optim::SGD opt(m.parameters(), optim::SGDOptions{0.05});
+      auto step = [&] {
+        opt.zero_grad();
+        cross_entropy(m.forward(x), y).backward();
+        opt.step();
+      };
+      for (int i = 0; i < iters / 10; ++i) step();
+      pg->barrier()->wait();
+      const double t = bench::now_s();
+      for (int i = 0; i < iters; ++i) step();
+      return (bench::now_s() - t) / iters * 1e6;
+    };
+    const double compute = time_steps(*lin);
+    Tensor bucket = ones({651});
+    for (int i = 0; i < iters / 10; ++i) pg->allreduce(bucket)->wait();
+    pg->barrier()->wait();
+    const double t = bench::now_s();
+    for (int i = 0; i < iters; ++i) pg->allreduce(bucket)->wait();
+    const double allreduce = (bench::now_s() - t) / iters * 1e6;
+    parallel::DDP ddp(lin, pg);
+    const double step = time_steps(ddp);
+    if (f) std::fprintf(f, "compute_us=%f allreduce_us=%f ddp_us=%f\n", compute, allreduce, step);
+  });
+  return {bench::find_value(out, "compute_us"), bench::find_value(out, "allreduce_us"), bench::find_value(out, "ddp_us")};
+}
+
 struct MlpResult {
   double step_us = -1, hidden = 0;
 };
@@ -144,16 +217,18 @@ void row(const char* name, const Stats& s, double scale, const char* unit) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool skip_peer = false;
+  bool skip_peer = false, demo_only = false;
   int runs = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-peer") {
       skip_peer = true;
+    } else if (a == "--demo-only") {
+      demo_only = true;
     } else if (a == "--runs" && i + 1 < argc) {
       runs = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: bench_ddp_step [--no-peer] [--runs N]\n");
+      std::fprintf(stderr, "usage: bench_ddp_step [--no-peer] [--runs N] [--demo-only]\n");
       return 2;
     }
   }
@@ -169,10 +244,30 @@ int main(int argc, char** argv) {
   row("phalanx shm", demo_shm, 1, "us");
   row("phalanx gloo (TCP)", demo_tcp, 1, "us");
   row("pytorch DDP (gloo)", demo_torch, 1, "us");
-  std::printf("   bar: shm <= 10 us: %s; pytorch/phalanx shm %.0fx\n\n",
+  std::printf("   bar: shm <= 10 us: %s; pytorch/phalanx shm %.0fx\n",
               demo_shm.median() > 0 && demo_shm.median() <= 10 ? "met" : "NOT met",
               demo_torch.median() > 0 && demo_shm.median() > 0 ? demo_torch.median() / demo_shm.median() : 0.0);
+  std::printf("   where the step goes (same batch every step, no data loader; medians):\n");
+  for (const std::string backend : {"shm", "gloo"}) {
+    Stats compute, allreduce, ddp;
+    for (int r = 0; r < runs; ++r) {
+      const DemoParts p = demo_parts(backend, 2000);
+      compute.add(p.compute_us);
+      allreduce.add(p.allreduce_us);
+      ddp.add(p.ddp_us);
+    }
+    if (ddp.v.empty()) continue;
+    std::printf("   %-5s step without DDP %6.1f us, allreduce of the bucket (2.6 kB) %6.1f us, DDP step %6.1f us: "
+                "DDP adds %.1f us beyond compute + allreduce\n",
+                backend.c_str(), compute.median(), allreduce.median(), ddp.median(),
+                ddp.median() - compute.median() - allreduce.median());
+  }
+  Stats hop;
+  for (int r = 0; r < runs; ++r) hop.add(hop_us(20000));
+  std::printf("   issuing a collective and waiting for it, no bytes moved (worker-thread hop): %.1f us (median)\n\n",
+              hop.median());
 
+  if (demo_only) return 0;
   Stats one, shm2, tcp2, hid_shm, hid_tcp, t1, t2;
   for (int r = 0; r < runs; ++r) {
     one.add(mlp(1, 20, "").step_us);
