@@ -61,7 +61,7 @@ TEST_CASE("the textbook's single-worker figure, then 4 workers with linear scali
   s = summary(r.out);
   CHECK(std::abs(s["final_train_loss"].get<double>() - 1.5857) < 2e-3);
   CHECK(s["world_size"] == 4);
-  CHECK(s["backend"] == "gloo");
+  CHECK(s["backend"] == (phalanx::backend_available("shm") ? "shm" : "gloo"));  // auto, one host
 }
 
 TEST_CASE("resuming from a mid-epoch checkpoint continues exactly (SGD momentum, warmup, shuffle)") {
