@@ -447,3 +447,32 @@ TEST_CASE("the device is decided once by init: cuda = cuda:LOCAL_RANK, an explic
   }
   CHECK(parallel::local_device() == Device::cpu());
 }
+
+/// A model with 16-bit buffers that start different on every rank.
+class SixteenBit : public nn::Module {
+ public:
+  explicit SixteenBit(int rank) {
+    Generator g(3);
+    body = register_module("body", std::make_shared<nn::Linear>(4, 2, true, &g));
+    half = register_buffer("half", full({3}, 0.5 * (rank + 1), DType::Float16));
+    brain = register_buffer("brain", full({2}, -1.5 * (rank + 1), DType::BFloat16));
+  }
+  Tensor forward(const Tensor& x) override { return body->forward(x); }
+  std::string describe() const override { return "SixteenBit"; }
+  std::shared_ptr<nn::Linear> body;
+  Tensor half, brain;
+};
+
+TEST_CASE("DDP broadcasts float16 and bfloat16 buffers from rank 0 too (sim, W = 2)") {
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("gloo", rank, 2, store);
+    auto model = std::make_shared<SixteenBit>(rank);
+    model->to(Device::sim());
+    DDP ddp(model, pg);
+    const auto half = to_dtype(model->half.to(Device::cpu()), DType::Float32).to_vector<float>();
+    const auto brain = to_dtype(model->brain.to(Device::cpu()), DType::Float32).to_vector<float>();
+    REQUIRE_RANK(rank, half == std::vector<float>(3, 0.5f), "float16 buffer is " + std::to_string(half[0]));
+    REQUIRE_RANK(rank, brain == std::vector<float>(2, -1.5f), "bfloat16 buffer is " + std::to_string(brain[0]));
+  });
+}
