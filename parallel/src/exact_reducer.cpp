@@ -69,6 +69,7 @@ struct ExactReducer::State {
     Tensor acc;                    // int64, the bucket's fixed-point sums
     std::vector<Tensor> acc_view;  // per parameter of the bucket, shaped like it
     std::vector<Piece> pieces;
+    WorkPtr max_work;              // the maxima's allreduce in flight
     WorkPtr work;                  // the sums' allreduce in flight
     int pending = 0;               // parameters still without their gradient in the last micro-batch
   };
@@ -90,14 +91,17 @@ struct ExactReducer::State {
   std::int64_t micro = 0;      // the step's micro-batch the current/next backward is (0 .. L-1)
   bool armed = false;
   bool in_pass = false;
+  bool host_maxima = false;  // the parameters live in host memory (CPU)
   // This step's collective decisions, the same on every rank (they come from agreed maxima).
-  std::size_t next_bucket = 0;  // the next bucket whose maxima are agreed
+  std::size_t next_bucket = 0;  // the next bucket whose maxima go out
   std::string nonfinite;        // the first parameter whose agreed max is NaN or Inf
   bool step_void = false;       // some rank's step was void (the last bucket's flag)
 
   void on_grad_ready(std::size_t p);
   void finalize();
-  void agree_bucket(std::size_t b, bool void_rank);
+  void launch_max(std::size_t b, bool void_rank);
+  void reduce_sums();
+  void drain();
   void finish_step(bool void_rank);
   [[noreturn]] void void_step(const std::string& why);
   void reset_step() {
@@ -145,6 +149,7 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
   if (n == 0) throw ValueError("DDP exact mode: the model has no parameter that requires a gradient");
   const Device device = s.params[0].device();
   s.kernels = &kernels_for(device);
+  s.host_maxima = device.is_cpu();
   // L slots; the last one holds the step's result, so the memory beyond a plain model's
   // gradients is L - 1 gradient copies, plus the int64 sums (two copies' worth).
   for (std::int64_t j = 0; j < s.per_rank; ++j) {
@@ -212,11 +217,7 @@ ExactReducer::~ExactReducer() {
     s.params[p].remove_grad_accumulated_hook(s.hook_ids[p]);
     s.params[p].set_grad_destination(Tensor());
   }
-  for (auto& b : s.buckets)  // nothing may still write into the sums
-    if (b.work) try {
-        b.work->wait();
-      } catch (const CommError&) {
-      }
+  s.drain();
 }
 
 std::vector<std::vector<std::size_t>> ExactReducer::layout() const {
@@ -264,8 +265,10 @@ void ExactReducer::State::on_grad_ready(std::size_t p) {
   // maxima. Buckets go strictly in order (every rank issues the same collectives in the
   // same order); the last one, which carries the void flag, waits for the end of backward.
   --b.pending;
-  while (next_bucket + 1 < buckets.size() && buckets[next_bucket].pending == 0) {
-    agree_bucket(next_bucket, false);
+  // On the CPU the maxima go out as their bucket completes; on an accelerator at the end of
+  // backward (reading them to the host mid-backward would stall its stream).
+  while (host_maxima && next_bucket + 1 < buckets.size() && buckets[next_bucket].pending == 0) {
+    launch_max(next_bucket, false);
     ++next_bucket;
   }
 }
@@ -285,12 +288,12 @@ void ExactReducer::State::finalize() {
   finish_step(false);
 }
 
-void ExactReducer::State::agree_bucket(std::size_t bi, bool void_rank) {
+void ExactReducer::State::launch_max(std::size_t bi, bool void_rank) {
+  // The maxima's allreduce MAX (exact in any order) starts now and completes while backward
+  // goes on; nothing waits for it before the end of backward. A NaN travels as +Inf (a max
+  // with NaN depends on the order, with Inf it does not); the last bucket's extra slot is
+  // the void flag: 1 from a rank whose step is void.
   Bucket& b = buckets[bi];
-  const bool last = bi + 1 == buckets.size();
-  // 1. Agree on the maxima (an allreduce MAX: exact in any order). A NaN travels as +Inf
-  //    (a max with NaN depends on the order, with Inf it does not); the last bucket's extra
-  //    slot is the void flag: 1 from a rank whose step is void.
   std::vector<float>& h = b.host_max;
   if (void_rank) {
     std::fill(h.begin(), h.end(), 0.f);
@@ -299,74 +302,92 @@ void ExactReducer::State::agree_bucket(std::size_t bi, bool void_rank) {
     for (float& m : h)
       if (std::isnan(m)) m = INFINITY;
   }
-  if (last) h.back() = void_rank ? 1.f : 0.f;
+  if (bi + 1 == buckets.size()) h.back() = void_rank ? 1.f : 0.f;
   if (pg->size() > 1) {
     kernels->copy_from_host(b.maxima.raw_data(), h.data(), h.size() * 4);
-    pg->allreduce(b.maxima, ReduceOp::Max)->wait();
-    kernels->copy_to_host(h.data(), b.maxima.raw_data(), h.size() * 4);
+    b.max_work = pg->allreduce(b.maxima, ReduceOp::Max);
   }
-  b.maxima.zero_();  // ready for the next step
-  if (last && h.back() != 0.f) step_void = true;
-  for (std::size_t i = 0; i < b.params.size() && nonfinite.empty(); ++i)
-    if (!std::isfinite(h[i])) nonfinite = names[b.params[i]];
-  // A step found void or non-finite sends no more sums: every rank knows it at the same
-  // point, from the same agreed maxima.
-  if (step_void || !nonfinite.empty()) return;
+}
+
+void ExactReducer::State::reduce_sums() {
+  // 1. The agreed maxima, bucket by bucket; the step's collective decisions (void,
+  //    non-finite) come from them, so every rank takes the same branch below.
+  for (std::size_t bi = 0; bi < buckets.size(); ++bi) {
+    Bucket& b = buckets[bi];
+    if (b.max_work) {
+      WorkPtr w = std::move(b.max_work);
+      w->wait();
+      kernels->copy_to_host(b.host_max.data(), b.maxima.raw_data(), b.host_max.size() * 4);
+    }
+    b.maxima.zero_();  // ready for the next step
+    if (bi + 1 == buckets.size() && b.host_max.back() != 0.f) step_void = true;
+    for (std::size_t i = 0; i < b.params.size() && nonfinite.empty(); ++i)
+      if (!std::isfinite(b.host_max[i])) nonfinite = names[b.params[i]];
+  }
+  if (step_void || !nonfinite.empty()) return;  // no sums: the step is void everywhere
   // 2. Fixed point with the agreed scales, summed over this rank's micro-batches, then over
-  //    the ranks: int64 additions, exact in any order.
-  if (void_rank) {
-    b.acc.zero_();
-  } else {
+  //    the ranks: int64 additions, exact in any order. Each bucket's allreduce starts as
+  //    soon as it is summed, while the next one is converted.
+  for (auto& b : buckets) {
     for (std::size_t i = 0; i < b.params.size(); ++i)
-      scales[b.params[i]] = std::ldexp(1.0, scale_exponent(h[i], k_bits));
+      scales[b.params[i]] = std::ldexp(1.0, scale_exponent(b.host_max[i], k_bits));
     for (auto& pc : b.pieces) {
       kernels->fill(pc.acc, 0.0);
       for (const Tensor& src : pc.src) kernels->fixed_point_accumulate(src, scales[pc.param], pc.acc);
     }
+    if (pg->size() > 1) b.work = pg->allreduce(b.acc, ReduceOp::Sum);
   }
-  if (pg->size() > 1) b.work = pg->allreduce(b.acc, ReduceOp::Sum);
+  // 3. Divide once: sum / scale / K, into the last slot, which becomes .grad().
+  for (auto& b : buckets) {
+    if (b.work) {
+      WorkPtr w = std::move(b.work);
+      w->wait();
+    }
+    for (std::size_t i = 0; i < b.params.size(); ++i) {
+      const std::size_t p = b.params[i];
+      kernels->fixed_point_to_float(b.acc_view[i], scales[p], static_cast<double>(micro_batches), views[per_rank - 1][p]);
+    }
+  }
+}
+
+void ExactReducer::State::drain() {
+  for (auto& b : buckets)  // nothing may still write into the maxima or the sums
+    for (WorkPtr* w : {&b.max_work, &b.work}) {
+      if (!*w) continue;
+      try {
+        (*w)->wait();
+      } catch (const CommError&) {
+      }
+      w->reset();
+    }
 }
 
 void ExactReducer::State::finish_step(bool void_rank) {
   std::exception_ptr comm_error;
-  const char* stage = "agreeing on the gradient scales";
   try {
-    for (; next_bucket < buckets.size(); ++next_bucket) agree_bucket(next_bucket, void_rank);
-    stage = "reducing the gradients";
-    // 3. Divide once: sum / scale / K, into the last slot, which becomes .grad().
-    const bool write = !void_rank && !step_void && nonfinite.empty();
-    for (auto& b : buckets) {
-      if (!b.work) continue;
-      WorkPtr w = std::move(b.work);
-      w->wait();
-    }
-    if (write)
+    for (; next_bucket < buckets.size(); ++next_bucket) launch_max(next_bucket, void_rank);
+    if (void_rank) {
       for (auto& b : buckets)
-        for (std::size_t i = 0; i < b.params.size(); ++i) {
-          const std::size_t p = b.params[i];
-          kernels->fixed_point_to_float(b.acc_view[i], scales[p], static_cast<double>(micro_batches),
-                                        views[per_rank - 1][p]);
+        if (b.max_work) {
+          WorkPtr w = std::move(b.max_work);
+          w->wait();
         }
+    } else {
+      reduce_sums();
+    }
   } catch (const CommError&) {
     comm_error = std::current_exception();
   }
+  drain();
   const bool was_void = step_void;
   const std::string bad = nonfinite;
-  for (auto& b : buckets) {  // nothing may still write into the sums
-    if (!b.work) continue;
-    try {
-      b.work->wait();
-    } catch (const CommError&) {
-    }
-    b.work.reset();
-  }
   reset_step();
   clear_grads();
   if (comm_error) {
     try {
       std::rethrow_exception(comm_error);
     } catch (const CommError&) {
-      rethrow_with_context(std::string("DDP exact mode: ") + stage + " failed: ");
+      rethrow_with_context("DDP exact mode: reducing the gradients failed: ");
     }
   }
   if (void_rank) return;  // the caller (void_step) says why

@@ -1,14 +1,16 @@
 #pragma once
 // Exact mode's reducer (docs/exact.md). Each backward is one micro-batch: its gradients are
 // kept (float32, on the parameters' device: micro-batch j of the step writes straight into
-// slot j, a flat buffer) and their per-parameter maxima recorded as they are produced. The
-// end of the backward of the rank's last micro-batch of a step then agrees on one
-// power-of-two scale per parameter (an allreduce MAX of the maxima, plus a flag slot that
-// voids the step on every rank when one rank's backward stopped part-way; a max is exact in
-// any order), converts every kept micro-batch gradient to int64 fixed point with it, sums
-// them (exact, so associative) into one int64 buffer per bucket, allreduces the buckets
-// (each launched as soon as it is converted), and writes sum / scale / micro_batches into
-// each .grad() once (the last slot, which then holds the step's gradients). Every float
+// slot j, a flat buffer) and their per-parameter maxima recorded as they are produced.
+// During the rank's last micro-batch of a step each bucket's maxima go out in an allreduce
+// MAX as soon as its gradients are in (in bucket order, without waiting; on an accelerator
+// at the end of backward), the last bucket's with a flag slot that voids the step on every
+// rank when one rank's backward stopped part-way (a max is exact in any order). At the end
+// of backward every rank derives the same power-of-two scale per parameter from the agreed
+// maxima, converts every kept micro-batch gradient to int64 fixed point with it, sums them
+// (exact, so associative) into one int64 buffer per bucket, allreduces the buckets (each
+// launched as soon as it is converted), and writes sum / scale / micro_batches into each
+// .grad() once (the last slot, which then holds the step's gradients). Every float
 // operation is per micro-batch or per element of the final sum, so the result does not
 // depend on which rank computed which micro-batch: the same bits on any world size.
 // Everything runs on the parameters' device through its kernel table; only the maxima
