@@ -115,6 +115,9 @@ class TwoHosts {
     const std::string net = "10.231." + std::to_string(::getpid() % 200 + 1);
     addr_[0] = net + ".1";
     addr_[1] = net + ".2";
+    const std::string net6 = "fd00:231:" + std::to_string(::getpid() % 200 + 1);
+    addr6_[0] = net6 + "::1";
+    addr6_[1] = net6 + "::2";
     if (::geteuid() != 0) {
       reason_ = "not root: making network namespaces needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN)";
       return;
@@ -146,6 +149,11 @@ class TwoHosts {
         return;
       }
     }
+    // IPv6 too where the kernel has it (nodad: usable at once, not "tentative").
+    std::string err6;
+    for (int i = 0; i < 2 && reason6_.empty(); ++i)
+      if (!sh("ip -n " + ns_[i] + " addr add " + addr6_[i] + "/64 dev phxnet0 nodad", &err6))
+        reason6_ = "no IPv6 in the namespaces (" + first_line(err6) + ")";
     // The veth comes up asynchronously: wait until node 1 reaches node 0's address.
     const auto deadline = Clock::now() + 5s;
     while (!reachable() && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
@@ -169,6 +177,8 @@ class TwoHosts {
   const std::string& reason() const { return reason_; }
   const std::string& ns(int i) const { return ns_[i]; }
   const std::string& addr(int i) const { return addr_[i]; }
+  const std::string& addr6(int i) const { return addr6_[i]; }
+  const std::string& reason6() const { return reason6_; }
 
  private:
   /// Both ends of the veth have carrier (it comes up asynchronously).
@@ -177,7 +187,7 @@ class TwoHosts {
            sh("ip -n " + ns_[1] + " -o link show phxnet0 | grep -q LOWER_UP");
   }
 
-  std::string ns_[2], veth_[2], addr_[2], reason_;
+  std::string ns_[2], veth_[2], addr_[2], addr6_[2], reason_, reason6_;
 };
 
 struct Launcher {
@@ -231,10 +241,10 @@ struct Job {
 /// One job on both hosts: `nproc` workers each, MASTER_ADDR = node 0's address, node ranks
 /// assigned by the store (node 0 is the launcher whose host has the address).
 Job run_job(const TwoHosts& h, int nproc, const std::string& program, const std::string& extra_env0 = "",
-            const std::string& extra_env1 = "", std::chrono::seconds timeout = 40s) {
+            const std::string& extra_env1 = "", std::chrono::seconds timeout = 40s, bool ipv6 = false) {
   static int count = 0;
   const std::string stem = "/tmp/phalanx_netns_" + std::to_string(::getpid()) + "_" + std::to_string(count++);
-  const std::string args = "--nnodes 2 --nproc-per-node " + std::to_string(nproc) + " --master-addr " + h.addr(0) +
+  const std::string args = "--nnodes 2 --nproc-per-node " + std::to_string(nproc) + " --master-addr " + (ipv6 ? h.addr6(0) : h.addr(0)) +
                            " --master-port 29500 " + program;
   const Launcher l0 = start_in(h.ns(0), args, stem + "_node0.out", extra_env0);
   const Launcher l1 = start_in(h.ns(1), args, stem + "_node1.out", extra_env1);
@@ -415,6 +425,30 @@ TEST_CASE("two hosts, no address variable: every rank advertises its host's addr
     CHECK(has(g.out[r / 2], "[" + std::to_string(r) + "] rank " + std::to_string(r) + " conformance ok on gloo"));
   MESSAGE("conformance on two hosts (2 + 2 ranks), auto and gloo: "
           << std::chrono::duration<double>(Clock::now() - t0).count() << " s");
+}
+
+TEST_CASE("two hosts over IPv6: MASTER_ADDR = node 0's IPv6 address, every rank advertises its host's IPv6 address") {
+  TwoHosts h;
+  SKIP_WITHOUT_NAMESPACES(h);
+  if (!h.reason6().empty()) {
+    MESSAGE("SKIPPED: " << h.reason6());
+    return;
+  }
+  const Job j = run_job(h, 1, std::string(NETNS_WORKER) + " quick", "", "", 40s, true);
+  INFO(j.both());
+  CHECK(j.code[0] == 0);
+  CHECK(j.code[1] == 0);
+  CHECK(has(j.out[0], "[0] rank 0 of 2 advertises " + h.addr6(0)));
+  CHECK(has(j.out[1], "[1] rank 1 of 2 advertises " + h.addr6(1)));
+  CHECK(has(j.out[1], "[1] rank 1 allreduce ok"));
+  // The interface override takes MASTER_ADDR's family, the global address before the link-local one.
+  const Job k = run_job(h, 1, std::string(NETNS_WORKER) + " quick", "PHALANX_SOCKET_IFNAME=phxnet0",
+                        "GLOO_SOCKET_IFNAME=phxnet0", 40s, true);
+  INFO(k.both());
+  CHECK(k.code[0] == 0);
+  CHECK(k.code[1] == 0);
+  CHECK(has(k.out[0], "[0] rank 0 of 2 advertises " + h.addr6(0)));
+  CHECK(has(k.out[1], "[1] rank 1 of 2 advertises " + h.addr6(1)));
 }
 
 TEST_CASE("two hosts: GLOO_SOCKET_IFNAME / PHALANX_SOCKET_IFNAME pick the interface; lo fails at once saying what to set") {
