@@ -1,10 +1,19 @@
-// Allreduce sweep, 4 B ... 64 MiB float32, 2 ranks on loopback, in one run:
-//   Phalanx's gloo backend (through ProcessGroup, what DDP uses),
-//   raw Gloo 0.5 (ring_chunked and halving_doubling class algorithms built once per size,
-//   and the generic gloo::allreduce), and PyTorch 1.13's gloo all_reduce.
-// Prints latency, algbw and busbw (nccl-tests definitions: algbw = bytes / time,
-// busbw = algbw * 2 (n-1) / n). Bars (issue 3): Phalanx >= PyTorch's bandwidth at >= 1 MiB,
-// <= 2/3 of PyTorch's latency at <= 64 KiB.
+// Allreduce sweep, float32 sum in place, 4 B ... 64 MiB, for 2 and 4 ranks on this host, all
+// columns in one run (docs/benchmarks.md, docs/shm.md):
+//   Phalanx shm     (backend "shm", forked ranks, pg->allreduce(t)->wait(): what DDP calls)
+//   Phalanx TCP     (backend "gloo" over loopback, same loop)
+//   Phalanx MPI     (backend "mpi" under mpirun, when libphalanx_mpi.so is built)
+//   OpenMPI         (raw MPI_Allreduce(MPI_IN_PLACE) in the same mpirun job; its shared-memory path)
+//   PyTorch Gloo    (bench/peers/torch_allreduce.py, dist.all_reduce)
+// Each figure is the median of 5 timed runs (each run: a barrier, then a loop of allreduces),
+// with the spread of the 5 (half of max - min, in % of the median), and the CPU time each
+// rank spent per allreduce (its process CPU clock, mean over ranks): a rank that busy-polls
+// spends a core while it waits, which compute running beside the allreduce would miss.
+// Ratios are computed from the medians.
+//   bench_allreduce_sweep [--quick] [--ranks 2,4] [--no-peer] [--raw-gloo]
+// --quick: fewer sizes (4 B, 4 KiB, 64 KiB, 1 MiB, 16 MiB) and ~4x shorter runs.
+// --raw-gloo adds raw Gloo 0.5 (the fastest of three algorithms, ring_chunked,
+// halving_doubling and gloo::allreduce(opts), each the median of its 5 runs).
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring_chunked.h>
@@ -14,7 +23,14 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
+#ifdef PHALANX_SWEEP_MPI
+#include <mpi.h>
+#endif
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -31,104 +47,285 @@ using namespace phalanx;
 
 namespace {
 
-const std::vector<std::int64_t> kCounts = {1, 1024, 16384, 262144, 1048576, 4194304, 16777216};
+struct Plan {
+  std::vector<std::int64_t> counts = {1, 1024, 16384, 262144, 1048576, 4194304, 16777216};
+  int runs = 5;
+  double budget_s = 0.02;  ///< aimed time of one timed run
+};
 
-int iters_for(std::int64_t n) {
-  return static_cast<int>(std::max<std::int64_t>(3, std::min<std::int64_t>(200, 200000000 / (n * 4 + 1))));
+/// Iterations of one run: about budget_s at `gbps` GB/s with `overhead_us` per call.
+int iters_for(const Plan& p, std::int64_t n, double overhead_us) {
+  const double est_us = overhead_us + static_cast<double>(n) * 4 / 2e3;  // ~2 GB/s worst case
+  return static_cast<int>(std::max(3.0, std::min(100000.0, p.budget_s * 1e6 / est_us)));
 }
 
-template <typename Fn>
-double time_us(std::int64_t n, Fn&& fn, const std::function<void()>& barrier) {
-  for (int i = 0; i < 3; ++i) fn();
-  const int iters = iters_for(n);
-  barrier();
-  const double t = bench::now_s();
-  for (int i = 0; i < iters; ++i) fn();
-  return (bench::now_s() - t) / iters * 1e6;
+double cpu_now() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/// Runs `body(rank, out)` on 2 forked ranks; parses rank 0's "key value" lines.
-std::map<std::string, double> run_two(const std::function<void(int, FILE*)>& body) {
-  std::map<std::string, double> m;
-  std::istringstream in(bench::run_ranks(2, body));
-  std::string k;
-  double v;
-  while (in >> k >> v) m[k] = v;
-  return m;
-}
+struct Sample {
+  double us = 0, cpu_us = 0;
+};
+/// count -> one Sample per run (us: rank 0's wall time per call; cpu: mean over ranks).
+using Series = std::map<std::int64_t, std::vector<Sample>>;
 
-void phalanx_side(int rank, FILE* out, int port) {
-  BackendConfig cfg;
-  cfg.rank = rank;
-  cfg.size = 2;
-  TcpStoreOptions o;
-  o.port = port;
-  cfg.store = std::make_shared<PrefixStore>("bench", std::make_shared<TcpStore>(o));
-  auto pg = create_process_group("gloo", cfg);
-  auto barrier = [&] { pg->barrier()->wait(); };
-  for (std::int64_t n : kCounts) {
-    Tensor t = randn({n});
-    const double us = time_us(n, [&] { pg->allreduce(t)->wait(); }, barrier);
-    if (out) std::fprintf(out, "phalanx_%lld %f\n", static_cast<long long>(n), us);
-  }
-}
-
-void raw_gloo_side(int rank, FILE* out, const std::string& dir) {
-  ::gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
-  auto dev = ::gloo::transport::tcp::CreateDevice(attr);
-  auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, 2);
-  ::gloo::rendezvous::FileStore store(dir);
-  ctx->connectFullMesh(store, dev);
-  std::uint32_t tag = 0;
-  auto barrier = [&] {
-    ::gloo::BarrierOptions b(ctx);
-    b.setTag(++tag);
-    ::gloo::barrier(b);
-  };
-  for (std::int64_t n : kCounts) {
-    std::vector<float> buf(n, 1.f);
-    float* p = buf.data();
-    ::gloo::AllreduceRingChunked<float> rc(ctx, {p}, static_cast<int>(n));
-    ::gloo::AllreduceHalvingDoubling<float> hd(ctx, {p}, static_cast<int>(n));
-    const double rc_us = time_us(n, [&] { rc.run(); }, barrier);
-    const double hd_us = time_us(n, [&] { hd.run(); }, barrier);
-    const double gen_us = time_us(n, [&] {
-      ::gloo::AllreduceOptions o(ctx);
-      o.setOutput(p, static_cast<std::size_t>(n));
-      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&::gloo::sum<float>));
-      o.setTag(++tag);
-      ::gloo::allreduce(o);
-    }, barrier);
-    if (out) {
-      std::fprintf(out, "ring_chunked_%lld %f\n", static_cast<long long>(n), rc_us);
-      std::fprintf(out, "halving_doubling_%lld %f\n", static_cast<long long>(n), hd_us);
-      std::fprintf(out, "generic_%lld %f\n", static_cast<long long>(n), gen_us);
+/// One line per (count, run) from every rank: "n run us cpu_us".
+Series parse_ranks(const std::vector<std::string>& outs) {
+  Series s;
+  std::map<std::pair<std::int64_t, int>, std::pair<double, std::vector<double>>> acc;
+  for (std::size_t r = 0; r < outs.size(); ++r) {
+    std::istringstream in(outs[r]);
+    long long n;
+    int run;
+    double us, cpu;
+    while (in >> n >> run >> us >> cpu) {
+      auto& a = acc[{n, run}];
+      if (r == 0) a.first = us;
+      a.second.push_back(cpu);
     }
   }
+  for (auto& [key, v] : acc) {
+    double c = 0;
+    for (double x : v.second) c += x;
+    s[key.first].push_back({v.first, c / v.second.size()});
+  }
+  return s;
 }
 
-std::map<std::string, double> torch_side() {
+/// Runs body(rank, out) on `world` forked ranks; returns what each rank wrote.
+std::vector<std::string> run_all_ranks(int world, const std::function<void(int, std::FILE*)>& body) {
+  const std::string base = "/tmp/phalanx_sweep_" + std::to_string(::getpid()) + "_";
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      std::FILE* f = std::fopen((base + std::to_string(r)).c_str(), "w");
+      int code = 0;
+      try {
+        body(r, f);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench rank %d: %s\n", r, e.what());
+        code = 1;
+      }
+      std::fclose(f);
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+  std::vector<std::string> outs;
+  for (int r = 0; r < world; ++r) {
+    const std::string path = base + std::to_string(r);
+    std::ifstream in(path);
+    outs.emplace_back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::remove(path.c_str());
+  }
+  return outs;
+}
+
+/// Times `call` in plan.runs runs per count after a warm-up; `barrier` starts each run.
+template <typename Call>
+void timed_runs(const Plan& plan, std::int64_t n, double overhead_us, std::FILE* out, Call&& call,
+                const std::function<void()>& barrier) {
+  const int warm = n >= (1 << 22) ? 1 : 3;
+  for (int i = 0; i < warm; ++i) call();
+  const int iters = iters_for(plan, n, overhead_us);
+  for (int run = 0; run < plan.runs; ++run) {
+    barrier();
+    const double c0 = cpu_now(), t0 = bench::now_s();
+    for (int i = 0; i < iters; ++i) call();
+    const double dt = (bench::now_s() - t0) / iters * 1e6, dc = (cpu_now() - c0) / iters * 1e6;
+    std::fprintf(out, "%lld %d %.4f %.4f\n", static_cast<long long>(n), run, dt, dc);
+  }
+}
+
+Series phalanx_column(const std::string& backend, int world, const Plan& plan, double overhead_us) {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  return parse_ranks(run_all_ranks(world, [&](int rank, std::FILE* out) {
+    BackendConfig cfg;
+    cfg.rank = rank;
+    cfg.size = world;
+    TcpStoreOptions o;
+    o.port = port;
+    cfg.store = std::make_shared<PrefixStore>("sweep", std::make_shared<TcpStore>(o));
+    cfg.local_rank = rank;
+    cfg.local_world_size = world;
+    auto pg = create_process_group(backend, cfg);
+    for (std::int64_t n : plan.counts) {
+      Tensor t = ones({n});
+      timed_runs(plan, n, overhead_us, out, [&] { pg->allreduce(t)->wait(); }, [&] { pg->barrier()->wait(); });
+    }
+  }));
+}
+
+/// Raw Gloo 0.5: the three algorithms, each its own series.
+std::map<std::string, Series> raw_gloo_columns(int world, const Plan& plan) {
+  const std::string dir = "/tmp/phalanx_sweep_gloo_" + std::to_string(::getpid());
+  ::mkdir(dir.c_str(), 0700);
+  std::map<std::string, std::vector<std::string>> per_algo;
+  const auto outs = run_all_ranks(world, [&](int rank, std::FILE* out) {
+    ::gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto dev = ::gloo::transport::tcp::CreateDevice(attr);
+    auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, world);
+    ::gloo::rendezvous::FileStore store(dir);
+    ctx->connectFullMesh(store, dev);
+    std::uint32_t tag = 0;
+    auto barrier = [&] {
+      ::gloo::BarrierOptions b(ctx);
+      b.setTag(++tag);
+      ::gloo::barrier(b);
+    };
+    for (std::int64_t n : plan.counts) {
+      std::vector<float> buf(n, 1.f);
+      float* p = buf.data();
+      ::gloo::AllreduceRingChunked<float> rc(ctx, {p}, static_cast<int>(n));
+      ::gloo::AllreduceHalvingDoubling<float> hd(ctx, {p}, static_cast<int>(n));
+      std::fprintf(out, "algo ring_chunked\n");
+      timed_runs(plan, n, 60, out, [&] { rc.run(); }, barrier);
+      std::fprintf(out, "algo halving_doubling\n");
+      timed_runs(plan, n, 60, out, [&] { hd.run(); }, barrier);
+      std::fprintf(out, "algo allreduce(opts)\n");
+      timed_runs(plan, n, 60, out, [&] {
+        ::gloo::AllreduceOptions o(ctx);
+        o.setOutput(p, static_cast<std::size_t>(n));
+        o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&::gloo::sum<float>));
+        o.setTag(++tag);
+        ::gloo::allreduce(o);
+      }, barrier);
+    }
+  });
+  std::system(("rm -rf " + dir).c_str());
+  // split each rank's output by algorithm
+  for (const auto& text : outs) {
+    std::istringstream in(text);
+    std::string line, algo;
+    std::map<std::string, std::string> mine;
+    while (std::getline(in, line)) {
+      if (line.rfind("algo ", 0) == 0) algo = line.substr(5);
+      else mine[algo] += line + "\n";
+    }
+    for (auto& [a, t] : mine) per_algo[a].push_back(t);
+  }
+  std::map<std::string, Series> out;
+  for (auto& [a, v] : per_algo) out[a] = parse_ranks(v);
+  return out;
+}
+
+#ifdef PHALANX_SWEEP_MPI
+/// Under mpirun (bench_allreduce_sweep --mpi-worker [--quick]): Phalanx's mpi backend
+/// (if built) and raw MPI_Allreduce, alternating per size; rank 0 prints "col n run us cpu".
+int mpi_worker(const Plan& plan) {
+  ProcessGroupPtr pg;
+  std::string why;
+  const bool have_plugin = backend_available("mpi", &why);
+  if (have_plugin) {
+    ::setenv("PHALANX_BACKEND", "mpi", 1);
+    pg = parallel::init_process_group();  // initialises MPI
+  } else {
+    MPI_Init(nullptr, nullptr);
+  }
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (!have_plugin && rank == 0) std::printf("no-plugin %s\n", why.c_str());
+  auto report = [&](const char* col, std::int64_t n, const std::vector<Sample>& s) {
+    for (std::size_t k = 0; k < s.size(); ++k) {
+      double cpu = s[k].cpu_us, sum = 0;
+      MPI_Reduce(&cpu, &sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+      if (rank == 0) std::printf("%s %lld %zu %.4f %.4f\n", col, static_cast<long long>(n), k, s[k].us, sum / world);
+    }
+  };
+  for (std::int64_t n : plan.counts) {
+    Tensor t = ones({n});
+    float* a = t.data<float>();
+    const int iters = iters_for(plan, n, 2);
+    auto loop = [&](auto&& call) {
+      std::vector<Sample> s;
+      for (int i = 0; i < 3; ++i) call();
+      for (int run = 0; run < plan.runs; ++run) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double c0 = cpu_now(), t0 = MPI_Wtime();
+        for (int i = 0; i < iters; ++i) call();
+        s.push_back({(MPI_Wtime() - t0) / iters * 1e6, (cpu_now() - c0) / iters * 1e6});
+      }
+      return s;
+    };
+    const auto raw = loop([&] { MPI_Allreduce(MPI_IN_PLACE, a, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); });
+    report("openmpi", n, raw);
+    if (pg) report("mpi", n, loop([&] { pg->allreduce(t)->wait(); }));
+  }
+  std::fflush(stdout);
+  if (!have_plugin) MPI_Finalize();
+  return 0;  // the plugin finalises MPI at exit
+}
+#endif
+
+/// Runs this program under mpirun as the MPI worker; returns the "openmpi" and "mpi" series.
+std::map<std::string, Series> mpi_columns(int world, bool quick, std::string& note) {
+  std::map<std::string, Series> out;
+#ifndef PHALANX_SWEEP_MPI
+  note = "this build has no MPI (install libopenmpi-dev and reconfigure)";
+  return out;
+#else
+  char self[4096] = {0};
+  if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return out;
+  const std::string cmd = "env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT "
+                          "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np " +
+                          std::to_string(world) + " " + self + " --mpi-worker" + (quick ? " --quick" : "") + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char line[1024];
+  std::string other;
+  while (fgets(line, sizeof line, p)) {
+    char col[32];
+    long long n;
+    int run;
+    double us, cpu;
+    if (std::sscanf(line, "%31s %lld %d %lf %lf", col, &n, &run, &us, &cpu) == 5)
+      out[col][n].push_back({us, cpu});
+    else if (std::string(line).rfind("no-plugin ", 0) == 0)
+      note = "libphalanx_mpi.so: " + std::string(line + 10);
+    else
+      other += line;
+  }
+  const int rc = pclose(p);
+  if (out.empty()) note = "mpirun failed (rc " + std::to_string(rc) + "): " + other.substr(0, 300);
+  if (!note.empty() && note.back() == '\n') note.pop_back();
+  return out;
+#endif
+}
+
+/// PyTorch's gloo all_reduce (bench/peers/torch_allreduce.py): "n= run= us= cpu_us=" lines.
+Series torch_column(int world, const Plan& plan, std::string& note) {
+  Series s;
   int port;
   { TcpStoreServer probe(TcpStoreOptions{}); port = probe.port(); }
-  std::string counts;
-  for (auto n : kCounts) counts += " " + std::to_string(n);
-  const std::string script = bench::peer_script("torch_allreduce.py");
-  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
-                          " WORLD_SIZE=2 OMP_NUM_THREADS=1 ";
-  const std::string cmd = "(" + env + "RANK=1 " + bench::python() + " " + script + counts + " >/dev/null 2>&1 & " + env +
-                          "RANK=0 " + bench::python() + " " + script + counts + "; wait) 2>/dev/null";
-  std::map<std::string, double> m;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return m;
-  char line[256];
-  while (fgets(line, sizeof line, p)) {
+  std::string args = bench::peer_script("torch_allreduce.py") + " --runs " + std::to_string(plan.runs) +
+                     " --budget " + std::to_string(plan.budget_s);
+  for (auto n : plan.counts) args += " " + std::to_string(n);
+  const std::string out = bench::run_python_ranks(world, port, args);
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
     long long n;
-    double us;
-    if (std::sscanf(line, "n=%lld us=%lf", &n, &us) == 2) m["torch_" + std::to_string(n)] = us;
+    int run;
+    double us, cpu;
+    if (std::sscanf(line.c_str(), "n=%lld run=%d us=%lf cpu_us=%lf", &n, &run, &us, &cpu) == 4) s[n].push_back({us, cpu});
   }
-  pclose(p);
-  return m;
+  if (s.empty()) note = "PyTorch did not run (python3-torch missing? set PHALANX_PYTHON): " + out.substr(0, 200);
+  return s;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
 }
 
 std::string human(std::int64_t bytes) {
@@ -137,48 +334,111 @@ std::string human(std::int64_t bytes) {
   return std::to_string(bytes) + " B";
 }
 
+struct Stat {
+  double med = -1, spread = 0, cpu = -1;
+  bool ok() const { return med > 0; }
+};
+
+Stat stat_of(const Series& s, std::int64_t n) {
+  auto it = s.find(n);
+  if (it == s.end() || it->second.empty()) return {};
+  std::vector<double> us, cpu;
+  for (const auto& x : it->second) us.push_back(x.us), cpu.push_back(x.cpu_us);
+  std::sort(us.begin(), us.end());
+  std::sort(cpu.begin(), cpu.end());
+  Stat st;
+  st.med = us[us.size() / 2];
+  st.spread = (us.back() - us.front()) / 2 / st.med * 100;
+  st.cpu = cpu[cpu.size() / 2];
+  return st;
+}
+
+std::string cell(const Stat& s) {
+  char buf[64];
+  if (!s.ok()) return "n/a";
+  if (s.med < 100) std::snprintf(buf, sizeof buf, "%.2f ±%.0f%% [%.2f]", s.med, s.spread, s.cpu);
+  else std::snprintf(buf, sizeof buf, "%.0f ±%.0f%% [%.0f]", s.med, s.spread, s.cpu);
+  return buf;
+}
+
+std::string ratio(const Stat& a, const Stat& b) {
+  if (!a.ok() || !b.ok()) return "n/a";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", a.med / b.med);
+  return buf;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool skip_peer = argc > 1 && std::string(argv[1]) == "--no-peer";
-  std::map<std::string, double> all;
-  {
-    TcpStoreServer server(TcpStoreOptions{});
-    const int port = server.port();
-    for (auto& kv : run_two([&](int r, FILE* f) { phalanx_side(r, f, port); })) all.insert(kv);
+  Plan plan;
+  bool quick = false, peer = true, raw_gloo = false, mpi_worker_mode = false;
+  std::vector<int> worlds = {2, 4};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--no-peer") peer = false;
+    else if (a == "--raw-gloo") raw_gloo = true;
+    else if (a == "--mpi-worker") mpi_worker_mode = true;
+    else if (a == "--ranks" && i + 1 < argc) {
+      worlds.clear();
+      std::stringstream ss(argv[++i]);
+      std::string w;
+      while (std::getline(ss, w, ',')) worlds.push_back(std::stoi(w));
+    } else {
+      std::fprintf(stderr, "usage: bench_allreduce_sweep [--quick] [--ranks 2,4] [--no-peer] [--raw-gloo]\n");
+      return 2;
+    }
   }
-  {
-    const std::string dir = "/tmp/phalanx_bench_gloo_" + std::to_string(::getpid());
-    ::mkdir(dir.c_str(), 0700);
-    for (auto& kv : run_two([&](int r, FILE* f) { raw_gloo_side(r, f, dir); })) all.insert(kv);
-    std::system(("rm -rf " + dir).c_str());
+  if (quick) {
+    plan.counts = {1, 1024, 16384, 262144, 4194304};
+    plan.budget_s = 0.005;
   }
-  if (!skip_peer)
-    for (auto& kv : torch_side()) all.insert(kv);
+#ifdef PHALANX_SWEEP_MPI
+  if (mpi_worker_mode) return mpi_worker(plan);
+#else
+  if (mpi_worker_mode) return 2;
+#endif
+  std::printf("allreduce sweep: float32 sum in place, CPU %s, %ld cores online\n", cpu_model().c_str(),
+              ::sysconf(_SC_NPROCESSORS_ONLN));
+  for (int world : worlds) {
+    std::map<std::string, Series> cols;
+    std::string mpi_note, torch_note;
+    cols["shm"] = phalanx_column("shm", world, plan, 0.5);
+    cols["tcp"] = phalanx_column("gloo", world, plan, 40);
+    for (auto& [k, v] : mpi_columns(world, quick, mpi_note)) cols[k] = v;
+    if (peer) cols["torch"] = torch_column(world, plan, torch_note);
+    else torch_note = "--no-peer";
+    std::map<std::string, Series> rg;
+    if (raw_gloo) rg = raw_gloo_columns(world, plan);
 
-  std::printf("allreduce, 2 ranks, loopback, float32 (busbw = algbw for 2 ranks)\n");
-  std::printf("%-8s | %10s %9s | %10s %9s | %10s %-16s | %8s %8s\n", "size", "phalanx", "GB/s", "torch",
-              "GB/s", "raw gloo", "(best of 3)", "lat t/p", "bw p/t");
-  for (std::int64_t n : kCounts) {
-    const std::string k = std::to_string(n);
-    const double p = all["phalanx_" + k], t = all.count("torch_" + k) ? all["torch_" + k] : -1;
-    const double rc = all["ring_chunked_" + k], hd = all["halving_doubling_" + k], g = all["generic_" + k];
-    double best = rc;
-    std::string which = "ring_chunked";
-    if (hd < best) best = hd, which = "halving_doubling";
-    if (g < best) best = g, which = "allreduce(opts)";
-    const double bytes = static_cast<double>(n) * 4;
-    std::printf("%-8s | %10.1f %9.3f | %10.1f %9.3f | %10.1f %-16s | %8.2f %8.2f\n", human(n * 4).c_str(), p,
-                bytes / p / 1e3, t, t > 0 ? bytes / t / 1e3 : 0.0, best, which.c_str(), t > 0 ? t / p : 0.0,
-                t > 0 ? t / p : 0.0);
+    std::printf("\n%d ranks%s. Cells: median us per allreduce of %d runs ±(max-min)/2 in %% of it "
+                "[CPU us per allreduce, mean per rank]\n",
+                world, world > static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)) ? " (more ranks than cores)" : "",
+                plan.runs);
+    std::printf("%-8s | %-24s | %-24s | %-24s | %-24s | %-24s | %8s %8s %8s\n", "size", "Phalanx shm", "Phalanx TCP",
+                "Phalanx MPI", "OpenMPI (raw)", "PyTorch gloo", "shm/OMPI", "shm GB/s", "torch/shm");
+    for (std::int64_t n : plan.counts) {
+      const Stat shm = stat_of(cols["shm"], n), tcp = stat_of(cols["tcp"], n), mpi = stat_of(cols["mpi"], n),
+                 ompi = stat_of(cols["openmpi"], n), torch = stat_of(cols["torch"], n);
+      char gbps[16] = "n/a";
+      if (shm.ok()) std::snprintf(gbps, sizeof gbps, "%.2f", n * 4 / shm.med / 1e3);
+      std::printf("%-8s | %-24s | %-24s | %-24s | %-24s | %-24s | %8s %8s %8s\n", human(n * 4).c_str(),
+                  cell(shm).c_str(), cell(tcp).c_str(), cell(mpi).c_str(), cell(ompi).c_str(), cell(torch).c_str(),
+                  ratio(shm, ompi).c_str(), gbps, ratio(torch, shm).c_str());
+    }
+    if (!mpi_note.empty()) std::printf("Phalanx MPI / OpenMPI: %s\n", mpi_note.c_str());
+    if (!torch_note.empty()) std::printf("PyTorch: %s\n", torch_note.c_str());
+    if (raw_gloo) {
+      std::printf("raw Gloo 0.5, median us of %d runs per algorithm (ring_chunked / halving_doubling / "
+                  "allreduce(opts)):\n", plan.runs);
+      for (std::int64_t n : plan.counts)
+        std::printf("  %-8s %12s %12s %12s\n", human(n * 4).c_str(), cell(stat_of(rg["ring_chunked"], n)).c_str(),
+                    cell(stat_of(rg["halving_doubling"], n)).c_str(), cell(stat_of(rg["allreduce(opts)"], n)).c_str());
+    }
   }
-  std::printf("\nraw gloo per algorithm (us): size, ring_chunked, halving_doubling, allreduce(opts)\n");
-  for (std::int64_t n : kCounts) {
-    const std::string k = std::to_string(n);
-    std::printf("  %-8s %10.1f %10.1f %10.1f\n", human(n * 4).c_str(), all["ring_chunked_" + k],
-                all["halving_doubling_" + k], all["generic_" + k]);
-  }
-  std::printf("\nlat t/p = torch latency / phalanx latency (bar: >= 1.5 at <= 64 KiB);\n"
-              "bw p/t = phalanx bandwidth / torch bandwidth (bar: >= 1 at >= 1 MiB)\n");
+  std::printf("\nshm/OMPI = Phalanx shm time / raw OpenMPI time (medians; bars for 2 ranks: <= 2 up to 64 KiB, "
+              "<= 1.3 from 1 MiB); torch/shm = PyTorch gloo time / Phalanx shm time (speed-up).\n"
+              "GB/s = bytes / time (algbw; busbw = algbw * 2 (n-1) / n).\n");
   return 0;
 }

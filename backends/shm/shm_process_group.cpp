@@ -62,7 +62,7 @@ void ShmProcessGroup::on_abort() noexcept {
 }
 
 ShmProcessGroup::Op ShmProcessGroup::begin(const char* name, std::uint64_t seq, std::uint64_t sig) const {
-  return Op{name, seq, sig, Clock::now() + timeout()};
+  return Op{name, seq, sig};
 }
 
 void ShmProcessGroup::step(Op& o) {

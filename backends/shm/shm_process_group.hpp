@@ -46,7 +46,7 @@ class ShmProcessGroup : public ProcessGroup {
     const char* name;
     std::uint64_t seq;
     std::uint64_t sig;
-    Clock::time_point deadline;
+    Clock::time_point deadline{};  ///< set when the operation first has to wait
     bool first = true;  ///< its first step checks every rank's signature
   };
   Op begin(const char* name, std::uint64_t seq, std::uint64_t sig) const;

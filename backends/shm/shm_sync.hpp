@@ -58,25 +58,30 @@ class Sync {
   }
   void wake();
 
-  /// Waits until ready() holds. need(q): whether this wait still needs rank q (a dead,
+  /// Waits until ready() holds (deadline: unset = the group's timeout from the first wait). need(q): whether this wait still needs rank q (a dead,
   /// departed or failed rank that is not needed is no error). ctx(): the operation's
   /// description, for errors. Throws CommError (dead/left/failed peer, abort) or
   /// TimeoutError (deadline), after marking this rank failed.
   template <class Ready, class Need>
-  void wait(Ready&& ready, Need&& need, Clock::time_point deadline, const std::function<std::string()>& ctx) {
+  void wait(Ready&& ready, Need&& need, Clock::time_point& deadline, const std::function<std::string()>& ctx) {
     if (ready()) return;
-    if (policy_.spin.count() > 0) {
-      const auto until = Clock::now() + policy_.spin;
+    // The clock is read only every 64 pauses (a clock read costs as much as a small op).
+    Clock::time_point spin_start{};
+    if (policy_.spin.count() > 0)
       for (unsigned i = 1;; ++i) {
         cpu_relax();
         if (ready()) return;
         if ((i & 63) == 0) {
           if (aborted_.load(std::memory_order_relaxed)) break;
-          if (Clock::now() > until) break;
+          const auto now = Clock::now();
+          if (spin_start == Clock::time_point{}) spin_start = now;
+          else if (now - spin_start > policy_.spin) break;
         }
       }
-    }
-    const auto yield_until = Clock::now() + policy_.yield;
+    const auto start = Clock::now();
+    // An operation's deadline starts when it first has to wait (unset: the group's timeout from now).
+    if (deadline == Clock::time_point{}) deadline = start + timeout_;
+    const auto yield_until = start + policy_.yield;
     auto next_check = Clock::time_point{};
     for (;;) {
       const auto now = Clock::now();

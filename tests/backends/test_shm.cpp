@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/mman.h>
 
 #include <atomic>
 #include <cstring>
@@ -174,22 +175,39 @@ TEST_CASE("shm: the same bits run after run, equal to the sum in rank order 0..W
 }
 
 TEST_CASE("shm: a rank killed during an allreduce: the others fail within 2 s naming it; nothing left in /dev/shm") {
+  // PHALANX_SHM_KILL_TRIALS=20 for the full measurement (docs/shm.md); 3 in CI. The victim
+  // kills itself from a thread at a random moment of a loop of allreduces (mostly inside
+  // one: 1.2 MB messages run in rounds), and each survivor records how long its failing
+  // allreduce took (an upper bound of the time from the kill to the error).
+  const char* env = std::getenv("PHALANX_SHM_KILL_TRIALS");
+  const int trials = env ? std::atoi(env) : 3;
+  auto* slowest = static_cast<double*>(
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(slowest != MAP_FAILED);
   TcpStoreServer server(TcpStoreOptions{});
   const int port = server.port();
-  for (int trial = 0; trial < 3; ++trial) {
+  double worst = 0;
+  int passed = 0;
+  for (int trial = 0; trial < trials; ++trial) {
     CAPTURE(trial);
-    const int world = 3, victim = trial % world;
+    const int world = trial % 2 == 0 ? 3 : 2, victim = trial % world;
     const std::string prefix = "kill" + std::to_string(trial);
+    for (int r = 0; r < 4; ++r) slowest[r] = -1;
     const auto results = run_processes(world, [&](int rank) {
       auto pg = make_shm(rank, world, client(port, prefix));
-      Tensor t = ones({trial == 1 ? 300000 : 1000});
-      for (int i = 0;; ++i) {
-        if (rank == victim && i == 200) ::raise(SIGKILL);
+      Tensor t = ones({trial % 3 == 1 ? 1000 : 300000});
+      if (rank == victim)
+        std::thread([trial] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20 + (trial * 37) % 180));
+          ::kill(::getpid(), SIGKILL);
+        }).detach();
+      for (;;) {
         const auto t0 = std::chrono::steady_clock::now();
         try {
           pg->allreduce(t)->wait();
         } catch (const CommError& e) {
           const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          slowest[rank] = s;
           const std::string m = e.what();
           REQUIRE_RANK(rank, s < 2.0, detail::concat("failed after ", s, " s: ", m));
           REQUIRE_RANK(rank, m.find("allreduce #") != std::string::npos && m.find("(shm)") != std::string::npos,
@@ -199,15 +217,24 @@ TEST_CASE("shm: a rank killed during an allreduce: the others fail within 2 s na
         }
       }
     }, std::chrono::seconds(20));
+    bool ok = true;
     for (int r = 0; r < world; ++r) {
       CAPTURE(r);
-      if (r == victim)
+      if (r == victim) {
         CHECK(results[r].signal == SIGKILL);
-      else
+      } else {
         CHECK(results[r].exit_code == 0);
+        ok = ok && results[r].exit_code == 0;
+        worst = std::max(worst, slowest[r]);
+      }
     }
-    CHECK(!exists_in_dev_shm(segment_of(port, prefix)));
+    const bool gone = !exists_in_dev_shm(segment_of(port, prefix));
+    CHECK(gone);
+    passed += ok && gone;
   }
+  MESSAGE(passed << " of " << trials << " trials: every survivor failed within 2 s (slowest failing allreduce "
+                 << worst << " s), no segment left");
+  ::munmap(slowest, 4096);
 }
 
 TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end the wait with one clear error") {
