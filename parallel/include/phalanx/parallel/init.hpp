@@ -6,7 +6,8 @@
 // Backend priority: InitOptions::backend > PHALANX_BACKEND > the config file ("backend" in
 // the JSON file named by PHALANX_CONFIG) > auto. Auto: a world of one runs on the built-in
 // "single" backend; nccl when the device is CUDA and the plugin can run; mpi when launched
-// by mpirun/srun and the plugin can run; else (resolve_backend says "gloo") the ranks tell
+// by mpirun/srun (OMPI_COMM_WORLD_*, SLURM_*, PMI_* set) and libphalanx_mpi.so loads; else
+// (resolve_backend says "gloo") the ranks tell
 // each other their hosts through the store (PHALANX_HOST_ID, else hostname, boot id and the
 // launcher's GROUP_RANK) and init picks: every rank on one host -> "shm" when its plugin can
 // run on every rank, else gloo; several hosts -> the hierarchical group (shm or gloo within a
@@ -18,7 +19,9 @@
 // unless the launcher hosts it (PHALANX_STORE_HOSTED=1, what phalanx-run does); every rank
 // connects, checks that all ranks agree on the world size and backend and that no rank is
 // taken twice, then the backend connects its full mesh. file:///path uses a FileStore on a
-// shared filesystem instead.
+// shared filesystem instead. Backend mpi under mpirun/srun without MASTER_ADDR: MPI_Init is
+// the rendezvous (no store, no check-in; the plugin checks MPI's world against this one;
+// docs/mpi.md).
 //
 // Device: decided once, here (docs/ddp.md, "Devices"): InitOptions::device > PHALANX_DEVICE >
 // "device" in the config file > "cpu"; "cuda" without an index is cuda:LOCAL_RANK. A device
