@@ -9,7 +9,8 @@ void Work::wait(std::chrono::milliseconds timeout) {
   if (timeout.count() < 0) timeout = timeout_;
   std::unique_lock<std::mutex> lock(mu_);
   // The backend's own timeout fires first; this bound only guards against a stuck backend.
-  if (!cv_.wait_for(lock, timeout, [&] { return done_; }))
+  // A finished Work (every inline operation) reads no clock.
+  if (!done_ && !cv_.wait_for(lock, timeout, [&] { return done_; }))
     throw TimeoutError(detail::concat(op_, " #", seq_, " on rank ", rank_, " did not complete within ",
                                       timeout.count() / 1000.0, " s; a peer may have stopped "
                                       "calling collectives, or be much slower (raise PHALANX_TIMEOUT)"));
