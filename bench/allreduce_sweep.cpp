@@ -320,6 +320,40 @@ Series torch_column(int world, const Plan& plan, std::string& note) {
   return s;
 }
 
+/// A DDP-like step on `world` forked ranks over shm: `flops` of arithmetic, then an
+/// allreduce of `n` floats (n = 0: compute only). Returns the median step time (us) of 5 runs.
+double step_us(int world, std::int64_t n, long flops, int steps) {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  const auto outs = run_all_ranks(world, [&](int rank, std::FILE* out) {
+    BackendConfig cfg;
+    cfg.rank = rank;
+    cfg.size = world;
+    TcpStoreOptions o;
+    o.port = port;
+    cfg.store = std::make_shared<PrefixStore>("share", std::make_shared<TcpStore>(o));
+    auto pg = create_process_group("shm", cfg);
+    Tensor t = ones({std::max<std::int64_t>(n, 1)});
+    volatile float sink = 0;
+    std::vector<double> runs;
+    for (int run = 0; run < 5; ++run) {
+      pg->barrier()->wait();
+      const double t0 = bench::now_s();
+      for (int s = 0; s < steps; ++s) {
+        float a = 1.0001f, b = 0.9999f;
+        for (long i = 0; i < flops / 2; ++i) a = a * b + 1e-7f;  // a dependent chain: one core's worth
+        sink = sink + a;
+        if (n > 0) pg->allreduce(t)->wait();
+      }
+      pg->barrier()->wait();
+      runs.push_back((bench::now_s() - t0) / steps * 1e6);
+    }
+    std::sort(runs.begin(), runs.end());
+    std::fprintf(out, "%f\n", runs[2]);
+  });
+  return std::atof(outs[0].c_str());
+}
+
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -436,6 +470,20 @@ int main(int argc, char** argv) {
         std::printf("  %-8s %12s %12s %12s\n", human(n * 4).c_str(), cell(stat_of(rg["ring_chunked"], n)).c_str(),
                     cell(stat_of(rg["halving_doubling"], n)).c_str(), cell(stat_of(rg["allreduce(opts)"], n)).c_str());
     }
+  }
+  {
+    // Oversubscription: the same step (compute, then a 1 MiB allreduce) on 2 and on 4 ranks.
+    // With 2 cores, 4 ranks get half a core each, so the compute alone takes ~2x: the step
+    // should not take much more than that (a rank that busy-waits would take the core from
+    // the rank it waits for).
+    const long flops = quick ? 200000 : 1000000;
+    const int steps = quick ? 20 : 40;
+    std::printf("\nOversubscription (shm; step = %ld flops of dependent arithmetic, then allreduce of 1 MiB; "
+                "median of 5 runs of %d steps):\n", flops, steps);
+    const double c2 = step_us(2, 0, flops, steps), c4 = step_us(4, 0, flops, steps);
+    const double s2 = step_us(2, 262144, flops, steps), s4 = step_us(4, 262144, flops, steps);
+    std::printf("  compute only: 2 ranks %.0f us, 4 ranks %.0f us (x%.2f: the compute share)\n", c2, c4, c4 / c2);
+    std::printf("  compute + allreduce: 2 ranks %.0f us, 4 ranks %.0f us (x%.2f)\n", s2, s4, s4 / s2);
   }
   std::printf("\nshm/OMPI = Phalanx shm time / raw OpenMPI time (medians; bars for 2 ranks: <= 2 up to 64 KiB, "
               "<= 1.3 from 1 MiB); torch/shm = PyTorch gloo time / Phalanx shm time (speed-up).\n"

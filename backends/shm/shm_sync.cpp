@@ -45,7 +45,7 @@ WaitPolicy wait_policy_from_env(int ranks_on_host) {
   const bool oversubscribed = ranks_on_host > cpus_available();
   WaitPolicy p;
   p.spin = std::chrono::microseconds(env_us("PHALANX_SHM_SPIN_US", oversubscribed ? 0 : 50));
-  p.yield = std::chrono::microseconds(env_us("PHALANX_SHM_YIELD_US", oversubscribed ? 20 : 200));
+  p.yield = std::chrono::microseconds(env_us("PHALANX_SHM_YIELD_US", 200));
   return p;
 }
 

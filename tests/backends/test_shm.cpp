@@ -88,12 +88,13 @@ TEST_CASE("shm: the conformance suite on W = 1..4 forked ranks, messages larger 
   }
 }
 
-TEST_CASE("shm: through init_process_group (PHALANX_BACKEND=shm), default staging, W = 2") {
+TEST_CASE("shm: through init_process_group (PHALANX_BACKEND=shm), default staging, worker thread, W = 2") {
   TcpStoreServer server(TcpStoreOptions{});
   const int port = server.port();
   check_all_ok(run_processes(2, [&](int rank) {
     set_rank_env(rank, 2, port, "shm");
     ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+    ::setenv("PHALANX_SHM_INLINE", "0", 1);  // the worker-thread mode, for once
     auto pg = parallel::init_process_group();
     REQUIRE_RANK(rank, pg->backend_name() == "shm", pg->backend_name());
     run_conformance(*pg, {3, 300000});
@@ -315,4 +316,19 @@ TEST_CASE("shm: 4 ranks on this machine's cores (oversubscribed on 2) complete s
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MESSAGE("W = 4: 500 allreduces of 64 B and 5 of 4 MiB took " << s << " s");
   CHECK(s < 15);
+}
+
+TEST_CASE("shm: a bad knob is one ConfigError line saying what to set") {
+  auto store = std::make_shared<MemoryStore>();
+  ::setenv("PHALANX_SHM_BYTES", "12", 1);
+  try {
+    make_thread_group("shm", 0, 1, store);
+    FAIL("no error");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()).find("PHALANX_SHM_BYTES='12' is not a staging size per rank") != std::string::npos);
+  }
+  ::unsetenv("PHALANX_SHM_BYTES");
+  ::setenv("PHALANX_SHM_SPIN_US", "-3", 1);
+  CHECK_THROWS_AS(make_thread_group("shm", 0, 1, store), ConfigError);
+  ::unsetenv("PHALANX_SHM_SPIN_US");
 }
