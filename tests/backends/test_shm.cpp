@@ -195,6 +195,7 @@ TEST_CASE("shm: a rank killed during an allreduce: the others fail within 2 s na
     const std::string prefix = "kill" + std::to_string(trial);
     for (int r = 0; r < 4; ++r) slowest[r] = -1;
     const auto results = run_processes(world, [&](int rank) {
+      if (trial == 2) ::setenv("PHALANX_SHM_PIDFD", "0", 1);  // kill(pid, 0) and /proc/PID/stat instead
       auto pg = make_shm(rank, world, client(port, prefix));
       Tensor t = ones({trial % 3 == 1 ? 1000 : 300000});
       if (rank == victim)
