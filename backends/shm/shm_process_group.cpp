@@ -44,6 +44,7 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
     Op o = begin("create", 0, make_sig(OpCode::Barrier, 0, 0));
     step(o);
     next_round();
+    if (c.size > 1) binding_ = bind_to_share(c.rank, c.size);
   } catch (...) {
     sync_.reset();
     seg_.reset();
@@ -62,7 +63,10 @@ void ShmProcessGroup::on_abort() noexcept {
 }
 
 ShmProcessGroup::Op ShmProcessGroup::begin(const char* name, std::uint64_t seq, std::uint64_t sig) const {
-  return Op{name, seq, sig};
+  if (busy_.exchange(true, std::memory_order_acquire))
+    throw CommError(describe(name, seq) + ": another thread is running an operation of this group right now; "
+                    "issue a group's operations from one thread at a time (or set PHALANX_SHM_INLINE=0)");
+  return Op(name, seq, sig, &busy_);
 }
 
 void ShmProcessGroup::step(Op& o) {

@@ -10,6 +10,7 @@
 // the same bits on every rank and in every run. send/recv go through a ring buffer per
 // ordered pair of ranks, advanced by whichever thread waits (so a ring of sends and
 // receives cannot deadlock).
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -46,8 +47,13 @@ class ShmProcessGroup : public ProcessGroup {
     const char* name;
     std::uint64_t seq;
     std::uint64_t sig;
+    std::atomic<bool>* busy;       ///< released when the operation ends
     Clock::time_point deadline{};  ///< set when the operation first has to wait
-    bool first = true;  ///< its first step checks every rank's signature
+    bool first = true;             ///< its first step checks every rank's signature
+    Op(const char* n, std::uint64_t s, std::uint64_t g, std::atomic<bool>* b) : name(n), seq(s), sig(g), busy(b) {}
+    Op(const Op&) = delete;
+    Op& operator=(const Op&) = delete;
+    ~Op() { busy->store(false, std::memory_order_release); }
   };
   Op begin(const char* name, std::uint64_t seq, std::uint64_t sig) const;
   /// Posts the next step and waits until every rank posted it.
@@ -74,6 +80,11 @@ class ShmProcessGroup : public ProcessGroup {
   std::uint64_t round_ = 0;  ///< rounds run so far (selects the slot half)
   std::size_t small_max_;    ///< allreduce up to this many bytes: one round, every rank reduces it all
   std::size_t chunk_bytes_;  ///< larger ones: rounds of this many bytes, each rank reducing 1/W of each
+  std::string binding_;      ///< where bind_to_share put the creating thread
+
+  /// Set while a collective runs: inline operations issued from two threads at once are an
+  /// error, not a race on the steps.
+  mutable std::atomic<bool> busy_{false};
 
   std::mutex p2p_mu_;
   std::vector<std::deque<P2pPtr>> sends_, recvs_;  ///< pending, per peer, in issue order

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "phalanx/backends/comm_error.hpp"
 
@@ -59,6 +60,31 @@ bool alive_without_pidfd(int pid) {
 
 }  // namespace
 
+std::string bind_to_share(int rank, int world) {
+  const char* env = std::getenv("PHALANX_SHM_BIND");
+  const std::string mode = env ? env : "";
+  if (mode == "0") return "off (PHALANX_SHM_BIND=0)";
+  if (!mode.empty() && mode != "1")
+    throw ConfigError("PHALANX_SHM_BIND='" + mode + "' is not 0 (leave threads where they are) or 1 (bind each rank)");
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (::sched_getaffinity(0, sizeof mask, &mask) != 0) return "off (sched_getaffinity failed)";
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mask)) cpus.push_back(c);
+  const int per = static_cast<int>(cpus.size()) / world;
+  if (per < 1) return "off (more ranks than CPUs)";
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  std::string which;
+  for (int i = rank * per; i < (rank + 1) * per; ++i) {
+    CPU_SET(cpus[i], &mine);
+    which += (which.empty() ? "" : ",") + std::to_string(cpus[i]);
+  }
+  if (::sched_setaffinity(0, sizeof mine, &mine) != 0) return "off (sched_setaffinity failed)";
+  return "CPUs " + which;
+}
+
 WaitPolicy wait_policy_from_env(int ranks_on_host) {
   const bool oversubscribed = ranks_on_host > cpus_available();
   WaitPolicy p;
@@ -68,7 +94,7 @@ WaitPolicy wait_policy_from_env(int ranks_on_host) {
 }
 
 Sync::Sync(Segment& seg, int rank, WaitPolicy policy, std::chrono::milliseconds timeout)
-    : seg_(seg), rank_(rank), policy_(policy), pidfds_(seg.world(), -1), timeout_(timeout) {
+    : seg_(seg), rank_(rank), policy_(policy), pidfds_(seg.world(), -1), spin_ns_(policy.spin.count()), timeout_(timeout) {
   // PHALANX_SHM_PIDFD=0: liveness by kill(pid, 0) and /proc only (what runs where pidfd_open
   // is refused; the tests use it to cover that path).
   const char* use = std::getenv("PHALANX_SHM_PIDFD");

@@ -30,6 +30,14 @@ struct WaitPolicy {
 /// per step, 3-7x slower), then sleep on the futex in 1 ms slices.
 WaitPolicy wait_policy_from_env(int ranks_on_host);
 
+/// Binds the calling thread (and the threads it starts later) to this rank's share of the
+/// CPUs it may run on: W equal blocks of the affinity mask, rank r the r-th (as OpenMPI
+/// binds its ranks). Without it, ranks that wait by yielding or sleeping can end up on one
+/// core while another idles (the scheduler pulls a woken task to its waker), and every
+/// operation then costs two context switches. Not done when there are more ranks than
+/// CPUs, nor with PHALANX_SHM_BIND=0. Returns what it did, for the logs.
+std::string bind_to_share(int rank, int world);
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -66,19 +74,28 @@ class Sync {
   template <class Ready, class Need>
   void wait(Ready&& ready, Need&& need, Clock::time_point& deadline, const std::function<std::string()>& ctx) {
     if (ready()) return;
-    // The clock is read only every 64 pauses (a clock read costs as much as a small op).
-    Clock::time_point spin_start{};
-    if (policy_.spin.count() > 0)
+    // Adaptive spinning: the budget halves after a wait the spin did not cover (the peer was
+    // not running: another process holds its core, or it is much slower) and doubles back
+    // after one it did, between 1 us and policy_.spin. The clock is read every 16 pauses.
+    const std::int64_t budget = spin_ns_.load(std::memory_order_relaxed);
+    if (budget > 0) {
+      Clock::time_point spin_start{};
       for (unsigned i = 1;; ++i) {
         cpu_relax();
-        if (ready()) return;
-        if ((i & 63) == 0) {
+        if (ready()) {
+          if (budget < policy_.spin.count())
+            spin_ns_.store(std::min<std::int64_t>(policy_.spin.count(), budget * 2), std::memory_order_relaxed);
+          return;
+        }
+        if ((i & 15) == 0) {
           if (aborted_.load(std::memory_order_relaxed)) break;
           const auto now = Clock::now();
           if (spin_start == Clock::time_point{}) spin_start = now;
-          else if (now - spin_start > policy_.spin) break;
+          else if ((now - spin_start).count() > budget) break;
         }
       }
+      spin_ns_.store(std::max<std::int64_t>(1000, budget / 2), std::memory_order_relaxed);
+    }
     const auto start = Clock::now();
     // An operation's deadline starts when it first has to wait (unset: the group's timeout from now).
     if (deadline == Clock::time_point{}) deadline = start + timeout_;
@@ -145,6 +162,7 @@ class Sync {
   WaitPolicy policy_;
   std::vector<int> pidfds_;  ///< -1: none (self, or pidfd_open unavailable: kill(pid, 0) then)
   std::atomic<bool> aborted_{false};
+  std::atomic<std::int64_t> spin_ns_;  ///< the spin budget now (adaptive, see wait())
   std::chrono::milliseconds timeout_{0};
 };
 
