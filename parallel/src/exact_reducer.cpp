@@ -319,7 +319,6 @@ void ExactReducer::State::reduce_sums() {
       w->wait();
       kernels->copy_to_host(b.host_max.data(), b.maxima.raw_data(), b.host_max.size() * 4);
     }
-    b.maxima.zero_();  // ready for the next step
     if (bi + 1 == buckets.size() && b.host_max.back() != 0.f) step_void = true;
     for (std::size_t i = 0; i < b.params.size() && nonfinite.empty(); ++i)
       if (!std::isfinite(b.host_max[i])) nonfinite = names[b.params[i]];
@@ -379,6 +378,10 @@ void ExactReducer::State::finish_step(bool void_rank) {
     comm_error = std::current_exception();
   }
   drain();
+  // Every step starts from zero maxima, a void one's too (its maxima hold this rank's partial
+  // or the group's agreed ones): a leftover would raise the next step's max, hence change its
+  // scale, on this rank only, making the next step's bits depend on who voided what.
+  for (auto& b : buckets) b.maxima.zero_();
   const bool was_void = step_void;
   const std::string bad = nonfinite;
   reset_step();

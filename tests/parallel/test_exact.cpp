@@ -544,7 +544,8 @@ TEST_CASE("fixed-point kernels: round half to even, negatives, order independenc
   std::frexp(static_cast<double>(wmax), &we);
   for (const char* simd : {"scalar", "avx2", "avx512"})  // each path this CPU has
   for (int sexp = -60; sexp <= 61 - 2 - we; sexp += 7) {
-    CAPTURE(simd);
+    const std::string path = simd;
+    CAPTURE(path);
     CAPTURE(sexp);
     ::setenv("PHALANX_FIXED_POINT_SIMD", simd, 1);
     const double sc = std::ldexp(1.0, sexp);
@@ -567,7 +568,8 @@ TEST_CASE("fixed-point kernels: round half to even, negatives, order independenc
   }
   // abs_max_into: a running max per slot; NaN sticks.
   for (const char* simd : {"scalar", "avx2", "avx512"}) {
-    CAPTURE(simd);
+    const std::string path = simd;
+    CAPTURE(path);
     ::setenv("PHALANX_FIXED_POINT_SIMD", simd, 1);
     Tensor big = randn({1001}, &g);
     auto bv = big.to_vector<float>();
@@ -623,4 +625,157 @@ TEST_CASE("normal mode: two runs with the same world size, seed and data give th
     return out[0];
   };
   CHECK(run("a") == run("b"));
+}
+
+namespace {
+
+/// One exact step of a Linear(kCols, 1) under loss = sum(output), one sample per micro-batch:
+/// the weight's gradient in micro-batch j is exactly rows[j], the bias's is 1. Returns the
+/// weight's gradient after the step (the reducer's result).
+constexpr std::int64_t kCols = 9, kSteps6 = 6;
+std::vector<float> linear_step(DDP& ddp, const std::vector<std::vector<float>>& rows, int rank, int world) {
+  const std::int64_t per = kSteps6 / world;
+  for (std::int64_t j = rank * per; j < (rank + 1) * per; ++j) {
+    Tensor x = Tensor::empty({1, kCols});
+    std::memcpy(x.data<float>(), rows[j].data(), sizeof(float) * kCols);
+    sum(ddp.forward(x)).backward();
+  }
+  return ddp.parameters()[0].grad().to_vector<float>();
+}
+
+/// The recipe of docs/exact.md written out: the scale from the max over all K values, llrint
+/// each, sum in int64, float((double(sum) / 2^s) / K).
+std::vector<float> recipe(const std::vector<std::vector<float>>& rows) {
+  float mx = 0;
+  for (const auto& r : rows)
+    for (float v : r) mx = std::max(mx, std::abs(v));
+  int e = 0;
+  std::frexp(static_cast<double>(mx), &e);
+  const double sc = mx == 0 ? 1.0 : std::ldexp(1.0, 61 - 3 - e);  // K = 6 <= 2^3
+  std::vector<float> out;
+  for (std::int64_t i = 0; i < kCols; ++i) {
+    std::int64_t acc = 0;
+    for (const auto& r : rows) acc += std::llrint(static_cast<double>(r[i]) * sc);
+    out.push_back(static_cast<float>((static_cast<double>(acc) / sc) / 6.0));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("exact mode at the extremes: FLT_MAX, denormals, ties, -0, an all-zero gradient; every SIMD path, W = 1, 2, 3") {
+  const float fmax = std::numeric_limits<float>::max(), den = std::numeric_limits<float>::denorm_min();
+  const float q = std::ldexp(1.f, -58);  // with max 1 (s = 57): q * 2^57 = 0.5, a tie
+  // Steps of 6 micro-batches (K = 6, not a power of two), 9 columns each.
+  std::vector<std::vector<std::vector<float>>> steps = {
+      // FLT_MAX in every micro-batch (6 * FLT_MAX overflows a float, not the int64 sum), and its negative
+      {{fmax, -fmax, 1.f, 0.f, -0.f, fmax, 3e38f, -3e38f, den},
+       {fmax, -fmax, 2.f, 0.f, -0.f, fmax, 3e38f, 3e38f, 0.f},
+       {fmax, -fmax, 3.f, 0.f, -0.f, -fmax, 3e38f, -3e38f, 0.f},
+       {fmax, -fmax, 4.f, 0.f, -0.f, fmax, 3e38f, 3e38f, 0.f},
+       {fmax, -fmax, 5.f, 0.f, -0.f, -fmax, 3e38f, -3e38f, 0.f},
+       {fmax, -fmax, 6.f, 0.f, -0.f, fmax, 3e38f, 3e38f, 0.f}},
+      // ties (x.5 after scaling: 0.5, 1.5, 2.5 and negatives) on a max of 1
+      {{1.f, q, 3 * q, 5 * q, -q, -3 * q, -5 * q, 7 * q, -0.f},
+       {0.f, q, 3 * q, 5 * q, -q, -3 * q, -5 * q, 9 * q, -0.f},
+       {0.f, q, 3 * q, 5 * q, -q, -3 * q, -5 * q, -7 * q, -0.f},
+       {0.f, q, 3 * q, 5 * q, -q, -3 * q, -5 * q, 11 * q, -0.f},
+       {0.f, q, 3 * q, 5 * q, -q, -3 * q, -5 * q, 13 * q, -0.f},
+       {-1.f, q, 3 * q, 5 * q, -q, -3 * q, -5 * q, -15 * q, -0.f}},
+      // only denormals: the max is the smallest float
+      std::vector<std::vector<float>>(6, {den, -den, den, 0.f, -0.f, den, -den, den, 0.f}),
+      // an all-zero gradient (max 0)
+      std::vector<std::vector<float>>(6, std::vector<float>(kCols, 0.f)),
+      // a max just below a power of two, with the largest values at the int64 bound
+      std::vector<std::vector<float>>(6, {0.99999994f, -0.99999994f, 0.5f, q, -q, 1e-20f, 0.f, 0.75f, -0.25f}),
+  };
+  for (const char* simd : {"scalar", "avx2", "avx512"}) {  // each path this CPU has
+    const std::string path = simd;
+    CAPTURE(path);
+    ::setenv("PHALANX_FIXED_POINT_SIMD", simd, 1);
+    for (int W : {1, 2, 3}) {
+      CAPTURE(W);
+      std::vector<std::vector<std::vector<float>>> got(W);
+      auto store = std::make_shared<MemoryStore>();
+      run_threads(W, [&](int rank) {
+        auto pg = W == 1 ? ProcessGroupPtr(std::make_shared<WorldOfOneProcessGroup>())
+                         : make_thread_group("gloo", rank, W, store);
+        Generator g(5);
+        DDPOptions o;
+        o.exact = {true, kSteps6, 1};
+        DDP ddp(nn::mlp({kCols, 1}, "tanh", &g), pg, o);
+        for (const auto& rows : steps) got[rank].push_back(linear_step(ddp, rows, rank, W));
+      });
+      for (std::size_t t = 0; t < steps.size(); ++t) {
+        CAPTURE(t);
+        const auto want = recipe(steps[t]);
+        for (int r = 0; r < W; ++r)
+          CHECK(std::memcmp(got[r][t].data(), want.data(), sizeof(float) * kCols) == 0);  // -0 vs 0 too
+      }
+      CHECK(got[0][0][0] == fmax);  // the mean of six FLT_MAX, neither Inf nor wrapped
+      CHECK(got[0][0][1] == -fmax);
+      CHECK(got[0][1][1] == 0.f);  // six ties 0.5 -> 0 (half away from zero would give 6 / 2^57 / 6)
+    }
+    ::unsetenv("PHALANX_FIXED_POINT_SIMD");
+  }
+}
+
+TEST_CASE("exact mode: a void step leaves no trace: the next step's gradients are a fresh DDP's, on W = 1 and 2") {
+  set_num_threads(1);
+  const Data d = make_data();
+  // A fresh DDP's gradients for step 1 (W = 1).
+  auto step_grads = [&](DDP& ddp, int rank, int W, std::int64_t t) {
+    for (std::int64_t m : my_micro_batches(t, rank, W)) {
+      Tensor xb, yb;
+      gather(d, micro_samples(t, m), xb, yb);
+      cross_entropy(ddp.forward(xb), yb).backward();
+    }
+    std::vector<Tensor> grads;
+    for (const auto& p : ddp.parameters()) grads.push_back(p.grad());
+    return bytes_of(grads);
+  };
+  std::vector<char> fresh;
+  {
+    DDP ddp(make_model(), std::make_shared<WorldOfOneProcessGroup>(), exact_options());
+    fresh = step_grads(ddp, 0, 1, 1);
+  }
+  for (int W : {1, 2}) {
+    CAPTURE(W);
+    auto store = std::make_shared<MemoryStore>();
+    std::vector<std::vector<char>> after(W);
+    run_threads(W, [&](int rank) {
+      auto pg = W == 1 ? ProcessGroupPtr(std::make_shared<WorldOfOneProcessGroup>())
+                       : make_thread_group("gloo", rank, W, store, std::chrono::seconds(20));
+      DDP ddp(make_model(), pg, exact_options());
+      const auto mine = my_micro_batches(0, rank, W);
+      if (rank == 0) {
+        // Micro-batch 0 with a huge loss (huge maxima), then a forward without its backward:
+        // the next forward voids the step.
+        Tensor xb, yb;
+        gather(d, micro_samples(0, mine[0]), xb, yb);
+        (cross_entropy(ddp.forward(xb), yb) * 1e30f).backward();
+        gather(d, micro_samples(0, mine[1]), xb, yb);
+        (void)ddp.forward(xb);
+        bool voided = false;
+        try {
+          (void)ddp.forward(xb);
+        } catch (const AutogradError&) {
+          voided = true;
+        }
+        REQUIRE_RANK(rank, voided, "expected the void step's error");
+      } else {
+        try {
+          for (std::int64_t m : mine) {
+            Tensor xb, yb;
+            gather(d, micro_samples(0, m), xb, yb);
+            (cross_entropy(ddp.forward(xb), yb) * 1e30f).backward();  // the group's agreed maxima: huge
+          }
+          REQUIRE_RANK(rank, false, "expected the void step's error");
+        } catch (const PeerFailedError&) {
+        }
+      }
+      after[rank] = step_grads(ddp, rank, W, 1);
+    });
+    for (const auto& a : after) CHECK(a == fresh);
+  }
 }
