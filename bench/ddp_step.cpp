@@ -148,11 +148,13 @@ struct MlpResult {
 };
 
 /// MLP 784-1024-1024-10 at 128 samples per worker (world 1 = no DDP).
-MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb = 25.0) {
+/// `shm_inline` false: the shm group runs its collectives on its worker thread (PHALANX_SHM_INLINE=0).
+MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb = 25.0, bool shm_inline = true) {
   if (!backend.empty() && !backend_available(backend)) return {};
   TcpStoreServer server(TcpStoreOptions{});
   const std::string out = bench::run_ranks(world, [&](int rank, std::FILE* f) {
     worker_env(rank, world, server.port(), backend);
+    if (!shm_inline) ::setenv("PHALANX_SHM_INLINE", "0", 1);
     auto pg = parallel::init_process_group();
     Generator g(0);
     nn::ModulePtr model = nn::mlp({784, 1024, 1024, 10}, "relu", &g);
@@ -217,93 +219,101 @@ void row(const char* name, const Stats& s, double scale, const char* unit) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool skip_peer = false, demo_only = false;
+  bool skip_peer = false;
+  std::string only;  // "", "demo", "mlp" or "sweep"
   int runs = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-peer") {
       skip_peer = true;
-    } else if (a == "--demo-only") {
-      demo_only = true;
+    } else if (a == "--only" && i + 1 < argc) {
+      only = argv[++i];
     } else if (a == "--runs" && i + 1 < argc) {
       runs = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: bench_ddp_step [--no-peer] [--runs N] [--demo-only]\n");
+      std::fprintf(stderr, "usage: bench_ddp_step [--no-peer] [--runs N] [--only demo|mlp|sweep]\n");
       return 2;
     }
   }
   std::printf("BLAS: %s; shm plugin: %s\n\n", blas_info().c_str(), backend_available("shm") ? "yes" : "no (reads -1)");
 
-  Stats demo_shm, demo_tcp, demo_torch;
-  for (int r = 0; r < runs; ++r) {
-    demo_shm.add(demo_us(2, 100, "shm"));
-    demo_tcp.add(demo_us(2, 100, "gloo"));
-    if (!skip_peer) demo_torch.add(torch_us(2, "demo 20"));
-  }
-  std::printf("1. textbook demo (Linear 64->10, batch 32/worker), 2 workers, time per step\n");
-  row("phalanx shm", demo_shm, 1, "us");
-  row("phalanx gloo (TCP)", demo_tcp, 1, "us");
-  row("pytorch DDP (gloo)", demo_torch, 1, "us");
-  std::printf("   bar: shm <= 10 us: %s; pytorch/phalanx shm %.0fx\n",
-              demo_shm.median() > 0 && demo_shm.median() <= 10 ? "met" : "NOT met",
-              demo_torch.median() > 0 && demo_shm.median() > 0 ? demo_torch.median() / demo_shm.median() : 0.0);
-  std::printf("   where the step goes (same batch every step, no data loader; medians):\n");
-  for (const std::string backend : {"shm", "gloo"}) {
-    Stats compute, allreduce, ddp;
+  if (only.empty() || only == "demo") {
+    Stats demo_shm, demo_tcp, demo_torch;
     for (int r = 0; r < runs; ++r) {
-      const DemoParts p = demo_parts(backend, 2000);
-      compute.add(p.compute_us);
-      allreduce.add(p.allreduce_us);
-      ddp.add(p.ddp_us);
+      demo_shm.add(demo_us(2, 100, "shm"));
+      demo_tcp.add(demo_us(2, 100, "gloo"));
+      if (!skip_peer) demo_torch.add(torch_us(2, "demo 20"));
     }
-    if (ddp.v.empty()) continue;
-    std::printf("   %-5s step without DDP %6.1f us, allreduce of the bucket (2.6 kB) %6.1f us, DDP step %6.1f us: "
-                "DDP adds %.1f us beyond compute + allreduce\n",
-                backend.c_str(), compute.median(), allreduce.median(), ddp.median(),
-                ddp.median() - compute.median() - allreduce.median());
-  }
-  Stats hop;
-  for (int r = 0; r < runs; ++r) hop.add(hop_us(20000));
-  std::printf("   issuing a collective and waiting for it, no bytes moved (worker-thread hop): %.1f us (median)\n\n",
-              hop.median());
-
-  if (demo_only) return 0;
-  Stats one, shm2, tcp2, hid_shm, hid_tcp, t1, t2;
-  for (int r = 0; r < runs; ++r) {
-    one.add(mlp(1, 20, "").step_us);
-    const MlpResult a = mlp(2, 20, "shm"), b = mlp(2, 20, "gloo");
-    shm2.add(a.step_us);
-    tcp2.add(b.step_us);
-    if (a.step_us > 0) hid_shm.v.push_back(a.hidden);
-    if (b.step_us > 0) hid_tcp.v.push_back(b.hidden);
-    if (!skip_peer) {
-      t1.add(torch_us(1, "mlp 20"));
-      t2.add(torch_us(2, "mlp 20"));
+    std::printf("1. textbook demo (Linear 64->10, batch 32/worker), 2 workers, time per step\n");
+    row("phalanx shm", demo_shm, 1, "us");
+    row("phalanx gloo (TCP)", demo_tcp, 1, "us");
+    row("pytorch DDP (gloo)", demo_torch, 1, "us");
+    std::printf("   bar: shm <= 10 us: %s; pytorch/phalanx shm %.0fx\n",
+                demo_shm.median() > 0 && demo_shm.median() <= 10 ? "met" : "NOT met",
+                demo_torch.median() > 0 && demo_shm.median() > 0 ? demo_torch.median() / demo_shm.median() : 0.0);
+    std::printf("   where the step goes (same batch every step, no data loader; medians):\n");
+    for (const std::string backend : {"shm", "gloo"}) {
+      Stats compute, allreduce, ddp;
+      for (int r = 0; r < runs; ++r) {
+        const DemoParts p = demo_parts(backend, 2000);
+        compute.add(p.compute_us);
+        allreduce.add(p.allreduce_us);
+        ddp.add(p.ddp_us);
+      }
+      if (ddp.v.empty()) continue;
+      std::printf("   %-5s step without DDP %6.1f us, allreduce of the bucket (2.6 kB) %6.1f us, DDP step %6.1f us: "
+                  "DDP adds %.1f us beyond compute + allreduce\n",
+                  backend.c_str(), compute.median(), allreduce.median(), ddp.median(),
+                  ddp.median() - compute.median() - allreduce.median());
     }
+    Stats hop;
+    for (int r = 0; r < runs; ++r) hop.add(hop_us(20000));
+    std::printf("   issuing a collective and waiting for it, no bytes moved, on a group's worker thread: %.1f us "
+                "(median; shm runs its collectives on the caller's thread and skips this)\n\n",
+                hop.median());
   }
-  // samples/s from the median step times
-  auto rate = [](const Stats& s, int samples) { return s.median() > 0 ? samples / (s.median() * 1e-6) : 0.0; };
-  std::printf("2. MLP 784-1024-1024-10, 128 samples/worker, SGD momentum (time per step)\n");
-  row("phalanx 1 worker", one, 1e-3, "ms");
-  row("phalanx 2 workers shm", shm2, 1e-3, "ms");
-  row("phalanx 2 workers gloo", tcp2, 1e-3, "ms");
-  row("pytorch 1 worker", t1, 1e-3, "ms");
-  row("pytorch 2 workers DDP", t2, 1e-3, "ms");
-  const double s1 = rate(one, 128);
-  std::printf("   samples/s: phalanx 1 worker %.0f, 2 workers shm %.0f (%.2fx), gloo %.0f (%.2fx); pytorch 1 worker %.0f, "
-              "2 workers %.0f (%.2fx)\n",
-              s1, rate(shm2, 256), s1 > 0 ? rate(shm2, 256) / s1 : 0.0, rate(tcp2, 256),
-              s1 > 0 ? rate(tcp2, 256) / s1 : 0.0, rate(t1, 128), rate(t2, 256),
-              rate(t1, 128) > 0 ? rate(t2, 256) / rate(t1, 128) : 0.0);
-  std::printf("   bar: 2 workers on shm >= 1.8x one worker: %s\n", s1 > 0 && rate(shm2, 256) >= 1.8 * s1 ? "met" : "NOT met");
-  std::printf("   allreduce hidden behind backward (medians): shm %.0f%%, gloo %.0f%%\n\n",
-              hid_shm.v.empty() ? 0.0 : hid_shm.median() * 100, hid_tcp.v.empty() ? 0.0 : hid_tcp.median() * 100);
 
-  std::printf("3. bucket-size sweep, MLP, 2 workers, the default backend (auto)\n");
-  for (double mb : {1.0, 5.0, 25.0, 100.0}) {
-    const MlpResult r = mlp(2, 20, "", mb);
-    std::printf("   bucket_cap_mb %5.0f: %8.1f ms/step, %7.0f samples/s, hidden %3.0f%%\n", mb, r.step_us / 1e3,
-                256 / (r.step_us * 1e-6), r.hidden * 100);
+  if (only.empty() || only == "mlp") {
+    Stats one, shm2, shm2_thread, tcp2, hid_tcp, t1, t2;
+    for (int r = 0; r < runs; ++r) {
+      one.add(mlp(1, 20, "").step_us);
+      shm2.add(mlp(2, 20, "shm").step_us);
+      shm2_thread.add(mlp(2, 20, "shm", 25.0, false).step_us);
+      const MlpResult b = mlp(2, 20, "gloo");
+      tcp2.add(b.step_us);
+      if (b.step_us > 0) hid_tcp.v.push_back(b.hidden);
+      if (!skip_peer) {
+        t1.add(torch_us(1, "mlp 20"));
+        t2.add(torch_us(2, "mlp 20"));
+      }
+    }
+    // samples/s from the median step times
+    auto rate = [](const Stats& s, int samples) { return s.median() > 0 ? samples / (s.median() * 1e-6) : 0.0; };
+    auto times = [&](const Stats& s, int samples, double base) { return base > 0 ? rate(s, samples) / base : 0.0; };
+    std::printf("2. MLP 784-1024-1024-10, 128 samples/worker, SGD momentum (time per step)\n");
+    row("phalanx 1 worker", one, 1e-3, "ms");
+    row("phalanx 2 workers shm", shm2, 1e-3, "ms");
+    row("  the same, worker thread", shm2_thread, 1e-3, "ms");
+    row("phalanx 2 workers gloo", tcp2, 1e-3, "ms");
+    row("pytorch 1 worker", t1, 1e-3, "ms");
+    row("pytorch 2 workers DDP", t2, 1e-3, "ms");
+    const double s1 = rate(one, 128);
+    std::printf("   samples/s: phalanx 1 worker %.0f; 2 workers shm %.0f (%.2fx), shm on the worker thread %.0f (%.2fx), "
+                "gloo %.0f (%.2fx); pytorch 1 worker %.0f, 2 workers %.0f (%.2fx)\n",
+                s1, rate(shm2, 256), times(shm2, 256, s1), rate(shm2_thread, 256), times(shm2_thread, 256, s1),
+                rate(tcp2, 256), times(tcp2, 256, s1), rate(t1, 128), rate(t2, 256), times(t2, 256, rate(t1, 128)));
+    std::printf("   bar: 2 workers on shm >= 1.8x one worker: %s\n", s1 > 0 && rate(shm2, 256) >= 1.8 * s1 ? "met" : "NOT met");
+    std::printf("   gloo's allreduce hidden behind backward (median): %.0f%% (shm reduces on the caller's thread, "
+                "inside backward)\n\n", hid_tcp.v.empty() ? 0.0 : hid_tcp.median() * 100);
+  }
+
+  if (only.empty() || only == "sweep") {
+    std::printf("3. bucket-size sweep, MLP, 2 workers, the default backend (auto), one run each\n");
+    for (double mb : {1.0, 5.0, 25.0, 100.0}) {
+      const MlpResult r = mlp(2, 20, "", mb);
+      std::printf("   bucket_cap_mb %5.0f: %8.1f ms/step, %7.0f samples/s, hidden %3.0f%%\n", mb, r.step_us / 1e3,
+                  256 / (r.step_us * 1e-6), r.hidden * 100);
+    }
   }
   return 0;
 }
