@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -144,8 +145,14 @@ DemoParts demo_parts(const std::string& backend, int iters) {
 }
 
 struct MlpResult {
-  double step_us = -1, hidden = 0;
+  double step_us = -1, hidden = 0, cpu_us = -1;  ///< cpu: rank 0's process (all its threads) per step
 };
+
+double process_cpu_s() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + t.tv_nsec * 1e-9;
+}
 
 /// MLP 784-1024-1024-10 at 128 samples per worker (world 1 = no DDP).
 /// `shm_inline` false: the shm group runs its collectives on its worker thread (PHALANX_SHM_INLINE=0).
@@ -177,11 +184,13 @@ MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb
     for (int i = 0; i < 3; ++i) step();
     hidden = 0;
     pg->barrier()->wait();
-    const double t = bench::now_s();
+    const double t = bench::now_s(), c = process_cpu_s();
     for (int i = 0; i < steps; ++i) step();
-    if (f) std::fprintf(f, "step_us=%f hidden=%f\n", (bench::now_s() - t) / steps * 1e6, hidden / steps);
+    if (f)
+      std::fprintf(f, "step_us=%f hidden=%f cpu_us=%f\n", (bench::now_s() - t) / steps * 1e6, hidden / steps,
+                   (process_cpu_s() - c) / steps * 1e6);
   });
-  return {bench::find_value(out, "step_us"), bench::find_value(out, "hidden")};
+  return {bench::find_value(out, "step_us"), bench::find_value(out, "hidden"), bench::find_value(out, "cpu_us")};
 }
 
 double torch_us(int world, const std::string& args) {
@@ -274,10 +283,13 @@ int main(int argc, char** argv) {
   }
 
   if (only.empty() || only == "mlp") {
-    Stats one, shm2, shm2_thread, tcp2, hid_tcp, t1, t2;
+    Stats one, shm2, shm2_thread, tcp2, hid_tcp, t1, t2, cpu1, cpu2;
     for (int r = 0; r < runs; ++r) {
-      one.add(mlp(1, 20, "").step_us);
-      shm2.add(mlp(2, 20, "shm").step_us);
+      const MlpResult o = mlp(1, 20, ""), a = mlp(2, 20, "shm");
+      one.add(o.step_us);
+      cpu1.add(o.cpu_us);
+      shm2.add(a.step_us);
+      cpu2.add(a.cpu_us);
       shm2_thread.add(mlp(2, 20, "shm", 25.0, false).step_us);
       const MlpResult b = mlp(2, 20, "gloo");
       tcp2.add(b.step_us);
@@ -303,6 +315,10 @@ int main(int argc, char** argv) {
                 s1, rate(shm2, 256), times(shm2, 256, s1), rate(shm2_thread, 256), times(shm2_thread, 256, s1),
                 rate(tcp2, 256), times(tcp2, 256, s1), rate(t1, 128), rate(t2, 256), times(t2, 256, rate(t1, 128)));
     std::printf("   bar: 2 workers on shm >= 1.8x one worker: %s\n", s1 > 0 && rate(shm2, 256) >= 1.8 * s1 ? "met" : "NOT met");
+    if (cpu1.median() > 0 && cpu2.median() > 0)
+      std::printf("   CPU time per step of one worker's process (medians): alone %.1f ms, one of 2 on shm %.1f ms: on 2 idle "
+                  "cores 2 workers could reach %.2fx\n",
+                  cpu1.median() / 1e3, cpu2.median() / 1e3, 2 * cpu1.median() / cpu2.median());
     std::printf("   gloo's allreduce hidden behind backward (median): %.0f%% (shm reduces on the caller's thread, "
                 "inside backward)\n\n", hid_tcp.v.empty() ? 0.0 : hid_tcp.median() * 100);
   }
