@@ -56,7 +56,10 @@ struct Plan {
 /// Iterations of one run: about budget_s at `gbps` GB/s with `overhead_us` per call.
 int iters_for(const Plan& p, std::int64_t n, double overhead_us) {
   const double est_us = overhead_us + static_cast<double>(n) * 4 / 2e3;  // ~2 GB/s worst case
-  return static_cast<int>(std::max(3.0, std::min(100000.0, p.budget_s * 1e6 / est_us)));
+  // At least 3 calls per run up to 1 MiB; above, at least 1 (a 64 MiB call over TCP with
+  // more ranks than cores takes seconds).
+  const double least = n * 4 > (1 << 20) ? 1.0 : 3.0;
+  return static_cast<int>(std::max(least, std::min(100000.0, p.budget_s * 1e6 / est_us)));
 }
 
 double cpu_now() {

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <random>
@@ -69,9 +70,12 @@ void Segment::compute_layout() {
 
 Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, std::chrono::milliseconds timeout)
     : world_(world), slot_bytes_(slot_bytes) {
-  // Channels: a quarter of a slot each, at least 16 KiB, at most 1 MiB, a power of two.
+  // Rings (W² of them): a power of two of at least 16 KiB, at most 256 KiB, a quarter of a
+  // slot and a W-th of one (a large message streams through; W = 8 at the default staging
+  // needs 48 MiB in all, inside Docker's default /dev/shm).
+  const std::size_t ring_max = std::min<std::size_t>({slot_bytes_ / 4, 256u << 10, slot_bytes_ / world});
   std::size_t c = 16 * 1024;
-  while (c * 2 <= std::min<std::size_t>(slot_bytes_ / 4, 1u << 20)) c *= 2;
+  while (c * 2 <= ring_max) c *= 2;
   chan_bytes_ = c;
   int fd = -1;
   bool created = false;
