@@ -566,6 +566,24 @@ TEST_CASE("fixed-point kernels: round half to even, negatives, order independenc
     CHECK(same);
     CHECK(same_back);
   }
+  // A scale that is not a power of two: x * scale may end in .5 beyond 2^51 (2^51 + 1.5 rounds
+  // to 2^51 + 2, where a cast would truncate); llrint's bits on every path all the same.
+  for (const char* simd : {"scalar", "avx2", "avx512"}) {
+    const std::string path = simd;
+    CAPTURE(path);
+    ::setenv("PHALANX_FIXED_POINT_SIMD", simd, 1);
+    const std::vector<float> odd = {1.f, -1.f, 0.5f, -0.5f, 1.f, -1.f, 0.25f, 3.f, -3.f};
+    Tensor ox = Tensor::empty({9});
+    std::memcpy(ox.data<float>(), odd.data(), sizeof(float) * odd.size());
+    for (const double sc : {2251799813685249.5, 3.0, 0.3}) {
+      CAPTURE(sc);
+      Tensor a = zeros({9}, DType::Int64);
+      k.fixed_point_accumulate(ox, sc, a);
+      const auto got = a.to_vector<std::int64_t>();
+      for (std::size_t i = 0; i < odd.size(); ++i) CHECK(got[i] == std::llrint(static_cast<double>(odd[i]) * sc));
+    }
+    ::unsetenv("PHALANX_FIXED_POINT_SIMD");
+  }
   // abs_max_into: a running max per slot; NaN sticks.
   for (const char* simd : {"scalar", "avx2", "avx512"}) {
     const std::string path = simd;

@@ -21,9 +21,12 @@ namespace phalanx {
 
 namespace {
 
-/// llrint(v) without a libm call: below 2^51 in magnitude, adding and subtracting
-/// 1.5 * 2^52 rounds to an integer (to nearest, ties to even) and is exact otherwise; from
-/// 2^51 on, a double has no fraction bits left, so the cast is exact.
+/// llrint(v) without a libm call, for v = (a float) * (a power of two): below 2^51 in
+/// magnitude, adding and subtracting 1.5 * 2^52 rounds to an integer (to nearest, ties to
+/// even); from 2^51 on such a product is an integer (a float's 24-bit significand times a
+/// power of two >= 2^28), so the cast is exact. (Any other double in [2^51, 2^52) may end
+/// in .5, which the cast would truncate: fixed_point_accumulate takes this path, and the
+/// vector ones, only for power-of-two scales.)
 inline std::int64_t round_to_int(double v) {
   constexpr double kMagic = 6755399441055744.0;  // 1.5 * 2^52
   constexpr double kLimit = 2251799813685248.0;  // 2^51
@@ -192,6 +195,11 @@ void CpuKernels::fixed_point_accumulate(const Tensor& x, double scale, Tensor& a
   const float* v = x.data<float>();
   std::int64_t* a = acc.data<std::int64_t>();
   const std::int64_t n = x.numel();
+  int e = 0;
+  if (std::frexp(scale, &e) != 0.5) {  // not a power of two (the reducer's scales are): llrint itself
+    for (std::int64_t i = 0; i < n; ++i) a[i] += std::llrint(static_cast<double>(v[i]) * scale);
+    return;
+  }
 #ifdef PHALANX_FIXED_POINT_AVX2
   // The vector path needs |x * scale| < 2^62 (the caller's contract: sums stay in int64).
   const int level = simd_level();
