@@ -109,6 +109,14 @@ TEST_CASE("shm: float16, bfloat16, int64 and every float32 op equal the closed f
   ::setenv("PHALANX_SHM_BYTES", "64K", 1);
   run_threads(W, [&](int rank) {
     auto pg = make_thread_group("shm", rank, W, std::make_shared<PrefixStore>("dt", store));
+    {  // empty tensors: every rank still takes part, nothing is read or written
+      Tensor e = zeros({0});
+      pg->allreduce(e)->wait();
+      pg->broadcast(e, 0)->wait();
+      std::vector<Tensor> outs{zeros({0}), zeros({0}), zeros({0})};
+      pg->allgather(outs, e)->wait();
+      pg->reduce_scatter(e, outs)->wait();
+    }
     for (std::int64_t n : {5, 40000}) {
       // 16-bit floats: small integers are exact; the sum 1 + 2 + 3 = 6 per element.
       for (DType dt : {DType::Float16, DType::BFloat16}) {
@@ -259,7 +267,7 @@ TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end t
   check_all_ok(run_processes(2, [&](int rank) {
     auto pg = make_shm(rank, 2, client(port, "silent"), std::chrono::milliseconds(700));
     if (rank == 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      std::this_thread::sleep_for(std::chrono::milliseconds(3000));
       return 0;
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -270,7 +278,7 @@ TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end t
       const std::string m = e.what();
       REQUIRE_RANK(rank, m.find("barrier #0 on rank 0 of 2 (shm) timed out") != std::string::npos, m);
       REQUIRE_RANK(rank, m.find("rank 1 (pid") != std::string::npos, m);
-      REQUIRE_RANK(rank, s > 0.6 && s < 1.4, s);
+      REQUIRE_RANK(rank, s > 0.6 && s < 2.5, s);
       return 0;
     }
     return 1;
