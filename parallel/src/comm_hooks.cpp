@@ -9,13 +9,20 @@ namespace {
 class AllreduceHook final : public CommHook {
  public:
   std::string name() const override { return "allreduce"; }
-  void launch(ProcessGroup& pg, GradBucket& b) override { b.work = pg.allreduce(b.buffer, ReduceOp::Sum); }
+  // Sum first, then one correctly rounded division by the world size: one rounding after the
+  // sum (none when the world size is a power of two). For a CPU bucket that is the backend's
+  // avg (reduce_op.hpp; gloo, shm, mpi, hierarchical: the same bits), which shared memory
+  // folds into its reduction pass instead of a second pass over the bucket here. Other
+  // devices keep the division here (NCCL's native avg is not a division after the sum).
+  static bool backend_divides(const GradBucket& b) { return b.buffer.device().is_cpu(); }
+  void launch(ProcessGroup& pg, GradBucket& b) override {
+    b.work = pg.allreduce(b.buffer, backend_divides(b) ? ReduceOp::Avg : ReduceOp::Sum);
+  }
   void finish(ProcessGroup& pg, GradBucket& b) override {
     b.work->wait();
     b.work.reset();
-    // Sum first, then one correctly rounded division by the world size: one rounding after
-    // the sum (none when the world size is a power of two).
-    if (pg.size() > 1) kernels_for(b.buffer.device()).divide(b.buffer, static_cast<float>(pg.size()));
+    if (pg.size() > 1 && !backend_divides(b))
+      kernels_for(b.buffer.device()).divide(b.buffer, static_cast<float>(pg.size()));
   }
 };
 
