@@ -96,10 +96,11 @@ std::vector<std::string> interface_names() {
   return names;
 }
 
-std::string interface_address(const std::string& name, bool ipv6) {
+std::string interface_address(const std::string& name, bool ipv6, const std::string& prefer) {
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) return "";
-  // Ranked: the asked family first; within IPv6 a global address before a link-local one.
+  // Ranked: `prefer` when the interface has it; then the asked family; within IPv6 a global
+  // address before a link-local one.
   std::string best;
   int best_rank = 99;
   for (ifaddrs* i = list; i; i = i->ifa_next) {
@@ -108,16 +109,32 @@ std::string interface_address(const std::string& name, bool ipv6) {
     if (fam != AF_INET && fam != AF_INET6) continue;
     const bool link_local =
         fam == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr);
-    const int rank = ((fam == AF_INET6) == ipv6 ? 0 : 2) + (link_local ? 1 : 0);
-    if (rank >= best_rank) continue;
     const std::string a =
         numeric(i->ifa_addr, fam == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
     if (a.empty()) continue;
+    const int rank = !prefer.empty() && a == prefer ? -1 : ((fam == AF_INET6) == ipv6 ? 0 : 2) + (link_local ? 1 : 0);
+    if (rank >= best_rank) continue;
     best = a;
     best_rank = rank;
   }
   ::freeifaddrs(list);
   return best;
+}
+
+std::string interface_down(const std::string& name) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string why;
+  for (ifaddrs* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_name || name != i->ifa_name) continue;
+    if (!(i->ifa_flags & IFF_UP))
+      why = "is down (ip link set " + name + " up)";
+    else if (!(i->ifa_flags & IFF_RUNNING) && !(i->ifa_flags & IFF_LOOPBACK))
+      why = "is up but has no carrier (its link is down: cable, switch port or veth peer)";
+    break;
+  }
+  ::freeifaddrs(list);
+  return why;
 }
 
 std::string route_source_address(const std::string& host, int port) {
@@ -167,9 +184,14 @@ std::string advertise_address(const AdvertiseInputs& in) {
     std::string name = ifname;
     name = name.substr(0, name.find(','));
     in6_addr a6{};
-    const std::string addr =
-        interface_address(name, ::inet_pton(AF_INET6, strip_brackets(master).c_str(), &a6) == 1);
+    // Of several addresses on the interface, the one the route to MASTER_ADDR leaves from.
+    const std::string addr = interface_address(name, ::inet_pton(AF_INET6, strip_brackets(master).c_str(), &a6) == 1,
+                                               route_source_address(master, in.master_port));
     const std::vector<std::string> names = interface_names();
+    if (const std::string down = interface_down(name); !down.empty())
+      throw ConfigError(detail::concat(var, "=", ifname, ": interface '", name, "' ", down,
+                                       "; the other hosts could not reach this rank through it; bring it up, or set ",
+                                       var, " to the interface they reach (this host has: ", join(names), ")"));
     if (addr.empty()) {
       const bool exists = std::find(names.begin(), names.end(), name) != names.end();
       throw ConfigError(detail::concat(var, "=", ifname, ": ",

@@ -12,10 +12,15 @@ bool is_loopback_address(const std::string& host);
 /// The names of this machine's network interfaces, in the kernel's order, each once.
 std::vector<std::string> interface_names();
 
-/// The numeric address of interface `name`: of the family `ipv6` asks for when it has one,
-/// else of the other (a global IPv6 address before a link-local one); "" when the interface
-/// does not exist or has no address.
-std::string interface_address(const std::string& name, bool ipv6);
+/// The numeric address of interface `name`: `prefer` when it is one of its addresses (the
+/// source of the route to MASTER_ADDR, of an interface with several), else of the family
+/// `ipv6` asks for when it has one, else of the other (a global IPv6 address before a
+/// link-local one); "" when the interface does not exist or has no address.
+std::string interface_address(const std::string& name, bool ipv6, const std::string& prefer = "");
+
+/// Why interface `name` cannot carry traffic ("is down", "has no carrier"); "" when it is
+/// up and running, or does not exist.
+std::string interface_down(const std::string& name);
 
 /// The local address the kernel would send from to reach host:port, as NCCL finds its
 /// interface: connect() a UDP socket (no packet is sent), then getsockname(). "" when
@@ -35,7 +40,9 @@ struct AdvertiseInputs {
 ///      listens on loopback: every rank is on this host);
 ///   2. PHALANX_HOSTNAME when set;
 ///   3. the address of the interface PHALANX_SOCKET_IFNAME (else GLOO_SOCKET_IFNAME) names
-///      (a comma-separated list: its first name), of MASTER_ADDR's family;
+///      (a comma-separated list: its first name): the one the route to MASTER_ADDR leaves
+///      from when the interface has it, else one of MASTER_ADDR's family; an interface that
+///      is down or has no carrier is an error;
 ///   4. the local address that routes to MASTER_ADDR (else this host's name).
 /// Throws ConfigError (one line) when the interface does not exist or has no address, and
 /// when a job that spans hosts would advertise a loopback address by rule 2, 3 or 4 (its

@@ -10,7 +10,9 @@
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -495,6 +497,57 @@ TEST_CASE("two hosts: GLOO_SOCKET_IFNAME / PHALANX_SOCKET_IFNAME pick the interf
   INFO(j.both());
   CHECK(j.code[0] != 0);
   CHECK(has(j.out[0], "GLOO_SOCKET_IFNAME=eth7: this host has no network interface 'eth7' (its interfaces: lo, phxnet0)"));
+}
+
+/// What advertise_address() gives (or its error) inside network namespace `ns`, with
+/// PHALANX_SOCKET_IFNAME=`ifname`: a forked child enters the namespace (setns).
+std::string advertised_in(const std::string& ns, const std::string& ifname, const AdvertiseInputs& in) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string out;
+    const int nsfd = ::open(("/var/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (nsfd < 0 || ::setns(nsfd, CLONE_NEWNET) != 0) {
+      out = "cannot enter " + ns;
+    } else {
+      ::setenv("PHALANX_SOCKET_IFNAME", ifname.c_str(), 1);
+      ::unsetenv("PHALANX_HOSTNAME");
+      out = error_of(in);
+    }
+    const ssize_t n = ::write(fds[1], out.data(), out.size());
+    ::_exit(n == static_cast<ssize_t>(out.size()) ? 0 : 1);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return out;
+}
+
+TEST_CASE("an interface override: of its several addresses the one routing to MASTER_ADDR; down or no carrier is an error") {
+  TwoHosts h;
+  SKIP_WITHOUT_NAMESPACES(h);
+  // A second subnet on node 0's interface: MASTER_ADDR there must get node 0's address there
+  // (the first address would be the wrong subnet), MASTER_ADDR in the first one the first.
+  const std::string net2 = "10.232." + std::to_string(::getpid() % 200 + 1);
+  REQUIRE(sh("ip -n " + h.ns(0) + " addr add " + net2 + ".1/24 dev phxnet0"));
+  CHECK(advertised_in(h.ns(0), "phxnet0", {net2 + ".2", 29500, 4, 2}) == "no error (advertises " + net2 + ".1)");
+  CHECK(advertised_in(h.ns(0), "phxnet0", {h.addr(1), 29500, 4, 2}) == "no error (advertises " + h.addr(0) + ")");
+  // The far end of the veth down: no carrier here.
+  REQUIRE(sh("ip -n " + h.ns(1) + " link set phxnet0 down"));
+  std::string e = advertised_in(h.ns(0), "phxnet0", {h.addr(1), 29500, 4, 2});
+  CHECK(has(e, "PHALANX_SOCKET_IFNAME=phxnet0: interface 'phxnet0' is up but has no carrier"));
+  CHECK(has(e, "set PHALANX_SOCKET_IFNAME to the interface they reach (this host has: lo, phxnet0)"));
+  // Down here (its addresses stay listed by getifaddrs).
+  REQUIRE(sh("ip -n " + h.ns(0) + " link set phxnet0 down"));
+  e = advertised_in(h.ns(0), "phxnet0", {h.addr(1), 29500, 4, 2});
+  CHECK(has(e, "PHALANX_SOCKET_IFNAME=phxnet0: interface 'phxnet0' is down (ip link set phxnet0 up)"));
+  CHECK(e.find('\n') == std::string::npos);
 }
 
 TEST_CASE("two hosts: node 0's hostname maps to 127.0.1.1 in its /etc/hosts (as in many containers): its launcher says so") {
