@@ -300,6 +300,8 @@ WorkPtr ProcessGroup::allgather(std::vector<Tensor> outputs, Tensor input) {
 WorkPtr ProcessGroup::reduce_scatter(Tensor output, std::vector<Tensor> inputs, ReduceOp op) {
   check_tensor(output, "reduce_scatter", "output");
   check_list(inputs, output, size_, "reduce_scatter", "input");
+  if ((output.dtype() == DType::Float16 || output.dtype() == DType::BFloat16) && op != ReduceOp::Sum)
+    throw TypeError(std::string("reduce_scatter: ") + dtype_name(output.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && output.dtype() != DType::Float32)
     throw TypeError("reduce_scatter: avg needs float32 tensors");
   return enqueue("reduce_scatter", [this, output, inputs, op](std::uint64_t seq) mutable {
@@ -310,6 +312,8 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor output, std::vector<Tensor> inputs, 
 WorkPtr ProcessGroup::reduce(Tensor t, int root, ReduceOp op) {
   check_tensor(t, "reduce", "tensor");
   check_root(root, "reduce");
+  if ((t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16) && op != ReduceOp::Sum)
+    throw TypeError(std::string("reduce: ") + dtype_name(t.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && t.dtype() != DType::Float32) throw TypeError("reduce: avg needs a float32 tensor");
   return enqueue("reduce", [this, t, root, op](std::uint64_t seq) mutable { run_reduce(t, root, op, seq); },
                  checking_.load(std::memory_order_relaxed)

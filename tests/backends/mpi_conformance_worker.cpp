@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "support/conformance.hpp"
 
@@ -36,6 +37,23 @@ void check_half_sums(ProcessGroup& pg) {
   Tensor red = full({5}, static_cast<float>(r + 1));
   pg.reduce(red, 0, ReduceOp::Avg)->wait();
   expect_values(r, "reduce avg", red, [&](std::int64_t) { return r == 0 ? (W + 1) / 2.0 : r + 1.0; });
+  // 16-bit floats take sum only, in reduce and reduce_scatter as in allreduce (the MPI user
+  // op sums: a max would silently be a sum).
+  const auto refused = [&](const char* what, const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const TypeError& e) {
+      REQUIRE_RANK(r, std::string(e.what()).find("tensors support sum only") != std::string::npos, e.what());
+      return;
+    }
+    REQUIRE_RANK(r, false, detail::concat(what, " was accepted"));
+  };
+  refused("reduce of float16 with max", [&] { pg.reduce(to_dtype(full({4}, 1.f), DType::Float16), 0, ReduceOp::Max); });
+  refused("reduce_scatter of bfloat16 with min", [&] {
+    std::vector<Tensor> in;
+    for (int j = 0; j < W; ++j) in.push_back(to_dtype(full({4}, 1.f), DType::BFloat16));
+    pg.reduce_scatter(to_dtype(zeros({4}), DType::BFloat16), in, ReduceOp::Min);
+  });
 }
 
 void check_tags(ProcessGroup& pg) {
