@@ -135,6 +135,20 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
   }
   if (!created) {
     fd = ::shm_open(name_.c_str(), O_RDWR, 0600);
+    // A name already removed is an earlier group's under the same store prefix (destroyed,
+    // then created again): wait for rank 0 to publish this group's name.
+    const auto give_up = std::chrono::steady_clock::now() + timeout;
+    while (fd < 0 && errno == ENOENT && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::string again;
+      try {
+        again = store.get_string("name");
+      } catch (const std::exception&) {
+        break;
+      }
+      name_ = again;
+      fd = ::shm_open(name_.c_str(), O_RDWR, 0600);
+    }
     if (fd < 0) {
       const int e = errno;
       const std::string n = name_;

@@ -327,6 +327,18 @@ TEST_CASE("shm: 4 ranks on this machine's cores (oversubscribed on 2) complete s
   CHECK(s < 15);
 }
 
+TEST_CASE("shm: a group created again under the same store prefix finds its own segment") {
+  auto store = std::make_shared<MemoryStore>();
+  for (int again = 0; again < 3; ++again)
+    run_threads(2, [&](int rank) {
+      if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));  // rank 1 reads the old name first
+      auto pg = make_thread_group("shm", rank, 2, std::make_shared<PrefixStore>("same", store));
+      Tensor t = ones({3});
+      pg->allreduce(t)->wait();
+      REQUIRE_RANK(rank, t.data<float>()[2] == 2.f, t.data<float>()[2]);
+    });
+}
+
 TEST_CASE("shm: a bad knob is one ConfigError line saying what to set") {
   auto store = std::make_shared<MemoryStore>();
   ::setenv("PHALANX_SHM_BYTES", "12", 1);
