@@ -31,7 +31,8 @@ struct Case {
 };
 
 // A random dataset and hyperparameters: N samples (rarely a multiple of the global batch)
-// of D features in C classes, an MLP, SGD with momentum or AdamW, shuffling, drop_last or not.
+// of D features in C classes, an MLP, SGD with momentum (Nesterov or not) or AdamW, shuffling,
+// drop_last or not, a warmup and a constant, step or multistep rate, gloo or the default backend.
 const Case& the_case() {
   static const Case c = [] {
     Case k;
@@ -42,6 +43,11 @@ const Case& the_case() {
     auto real = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(g); };
     k.dir = "/tmp/phalanx_exact_" + std::to_string(::getpid());
     std::system(("rm -rf " + k.dir + " && mkdir -p " + k.dir).c_str());
+    // Removed at exit (the printed seed repeats a run).
+    static const struct Cleanup {
+      std::string dir;
+      ~Cleanup() { std::system(("rm -rf " + dir).c_str()); }
+    } cleanup{k.dir};
     const std::int64_t d = pick(3, 12), classes = pick(2, 6);
     k.micro_batch = pick(1, 8);
     k.micro_batches = 4 * pick(1, 2);  // 1, 2 and 4 workers divide it; 3 does not
@@ -56,14 +62,23 @@ const Case& the_case() {
     if (pick(0, 1) == 1) model += "-" + std::to_string(pick(4, 16));
     model += "-" + std::to_string(classes);
     char sgd[256], adamw[256];
-    std::snprintf(sgd, sizeof sgd, " --optimizer sgd --lr %.6g --momentum %.4g --weight-decay %.3g", real(0.02, 0.3),
-                  real(0.5, 0.95), real(0, 1e-3));
+    std::snprintf(sgd, sizeof sgd, " --optimizer sgd --lr %.6g --momentum %.4g --weight-decay %.3g%s", real(0.02, 0.3),
+                  real(0.5, 0.95), real(0, 1e-3), pick(0, 1) == 1 ? " --nesterov" : "");
     std::snprintf(adamw, sizeof adamw, " --optimizer adamw --lr %.6g --weight-decay %.3g", real(1e-3, 2e-2), real(0, 0.05));
     const bool sgd_first = pick(0, 1) == 0;
+    // The rate's schedule (the step count it follows must not depend on W) and the backend.
+    // No cosine: its length is --epochs, which the resume test changes.
+    std::string schedule = " --warmup-steps " + std::to_string(pick(0, 3));
+    const std::int64_t kind = pick(0, 2);
+    if (kind == 1) schedule += " --lr-schedule step --lr-gamma 0.7 --lr-step-size " + std::to_string(pick(1, 5));
+    if (kind == 2)
+      schedule += " --lr-schedule multistep --lr-gamma 0.5 --lr-milestones " + std::to_string(pick(1, 4)) + "," +
+                  std::to_string(pick(5, 2 * k.steps_per_epoch));
+    schedule += pick(0, 1) == 1 ? " --backend gloo" : "";  // else auto: shared memory on one host
     const std::string common = " --train-x " + k.dir + "/x.npy --train-y " + k.dir + "/y.npy --model " + model +
                                " --global-batch " + std::to_string(b) + " --exact --micro-batch " +
                                std::to_string(k.micro_batch) + " --seed " + std::to_string(pick(0, 1000000)) +
-                               " --shuffle" + (drop_last ? " --drop-last" : "");
+                               " --shuffle" + (drop_last ? " --drop-last" : "") + schedule;
     k.args = common + (sgd_first ? sgd : adamw);
     k.other_optimizer = common + (sgd_first ? adamw : sgd);
     return k;
