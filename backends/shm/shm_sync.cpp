@@ -94,7 +94,7 @@ WaitPolicy wait_policy_from_env(int ranks_on_host) {
 }
 
 Sync::Sync(Segment& seg, int rank, WaitPolicy policy, std::chrono::milliseconds timeout)
-    : seg_(seg), rank_(rank), policy_(policy), pidfds_(seg.world(), -1), spin_ns_(policy.spin.count()), timeout_(timeout) {
+    : seg_(seg), rank_(rank), policy_(policy), pidfds_(seg.world(), -1), timeout_(timeout) {
   // PHALANX_SHM_PIDFD=0: liveness by kill(pid, 0) and /proc only (what runs where pidfd_open
   // is refused; the tests use it to cover that path).
   const char* use = std::getenv("PHALANX_SHM_PIDFD");

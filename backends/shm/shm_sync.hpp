@@ -74,27 +74,21 @@ class Sync {
   template <class Ready, class Need>
   void wait(Ready&& ready, Need&& need, Clock::time_point& deadline, const std::function<std::string()>& ctx) {
     if (ready()) return;
-    // Adaptive spinning: the budget halves after a wait the spin did not cover (the peer was
-    // not running: another process holds its core, or it is much slower) and doubles back
-    // after one it did, between 1 us and policy_.spin. The clock is read every 16 pauses.
-    const std::int64_t budget = spin_ns_.load(std::memory_order_relaxed);
-    if (budget > 0) {
+    // Spin first (the clock is read every 16 pauses). A fixed budget: one that shrank after
+    // waits the spin missed (tried) gave the core away to other processes at every step
+    // on a loaded machine, and the rank then waited for its own turn to run.
+    if (policy_.spin.count() > 0) {
       Clock::time_point spin_start{};
       for (unsigned i = 1;; ++i) {
         cpu_relax();
-        if (ready()) {
-          if (budget < policy_.spin.count())
-            spin_ns_.store(std::min<std::int64_t>(policy_.spin.count(), budget * 2), std::memory_order_relaxed);
-          return;
-        }
+        if (ready()) return;
         if ((i & 15) == 0) {
           if (aborted_.load(std::memory_order_relaxed)) break;
           const auto now = Clock::now();
           if (spin_start == Clock::time_point{}) spin_start = now;
-          else if ((now - spin_start).count() > budget) break;
+          else if (now - spin_start > policy_.spin) break;
         }
       }
-      spin_ns_.store(std::max<std::int64_t>(1000, budget / 2), std::memory_order_relaxed);
     }
     const auto start = Clock::now();
     // An operation's deadline starts when it first has to wait (unset: the group's timeout from now).
@@ -162,7 +156,6 @@ class Sync {
   WaitPolicy policy_;
   std::vector<int> pidfds_;  ///< -1: none (self, or pidfd_open unavailable: kill(pid, 0) then)
   std::atomic<bool> aborted_{false};
-  std::atomic<std::int64_t> spin_ns_;  ///< the spin budget now (adaptive, see wait())
   std::chrono::milliseconds timeout_{0};
 };
 
