@@ -4,7 +4,7 @@
 # Skipped, saying why, where the plugin is not built or mpirun is missing.
 find_program(PHALANX_MPIRUN NAMES mpirun mpiexec HINTS ${MPIEXEC_EXECUTABLE})
 set(_phx_mpi_tests mpi.conformance_np1 mpi.conformance_np2 mpi.conformance_np3 mpi.conformance_np4
-  mpi.lr_scaling_study_4_ranks mpi.failed_rank_ends_job)
+  mpi.lr_scaling_study_4_ranks mpi.lr_scaling_study_exact_4_ranks mpi.failed_rank_ends_job)
 if(NOT PHALANX_HAVE_MPI OR NOT PHALANX_MPIRUN)
   if(NOT PHALANX_HAVE_MPI)
     set(_why "the MPI plugin is not built (apt-get install libopenmpi-dev, then reconfigure)")
@@ -39,6 +39,11 @@ add_test(NAME mpi.lr_scaling_study_4_ranks
   COMMAND ${PHALANX_MPIRUN} --oversubscribe -np 4 $<TARGET_FILE:lr_scaling_study> --check)
 set_tests_properties(mpi.lr_scaling_study_4_ranks PROPERTIES ENVIRONMENT "${_phx_mpi_env}" TIMEOUT 60
   PASS_REGULAR_EXPRESSION "4 workers, backend mpi.*check: passed")
+# Exact mode on MPI: the 4 ranks' weights equal one process's at the global batch, bit for bit.
+add_test(NAME mpi.lr_scaling_study_exact_4_ranks
+  COMMAND ${PHALANX_MPIRUN} --oversubscribe -np 4 $<TARGET_FILE:lr_scaling_study> --exact --micro-batch 16 --check)
+set_tests_properties(mpi.lr_scaling_study_exact_4_ranks PROPERTIES ENVIRONMENT "${_phx_mpi_env}" TIMEOUT 60
+  PASS_REGULAR_EXPRESSION "exact mode: variant and linear weights identical, bit for bit.*check: passed")
 # The job's exit status is the failed rank's (3): mpirun ended the job; a hang is the timeout.
 add_test(NAME mpi.failed_rank_ends_job
   COMMAND sh -c "\"$0\" --oversubscribe -np 3 \"$1\" --fail-rank 1; s=$?; echo \"job exit status $s\"; [ $s -eq 3 ]"
