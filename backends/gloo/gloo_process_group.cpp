@@ -370,6 +370,9 @@ void GlooProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_
       o.setOutput(static_cast<T*>(scratch.raw_data()), static_cast<std::size_t>(h.numel()));
       o.setReduceFunction(reduce_fn<T>(op));
     });
+    // 16-bit floats (sum only): widen, add, round, as allreduce (not integer sums of the bits).
+    if (h.dtype() == DType::Float16) o.setReduceFunction(&sum16<fp16_to_float, float_to_fp16>);
+    if (h.dtype() == DType::BFloat16) o.setReduceFunction(&sum16<bf16_to_float, float_to_bf16>);
     o.setRoot(root);
     o.setTag(tag_of(seq));
     o.setTimeout(timeout());

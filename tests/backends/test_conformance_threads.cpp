@@ -38,3 +38,24 @@ TEST_CASE("argument errors are raised at the call, naming the op") {
   CHECK_THROWS_AS(pg->allreduce(Tensor()), ValueError);
   CHECK_THROWS_AS(pg->allreduce(zeros({2}, DType::Int64), ReduceOp::Avg), TypeError);
 }
+
+TEST_CASE("16-bit floats: gloo's reduce sums them as floats; reduce and reduce_scatter refuse other ops") {
+  auto store = std::make_shared<MemoryStore>();
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    CAPTURE(dtype_name(dt));
+    CHECK_NOTHROW(run_threads(3, [&](int rank) {
+      auto pg = make_thread_group("gloo", rank, 3, std::make_shared<PrefixStore>(dtype_name(dt), store));
+      Tensor t = to_dtype(full({5}, 1.5 + rank), dt);
+      pg->reduce(t, 1)->wait();
+      const float got = to_dtype(t, DType::Float32).data<float>()[4];
+      REQUIRE_RANK(rank, got == (rank == 1 ? 7.5f : 1.5f + rank), got);
+    }));
+  }
+  BackendConfig cfg;
+  auto pg = create_process_group("single", cfg);
+  CHECK_THROWS_WITH_AS(pg->reduce(to_dtype(zeros({2}), DType::Float16), 0, ReduceOp::Max),
+                       doctest::Contains("reduce: float16 tensors support sum only"), TypeError);
+  CHECK_THROWS_WITH_AS(pg->reduce_scatter(to_dtype(zeros({2}), DType::BFloat16), {to_dtype(zeros({2}), DType::BFloat16)},
+                                          ReduceOp::Min),
+                       doctest::Contains("reduce_scatter: bfloat16 tensors support sum only"), TypeError);
+}
