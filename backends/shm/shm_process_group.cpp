@@ -35,17 +35,21 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
     if (!c.store) throw ConfigError("shm backend: BackendConfig::store is null (the rendezvous needs a store)");
     const WaitPolicy policy = wait_policy_from_env(c.size);
     auto store = std::make_shared<PrefixStore>("shm", c.store);
-    seg_ = std::make_unique<Segment>(*store, c.rank, c.size, slot_bytes_from_env(), c.timeout);
+    seg_ = std::make_unique<Segment>(*store, c.rank, c.size, slot_bytes_from_env(),
+                                     bytes_from_env("PHALANX_SHM_SMALL_BYTES", 16 * 1024),
+                                     bytes_from_env("PHALANX_SHM_CHUNK_BYTES", 256 * 1024), c.timeout);
     sync_ = std::make_unique<Sync>(*seg_, c.rank, policy, c.timeout);
-    const std::size_t half = seg_->half_bytes();
-    small_max_ = std::min(bytes_from_env("PHALANX_SHM_SMALL_BYTES", 16 * 1024), half);
-    chunk_bytes_ = std::max<std::size_t>(4096, std::min(bytes_from_env("PHALANX_SHM_CHUNK_BYTES", 256 * 1024), half));
+    small_max_ = seg_->small_bytes();  // rank 0's, so that every rank cuts messages alike
+    chunk_bytes_ = seg_->chunk_bytes();
     // Everyone attached: one barrier so that no rank starts while another is still setting up.
     Op o = begin("create", 0, make_sig(OpCode::Barrier, 0, 0));
     step(o);
     next_round();
     if (c.size > 1) binding_ = bind_to_share(c.rank, c.size);
   } catch (...) {
+    // The others stop waiting for this rank at once (not at their timeout).
+    if (sync_) sync_->mark_failed();
+    else if (seg_) seg_->line(c.rank).state.store(kFailed, std::memory_order_seq_cst);
     sync_.reset();
     seg_.reset();
     shutdown();
@@ -75,7 +79,6 @@ void ShmProcessGroup::step(Op& o) {
   const int W = size(), me = rank();
   Segment& seg = *seg_;
   if (W == 1) return;
-  // W = 2: one atomic to watch.
   auto ready = [&] {
     for (int q = 0; q < W; ++q)
       if (q != me && seg.line(q).step.load(std::memory_order_acquire) < s) return false;

@@ -68,7 +68,8 @@ void Segment::compute_layout() {
   total_ = chans_off_ + static_cast<std::size_t>(world_ * world_) * chan_bytes_;
 }
 
-Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, std::chrono::milliseconds timeout)
+Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, std::uint64_t small_bytes,
+                 std::uint64_t chunk_bytes, std::chrono::milliseconds timeout)
     : world_(world), slot_bytes_(slot_bytes) {
   // Rings (W² of them): a power of two of at least 16 KiB, at most 256 KiB, a quarter of a
   // slot and a W-th of one (a large message streams through; W = 8 at the default staging
@@ -121,6 +122,8 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
     hd.slot_bytes = slot_bytes_;
     hd.chan_bytes = chan_bytes_;
     hd.total_bytes = total_;
+    hd.small_bytes = std::min<std::uint64_t>(small_bytes, half_bytes());
+    hd.chunk_bytes = std::max<std::uint64_t>(4096, std::min<std::uint64_t>(chunk_bytes, half_bytes()));
     hd.version = kVersion;
     hd.magic = kMagic;
     std::atomic_thread_fence(std::memory_order_seq_cst);

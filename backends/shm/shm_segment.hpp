@@ -40,6 +40,8 @@ struct alignas(kLine) Header {
   std::uint64_t slot_bytes;
   std::uint64_t chan_bytes;
   std::uint64_t total_bytes;
+  std::uint64_t small_bytes;  ///< rank 0's algorithm choices, adopted by every rank
+  std::uint64_t chunk_bytes;
   alignas(kLine) std::atomic<std::int32_t> attached;
   alignas(kLine) std::atomic<std::uint32_t> epoch;  ///< futex word: bumped when a sleeper must wake
   std::atomic<std::int32_t> sleepers;                ///< ranks/threads in futex_wait now
@@ -63,7 +65,11 @@ class Segment {
   /// Rank 0 creates the segment and publishes its name under `key` in `store`; the others
   /// attach. Returns once all `world` ranks attached and the name is unlinked. Throws a
   /// one-line CommError/TimeoutError/ConfigError on failure (and leaves nothing behind).
-  Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, std::chrono::milliseconds timeout);
+  /// `small_bytes` and `chunk_bytes` (the allreduce algorithm's switch and round size) are
+  /// rank 0's: every rank must cut a message alike, so the others adopt them (small_bytes(),
+  /// chunk_bytes()), as they adopt its slot size.
+  Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, std::uint64_t small_bytes,
+          std::uint64_t chunk_bytes, std::chrono::milliseconds timeout);
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
@@ -80,6 +86,8 @@ class Segment {
   }
   std::size_t half_bytes() const { return slot_bytes_ / 2; }
   std::size_t chan_bytes() const { return chan_bytes_; }
+  std::size_t small_bytes() const { return static_cast<std::size_t>(header().small_bytes); }
+  std::size_t chunk_bytes() const { return static_cast<std::size_t>(header().chunk_bytes); }
   const std::string& name() const { return name_; }
   int world() const { return world_; }
 
