@@ -91,6 +91,12 @@ MpiProcessGroup::MpiProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank, 
     int world = 0, me = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (world == 1 && c.size > 1)
+      throw ConfigError(detail::concat(
+          "backend 'mpi' on rank ", c.rank, " of ", c.size, ": MPI started this process on its own (a world of 1, "
+          "MPI's singleton mode): its launcher did not connect it to MPI's runtime; under srun pass --mpi=pmix (or "
+          "the PMI your MPI was built with, see `srun --mpi=list`), start the job with `mpirun -np ", c.size,
+          " ...`, or use backend gloo (PHALANX_BACKEND=gloo)"));
     if (world != c.size || me != c.rank)
       throw ConfigError(detail::concat("backend 'mpi': MPI says this is rank ", me, " of ", world,
                                        ", but Phalanx was told rank ", c.rank, " of ", c.size,

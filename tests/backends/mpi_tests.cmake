@@ -4,7 +4,7 @@
 # Skipped, saying why, where the plugin is not built or mpirun is missing.
 find_program(PHALANX_MPIRUN NAMES mpirun mpiexec HINTS ${MPIEXEC_EXECUTABLE})
 set(_phx_mpi_tests mpi.conformance_np1 mpi.conformance_np2 mpi.conformance_np3 mpi.conformance_np4
-  mpi.lr_scaling_study_4_ranks mpi.lr_scaling_study_exact_4_ranks mpi.failed_rank_ends_job)
+  mpi.lr_scaling_study_4_ranks mpi.lr_scaling_study_exact_4_ranks mpi.failed_rank_ends_job mpi.srun_without_pmi_says_so)
 if(NOT PHALANX_HAVE_MPI OR NOT PHALANX_MPIRUN)
   if(NOT PHALANX_HAVE_MPI)
     set(_why "the MPI plugin is not built (apt-get install libopenmpi-dev, then reconfigure)")
@@ -50,3 +50,9 @@ add_test(NAME mpi.failed_rank_ends_job
     ${PHALANX_MPIRUN} $<TARGET_FILE:mpi_conformance_worker>)
 set_tests_properties(mpi.failed_rank_ends_job PROPERTIES ENVIRONMENT "${_phx_mpi_env};PHALANX_BACKEND=mpi" TIMEOUT 30
   FAIL_REGULAR_EXPRESSION "barrier completed")
+# srun without a PMI that this MPI understands (here: srun's variables, no launcher): MPI runs
+# the process as a singleton; the error says so and what to pass, not "start every rank with -np".
+add_test(NAME mpi.srun_without_pmi_says_so COMMAND $<TARGET_FILE:mpi_conformance_worker>)
+set_tests_properties(mpi.srun_without_pmi_says_so PROPERTIES
+  ENVIRONMENT "${_phx_mpi_env};SLURM_PROCID=0;SLURM_NTASKS=2;PHALANX_BACKEND=mpi" TIMEOUT 30
+  PASS_REGULAR_EXPRESSION "MPI started this process on its own [(]a world of 1, MPI's singleton mode[)].*srun --mpi=list")
