@@ -5,6 +5,8 @@ Run with Debian's python3-torch (PyTorch 1.13): /usr/bin/python3 scripts/make_fi
 The library and its tests never need torch; only this script does.
 """
 import os
+import subprocess
+import sys
 import numpy as np
 import torch
 import torch.nn as nn
@@ -155,4 +157,5 @@ if __name__ == "__main__":
     optim_parity()
     schedule_parity()
     sampler_parity()
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "ddp_cnn.py"), OUT], check=True)
     print("fixtures written to", os.path.normpath(OUT))
