@@ -62,7 +62,9 @@ Device resolve_device(const InitOptions& options = {});
 /// The device init_process_group decided for this rank; before init (or after destroy),
 /// resolve_device() of the environment.
 Device local_device();
-/// The backend init would choose for these options and this environment.
+/// The backend init would choose for these options and this environment, before it knows the
+/// hosts: for a CPU job under auto "gloo", which init then makes "shm" (one host, its plugin
+/// can run) or the hierarchical group (several hosts).
 std::string resolve_backend(const InitOptions& options, int world_size);
 
 }  // namespace phalanx::parallel
