@@ -5,7 +5,9 @@
 //   Phalanx MPI     (backend "mpi" under mpirun, when libphalanx_mpi.so is built)
 //   OpenMPI         (raw MPI_Allreduce(MPI_IN_PLACE) in the same mpirun job; its shared-memory path)
 //   PyTorch Gloo    (bench/peers/torch_allreduce.py, dist.all_reduce)
-// Each figure is the median of 5 timed runs (each run: a barrier, then a loop of allreduces),
+// Each figure is the median of 5 timed runs (each run: a barrier, then a loop of allreduces;
+// each run a launch of its own, the columns taking turns, so that load from other processes
+// that comes and goes falls on every column alike),
 // with the spread of the 5 (half of max - min, in % of the median), and the CPU time each
 // rank spent per allreduce (its process CPU clock, mean over ranks): a rank that busy-polls
 // spends a core while it waits, which compute running beside the allreduce would miss.
@@ -49,7 +51,8 @@ namespace {
 
 struct Plan {
   std::vector<std::int64_t> counts = {1, 1024, 16384, 262144, 1048576, 4194304, 16777216};
-  int runs = 5;
+  int runs = 1;    ///< timed runs per launch of a column's processes
+  int rounds = 5;  ///< launches per column; the columns take turns, so load that comes and goes hits them alike
   double budget_s = 0.02;  ///< aimed time of one timed run
 };
 
@@ -439,20 +442,29 @@ int main(int argc, char** argv) {
   std::printf("allreduce sweep: float32 sum in place, CPU %s, %ld cores online\n", cpu_model().c_str(),
               ::sysconf(_SC_NPROCESSORS_ONLN));
   for (int world : worlds) {
-    std::map<std::string, Series> cols;
-    std::string mpi_note, torch_note;
-    cols["shm"] = phalanx_column("shm", world, plan, 0.5);
-    cols["tcp"] = phalanx_column("gloo", world, plan, 40);
-    for (auto& [k, v] : mpi_columns(world, quick, mpi_note)) cols[k] = v;
-    if (peer) cols["torch"] = torch_column(world, plan, torch_note);
-    else torch_note = "--no-peer";
-    std::map<std::string, Series> rg;
-    if (raw_gloo) rg = raw_gloo_columns(world, plan);
+    std::map<std::string, Series> cols, rg;
+    std::string mpi_note, torch_note = peer ? "" : "--no-peer";
+    bool mpi_runs = true;
+    const auto merge = [](Series& into, const Series& from) {
+      for (const auto& [n, v] : from) into[n].insert(into[n].end(), v.begin(), v.end());
+    };
+    for (int round = 0; round < plan.rounds; ++round) {
+      merge(cols["shm"], phalanx_column("shm", world, plan, 0.5));
+      merge(cols["tcp"], phalanx_column("gloo", world, plan, 40));
+      if (mpi_runs) {  // a column that could not run is not retried
+        const auto got = mpi_columns(world, quick, mpi_note);
+        mpi_runs = !got.empty();
+        for (const auto& [k, v] : got) merge(cols[k], v);
+      }
+      if (torch_note.empty()) merge(cols["torch"], torch_column(world, plan, torch_note));
+      if (raw_gloo)
+        for (const auto& [a, v] : raw_gloo_columns(world, plan)) merge(rg[a], v);
+    }
 
     std::printf("\n%d ranks%s. Cells: median us per allreduce of %d runs ±(max-min)/2 in %% of it "
-                "[CPU us per allreduce, mean per rank]\n",
+                "[CPU us per allreduce, mean per rank]; each run a launch of its own, the columns taking turns\n",
                 world, world > static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)) ? " (more ranks than cores)" : "",
-                plan.runs);
+                plan.runs * plan.rounds);
     std::printf("%-8s | %-24s | %-24s | %-24s | %-24s | %-24s | %8s %8s %8s\n", "size", "Phalanx shm", "Phalanx TCP",
                 "Phalanx MPI", "OpenMPI (raw)", "PyTorch gloo", "shm/OMPI", "shm GB/s", "torch/shm");
     for (std::int64_t n : plan.counts) {
@@ -468,7 +480,7 @@ int main(int argc, char** argv) {
     if (!torch_note.empty()) std::printf("PyTorch: %s\n", torch_note.c_str());
     if (raw_gloo) {
       std::printf("raw Gloo 0.5, median us of %d runs per algorithm (ring_chunked / halving_doubling / "
-                  "allreduce(opts)):\n", plan.runs);
+                  "allreduce(opts)):\n", plan.runs * plan.rounds);
       for (std::int64_t n : plan.counts)
         std::printf("  %-8s %12s %12s %12s\n", human(n * 4).c_str(), cell(stat_of(rg["ring_chunked"], n)).c_str(),
                     cell(stat_of(rg["halving_doubling"], n)).c_str(), cell(stat_of(rg["allreduce(opts)"], n)).c_str());
