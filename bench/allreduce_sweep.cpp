@@ -327,7 +327,7 @@ Series torch_column(int world, const Plan& plan, std::string& note) {
 }
 
 /// A DDP-like step on `world` forked ranks over shm: `flops` of arithmetic, then an
-/// allreduce of `n` floats (n = 0: compute only). Returns the median step time (us) of 5 runs.
+/// allreduce of `n` floats (n = 0: compute only). Returns the step time (us) of one run.
 double step_us(int world, std::int64_t n, long flops, int steps) {
   TcpStoreServer server(TcpStoreOptions{});
   const int port = server.port();
@@ -341,21 +341,16 @@ double step_us(int world, std::int64_t n, long flops, int steps) {
     auto pg = create_process_group("shm", cfg);
     Tensor t = ones({std::max<std::int64_t>(n, 1)});
     volatile float sink = 0;
-    std::vector<double> runs;
-    for (int run = 0; run < 5; ++run) {
-      pg->barrier()->wait();
-      const double t0 = bench::now_s();
-      for (int s = 0; s < steps; ++s) {
-        float a = 1.0001f, b = 0.9999f;
-        for (long i = 0; i < flops / 2; ++i) a = a * b + 1e-7f;  // a dependent chain: one core's worth
-        sink = sink + a;
-        if (n > 0) pg->allreduce(t)->wait();
-      }
-      pg->barrier()->wait();
-      runs.push_back((bench::now_s() - t0) / steps * 1e6);
+    pg->barrier()->wait();
+    const double t0 = bench::now_s();
+    for (int s = 0; s < steps; ++s) {
+      float a = 1.0001f, b = 0.9999f;
+      for (long i = 0; i < flops / 2; ++i) a = a * b + 1e-7f;  // a dependent chain: one core's worth
+      sink = sink + a;
+      if (n > 0) pg->allreduce(t)->wait();
     }
-    std::sort(runs.begin(), runs.end());
-    std::fprintf(out, "%f\n", runs[2]);
+    pg->barrier()->wait();
+    std::fprintf(out, "%f\n", (bench::now_s() - t0) / steps * 1e6);
   });
   return std::atof(outs[0].c_str());
 }
@@ -494,9 +489,16 @@ int main(int argc, char** argv) {
     const long flops = quick ? 200000 : 1000000;
     const int steps = quick ? 20 : 40;
     std::printf("\nOversubscription (shm; step = %ld flops of dependent arithmetic, then allreduce of 1 MiB; "
-                "median of 5 runs of %d steps):\n", flops, steps);
-    const double c2 = step_us(2, 0, flops, steps), c4 = step_us(4, 0, flops, steps);
-    const double s2 = step_us(2, 262144, flops, steps), s4 = step_us(4, 262144, flops, steps);
+                "median of 5 runs of %d steps, the four cases taking turns):\n", flops, steps);
+    std::vector<double> r[4];  // the four cases take turns, 5 runs each
+    for (int round = 0; round < 5; ++round) {
+      r[0].push_back(step_us(2, 0, flops, steps));
+      r[1].push_back(step_us(4, 0, flops, steps));
+      r[2].push_back(step_us(2, 262144, flops, steps));
+      r[3].push_back(step_us(4, 262144, flops, steps));
+    }
+    for (auto& v : r) std::sort(v.begin(), v.end());
+    const double c2 = r[0][2], c4 = r[1][2], s2 = r[2][2], s4 = r[3][2];
     std::printf("  compute only: 2 ranks %.0f us, 4 ranks %.0f us (x%.2f: the compute share)\n", c2, c4, c4 / c2);
     std::printf("  compute + allreduce: 2 ranks %.0f us, 4 ranks %.0f us (x%.2f)\n", s2, s4, s4 / s2);
   }
