@@ -555,4 +555,181 @@ void CudaKernels::adam_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, 
   after_launch("adam kernel");
 }
 
+// ---- convolution and pooling (issue 16, H11): the CPU's windows (cpu_conv.cpp) ----
+namespace {
+__global__ void im2col_k(const float* x, Window2d g, float* col, std::int64_t n) {
+  const std::int64_t L = g.oh * g.ow;
+  GRID_LOOP(e, n) {
+    const std::int64_t row = e / L, pos = e % L;
+    const std::int64_t j = row % g.kw, i = (row / g.kw) % g.kh, ci = row / (g.kw * g.kh);
+    const std::int64_t iy = (pos / g.ow) * g.sh - g.ph + i * g.dh, ix = (pos % g.ow) * g.sw - g.pw + j * g.dw;
+    col[e] = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w ? x[(ci * g.h + iy) * g.w + ix] : 0.f;
+  }
+}
+// Gathers every column entry that lands on input pixel e (no atomics: deterministic).
+__global__ void col2im_k(const float* col, Window2d g, float* gx, std::int64_t n) {
+  const std::int64_t L = g.oh * g.ow;
+  GRID_LOOP(e, n) {
+    const std::int64_t ix = e % g.w, iy = (e / g.w) % g.h, ci = e / (g.w * g.h);
+    float s = 0.f;
+    for (std::int64_t i = 0; i < g.kh; ++i) {
+      const std::int64_t ty = iy + g.ph - i * g.dh;
+      if (ty < 0 || ty % g.sh) continue;
+      const std::int64_t oy = ty / g.sh;
+      if (oy >= g.oh) continue;
+      for (std::int64_t j = 0; j < g.kw; ++j) {
+        const std::int64_t tx = ix + g.pw - j * g.dw;
+        if (tx < 0 || tx % g.sw) continue;
+        const std::int64_t ox = tx / g.sw;
+        if (ox >= g.ow) continue;
+        s += col[((ci * g.kh + i) * g.kw + j) * L + oy * g.ow + ox];
+      }
+    }
+    gx[e] = s;
+  }
+}
+__global__ void max_pool_k(const float* x, Window2d g, float* out, long long* idx, std::int64_t n) {
+  GRID_LOOP(e, n) {
+    const std::int64_t ox = e % g.ow, oy = (e / g.ow) % g.oh, pl = e / (g.ow * g.oh);
+    const float* p = x + pl * g.h * g.w;
+    std::int64_t y0 = oy * g.sh - g.ph, x0 = ox * g.sw - g.pw;
+    const std::int64_t y1 = min(y0 + (g.kh - 1) * g.dh + 1, g.h), x1 = min(x0 + (g.kw - 1) * g.dw + 1, g.w);
+    while (y0 < 0) y0 += g.dh;
+    while (x0 < 0) x0 += g.dw;
+    std::int64_t best = y0 * g.w + x0;
+    float m = -INFINITY;
+    for (std::int64_t iy = y0; iy < y1; iy += g.dh)
+      for (std::int64_t ix = x0; ix < x1; ix += g.dw) {
+        const float v = p[iy * g.w + ix];
+        if (v > m || isnan(v)) m = v, best = iy * g.w + ix;
+      }
+    out[e] = m;
+    idx[e] = best;
+  }
+}
+__global__ void max_pool_bw_k(const float* go, const long long* idx, Window2d g, float* gx, std::int64_t n) {
+  const std::int64_t L = g.oh * g.ow;
+  GRID_LOOP(e, n) atomicAdd(gx + (e / L) * g.h * g.w + idx[e], go[e]);
+}
+struct AvgWin {
+  std::int64_t y0, y1, x0, x1;
+  float div;
+};
+__device__ AvgWin avg_win(const Window2d& g, bool include_pad, std::int64_t oy, std::int64_t ox) {
+  AvgWin a;
+  a.y0 = oy * g.sh - g.ph, a.x0 = ox * g.sw - g.pw;
+  a.y1 = min(a.y0 + g.kh, g.h + g.ph), a.x1 = min(a.x0 + g.kw, g.w + g.pw);
+  const std::int64_t pool = (a.y1 - a.y0) * (a.x1 - a.x0);
+  a.y0 = max(a.y0, (std::int64_t)0), a.x0 = max(a.x0, (std::int64_t)0);
+  a.y1 = min(a.y1, g.h), a.x1 = min(a.x1, g.w);
+  a.div = static_cast<float>(include_pad ? pool : (a.y1 - a.y0) * (a.x1 - a.x0));
+  return a;
+}
+__global__ void avg_pool_k(const float* x, Window2d g, bool include_pad, float* out, std::int64_t n) {
+  GRID_LOOP(e, n) {
+    const std::int64_t ox = e % g.ow, oy = (e / g.ow) % g.oh, pl = e / (g.ow * g.oh);
+    const float* p = x + pl * g.h * g.w;
+    const AvgWin a = avg_win(g, include_pad, oy, ox);
+    float s = 0.f;
+    for (std::int64_t iy = a.y0; iy < a.y1; ++iy)
+      for (std::int64_t ix = a.x0; ix < a.x1; ++ix) s += p[iy * g.w + ix];
+    out[e] = a.y0 >= a.y1 || a.x0 >= a.x1 ? 0.f : s / a.div;
+  }
+}
+__global__ void avg_pool_bw_k(const float* go, Window2d g, bool include_pad, float* gx, std::int64_t n) {
+  GRID_LOOP(e, n) {
+    const std::int64_t ox = e % g.ow, oy = (e / g.ow) % g.oh, pl = e / (g.ow * g.oh);
+    float* p = gx + pl * g.h * g.w;
+    const AvgWin a = avg_win(g, include_pad, oy, ox);
+    if (a.y0 >= a.y1 || a.x0 >= a.x1) continue;
+    const float v = go[e] / a.div;
+    for (std::int64_t iy = a.y0; iy < a.y1; ++iy)
+      for (std::int64_t ix = a.x0; ix < a.x1; ++ix) atomicAdd(p + iy * g.w + ix, v);
+  }
+}
+__global__ void adaptive_avg_k(const float* x, Window2d g, float* out, std::int64_t n, bool backward) {
+  GRID_LOOP(e, n) {
+    const std::int64_t ox = e % g.ow, oy = (e / g.ow) % g.oh, pl = e / (g.ow * g.oh);
+    const std::int64_t y0 = (oy * g.h) / g.oh, y1 = ((oy + 1) * g.h + g.oh - 1) / g.oh;
+    const std::int64_t x0 = (ox * g.w) / g.ow, x1 = ((ox + 1) * g.w + g.ow - 1) / g.ow;
+    const float cnt = static_cast<float>((y1 - y0) * (x1 - x0));
+    if (backward) {  // x is grad_out, out is grad_x (zeroed)
+      const float v = x[e] / cnt;
+      for (std::int64_t iy = y0; iy < y1; ++iy)
+        for (std::int64_t ix = x0; ix < x1; ++ix) atomicAdd(out + pl * g.h * g.w + iy * g.w + ix, v);
+    } else {
+      const float* p = x + pl * g.h * g.w;
+      float s = 0.f;
+      for (std::int64_t iy = y0; iy < y1; ++iy)
+        for (std::int64_t ix = x0; ix < x1; ++ix) s += p[iy * g.w + ix];
+      out[e] = s / cnt;
+    }
+  }
+}
+}  // namespace
+
+void CudaKernels::im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) {
+  on_device(x);
+  const std::int64_t n = col.numel();
+  if (n) im2col_k<<<blocks_for(n), kThreads>>>(cf(x) + image * g.c * g.h * g.w, g, mf(col), n);
+  after_launch("im2col kernel");
+}
+
+void CudaKernels::col2im(const Tensor& col, std::int64_t image, const Window2d& g, Tensor& grad_x) {
+  on_device(col);
+  const std::int64_t n = g.c * g.h * g.w;
+  if (n) col2im_k<<<blocks_for(n), kThreads>>>(cf(col), g, mf(grad_x) + image * n, n);
+  after_launch("col2im kernel");
+}
+
+void CudaKernels::max_pool2d(const Tensor& x, const Window2d& g, Tensor& out, Tensor& indices) {
+  on_device(x);
+  const std::int64_t n = out.numel();
+  if (n) max_pool_k<<<blocks_for(n), kThreads>>>(cf(x), g, mf(out), static_cast<long long*>(indices.raw_data()), n);
+  after_launch("max_pool2d kernel");
+}
+
+void CudaKernels::max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g,
+                                      Tensor& grad_x) {
+  on_device(grad_out);
+  if (grad_x.nbytes()) PHALANX_CUDA_CHECK(cudaMemsetAsync(grad_x.raw_data(), 0, grad_x.nbytes()));
+  const std::int64_t n = grad_out.numel();
+  if (n)
+    max_pool_bw_k<<<blocks_for(n), kThreads>>>(cf(grad_out), static_cast<const long long*>(indices.raw_data()), g,
+                                               mf(grad_x), n);
+  after_launch("max_pool2d backward kernel");
+}
+
+void CudaKernels::avg_pool2d(const Tensor& x, const Window2d& g, bool count_include_pad, Tensor& out) {
+  on_device(x);
+  const std::int64_t n = out.numel();
+  if (n) avg_pool_k<<<blocks_for(n), kThreads>>>(cf(x), g, count_include_pad, mf(out), n);
+  after_launch("avg_pool2d kernel");
+}
+
+void CudaKernels::avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, bool count_include_pad,
+                                      Tensor& grad_x) {
+  on_device(grad_out);
+  if (grad_x.nbytes()) PHALANX_CUDA_CHECK(cudaMemsetAsync(grad_x.raw_data(), 0, grad_x.nbytes()));
+  const std::int64_t n = grad_out.numel();
+  if (n) avg_pool_bw_k<<<blocks_for(n), kThreads>>>(cf(grad_out), g, count_include_pad, mf(grad_x), n);
+  after_launch("avg_pool2d backward kernel");
+}
+
+void CudaKernels::adaptive_avg_pool2d(const Tensor& x, const Window2d& g, Tensor& out) {
+  on_device(x);
+  const std::int64_t n = out.numel();
+  if (n) adaptive_avg_k<<<blocks_for(n), kThreads>>>(cf(x), g, mf(out), n, false);
+  after_launch("adaptive_avg_pool2d kernel");
+}
+
+void CudaKernels::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, Tensor& grad_x) {
+  on_device(grad_out);
+  if (grad_x.nbytes()) PHALANX_CUDA_CHECK(cudaMemsetAsync(grad_x.raw_data(), 0, grad_x.nbytes()));
+  const std::int64_t n = grad_out.numel();
+  if (n) adaptive_avg_k<<<blocks_for(n), kThreads>>>(cf(grad_out), g, mf(grad_x), n, true);
+  after_launch("adaptive_avg_pool2d backward kernel");
+}
+// ---- end convolution and pooling ----
+
 }  // namespace phalanx::cuda

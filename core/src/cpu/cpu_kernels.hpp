@@ -71,6 +71,18 @@ class CpuKernels final : public DeviceKernels {
   void abs_max_into(const Tensor& x, Tensor& out, std::int64_t index) override;
   void fixed_point_accumulate(const Tensor& x, double scale, Tensor& acc) override;
   void fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) override;
+  // ---- convolution and pooling (issue 16, H11; cpu_conv.cpp) ----
+  void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) override;
+  void col2im(const Tensor& col, std::int64_t image, const Window2d& g, Tensor& grad_x) override;
+  void max_pool2d(const Tensor& x, const Window2d& g, Tensor& out, Tensor& indices) override;
+  void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g,
+                           Tensor& grad_x) override;
+  void avg_pool2d(const Tensor& x, const Window2d& g, bool count_include_pad, Tensor& out) override;
+  void avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, bool count_include_pad,
+                           Tensor& grad_x) override;
+  void adaptive_avg_pool2d(const Tensor& x, const Window2d& g, Tensor& out) override;
+  void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, Tensor& grad_x) override;
+  // ---- end convolution and pooling ----
   void convert(const Tensor& src, Tensor& dst) override;
   void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer,
                   const SgdUpdate& u) override;

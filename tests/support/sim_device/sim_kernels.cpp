@@ -167,6 +167,44 @@ class SimKernels final : public DeviceKernels {
     cpu().fixed_point_to_float(host_view(acc, "fixed_point_to_float"), scale, count, o);
   }
 
+  // ---- convolution and pooling (issue 16, H11) ----
+  void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) override {
+    Tensor o = host_view(col, "im2col");
+    cpu().im2col(host_view(x, "im2col"), image, g, o);
+  }
+  void col2im(const Tensor& col, std::int64_t image, const Window2d& g, Tensor& grad_x) override {
+    Tensor o = host_view(grad_x, "col2im");
+    cpu().col2im(host_view(col, "col2im"), image, g, o);
+  }
+  void max_pool2d(const Tensor& x, const Window2d& g, Tensor& out, Tensor& indices) override {
+    Tensor o = host_view(out, "max_pool2d"), i = host_view(indices, "max_pool2d");
+    cpu().max_pool2d(host_view(x, "max_pool2d"), g, o, i);
+  }
+  void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g,
+                           Tensor& grad_x) override {
+    Tensor o = host_view(grad_x, "max_pool2d_backward");
+    cpu().max_pool2d_backward(host_view(grad_out, "max_pool2d_backward"), host_view(indices, "max_pool2d_backward"),
+                              g, o);
+  }
+  void avg_pool2d(const Tensor& x, const Window2d& g, bool count_include_pad, Tensor& out) override {
+    Tensor o = host_view(out, "avg_pool2d");
+    cpu().avg_pool2d(host_view(x, "avg_pool2d"), g, count_include_pad, o);
+  }
+  void avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, bool count_include_pad,
+                           Tensor& grad_x) override {
+    Tensor o = host_view(grad_x, "avg_pool2d_backward");
+    cpu().avg_pool2d_backward(host_view(grad_out, "avg_pool2d_backward"), g, count_include_pad, o);
+  }
+  void adaptive_avg_pool2d(const Tensor& x, const Window2d& g, Tensor& out) override {
+    Tensor o = host_view(out, "adaptive_avg_pool2d");
+    cpu().adaptive_avg_pool2d(host_view(x, "adaptive_avg_pool2d"), g, o);
+  }
+  void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, Tensor& grad_x) override {
+    Tensor o = host_view(grad_x, "adaptive_avg_pool2d_backward");
+    cpu().adaptive_avg_pool2d_backward(host_view(grad_out, "adaptive_avg_pool2d_backward"), g, o);
+  }
+  // ---- end convolution and pooling ----
+
   std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override {
     return cpu().find_label_out_of_range(host_view(target, "find_label_out_of_range"), classes);
   }

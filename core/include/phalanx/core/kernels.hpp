@@ -32,6 +32,14 @@ struct AdamUpdate {
 enum class UnaryOp : std::uint8_t { Neg, Exp, Log, Relu, Tanh, Sigmoid };
 enum class BinaryOp : std::uint8_t { Add, Sub, Mul, Div };
 
+// ---- convolution and pooling geometry (issue 16, H11) ----
+/// The windows of a 2-D convolution or pooling over NCHW input: n images of c channels
+/// h x w, output oh x ow, kernel kh x kw, stride sh/sw, zero padding ph/pw, dilation dh/dw.
+struct Window2d {
+  std::int64_t n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
+};
+// ---- end convolution and pooling geometry ----
+
 class DeviceKernels {
  public:
   virtual ~DeviceKernels() = default;
@@ -113,6 +121,29 @@ class DeviceKernels {
   virtual void fixed_point_accumulate(const Tensor& x, double scale, Tensor& acc) = 0;
   /// out[i] = float((double(acc[i]) / scale) / count): acc int64, out float32, same numel.
   virtual void fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) = 0;
+
+  // ---- convolution and pooling (issue 16, H11; CPU: core/src/cpu/cpu_conv.cpp) ----
+  /// col[(ci * kh + i) * kw + j, oy * ow + ox] = x[image, ci, oy*sh - ph + i*dh, ox*sw - pw + j*dw]
+  /// (0 in the padding): col is [c * kh * kw, oh * ow], x is [n, c, h, w].
+  virtual void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) = 0;
+  /// The adjoint of im2col: grad_x[image] = every col entry summed back at its position
+  /// (overwrites that image, other images untouched).
+  virtual void col2im(const Tensor& col, std::int64_t image, const Window2d& g, Tensor& grad_x) = 0;
+  /// out [n, c, oh, ow] = window maxima (padding is -inf; NaN wins, as in PyTorch); indices
+  /// (int64, same shape) = the flat y * w + x position of each maximum in its input plane.
+  virtual void max_pool2d(const Tensor& x, const Window2d& g, Tensor& out, Tensor& indices) = 0;
+  /// grad_x = 0, then grad_x[plane, indices[o]] += grad_out[o].
+  virtual void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g,
+                                   Tensor& grad_x) = 0;
+  /// Window means (dilation 1); the divisor counts the padding when count_include_pad.
+  virtual void avg_pool2d(const Tensor& x, const Window2d& g, bool count_include_pad, Tensor& out) = 0;
+  virtual void avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, bool count_include_pad,
+                                   Tensor& grad_x) = 0;
+  /// PyTorch's adaptive windows: rows [floor(i*h/oh), ceil((i+1)*h/oh)), likewise columns
+  /// (only n, c, h, w, oh, ow of `g` are used).
+  virtual void adaptive_avg_pool2d(const Tensor& x, const Window2d& g, Tensor& out) = 0;
+  virtual void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, Tensor& grad_x) = 0;
+  // ---- end convolution and pooling ----
 
   /// Checks that every int64 label is in [0, classes); returns the first bad index or -1.
   /// A device table may instead check asynchronously (CUDA: no copy per step): it returns -1

@@ -29,6 +29,26 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 /// y = x W^T + b: x [N, in], weight [out, in], bias [out] (may be undefined). One GEMM.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
+// ---- convolution and pooling (issue 16, H11): NCHW float32, PyTorch 1.13's semantics ----
+/// A (height, width) pair; one number means both.
+struct Size2 {
+  Size2(std::int64_t v) : h(v), w(v) {}  // NOLINT: implicit, as PyTorch's int-or-tuple
+  Size2(std::int64_t h_, std::int64_t w_) : h(h_), w(w_) {}
+  std::int64_t h, w;
+};
+/// torch.nn.functional.conv2d: x [N, C, H, W], weight [OC, C / groups, KH, KW], bias [OC]
+/// (may be undefined). im2col + GEMM per image on CPU.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), Size2 stride = 1,
+              Size2 padding = 0, Size2 dilation = 1, std::int64_t groups = 1);
+/// torch.nn.functional.max_pool2d (ceil_mode false); stride 0 means stride = kernel.
+Tensor max_pool2d(const Tensor& x, Size2 kernel, Size2 stride = 0, Size2 padding = 0, Size2 dilation = 1);
+/// torch.nn.functional.avg_pool2d (ceil_mode false); stride 0 means stride = kernel.
+Tensor avg_pool2d(const Tensor& x, Size2 kernel, Size2 stride = 0, Size2 padding = 0,
+                  bool count_include_pad = true);
+/// torch.nn.functional.adaptive_avg_pool2d.
+Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size);
+// ---- end convolution and pooling ----
+
 Tensor sum(const Tensor& x);
 Tensor sum(const Tensor& x, std::int64_t dim, bool keepdim = false);
 Tensor mean(const Tensor& x);
