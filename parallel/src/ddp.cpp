@@ -3,6 +3,8 @@
 #include "model_sync.hpp"
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/autograd.hpp"
+#include "phalanx/core/creation.hpp"
+#include "phalanx/core/ops.hpp"
 #include "phalanx/core/world.hpp"
 #include "phalanx/parallel/init.hpp"
 #include "exact_reducer.hpp"
@@ -21,6 +23,16 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
   // One device for the whole model (any world size, so the error does not depend on it);
   // the model check, the broadcasts and the buckets all live there.
   const Device device = model_device(module_->named_parameters(), module_->named_buffers());
+  device_ = device;
+  {  // modules whose forward issues collectives (SyncBatchNorm): a joined rank shadows them
+    std::vector<nn::Module*> stack{module_.get()};
+    while (!stack.empty()) {
+      nn::Module* m = stack.back();
+      stack.pop_back();
+      if (dynamic_cast<ForwardCollectives*>(m)) forward_collective_modules_.push_back(m);
+      for (auto& [n, c] : m->named_children()) stack.push_back(c.get());
+    }
+  }
   if (options_.exact.enabled) {
     // Exact mode on every world size, one included: the fixed-point sum is what makes the
     // bits independent of the world size.
@@ -53,6 +65,9 @@ DistributedDataParallel::~DistributedDataParallel() = default;
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
   if (exact_) {
+    if (join_config().enable)
+      throw ConfigError("DDP: Join cannot shadow exact mode's reductions; give every rank the same number of "
+                        "micro-batches (exact mode's sampler does) or turn exact mode off");
     Tensor out = module_->forward(x);
     if (grad_mode_enabled() && out.requires_grad()) {
       // One forward and backward is one micro-batch; the mean of its loss weighs it 1/K.
@@ -64,11 +79,90 @@ Tensor DistributedDataParallel::forward(const Tensor& x) {
     }
     return out;
   }
-  if (!reducer_) return module_->forward(x);
-  if (options_.broadcast_buffers && !buffers_.empty()) broadcast_coalesced(*pg_, buffers_, 0);
+  const bool join = join_config().enable;
+  if (!reducer_ && !join) return module_->forward(x);
+  WorkPtr notified, flags_work;
+  if (join) {
+    // As PyTorch's forward under Join: "still training" (Join's count), the buffers from the
+    // highest rank still training, then what the joined ranks must shadow in this iteration.
+    last_input_shape_ = x.shape();
+    last_input_dtype_ = x.dtype();
+    has_input_ = x.dim() >= 1;
+    notified = Join::notify_join_context(*this);
+  }
+  if (reducer_ && options_.broadcast_buffers && !buffers_.empty())
+    broadcast_coalesced(*pg_, buffers_, join ? find_common_rank(*pg_, device_, true) : 0);
+  if (join) {
+    const bool grad = grad_mode_enabled();
+    flags_work = pg_->allreduce(
+        tensor(std::vector<float>{grad && (!reducer_ || reducer_->sync()) ? 1.f : 0.f, grad ? 1.f : 0.f,
+                                  forward_collectives() ? 1.f : 0.f},
+               {3})
+            .to(device_),
+        ReduceOp::Sum);
+  }
   Tensor out = module_->forward(x);
-  if (grad_mode_enabled() && out.requires_grad()) reducer_->arm(out);
+  if (reducer_ && grad_mode_enabled() && out.requires_grad()) reducer_->arm(out);
+  if (notified) notified->wait();
+  if (flags_work) flags_work->wait();
   return out;
+}
+
+bool DistributedDataParallel::forward_collectives() const {
+  for (nn::Module* m : forward_collective_modules_)
+    if (dynamic_cast<ForwardCollectives*>(m)->has_forward_collectives()) return true;
+  return false;
+}
+
+void DistributedDataParallel::join_main_hook() {
+  if (exact_)
+    throw ConfigError("DDP: Join cannot shadow exact mode's reductions; give every rank the same number of "
+                      "micro-batches (exact mode's sampler does) or turn exact mode off");
+  if (reducer_ && options_.broadcast_buffers && !buffers_.empty())
+    broadcast_coalesced(*pg_, buffers_, find_common_rank(*pg_, device_, false));
+  Tensor flags = zeros({3}, DType::Float32, device_);
+  pg_->allreduce(flags, ReduceOp::Sum)->wait();
+  const std::vector<float> f = flags.to(Device::cpu()).to_vector<float>();
+  const bool sync = f[0] > 0, grad = f[1] > 0, forward = f[2] > 0;
+  if (forward) {
+    // Collectives inside the forward (SyncBatchNorm) and its backward: run the model on an
+    // empty batch, so they (and the gradient buckets, zeros) go out in the others' order.
+    if (!has_input_)
+      throw ConfigError("DDP under Join: this rank joined before its first forward, so it cannot shadow the "
+                        "collectives in the others' forward (SyncBatchNorm); give every rank at least one batch");
+    Shape s = last_input_shape_;
+    s[0] = 0;
+    const Tensor empty = Tensor::empty(s, last_input_dtype_, device_);
+    const bool prev_grad = grad_mode_enabled();
+    const bool prev_sync = reducer_ ? reducer_->sync() : true;
+    set_grad_mode(grad);
+    if (reducer_) reducer_->set_sync(sync);
+    try {
+      module_->zero_grad(true);  // this rank's gradients are zeros: nothing stale joins the sum
+      Tensor out = module_->forward(empty);
+      if (grad && out.requires_grad()) {
+        if (reducer_ && sync) reducer_->arm(out);
+        sum(out).backward();
+      }
+    } catch (...) {
+      set_grad_mode(prev_grad);
+      if (reducer_) reducer_->set_sync(prev_sync);
+      throw;
+    }
+    set_grad_mode(prev_grad);
+    if (reducer_) reducer_->set_sync(prev_sync);
+  } else if (sync && reducer_) {
+    reducer_->shadow_pass();
+  }
+}
+
+void DistributedDataParallel::join_post_hook(bool is_last_joiner) {
+  if (pg_->size() == 1) return;
+  // Every rank ends with the model of the last rank to join (PyTorch's _sync_final_model).
+  const int root = find_common_rank(*pg_, device_, is_last_joiner);
+  std::vector<Tensor> state = module_->parameters();
+  state.insert(state.end(), buffers_.begin(), buffers_.end());
+  broadcast_coalesced(*pg_, state, root);
 }
 
 void DistributedDataParallel::register_comm_hook(CommHookPtr hook) {

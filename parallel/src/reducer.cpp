@@ -323,4 +323,27 @@ void Reducer::finalize() {
   }
 }
 
+void Reducer::shadow_pass() {
+  if (in_pass_) abandon_pass();
+  armed_ = false;
+  hook_used_ = true;
+  for (auto& b : buckets_) b.buffer.zero_();  // zeros, and the pass flag 0 (completed)
+  std::exception_ptr error;
+  std::size_t failed = 0;
+  try {
+    for (; next_launch_ < buckets_.size(); ++next_launch_) hook_->launch(*pg_, buckets_[next_launch_]);
+  } catch (const CommError&) {
+    error = std::current_exception();
+    failed = next_launch_;
+  }
+  if (std::exception_ptr e = finish_launched(&failed); e && !error) error = e;
+  reset_pass();
+  if (error)
+    rethrow_with_context(error, detail::concat("DDP (joined rank): reducing gradient bucket ", failed, " failed: "));
+  if (pass_flag() != 0.f)
+    throw PeerFailedError(detail::concat("DDP: the backward pass stopped part-way on a rank still training, so "
+                                         "this step's reduced gradients are incomplete (the failing rank's own "
+                                         "error says why)"));
+}
+
 }  // namespace phalanx::parallel

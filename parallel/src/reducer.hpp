@@ -34,6 +34,9 @@ class Reducer {
   std::vector<std::vector<std::size_t>> layout() const;
   double last_wait_seconds() const { return last_wait_; }
   double last_comm_seconds() const { return last_comm_; }
+  /// Join: a joined rank's part of one backward of the others: every bucket zero-filled
+  /// (pass flag 0), launched in order and completed.
+  void shadow_pass();
 
  private:
   void on_grad_ready(std::size_t param);

@@ -47,9 +47,9 @@ class Optimizer {
   ///   state.<i>.step (int64), state.<i>.<buffer> (float32), i counts parameters across groups
   ///   param_groups.<g>.<option>: int64 holding the IEEE-754 bits of the double, so a
   ///   round trip is exact.
-  TensorMap state_dict() const;
+  virtual TensorMap state_dict() const;  // virtual: ZeroRedundancyOptimizer's is sharded
   /// Restores state saved from an optimizer of the same type over the same parameter shapes.
-  void load_state_dict(const TensorMap& state);
+  virtual void load_state_dict(const TensorMap& state);
 
  protected:
   Optimizer(std::vector<Tensor> params, Options defaults);

@@ -20,6 +20,7 @@
 #include "phalanx/backends/process_group.hpp"
 #include "phalanx/core/nn/module.hpp"
 #include "phalanx/parallel/comm_hook.hpp"
+#include "phalanx/parallel/join.hpp"
 
 namespace phalanx::parallel {
 
@@ -45,7 +46,7 @@ struct DDPOptions {
 class Reducer;
 class ExactReducer;
 
-class DistributedDataParallel : public nn::Module {
+class DistributedDataParallel : public nn::Module, public Joinable {
  public:
   /// Throws ConfigError on every rank when the models differ across ranks.
   DistributedDataParallel(nn::ModulePtr module, ProcessGroupPtr pg = nullptr, DDPOptions options = {});
@@ -89,13 +90,29 @@ class DistributedDataParallel : public nn::Module {
   double last_wait_seconds() const;
   double last_comm_seconds() const;
 
+  // Join (join.hpp, docs/ddp.md "Join"): a joined rank shadows each iteration of the others
+  // (buffer broadcast, gradient buckets with zeros, and, when the model has modules with
+  // collectives in forward such as SyncBatchNorm in training, a forward and backward on an
+  // empty batch shaped like this rank's last input); the post hook broadcasts the model
+  // from the last rank to join.
+  void join_main_hook() override;
+  void join_post_hook(bool is_last_joiner) override;
+  Device join_device() const override { return device_; }
+  ProcessGroup& join_process_group() override { return *pg_; }
+
  private:
+  bool forward_collectives() const;
   nn::ModulePtr module_;
   ProcessGroupPtr pg_;
   DDPOptions options_;
   std::vector<Tensor> buffers_;  // the module's buffers, listed once (broadcast each forward)
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<ExactReducer> exact_;  // instead of reducer_ in exact mode (any world size)
+  Device device_;                           // the model's (one device)
+  std::vector<nn::Module*> forward_collective_modules_;  // ForwardCollectives in the tree
+  Shape last_input_shape_;                  // under Join: the joined rank's empty batch
+  DType last_input_dtype_ = DType::Float32;
+  bool has_input_ = false;
 };
 
 using DDP = DistributedDataParallel;

@@ -1,0 +1,131 @@
+// Forward + backward of the example CNN's convolutions and pools, Phalanx and PyTorch 1.13 in
+// the same run, one thread (OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1)), batch 64.
+// Issue 16's bar: the CNN's step <= 1.3x PyTorch's. Each side: 3 warm-up steps, then RUNS
+// runs of ITERS steps; the median run (and the fastest and slowest) per step; the ratio is
+// of the medians.
+//
+//   bench_conv_step [--runs N] [--batch B] [--no-peer]
+//
+// Cases: cnn = Conv(1,32,3,p1)-ReLU-MaxPool2-Conv(32,64,3,p1)-ReLU-MaxPool2-Flatten-
+// Linear(3136,10) + cross-entropy on [B,1,28,28]; conv2 = Conv(32,64,3,p1) alone on
+// [B,32,14,14] (loss: the sum). BatchNorm is left out: this measures the convolution and
+// pooling kernels. The peer is peers/torch_conv_step.py.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <phalanx/phalanx.hpp>
+
+#include "bench_support.hpp"
+
+using namespace phalanx;
+
+namespace {
+
+struct Timing {
+  double median = -1, lo = -1, hi = -1;
+};
+
+Timing phalanx_step_us(const std::string& which, std::int64_t batch, int iters, int runs) {
+  manual_seed(0);
+  std::shared_ptr<nn::Module> model;
+  Tensor x;
+  if (which == "cnn") {
+    model = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+        std::make_shared<nn::Conv2d>(1, 32, 3, 1, 1), std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
+        std::make_shared<nn::Conv2d>(32, 64, 3, 1, 1), std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
+        std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(3136, 10)});
+    x = randn({batch, 1, 28, 28});
+  } else {
+    model = std::make_shared<nn::Conv2d>(32, 64, 3, 1, 1);
+    x = randn({batch, 32, 14, 14});
+  }
+  Tensor y = randint(10, {batch});
+  auto step = [&] {
+    model->zero_grad();
+    Tensor out = model->forward(x);
+    (which == "cnn" ? cross_entropy(out, y) : sum(out)).backward();
+  };
+  for (int i = 0; i < 3; ++i) step();
+  std::vector<double> samples;
+  for (int r = 0; r < runs; ++r) {
+    const double t = bench::now_s();
+    for (int i = 0; i < iters; ++i) step();
+    samples.push_back((bench::now_s() - t) / iters * 1e6);
+  }
+  std::sort(samples.begin(), samples.end());
+  return {samples[samples.size() / 2], samples.front(), samples.back()};
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+}  // namespace
+
+int run(int argc, char** argv) {
+  setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  set_num_threads(1);
+  bool skip_peer = false;
+  int runs = 7;
+  std::int64_t batch = 64;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--no-peer") skip_peer = true;
+    else if (a == "--runs" && i + 1 < argc) runs = std::max(5, std::atoi(argv[++i]));
+    else if (a == "--batch" && i + 1 < argc) batch = std::max(1, std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "bench_conv_step: unknown argument %s (usage: bench_conv_step [--runs N>=5] [--batch B] [--no-peer])\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  const std::string peer = skip_peer ? "" : bench::peer_script("torch_conv_step.py");
+  std::printf("CPU: %s; one thread; BLAS: %s\n", cpu_model().c_str(), blas_info().c_str());
+  std::printf("medians of %d runs per side, [fastest, slowest] run in brackets\n", runs);
+  std::printf("%-6s %6s %26s %26s %10s   %s\n", "case", "batch", "phalanx_us", "torch_us", "phx/torch", "bar");
+  struct Case {
+    const char* name;
+    int iters;
+    const char* bar;
+  };
+  for (const Case& c : {Case{"cnn", 5, "phalanx/torch <= 1.3"}, Case{"conv2", 5, "-"}}) {
+    const Timing ours = phalanx_step_us(c.name, batch, c.iters, runs);
+    Timing theirs;
+    if (!skip_peer) {
+      const std::string cmd = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + bench::python() + " " + peer + " " +
+                              c.name + " " + std::to_string(batch) + " " + std::to_string(c.iters) + " " +
+                              std::to_string(runs);
+      std::string out;
+      if (FILE* p = popen((cmd + " 2>&1").c_str(), "r")) {
+        char buf[512];
+        while (fgets(buf, sizeof buf, p)) out += buf;
+        pclose(p);
+      }
+      theirs = {bench::find_value(out, "step_us"), bench::find_value(out, "min_us"), bench::find_value(out, "max_us")};
+      if (theirs.median < 0) std::fprintf(stderr, "peer failed (%s):\n%s\n", cmd.c_str(), out.c_str());
+    }
+    char ob[64], tb[64];
+    std::snprintf(ob, sizeof ob, "%.0f [%.0f, %.0f]", ours.median, ours.lo, ours.hi);
+    std::snprintf(tb, sizeof tb, "%.0f [%.0f, %.0f]", theirs.median, theirs.lo, theirs.hi);
+    std::printf("%-6s %6lld %26s %26s %10.2f   %s\n", c.name, static_cast<long long>(batch), ob, tb,
+                theirs.median > 0 ? ours.median / theirs.median : 0.0, c.bar);
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_conv_step: %s\n", e.what());
+    return 1;
+  }
+}
