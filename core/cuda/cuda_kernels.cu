@@ -50,7 +50,9 @@ __global__ void unary_k(int op, const float* x, float* o, std::int64_t n) {
       case 2: o[i] = logf(v); break;
       case 3: o[i] = v <= 0.f ? 0.f : v; break;  // NaN stays NaN (as PyTorch; and the CPU kernel)
       case 4: o[i] = tanhf(v); break;
-      default: o[i] = 1.f / (1.f + expf(-v)); break;
+      case 5: o[i] = 1.f / (1.f + expf(-v)); break;
+      case 6: o[i] = v * 0.5f * (1.f + erff(v * 0.70710678118654752f)); break;  // Gelu (erf form)
+      default: o[i] = 1.f / sqrtf(v); break;                                     // Rsqrt
     }
   }
 }
@@ -63,7 +65,14 @@ __global__ void unary_bw_k(int op, const float* g, const float* x, const float* 
       case 2: o[i] = g[i] / x[i]; break;
       case 3: o[i] = y[i] <= 0.f ? 0.f : g[i]; break;
       case 4: o[i] = g[i] * (1.f - y[i] * y[i]); break;
-      default: o[i] = g[i] * y[i] * (1.f - y[i]); break;
+      case 5: o[i] = g[i] * y[i] * (1.f - y[i]); break;
+      case 6: {
+        const float v = x[i];
+        const float cdf = 0.5f * (1.f + erff(v * 0.70710678118654752f));
+        o[i] = g[i] * (cdf + v * 0.39894228040143268f * expf(v * v * -0.5f));
+        break;
+      }
+      default: o[i] = g[i] * -0.5f * y[i] * y[i] * y[i]; break;
     }
   }
 }
@@ -554,6 +563,189 @@ void CudaKernels::adam_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, 
     adam_k<<<blocks_for(p.numel()), kThreads>>>(mf(p), cf(g), mf(m), mf(v), u.amsgrad ? mf(vmax) : nullptr, u, p.numel());
   after_launch("adam kernel");
 }
+
+// ---- normalisation, embedding, argmax, clamp (issue 16, H12) ----
+namespace {
+constexpr int kNormThreads = 256;
+/// Block-wide sum of one double per thread (kNormThreads threads); every thread gets the total.
+__device__ double block_sum(double v, double* sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kNormThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+    __syncthreads();
+  }
+  const double r = sh[0];
+  __syncthreads();
+  return r;
+}
+// One block per channel; elements of channel ch: (o * c + ch) * inner + i.
+__global__ void bn_stats_k(const float* x, std::int64_t outer, std::int64_t c, std::int64_t inner, float* mean,
+                           float* var) {
+  __shared__ double sh[kNormThreads];
+  const std::int64_t ch = blockIdx.x, n = outer * inner;
+  double s = 0;
+  for (std::int64_t k = threadIdx.x; k < n; k += kNormThreads) s += x[((k / inner) * c + ch) * inner + k % inner];
+  const double m = n ? block_sum(s, sh) / n : 0.0;
+  double q = 0;
+  for (std::int64_t k = threadIdx.x; k < n; k += kNormThreads) {
+    const double d = x[((k / inner) * c + ch) * inner + k % inner] - m;
+    q += d * d;
+  }
+  q = block_sum(q, sh);
+  if (threadIdx.x == 0) {
+    mean[ch] = static_cast<float>(m);
+    var[ch] = static_cast<float>(n ? q / n : 0.0);
+  }
+}
+__global__ void bn_elemt_k(const float* x, std::int64_t c, std::int64_t inner, const float* mean, const float* invstd,
+                           const float* w, const float* b, float* o, std::int64_t n) {
+  GRID_LOOP(i, n) {
+    const std::int64_t ch = (i / inner) % c;
+    const float alpha = invstd[ch] * (w ? w[ch] : 1.f);
+    const float beta = (b ? b[ch] : 0.f) - mean[ch] * alpha;
+    o[i] = x[i] * alpha + beta;
+  }
+}
+__global__ void bn_bw_reduce_k(const float* g, const float* x, std::int64_t outer, std::int64_t c, std::int64_t inner,
+                               const float* mean, float* sum_dy, float* sum_dy_xmu) {
+  __shared__ double sh[kNormThreads];
+  const std::int64_t ch = blockIdx.x, n = outer * inner;
+  const double m = mean[ch];
+  double s = 0, d = 0;
+  for (std::int64_t k = threadIdx.x; k < n; k += kNormThreads) {
+    const std::int64_t i = ((k / inner) * c + ch) * inner + k % inner;
+    s += g[i];
+    d += static_cast<double>(g[i]) * (x[i] - m);
+  }
+  s = block_sum(s, sh);
+  d = block_sum(d, sh);
+  if (threadIdx.x == 0) {
+    sum_dy[ch] = static_cast<float>(s);
+    sum_dy_xmu[ch] = static_cast<float>(d);
+  }
+}
+__global__ void bn_bw_elemt_k(const float* g, const float* x, std::int64_t c, std::int64_t inner, const float* mean,
+                              const float* invstd, const float* w, const float* sum_dy, const float* sum_dy_xmu,
+                              double count, float* o, std::int64_t n) {
+  GRID_LOOP(i, n) {
+    const std::int64_t ch = (i / inner) % c;
+    const float is = invstd[ch];
+    const float scale = is * (w ? w[ch] : 1.f);
+    if (sum_dy) {
+      const float mean_dy = static_cast<float>(sum_dy[ch] / count);
+      const float proj = static_cast<float>(sum_dy_xmu[ch] / count) * is * is;
+      o[i] = (g[i] - mean_dy - (x[i] - mean[ch]) * proj) * scale;
+    } else {
+      o[i] = g[i] * scale;
+    }
+  }
+}
+__global__ void embedding_k(const float* w, const long long* idx, std::int64_t dim, float* o, std::int64_t n) {
+  GRID_LOOP(i, n) o[i] = w[idx[i / dim] * dim + i % dim];
+}
+__global__ void embedding_bw_k(const float* g, const long long* idx, std::int64_t dim, long long pad, float* gw,
+                               std::int64_t n) {
+  GRID_LOOP(i, n) {
+    const long long r = idx[i / dim];
+    if (r != pad) atomicAdd(gw + r * dim + i % dim, g[i]);
+  }
+}
+__global__ void argmax_k(const float* x, std::int64_t outer, std::int64_t d, std::int64_t inner, long long* o) {
+  GRID_LOOP(idx, outer * inner) {
+    const float* base = x + (idx / inner) * d * inner + idx % inner;
+    long long best = 0;
+    float bv = base[0];
+    for (std::int64_t i = 1; i < d && !isnan(bv); ++i) {
+      const float v = base[i * inner];
+      if (v > bv || isnan(v)) {
+        bv = v;
+        best = i;
+      }
+    }
+    o[idx] = best;
+  }
+}
+__global__ void clamp_k(const float* x, float lo, float hi, float* o, std::int64_t n) {
+  GRID_LOOP(i, n) {
+    const float v = x[i];
+    o[i] = v < lo ? lo : (v > hi ? hi : v);
+  }
+}
+inline const float* cf_or_null(const Tensor& t) { return t.defined() ? cf(t) : nullptr; }
+inline const long long* ci64(const Tensor& t) { return static_cast<const long long*>(t.raw_data()); }
+}  // namespace
+
+void CudaKernels::batch_norm_stats(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner,
+                                   Tensor& mean, Tensor& var) {
+  on_device(x);
+  if (c) bn_stats_k<<<static_cast<unsigned>(c), kNormThreads>>>(cf(x), outer, c, inner, mf(mean), mf(var));
+  after_launch("batch_norm_stats kernel");
+}
+
+void CudaKernels::batch_norm_elemt(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner,
+                                   const Tensor& mean, const Tensor& invstd, const Tensor& weight, const Tensor& bias,
+                                   Tensor& out) {
+  on_device(x);
+  const std::int64_t n = outer * c * inner;
+  if (n)
+    bn_elemt_k<<<blocks_for(n), kThreads>>>(cf(x), c, inner, cf(mean), cf(invstd), cf_or_null(weight), cf_or_null(bias),
+                                            mf(out), n);
+  after_launch("batch_norm_elemt kernel");
+}
+
+void CudaKernels::batch_norm_backward_reduce(const Tensor& g, const Tensor& x, std::int64_t outer, std::int64_t c,
+                                             std::int64_t inner, const Tensor& mean, Tensor& sum_dy, Tensor& sum_dy_xmu) {
+  on_device(x);
+  if (c)
+    bn_bw_reduce_k<<<static_cast<unsigned>(c), kNormThreads>>>(cf(g), cf(x), outer, c, inner, cf(mean), mf(sum_dy),
+                                                              mf(sum_dy_xmu));
+  after_launch("batch_norm_backward_reduce kernel");
+}
+
+void CudaKernels::batch_norm_backward_elemt(const Tensor& g, const Tensor& x, std::int64_t outer, std::int64_t c,
+                                            std::int64_t inner, const Tensor& mean, const Tensor& invstd,
+                                            const Tensor& weight, const Tensor& sum_dy, const Tensor& sum_dy_xmu,
+                                            double count, Tensor& gx) {
+  on_device(x);
+  const std::int64_t n = outer * c * inner;
+  if (n)
+    bn_bw_elemt_k<<<blocks_for(n), kThreads>>>(cf(g), cf(x), c, inner, cf(mean), cf(invstd), cf_or_null(weight),
+                                               cf_or_null(sum_dy), cf_or_null(sum_dy_xmu), count, mf(gx), n);
+  after_launch("batch_norm_backward_elemt kernel");
+}
+
+void CudaKernels::embedding(const Tensor& weight, const Tensor& indices, Tensor& out) {
+  on_device(weight);
+  const std::int64_t n = out.numel();
+  if (n) embedding_k<<<blocks_for(n), kThreads>>>(cf(weight), ci64(indices), weight.shape()[1], mf(out), n);
+  after_launch("embedding kernel");
+}
+
+void CudaKernels::embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_t padding_idx,
+                                     Tensor& grad_weight) {
+  on_device(grad);
+  const std::int64_t n = grad.numel();
+  if (n)
+    embedding_bw_k<<<blocks_for(n), kThreads>>>(cf(grad), ci64(indices), grad_weight.shape()[1], padding_idx,
+                                                mf(grad_weight), n);
+  after_launch("embedding backward kernel");
+}
+
+void CudaKernels::argmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) {
+  on_device(x);
+  if (outer * inner && d)
+    argmax_k<<<blocks_for(outer * inner), kThreads>>>(cf(x), outer, d, inner, static_cast<long long*>(out.raw_data()));
+  after_launch("argmax kernel");
+}
+
+void CudaKernels::clamp(const Tensor& x, float lo, float hi, Tensor& out) {
+  on_device(x);
+  const std::int64_t n = x.numel();
+  if (n) clamp_k<<<blocks_for(n), kThreads>>>(cf(x), lo, hi, mf(out), n);
+  after_launch("clamp kernel");
+}
+// ---- end normalisation, embedding, argmax, clamp ----
 
 // ---- convolution and pooling (issue 16, H11): the CPU's windows (cpu_conv.cpp) ----
 namespace {

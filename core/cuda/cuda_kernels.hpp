@@ -47,6 +47,22 @@ class CudaKernels final : public DeviceKernels {
   void abs_max_into(const Tensor& x, Tensor& out, std::int64_t index) override;
   void fixed_point_accumulate(const Tensor& x, double scale, Tensor& acc) override;
   void fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) override;
+  // ---- normalisation, embedding, argmax, clamp (issue 16, H12) ----
+  void batch_norm_stats(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, Tensor& mean,
+                        Tensor& var) override;
+  void batch_norm_elemt(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, const Tensor& mean,
+                        const Tensor& invstd, const Tensor& weight, const Tensor& bias, Tensor& out) override;
+  void batch_norm_backward_reduce(const Tensor& grad_y, const Tensor& x, std::int64_t outer, std::int64_t c,
+                                  std::int64_t inner, const Tensor& mean, Tensor& sum_dy, Tensor& sum_dy_xmu) override;
+  void batch_norm_backward_elemt(const Tensor& grad_y, const Tensor& x, std::int64_t outer, std::int64_t c,
+                                 std::int64_t inner, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                                 const Tensor& sum_dy, const Tensor& sum_dy_xmu, double count, Tensor& grad_x) override;
+  void embedding(const Tensor& weight, const Tensor& indices, Tensor& out) override;
+  void embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_t padding_idx,
+                          Tensor& grad_weight) override;
+  void argmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override;
+  void clamp(const Tensor& x, float lo, float hi, Tensor& out) override;
+  // ---- end normalisation, embedding, argmax, clamp ----
   // ---- convolution and pooling (issue 16, H11) ----
   void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) override;
   void col2im(const Tensor& col, std::int64_t image, const Window2d& g, Tensor& grad_x) override;

@@ -221,6 +221,6 @@ std::string Tensor::str() const {
   return "Tensor" + shape_str(shape()) + " " + dtype_name(dtype()) + " " + device().str();
 }
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+// operator<< (the values, as PyTorch prints them) is in tensor_print.cpp.
 
 }  // namespace phalanx

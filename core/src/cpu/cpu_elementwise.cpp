@@ -4,6 +4,8 @@
 #include <xtensor/xmath.hpp>
 #include <xtensor/xnoalias.hpp>
 
+#include <cmath>
+
 #include "cpu/cpu_kernels.hpp"
 
 namespace phalanx {
@@ -53,6 +55,14 @@ void CpuKernels::unary(UnaryOp op, const Tensor& x, Tensor& out) {
     }
     case UnaryOp::Tanh: xt::noalias(O) = xt::tanh(X); break;
     case UnaryOp::Sigmoid: xt::noalias(O) = 1.0f / (1.0f + xt::exp(-X)); break;
+    case UnaryOp::Gelu: {  // issue 16 (H12): PyTorch's exact (erf) GELU
+      const float* xx = x.data<float>();
+      float* o = out.data<float>();
+      for (std::int64_t i = 0, n = x.numel(); i < n; ++i)
+        o[i] = xx[i] * 0.5f * (1.0f + std::erf(xx[i] * static_cast<float>(M_SQRT1_2)));
+      break;
+    }
+    case UnaryOp::Rsqrt: xt::noalias(O) = 1.0f / xt::sqrt(X); break;
   }
 }
 
@@ -85,6 +95,23 @@ void CpuKernels::unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& 
     case UnaryOp::Sigmoid: {
       auto Y = flat(y);
       xt::noalias(O) = G * Y * (1.0f - Y);
+      break;
+    }
+    case UnaryOp::Gelu: {  // d/dx = Phi(x) + x * phi(x), as PyTorch's GeluBackward
+      const float* g = grad_y.data<float>();
+      const float* xx = x.data<float>();
+      float* o = grad_x.data<float>();
+      const float kBeta = static_cast<float>(M_2_SQRTPI * M_SQRT1_2 * 0.5);
+      for (std::int64_t i = 0, n = grad_y.numel(); i < n; ++i) {
+        const float cdf = 0.5f * (1.0f + std::erf(xx[i] * static_cast<float>(M_SQRT1_2)));
+        const float pdf = kBeta * std::exp(xx[i] * xx[i] * -0.5f);
+        o[i] = g[i] * (cdf + xx[i] * pdf);
+      }
+      break;
+    }
+    case UnaryOp::Rsqrt: {
+      auto Y = flat(y);
+      xt::noalias(O) = G * -0.5f * Y * Y * Y;
       break;
     }
   }

@@ -83,6 +83,25 @@ class CpuKernels final : public DeviceKernels {
   void adaptive_avg_pool2d(const Tensor& x, const Window2d& g, Tensor& out) override;
   void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, Tensor& grad_x) override;
   // ---- end convolution and pooling ----
+  // ---- normalisation, embedding, argmax, clamp (issue 16, H12; cpu_norm.cpp) ----
+  void batch_norm_stats(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, Tensor& mean,
+                        Tensor& var) override;
+  void batch_norm_elemt(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner,
+                        const Tensor& mean, const Tensor& invstd, const Tensor& weight, const Tensor& bias,
+                        Tensor& out) override;
+  void batch_norm_backward_reduce(const Tensor& grad_y, const Tensor& x, std::int64_t outer, std::int64_t c,
+                                  std::int64_t inner, const Tensor& mean, Tensor& sum_dy,
+                                  Tensor& sum_dy_xmu) override;
+  void batch_norm_backward_elemt(const Tensor& grad_y, const Tensor& x, std::int64_t outer, std::int64_t c,
+                                 std::int64_t inner, const Tensor& mean, const Tensor& invstd,
+                                 const Tensor& weight, const Tensor& sum_dy, const Tensor& sum_dy_xmu,
+                                 double count, Tensor& grad_x) override;
+  void embedding(const Tensor& weight, const Tensor& indices, Tensor& out) override;
+  void embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_t padding_idx,
+                          Tensor& grad_weight) override;
+  void argmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override;
+  void clamp(const Tensor& x, float lo, float hi, Tensor& out) override;
+  // ---- end normalisation, embedding, argmax, clamp ----
   void convert(const Tensor& src, Tensor& dst) override;
   void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer,
                   const SgdUpdate& u) override;

@@ -7,6 +7,7 @@ namespace phalanx::nn {
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 Tensor Tanh::forward(const Tensor& x) { return tanh(x); }
 Tensor Sigmoid::forward(const Tensor& x) { return sigmoid(x); }
+Tensor GELU::forward(const Tensor& x) { return gelu(x); }
 
 Dropout::Dropout(float p, Generator* gen) : p_(p), gen_(gen) {
   if (!(p >= 0.f && p <= 1.f))

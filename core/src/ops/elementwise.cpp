@@ -29,6 +29,8 @@ const char* unary_name(UnaryOp op) {
     case UnaryOp::Relu: return "relu";
     case UnaryOp::Tanh: return "tanh";
     case UnaryOp::Sigmoid: return "sigmoid";
+    case UnaryOp::Gelu: return "gelu";
+    case UnaryOp::Rsqrt: return "rsqrt";
   }
   return "?";
 }
@@ -55,9 +57,9 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   kernels_for(x.device()).unary(op, x, y);
   if (grad_mode_enabled() && x.requires_grad()) {
     // Save only what the derivative needs; the output is saved detached (no cycle).
-    const bool wants_x = op == UnaryOp::Log;
+    const bool wants_x = op == UnaryOp::Log || op == UnaryOp::Gelu;
     const bool wants_y = op == UnaryOp::Exp || op == UnaryOp::Relu || op == UnaryOp::Tanh ||
-                         op == UnaryOp::Sigmoid;
+                         op == UnaryOp::Sigmoid || op == UnaryOp::Rsqrt;
     auto node = std::make_shared<UnaryBackward>(op, wants_x ? x.detach() : Tensor(),
                                                 wants_y ? y.detach() : Tensor());
     autograd::record(node, {&x}, y);
@@ -189,6 +191,7 @@ Tensor log(const Tensor& x) { return unary(UnaryOp::Log, x); }
 Tensor relu(const Tensor& x) { return unary(UnaryOp::Relu, x); }
 Tensor tanh(const Tensor& x) { return unary(UnaryOp::Tanh, x); }
 Tensor sigmoid(const Tensor& x) { return unary(UnaryOp::Sigmoid, x); }
+Tensor gelu(const Tensor& x) { return unary(UnaryOp::Gelu, x); }  // issue 16 (H12)
 
 Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Add, a, b, "add"); }
 Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Sub, a, b, "sub"); }

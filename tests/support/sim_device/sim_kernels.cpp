@@ -167,6 +167,54 @@ class SimKernels final : public DeviceKernels {
     cpu().fixed_point_to_float(host_view(acc, "fixed_point_to_float"), scale, count, o);
   }
 
+  // ---- normalisation, embedding, argmax, clamp (issue 16, H12) ----
+  void batch_norm_stats(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, Tensor& mean,
+                        Tensor& var) override {
+    Tensor m = host_view(mean, "batch_norm_stats"), v = host_view(var, "batch_norm_stats");
+    cpu().batch_norm_stats(host_view(x, "batch_norm_stats"), outer, c, inner, m, v);
+  }
+  void batch_norm_elemt(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, const Tensor& mean,
+                        const Tensor& invstd, const Tensor& weight, const Tensor& bias, Tensor& out) override {
+    const char* op = "batch_norm_elemt";
+    Tensor o = host_view(out, op);
+    cpu().batch_norm_elemt(host_view(x, op), outer, c, inner, host_view(mean, op), host_view(invstd, op),
+                           host_view(weight, op), host_view(bias, op), o);
+  }
+  void batch_norm_backward_reduce(const Tensor& gy, const Tensor& x, std::int64_t outer, std::int64_t c,
+                                  std::int64_t inner, const Tensor& mean, Tensor& sum_dy, Tensor& sum_dy_xmu) override {
+    const char* op = "batch_norm_backward_reduce";
+    Tensor s = host_view(sum_dy, op), d = host_view(sum_dy_xmu, op);
+    cpu().batch_norm_backward_reduce(host_view(gy, op), host_view(x, op), outer, c, inner, host_view(mean, op), s, d);
+  }
+  void batch_norm_backward_elemt(const Tensor& gy, const Tensor& x, std::int64_t outer, std::int64_t c,
+                                 std::int64_t inner, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                                 const Tensor& sum_dy, const Tensor& sum_dy_xmu, double count, Tensor& gx) override {
+    const char* op = "batch_norm_backward_elemt";
+    Tensor o = host_view(gx, op);
+    cpu().batch_norm_backward_elemt(host_view(gy, op), host_view(x, op), outer, c, inner, host_view(mean, op),
+                                    host_view(invstd, op), host_view(weight, op), host_view(sum_dy, op),
+                                    host_view(sum_dy_xmu, op), count, o);
+  }
+  void embedding(const Tensor& weight, const Tensor& indices, Tensor& out) override {
+    Tensor o = host_view(out, "embedding");
+    cpu().embedding(host_view(weight, "embedding"), host_view(indices, "embedding"), o);
+  }
+  void embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_t padding_idx,
+                          Tensor& grad_weight) override {
+    Tensor o = host_view(grad_weight, "embedding_backward");
+    cpu().embedding_backward(host_view(grad, "embedding_backward"), host_view(indices, "embedding_backward"),
+                             padding_idx, o);
+  }
+  void argmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override {
+    Tensor o = host_view(out, "argmax");
+    cpu().argmax(host_view(x, "argmax"), outer, d, inner, o);
+  }
+  void clamp(const Tensor& x, float lo, float hi, Tensor& out) override {
+    Tensor o = host_view(out, "clamp");
+    cpu().clamp(host_view(x, "clamp"), lo, hi, o);
+  }
+  // ---- end normalisation, embedding, argmax, clamp ----
+
   // ---- convolution and pooling (issue 16, H11) ----
   void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) override {
     Tensor o = host_view(col, "im2col");

@@ -29,7 +29,9 @@ struct AdamUpdate {
   float decay_factor;                      ///< 1 - lr * wd (AdamW), computed in double
 };
 
-enum class UnaryOp : std::uint8_t { Neg, Exp, Log, Relu, Tanh, Sigmoid };
+/// Gelu: PyTorch's exact form x * (1 + erf(x / sqrt 2)) / 2 (issue 16, H12);
+/// Rsqrt: 1 / sqrt(x), correctly rounded sqrt then division (not an approximate rsqrt).
+enum class UnaryOp : std::uint8_t { Neg, Exp, Log, Relu, Tanh, Sigmoid, Gelu, Rsqrt };
 enum class BinaryOp : std::uint8_t { Add, Sub, Mul, Div };
 
 // ---- convolution and pooling geometry (issue 16, H11) ----
@@ -144,6 +146,39 @@ class DeviceKernels {
   virtual void adaptive_avg_pool2d(const Tensor& x, const Window2d& g, Tensor& out) = 0;
   virtual void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, Tensor& grad_x) = 0;
   // ---- end convolution and pooling ----
+
+  // ---- normalisation, embedding, argmax, clamp (issue 16, H12; CPU: cpu_norm.cpp) ----
+  // x is viewed as [outer, c, inner] and statistics are per channel c (BatchNorm: outer = N,
+  // inner = H * W; LayerNorm: outer = 1, c = rows, inner = the normalised size).
+  /// mean[c] and the biased variance var[c] over outer and inner, accumulated in double.
+  virtual void batch_norm_stats(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner,
+                                Tensor& mean, Tensor& var) = 0;
+  /// out = (x - mean[c]) * invstd[c] * weight[c] + bias[c]; weight and bias may be undefined.
+  virtual void batch_norm_elemt(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner,
+                                const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                                const Tensor& bias, Tensor& out) = 0;
+  /// sum_dy[c] = sum of grad_y, sum_dy_xmu[c] = sum of grad_y * (x - mean[c]) (double accumulation).
+  virtual void batch_norm_backward_reduce(const Tensor& grad_y, const Tensor& x, std::int64_t outer,
+                                          std::int64_t c, std::int64_t inner, const Tensor& mean,
+                                          Tensor& sum_dy, Tensor& sum_dy_xmu) = 0;
+  /// grad_x = (grad_y - sum_dy[c] / count - (x - mean[c]) * invstd[c]^2 * sum_dy_xmu[c] / count)
+  ///          * invstd[c] * weight[c]; with sum_dy undefined (statistics that are constants,
+  /// eval mode) grad_x = grad_y * invstd[c] * weight[c]. weight may be undefined (1).
+  virtual void batch_norm_backward_elemt(const Tensor& grad_y, const Tensor& x, std::int64_t outer,
+                                         std::int64_t c, std::int64_t inner, const Tensor& mean,
+                                         const Tensor& invstd, const Tensor& weight, const Tensor& sum_dy,
+                                         const Tensor& sum_dy_xmu, double count, Tensor& grad_x) = 0;
+  /// out[i, :] = weight[indices[i], :]: weight [V, D], indices int64 (validated), out [n, D].
+  virtual void embedding(const Tensor& weight, const Tensor& indices, Tensor& out) = 0;
+  /// grad_weight[indices[i], :] += grad[i, :], skipping rows where indices[i] == padding_idx
+  /// (-1: none); grad_weight is zeroed by the caller.
+  virtual void embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_t padding_idx,
+                                  Tensor& grad_weight) = 0;
+  /// out[o, n] (int64) = the first index of the maximum of x[o, :, n]; a NaN counts as the maximum.
+  virtual void argmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) = 0;
+  /// out = min(max(x, lo), hi); NaN stays NaN.
+  virtual void clamp(const Tensor& x, float lo, float hi, Tensor& out) = 0;
+  // ---- end normalisation, embedding, argmax, clamp ----
 
   /// Checks that every int64 label is in [0, classes); returns the first bad index or -1.
   /// A device table may instead check asynchronously (CUDA: no copy per step): it returns -1

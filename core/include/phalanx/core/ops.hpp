@@ -2,6 +2,7 @@
 // Differentiable operations. Each records a node on the autograd tape when grad mode is on
 // and an input requires grad. Shape errors name the op and both shapes.
 #include <cstdint>
+#include <functional>
 
 #include "phalanx/core/tensor.hpp"
 
@@ -65,6 +66,57 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction =
 class Generator;
 /// Zeroes each element with probability p and scales the rest by 1/(1-p) (training only).
 Tensor dropout(const Tensor& x, float p, bool training, Generator* gen = nullptr);
+
+// ---- normalisation, embedding, argmax, gelu, softmax (issue 16, H12): PyTorch 1.13's semantics ----
+/// torch.nn.functional.gelu(approximate='none'): x * (1 + erf(x / sqrt 2)) / 2.
+Tensor gelu(const Tensor& x);
+/// torch.softmax over `dim` (exp of log_softmax; differentiable).
+Tensor softmax(const Tensor& x, std::int64_t dim = -1);
+/// Indices (int64) of the first maximum along `dim` (NaN counts as the maximum); no gradient.
+Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim = false);
+/// Index of the first maximum of the flattened tensor: an int64 scalar [].
+Tensor argmax(const Tensor& x);
+/// min(max(x, lo), hi) elementwise (no gradient; used by clip_grad_value_).
+Tensor clamp(const Tensor& x, float lo, float hi);
+
+/// Per-channel batch statistics of x [N, C, *] (no autograd): mean and biased variance.
+struct BatchNormStats {
+  Tensor mean, var;  ///< [C] each
+};
+BatchNormStats batch_norm_stats(const Tensor& x);
+/// 1 / sqrt(var + eps), elementwise (no autograd).
+Tensor batch_norm_invstd(const Tensor& var, double eps);
+/// Called in the backward pass of batch_norm_elemt (batch statistics) with the per-channel sums
+/// sum_dy and sum_dy_xmu of this process, before grad_input is formed from them: SyncBatchNorm
+/// all-reduces both here (in place). The weight/bias gradients use the local sums, as PyTorch.
+using BatchNormGradReduce = std::function<void(Tensor& sum_dy, Tensor& sum_dy_xmu)>;
+/// y = (x - mean[c]) * invstd[c] * weight[c] + bias[c] for x [N, C, *]; weight/bias [C] or
+/// undefined. Differentiable in x, weight, bias. With batch_stats, mean/invstd are statistics of
+/// the batch over `count` elements per channel (count = N * prod(*) here, or the total over a
+/// process group) and the backward differentiates through them (torch.batch_norm_elemt +
+/// batch_norm_backward_reduce/elemt); otherwise they are constants (eval mode).
+Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                        const Tensor& bias, bool batch_stats, double count = 0,
+                        BatchNormGradReduce reduce = nullptr);
+/// Raw backward pieces (no autograd), for custom nodes: sums per channel, then grad_input.
+void batch_norm_backward_reduce(const Tensor& grad_y, const Tensor& x, const Tensor& mean, Tensor& sum_dy,
+                                Tensor& sum_dy_xmu);
+Tensor batch_norm_backward_elemt(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                                 const Tensor& weight, const Tensor& sum_dy, const Tensor& sum_dy_xmu,
+                                 double count);
+/// torch.nn.functional.batch_norm: x [N, C] or [N, C, *]. training: batch statistics, and the
+/// running buffers (if defined) get running = (1 - momentum) * running + momentum * batch stat
+/// (unbiased variance); eval: the running statistics normalise. Errors (one line) on a channel
+/// with one value per batch in training.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5);
+/// torch.nn.functional.layer_norm over the trailing dims `normalized_shape`.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+/// torch.nn.functional.embedding: rows of weight [V, D] at int64 indices (any shape) ->
+/// indices.shape + [D]; rows at padding_idx (-1: none) get no gradient. Dense gradient.
+Tensor embedding(const Tensor& indices, const Tensor& weight, std::int64_t padding_idx = -1);
+// ---- end normalisation, embedding, argmax, gelu, softmax ----
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

@@ -22,6 +22,13 @@ class Sigmoid : public Module {
   std::string describe() const override { return "Sigmoid()"; }
 };
 
+/// PyTorch's GELU(approximate='none'): x * (1 + erf(x / sqrt 2)) / 2.
+class GELU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override { return "GELU(approximate='none')"; }
+};
+
 /// Zeroes elements with probability p in training mode; identity in eval mode.
 class Dropout : public Module {
  public:
