@@ -164,3 +164,24 @@ TEST_CASE("ZeRO's partition is PyTorch's greedy one: largest first, to the rank 
     REQUIRE_RANK(rank, (zero.shard(1) == std::vector<std::size_t>{2, 3}), "rank 1's shard");
   });
 }
+
+TEST_CASE("all_reduce_scalar: sum, avg, max of a double; exact int64; Avg of an integer refused") {
+  const int W = 3;
+  auto store = std::make_shared<MemoryStore>();
+  CHECK_NOTHROW(run_threads(W, [&](int rank) {
+    auto pg = group(rank, W, store, "scalar");
+    const Device cpu = Device::cpu();
+    REQUIRE_RANK(rank, parallel::all_reduce_scalar(rank + 0.5, ReduceOp::Sum, pg, cpu) == 4.5, "sum");
+    REQUIRE_RANK(rank, parallel::all_reduce_scalar(rank + 0.5, ReduceOp::Avg, pg, cpu) == 1.5, "avg");
+    REQUIRE_RANK(rank, parallel::all_reduce_scalar(-rank * 2.0, ReduceOp::Max, pg, cpu) == 0.0, "max");
+    const std::int64_t big = (std::int64_t{1} << 53) + 1;  // not a double
+    REQUIRE_RANK(rank, parallel::all_reduce_scalar(big + rank, ReduceOp::Sum, pg, cpu) == 3 * big + 3, "int64 sum");
+    bool refused = false;
+    try {
+      parallel::all_reduce_scalar(std::int64_t{1}, ReduceOp::Avg, pg, cpu);
+    } catch (const ValueError& e) {
+      refused = std::string(e.what()).find("pass a double") != std::string::npos;
+    }
+    REQUIRE_RANK(rank, refused, "Avg of an integer");
+  }));
+}
