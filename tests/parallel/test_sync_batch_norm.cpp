@@ -211,3 +211,41 @@ TEST_CASE("Join with DDP and SyncBatchNorm on uneven inputs: the joined rank sha
     }
   }));
 }
+
+TEST_CASE("Join with DDP on a CNN with SyncBatchNorm2d, W = 3, rank r has 1 + r batches: completes, ranks agree") {
+  // The joined ranks' shadow forward runs Conv2d, MaxPool2d, Flatten and Linear on a batch of 0.
+  const int W = 3;
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<TensorMap> finals(W);
+  CHECK_NOTHROW(run_threads(W, [&](int rank) {
+    auto pg = group(rank, W, store, "sbncnn");
+    Generator g(3);
+    auto m = std::make_shared<nn::Sequential>();
+    m->push_back(std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, 1, 1, true, &g));
+    m->push_back(std::make_shared<nn::BatchNorm2d>(4));
+    m->push_back(std::make_shared<nn::ReLU>());
+    m->push_back(std::make_shared<nn::MaxPool2d>(2));
+    m->push_back(std::make_shared<nn::Flatten>());
+    m->push_back(std::make_shared<nn::Linear>(4 * 3 * 3, 5, true, &g));
+    DDP ddp(parallel::convert_sync_batchnorm(m, pg), pg);
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.05, 0.9});
+    Generator data(20 + rank);
+    parallel::Join::run({&ddp}, [&] {
+      for (int s = 0; s < 1 + rank; ++s) {
+        opt.zero_grad();
+        cross_entropy(ddp.forward(randn({3, 1, 6, 6}, &data)), randint(5, {3}, &data)).backward();
+        opt.step();
+      }
+    });
+    for (const auto& [k, v] : ddp.module().state_dict()) finals[rank].set(k, v.clone());
+  }));
+  for (int r = 1; r < W; ++r)
+    for (const auto& [k, v] : finals[0]) {
+      CAPTURE(k);
+      if (v.dtype() == DType::Int64)
+        CHECK(finals[r].at(k).item_int() == v.item_int());
+      else
+        CHECK(max_rel_err(finals[r].at(k), v) == 0.0);
+    }
+  CHECK(finals[0].at("1.num_batches_tracked").item_int() == W);  // every rank counted every iteration
+}
