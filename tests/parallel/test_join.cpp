@@ -148,3 +148,28 @@ TEST_CASE("Join with throw_on_early_termination: every rank throws once the firs
 TEST_CASE("Join: bad input is a one-line error") {
   CHECK_THROWS_WITH_AS(parallel::Join({}), doctest::Contains("list of joinables is empty"), ValueError);
 }
+
+TEST_CASE("Join: a rank with no batch at all shadows every iteration; ranks end equal") {
+  const int W = 2;
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::vector<Tensor>> finals(W);
+  std::vector<std::int64_t> shadowed(W);
+  CHECK_NOTHROW(run_threads(W, [&](int rank) {
+    auto pg = group(rank, W, store, "joinnone");
+    DDP ddp(join_model(), pg);
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+    parallel::Join join({&ddp});
+    if (rank == 1)
+      for (auto& [x, y] : batches_of(rank)) {
+        opt.zero_grad();
+        mse_loss(ddp.forward(x), y).backward();
+        opt.step();
+      }
+    join.finish();
+    shadowed[rank] = join.shadowed_iterations();
+    for (auto& p : ddp.parameters()) finals[rank].push_back(p.clone());
+  }));
+  CHECK(shadowed[0] == 3);
+  CHECK(shadowed[1] == 0);
+  for (std::size_t i = 0; i < finals[0].size(); ++i) CHECK(max_rel_err(finals[1][i], finals[0][i]) == 0.0);
+}
