@@ -922,6 +922,40 @@ void CudaKernels::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Win
   if (n) adaptive_avg_k<<<blocks_for(n), kThreads>>>(cf(grad_out), g, mf(grad_x), n, true);
   after_launch("adaptive_avg_pool2d backward kernel");
 }
+
+namespace {
+__global__ void add_channel_bias_k(const float* b, std::int64_t c, std::int64_t inner, float* o, std::int64_t n) {
+  GRID_LOOP(i, n) o[i] += b[(i / inner) % c];
+}
+// One block per channel; double partial sums, then one float.
+__global__ void channel_sum_k(const float* g, std::int64_t outer, std::int64_t c, std::int64_t inner, float* o) {
+  __shared__ double part[kThreads];
+  const std::int64_t ch = blockIdx.x, count = outer * inner;
+  double s = 0;
+  for (std::int64_t e = threadIdx.x; e < count; e += blockDim.x) s += g[((e / inner) * c + ch) * inner + e % inner];
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int step = blockDim.x / 2; step > 0; step /= 2) {
+    if (threadIdx.x < step) part[threadIdx.x] += part[threadIdx.x + step];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) o[ch] = static_cast<float>(part[0]);
+}
+}  // namespace
+
+void CudaKernels::add_channel_bias(const Tensor& bias, std::int64_t outer, std::int64_t inner, Tensor& out) {
+  on_device(out);
+  const std::int64_t n = out.numel();
+  if (n) add_channel_bias_k<<<blocks_for(n), kThreads>>>(cf(bias), bias.numel(), inner, mf(out), n);
+  after_launch("add_channel_bias kernel");
+}
+
+void CudaKernels::channel_sum(const Tensor& g, std::int64_t outer, std::int64_t inner, Tensor& out) {
+  on_device(g);
+  const std::int64_t c = out.numel();
+  if (c) channel_sum_k<<<static_cast<unsigned>(c), kThreads>>>(cf(g), outer, c, inner, mf(out));
+  after_launch("channel_sum kernel");
+}
 // ---- end convolution and pooling ----
 
 }  // namespace phalanx::cuda

@@ -74,6 +74,8 @@ class CudaKernels final : public DeviceKernels {
                            Tensor& grad_x) override;
   void adaptive_avg_pool2d(const Tensor& x, const Window2d& g, Tensor& out) override;
   void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, Tensor& grad_x) override;
+  void add_channel_bias(const Tensor& bias, std::int64_t outer, std::int64_t inner, Tensor& out) override;
+  void channel_sum(const Tensor& g, std::int64_t outer, std::int64_t inner, Tensor& out) override;
   // ---- end convolution and pooling ----
   void convert(const Tensor& src, Tensor& dst) override;
   void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdUpdate& u) override;

@@ -204,9 +204,30 @@ TEST_CASE("conv2d and pooling on the sim device equal the CPU bit for bit") {
   }
   const std::vector<Tensor> x{rnd({2, 3, 9, 7}, 50)};
   same([](const std::vector<Tensor>& t) { return max_pool2d(t[0], 3, 2, 1, 2); }, x);
+  same([](const std::vector<Tensor>& t) { return max_pool2d(t[0], 2); }, x);  // the 2x2 fast path
   same([](const std::vector<Tensor>& t) { return avg_pool2d(t[0], 3, 2, 1, false); }, x);
   same([](const std::vector<Tensor>& t) { return avg_pool2d(t[0], 2); }, x);
   same([](const std::vector<Tensor>& t) { return adaptive_avg_pool2d(t[0], {4, 3}); }, x);
+}
+
+TEST_CASE("max_pool2d: a NaN in a window wins, as in PyTorch (2x2 fast path and general path)") {
+  std::vector<float> v(16);
+  for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(i);
+  v[5] = std::nanf("");  // window (0, 0) of the 2x2 pool; first row of the 3x3 windows
+  const Tensor x = tensor(v, {1, 1, 4, 4});
+  const auto a = max_pool2d(x, 2).to_vector<float>();
+  CHECK(std::isnan(a[0]));
+  CHECK(a[1] == 7.f);
+  CHECK(a[3] == 15.f);
+  const auto b = max_pool2d(x, 3, 1).to_vector<float>();
+  CHECK(std::isnan(b[0]));
+  CHECK(std::isnan(b[2]));
+  CHECK(std::isnan(b[3]));  // every 3x3 window of the 4x4 plane holds (1, 1)
+  Tensor leaf = x.clone().requires_grad_(true);
+  sum(max_pool2d(leaf, 2)).backward();
+  const auto g = leaf.grad().to_vector<float>();
+  CHECK(g[5] == 1.f);  // the NaN's position got window (0, 0)'s gradient
+  CHECK(g[0] == 0.f);
 }
 
 TEST_CASE("conv2d and pooling: bad shapes and arguments give one line naming the op and the shapes") {

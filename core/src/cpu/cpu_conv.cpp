@@ -88,6 +88,31 @@ void CpuKernels::max_pool2d(const Tensor& x, const Window2d& g, Tensor& out, Ten
   float* o = out.data<float>();
   std::int64_t* idx = indices.data<std::int64_t>();
   const std::int64_t planes = g.n * g.c, plane = g.h * g.w;
+  if (g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0) {  // the common 2x2 pool
+    for (std::int64_t pl = 0; pl < planes; ++pl) {
+      const float* p = src + pl * plane;
+      for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+        const float* r0 = p + 2 * oy * g.w;
+        const float* r1 = r0 + g.w;
+        const std::int64_t base = 2 * oy * g.w;
+        for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+          // PyTorch's scan order: (0,0), (0,1), (1,0), (1,1); a later value wins if larger or NaN.
+          // Branch-free (random data makes each comparison a coin toss for the predictor).
+          const float v[4] = {r0[2 * ox], r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1]};
+          float m = v[0];
+          int q_best = 0;
+          for (int q = 1; q < 4; ++q) {
+            const bool take = (v[q] > m) | (v[q] != v[q]);
+            m = take ? v[q] : m;
+            q_best = take ? q : q_best;
+          }
+          *o++ = m;
+          *idx++ = base + (q_best >> 1) * g.w + 2 * ox + (q_best & 1);
+        }
+      }
+    }
+    return;
+  }
   for (std::int64_t pl = 0; pl < planes; ++pl) {
     const float* p = src + pl * plane;
     for (std::int64_t oy = 0; oy < g.oh; ++oy) {
@@ -233,6 +258,32 @@ void CpuKernels::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Wind
       }
     }
   }
+}
+
+void CpuKernels::add_channel_bias(const Tensor& bias, std::int64_t outer, std::int64_t inner, Tensor& out) {
+  const float* b = bias.data<float>();
+  float* o = out.data<float>();
+  const std::int64_t c = bias.numel();
+  for (std::int64_t i = 0; i < outer; ++i)
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      float* row = o + (i * c + ch) * inner;
+      const float v = b[ch];
+      for (std::int64_t k = 0; k < inner; ++k) row[k] += v;
+    }
+}
+
+void CpuKernels::channel_sum(const Tensor& g, std::int64_t outer, std::int64_t inner, Tensor& out) {
+  const float* x = g.data<float>();
+  float* o = out.data<float>();
+  const std::int64_t c = out.numel();
+  std::fill(o, o + c, 0.f);
+  for (std::int64_t i = 0; i < outer; ++i)
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      const float* row = x + (i * c + ch) * inner;
+      float s = 0.f;
+      for (std::int64_t k = 0; k < inner; ++k) s += row[k];
+      o[ch] += s;
+    }
 }
 
 }  // namespace phalanx

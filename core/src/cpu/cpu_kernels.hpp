@@ -82,6 +82,8 @@ class CpuKernels final : public DeviceKernels {
                            Tensor& grad_x) override;
   void adaptive_avg_pool2d(const Tensor& x, const Window2d& g, Tensor& out) override;
   void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, Tensor& grad_x) override;
+  void add_channel_bias(const Tensor& bias, std::int64_t outer, std::int64_t inner, Tensor& out) override;
+  void channel_sum(const Tensor& g, std::int64_t outer, std::int64_t inner, Tensor& out) override;
   // ---- end convolution and pooling ----
   // ---- normalisation, embedding, argmax, clamp (issue 16, H12; cpu_norm.cpp) ----
   void batch_norm_stats(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, Tensor& mean,

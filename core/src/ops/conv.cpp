@@ -56,10 +56,8 @@ class Conv2dBackward final : public Node {
       }
     }
     if (has_bias_ && needs_grad(*this, 2)) {  // db[o] = sum over images and positions
-      Tensor per_image = Tensor::empty({g.n, oc}, DType::Float32, grad.device());
-      k.sum_dim(grad, g.n * oc, L, 1, per_image, 1.f);
       gb = autograd::gradient_buffer(*this, 2, {oc}, grad.device());
-      k.sum_dim(per_image, 1, g.n, oc, gb, 1.f);
+      k.channel_sum(grad, g.n, L, gb);
     }
     return {gx, gw, gb};
   }
@@ -121,11 +119,6 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 s
   const std::int64_t ocg = oc / groups, kg = ws[1] * g.kh * g.kw, L = g.oh * g.ow, image = g.c * g.h * g.w;
   Tensor out = Tensor::empty({g.n, oc, g.oh, g.ow}, DType::Float32, x.device());
   DeviceKernels& k = kernels_for(x.device());
-  if (has_bias) {  // out[n, o, :] = b[o], then the GEMMs accumulate onto it (beta = 1)
-    Tensor rows = Tensor::empty({g.n, oc}, DType::Float32, x.device());
-    k.broadcast_rows(bias, rows);
-    k.expand_dim(rows, g.n * oc, L, 1, out, 1.f);
-  }
   const bool direct = pointwise(g);
   Tensor col = direct || g.n == 0 ? Tensor() : Tensor::empty({g.c * g.kh * g.kw, L}, DType::Float32, x.device());
   for (std::int64_t n = 0; n < g.n; ++n) {
@@ -136,8 +129,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 s
     }
     for (std::int64_t gi = 0; gi < groups; ++gi)
       k.gemm(false, false, ocg, L, kg, 1.f, dptr(weight) + gi * ocg * kg, kg, cp + gi * kg * L, L,
-             has_bias ? 1.f : 0.f, dptr(out) + (n * oc + gi * ocg) * L, L);
+             0.f, dptr(out) + (n * oc + gi * ocg) * L, L);
   }
+  if (has_bias) k.add_channel_bias(bias, g.n, L, out);
   if (grad_mode_enabled() &&
       (x.requires_grad() || weight.requires_grad() || (has_bias && bias.requires_grad()))) {
     auto node = std::make_shared<Conv2dBackward>(x.detach(), weight.detach(), g, groups, has_bias);

@@ -251,6 +251,14 @@ class SimKernels final : public DeviceKernels {
     Tensor o = host_view(grad_x, "adaptive_avg_pool2d_backward");
     cpu().adaptive_avg_pool2d_backward(host_view(grad_out, "adaptive_avg_pool2d_backward"), g, o);
   }
+  void add_channel_bias(const Tensor& bias, std::int64_t outer, std::int64_t inner, Tensor& out) override {
+    Tensor o = host_view(out, "add_channel_bias");
+    cpu().add_channel_bias(host_view(bias, "add_channel_bias"), outer, inner, o);
+  }
+  void channel_sum(const Tensor& g, std::int64_t outer, std::int64_t inner, Tensor& out) override {
+    Tensor o = host_view(out, "channel_sum");
+    cpu().channel_sum(host_view(g, "channel_sum"), outer, inner, o);
+  }
   // ---- end convolution and pooling ----
 
   std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override {

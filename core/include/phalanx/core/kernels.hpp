@@ -145,6 +145,10 @@ class DeviceKernels {
   /// (only n, c, h, w, oh, ow of `g` are used).
   virtual void adaptive_avg_pool2d(const Tensor& x, const Window2d& g, Tensor& out) = 0;
   virtual void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, Tensor& grad_x) = 0;
+  /// out[i, c, :] += bias[c], out viewed as [outer, bias.numel(), inner] (a conv's bias).
+  virtual void add_channel_bias(const Tensor& bias, std::int64_t outer, std::int64_t inner, Tensor& out) = 0;
+  /// out[c] = sum over i and k of g[i, c, k], g viewed as [outer, out.numel(), inner].
+  virtual void channel_sum(const Tensor& g, std::int64_t outer, std::int64_t inner, Tensor& out) = 0;
   // ---- end convolution and pooling ----
 
   // ---- normalisation, embedding, argmax, clamp (issue 16, H12; CPU: cpu_norm.cpp) ----
