@@ -99,6 +99,8 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+/// The values as PyTorch 1.13 prints them ("tensor([[ 0.1000, -2.0000], ..."; summarised past 1000
+/// elements; device/dtype/grad suffixes); str() is the short description.
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 }  // namespace phalanx
