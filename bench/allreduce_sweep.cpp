@@ -71,6 +71,8 @@ double cpu_now() {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+constexpr double kSlowCall = 0.25;  ///< seconds: a column whose call takes longer stops there
+
 struct Sample {
   double us = 0, cpu_us = 0;
 };
@@ -162,6 +164,18 @@ Series phalanx_column(const std::string& backend, int world, const Plan& plan, d
     auto pg = create_process_group(backend, cfg);
     for (std::int64_t n : plan.counts) {
       Tensor t = ones({n});
+      // A call slower than kSlowCall (the Gloo plugin's busy-polling mesh with more ranks than
+      // cores: seconds per large allreduce) ends the column: that call is its only figure,
+      // the larger sizes read "skipped". Rank 0 decides, so every rank stops alike.
+      const double c0 = cpu_now(), t0 = bench::now_s();
+      pg->allreduce(t)->wait();
+      const double first = bench::now_s() - t0, first_cpu = cpu_now() - c0;
+      Tensor slow = full({1}, first > kSlowCall ? 1.0 : 0.0);
+      pg->broadcast(slow, 0)->wait();
+      if (slow.data<float>()[0] != 0.f) {
+        std::fprintf(out, "%lld -1 %.4f %.4f\n", static_cast<long long>(n), first * 1e6, first_cpu * 1e6);
+        break;
+      }
       timed_runs(plan, n, overhead_us, out, [&] { pg->allreduce(t)->wait(); }, [&] { pg->barrier()->wait(); });
     }
   }));
@@ -388,9 +402,9 @@ Stat stat_of(const Series& s, std::int64_t n) {
   return st;
 }
 
-std::string cell(const Stat& s) {
+std::string cell(const Stat& s, bool column_ran = false) {
   char buf[64];
-  if (!s.ok()) return "n/a";
+  if (!s.ok()) return column_ran ? "skipped (slow)" : "n/a";
   if (s.med < 100) std::snprintf(buf, sizeof buf, "%.2f ±%.0f%% [%.2f]", s.med, s.spread, s.cpu);
   else std::snprintf(buf, sizeof buf, "%.0f ±%.0f%% [%.0f]", s.med, s.spread, s.cpu);
   return buf;
@@ -434,6 +448,7 @@ int main(int argc, char** argv) {
 #else
   if (mpi_worker_mode) return 2;
 #endif
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table as soon as it is known (nothing pending at a fork)
   std::printf("allreduce sweep: float32 sum in place, CPU %s, %ld cores online\n", cpu_model().c_str(),
               ::sysconf(_SC_NPROCESSORS_ONLN));
   for (int world : worlds) {
@@ -468,7 +483,8 @@ int main(int argc, char** argv) {
       char gbps[16] = "n/a";
       if (shm.ok()) std::snprintf(gbps, sizeof gbps, "%.2f", n * 4 / shm.med / 1e3);
       std::printf("%-8s | %-24s | %-24s | %-24s | %-24s | %-24s | %8s %8s %8s\n", human(n * 4).c_str(),
-                  cell(shm).c_str(), cell(tcp).c_str(), cell(mpi).c_str(), cell(ompi).c_str(), cell(torch).c_str(),
+                  cell(shm, !cols["shm"].empty()).c_str(), cell(tcp, !cols["tcp"].empty()).c_str(), cell(mpi).c_str(),
+                  cell(ompi).c_str(), cell(torch).c_str(),
                   ratio(shm, ompi).c_str(), gbps, ratio(torch, shm).c_str());
     }
     if (!mpi_note.empty()) std::printf("Phalanx MPI / OpenMPI: %s\n", mpi_note.c_str());
@@ -502,7 +518,9 @@ int main(int argc, char** argv) {
     std::printf("  compute only: 2 ranks %.0f us, 4 ranks %.0f us (x%.2f: the compute share)\n", c2, c4, c4 / c2);
     std::printf("  compute + allreduce: 2 ranks %.0f us, 4 ranks %.0f us (x%.2f)\n", s2, s4, s4 / s2);
   }
-  std::printf("\nshm/OMPI = Phalanx shm time / raw OpenMPI time (medians; bars for 2 ranks: <= 2 up to 64 KiB, "
+  std::printf("\nskipped (slow): a call of the size before took over %.2f s, so the column stopped there "
+              "(its figure is that one call).\n", kSlowCall);
+  std::printf("shm/OMPI = Phalanx shm time / raw OpenMPI time (medians; bars for 2 ranks: <= 2 up to 64 KiB, "
               "<= 1.3 from 1 MiB); torch/shm = PyTorch gloo time / Phalanx shm time (speed-up).\n"
               "GB/s = bytes / time (algbw; busbw = algbw * 2 (n-1) / n).\n");
   return 0;
