@@ -1,10 +1,10 @@
 // Forward + backward of the example CNN's convolutions and pools, Phalanx and PyTorch 1.13 in
 // the same run, one thread (OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1)), batch 64.
 // Issue 16's bar: the CNN's step <= 1.3x PyTorch's. Each side: 3 warm-up steps, then RUNS
-// runs of ITERS steps; the median run (and the fastest and slowest) per step; the ratio is
-// of the medians.
+// runs of ITERS steps, the two sides taking turns run by run (the peer is started once per
+// run); the median run (and the fastest and slowest) per step; the ratio is of the medians.
 //
-//   bench_conv_step [--runs N] [--batch B] [--no-peer]
+//   bench_conv_step [--runs N] [--batch B] [--case cnn|conv2] [--no-peer]
 //
 // Cases: cnn = Conv(1,32,3,p1)-ReLU-MaxPool2-Conv(32,64,3,p1)-ReLU-MaxPool2-Flatten-
 // Linear(3136,10) + cross-entropy on [B,1,28,28]; conv2 = Conv(32,64,3,p1) alone on
@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -29,36 +30,43 @@ struct Timing {
   double median = -1, lo = -1, hi = -1;
 };
 
-Timing phalanx_step_us(const std::string& which, std::int64_t batch, int iters, int runs) {
-  manual_seed(0);
-  std::shared_ptr<nn::Module> model;
-  Tensor x;
-  if (which == "cnn") {
-    model = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
-        std::make_shared<nn::Conv2d>(1, 32, 3, 1, 1), std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
-        std::make_shared<nn::Conv2d>(32, 64, 3, 1, 1), std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
-        std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(3136, 10)});
-    x = randn({batch, 1, 28, 28});
-  } else {
-    model = std::make_shared<nn::Conv2d>(32, 64, 3, 1, 1);
-    x = randn({batch, 32, 14, 14});
-  }
-  Tensor y = randint(10, {batch});
-  auto step = [&] {
-    model->zero_grad();
-    Tensor out = model->forward(x);
-    (which == "cnn" ? cross_entropy(out, y) : sum(out)).backward();
-  };
-  for (int i = 0; i < 3; ++i) step();
-  std::vector<double> samples;
-  for (int r = 0; r < runs; ++r) {
-    const double t = bench::now_s();
-    for (int i = 0; i < iters; ++i) step();
-    samples.push_back((bench::now_s() - t) / iters * 1e6);
-  }
+Timing summarise(std::vector<double> samples) {
+  if (samples.empty() || samples.front() < 0) return {};
   std::sort(samples.begin(), samples.end());
   return {samples[samples.size() / 2], samples.front(), samples.back()};
 }
+
+// The Phalanx side of one case, built once; run() times `iters` steps.
+struct Ours {
+  std::string which;
+  std::shared_ptr<nn::Module> model;
+  Tensor x, y;
+  Ours(const std::string& w, std::int64_t batch) : which(w) {
+    manual_seed(0);
+    if (which == "cnn") {
+      model = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+          std::make_shared<nn::Conv2d>(1, 32, 3, 1, 1), std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
+          std::make_shared<nn::Conv2d>(32, 64, 3, 1, 1), std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
+          std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(3136, 10)});
+      x = randn({batch, 1, 28, 28});
+    } else {
+      model = std::make_shared<nn::Conv2d>(32, 64, 3, 1, 1);
+      x = randn({batch, 32, 14, 14});
+    }
+    y = randint(10, {batch});
+    for (int i = 0; i < 3; ++i) step();
+  }
+  void step() {
+    model->zero_grad();
+    Tensor out = model->forward(x);
+    (which == "cnn" ? cross_entropy(out, y) : sum(out)).backward();
+  }
+  double run_us(int iters) {
+    const double t = bench::now_s();
+    for (int i = 0; i < iters; ++i) step();
+    return (bench::now_s() - t) / iters * 1e6;
+  }
+};
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
@@ -71,18 +79,19 @@ std::string cpu_model() {
 }  // namespace
 
 int run(int argc, char** argv) {
-  setenv("OPENBLAS_NUM_THREADS", "1", 1);
   set_num_threads(1);
   bool skip_peer = false;
   int runs = 7;
   std::int64_t batch = 64;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-peer") skip_peer = true;
     else if (a == "--runs" && i + 1 < argc) runs = std::max(5, std::atoi(argv[++i]));
     else if (a == "--batch" && i + 1 < argc) batch = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--case" && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "bench_conv_step: unknown argument %s (usage: bench_conv_step [--runs N>=5] [--batch B] [--no-peer])\n",
+      std::fprintf(stderr, "bench_conv_step: unknown argument %s (usage: bench_conv_step [--runs N>=5] [--batch B] [--case cnn|conv2] [--no-peer])\n",
                    a.c_str());
       return 2;
     }
@@ -97,21 +106,28 @@ int run(int argc, char** argv) {
     const char* bar;
   };
   for (const Case& c : {Case{"cnn", 5, "phalanx/torch <= 1.3"}, Case{"conv2", 5, "-"}}) {
-    const Timing ours = phalanx_step_us(c.name, batch, c.iters, runs);
-    Timing theirs;
-    if (!skip_peer) {
-      const std::string cmd = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + bench::python() + " " + peer + " " +
-                              c.name + " " + std::to_string(batch) + " " + std::to_string(c.iters) + " " +
-                              std::to_string(runs);
+    if (!only.empty() && only != c.name) continue;
+    // The sides take turns, one run each, so load from other processes falls on both alike.
+    Ours ours_side(c.name, batch);
+    std::vector<double> ours_runs, peer_runs;
+    const std::string cmd = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + bench::python() + " " + peer + " " +
+                            c.name + " " + std::to_string(batch) + " " + std::to_string(c.iters) + " 1";
+    for (int r = 0; r < runs; ++r) {
+      ours_runs.push_back(ours_side.run_us(c.iters));
+      if (skip_peer) continue;
       std::string out;
       if (FILE* p = popen((cmd + " 2>&1").c_str(), "r")) {
         char buf[512];
         while (fgets(buf, sizeof buf, p)) out += buf;
         pclose(p);
       }
-      theirs = {bench::find_value(out, "step_us"), bench::find_value(out, "min_us"), bench::find_value(out, "max_us")};
-      if (theirs.median < 0) std::fprintf(stderr, "peer failed (%s):\n%s\n", cmd.c_str(), out.c_str());
+      peer_runs.push_back(bench::find_value(out, "step_us"));
+      if (peer_runs.back() < 0) {
+        std::fprintf(stderr, "peer failed (%s):\n%s\n", cmd.c_str(), out.c_str());
+        skip_peer = true;
+      }
     }
+    const Timing ours = summarise(ours_runs), theirs = summarise(peer_runs);
     char ob[64], tb[64];
     std::snprintf(ob, sizeof ob, "%.0f [%.0f, %.0f]", ours.median, ours.lo, ours.hi);
     std::snprintf(tb, sizeof tb, "%.0f [%.0f, %.0f]", theirs.median, theirs.lo, theirs.hi);
@@ -122,6 +138,14 @@ int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  // OpenBLAS starts its worker threads when it loads; openblas_set_num_threads(1) later leaves
+  // them alive and yielding on a 2-core machine. Start over with the variable set.
+  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+  if (!env || std::string(env) != "1") {
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    execv("/proc/self/exe", argv);
+    std::fprintf(stderr, "bench_conv_step: could not restart with OPENBLAS_NUM_THREADS=1; continuing\n");
+  }
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {

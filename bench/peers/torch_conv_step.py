@@ -24,7 +24,7 @@ def step():
     out = model(x)
     loss = nn.functional.cross_entropy(out, y) if case == "cnn" else out.sum()
     loss.backward()
-for _ in range(3): step()
+for _ in range(3): step()  # warm-up
 samples = []
 for _ in range(runs):
     t = time.perf_counter()
