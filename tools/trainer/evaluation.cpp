@@ -27,25 +27,41 @@ std::pair<double, double> evaluate(nn::Module& model, const std::shared_ptr<Tens
   const std::int64_t classes = model.parameters().back().numel();
   const std::int64_t real = std::max<std::int64_t>(0, std::min<std::int64_t>(
       static_cast<std::int64_t>(idx.size()), (ds->size() - pg.rank() + pg.size() - 1) / pg.size()));
-  for (std::int64_t b = 0; b < real; b += 1024) {
-    const std::int64_t n = std::min<std::int64_t>(1024, real - b);
+  // Every rank runs the same number of forwards (the sampler pads the shards to one length):
+  // a model with buffers broadcasts them from rank 0 in each DDP forward. Only a rank's real
+  // samples are counted. Chunks of 256 keep a CNN's activations small.
+  const std::int64_t padded = static_cast<std::int64_t>(idx.size());
+  constexpr std::int64_t kChunk = 256;
+  const Device dev = model.parameters().front().device();
+  for (std::int64_t b = 0; b < padded; b += kChunk) {
+    const std::int64_t n = std::min<std::int64_t>(kChunk, padded - b);
+    const std::int64_t counted = std::max<std::int64_t>(0, std::min<std::int64_t>(n, real - b));
     Shape xs = ds->feature_shape();
     xs.insert(xs.begin(), n);
     Tensor x = Tensor::empty(xs), y = Tensor::empty({n}, DType::Int64);
     ds->gather(idx.data() + b, n, x, y);
-    const Device dev = model.parameters().front().device();
     Tensor logits = model.forward(x.to(dev));
+    if (counted == 0) continue;
+    if (counted < n) {
+      logits = logits.to(Device::cpu());
+      logits = Tensor(logits).reshape({n, classes});
+      Tensor kept = Tensor::empty({counted, classes}), ky = Tensor::empty({counted}, DType::Int64);
+      std::copy_n(logits.data<float>(), counted * classes, kept.data<float>());
+      std::copy_n(y.data<std::int64_t>(), counted, ky.data<std::int64_t>());
+      logits = kept.to(dev);
+      y = ky;
+    }
     s[0] += cross_entropy(logits, y.to(dev), Reduction::Sum).item();
     logits = logits.to(Device::cpu());
     const float* l = logits.data<float>();
     const auto* t = y.data<std::int64_t>();
-    for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t i = 0; i < counted; ++i) {
       std::int64_t best = 0;
       for (std::int64_t k = 1; k < classes; ++k)
         if (l[i * classes + k] > l[i * classes + best]) best = k;
       s[1] += best == t[i];
     }
-    s[2] += static_cast<float>(n);
+    s[2] += static_cast<float>(counted);
   }
   stats = sum_over_ranks(stats, pg, model.parameters().front().device());
   s = stats.data<float>();

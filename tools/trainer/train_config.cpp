@@ -15,6 +15,8 @@
 
 #include <phalanx/core/error.hpp>
 
+#include "model_spec.hpp"
+
 namespace phalanx::trainer {
 
 namespace {
@@ -144,7 +146,10 @@ void add_options(CLI::App& app, TrainConfig& c, RawOptions& r) {
   app.add_option("--test-x", c.test_x, "test features: F.npy or F.npz:KEY");
   app.add_option("--test-y", c.test_y, "test labels: F.npy or F.npz:KEY");
   app.add_flag("--no-data-check", r.no_data_check, "skip the scan of the features for NaN/inf (for huge data)");
-  app.add_option("--model", r.model, "layer widths, e.g. 64-32-10")->capture_default_str();
+  app.add_option("--model", r.model, "an MLP's layer widths, e.g. 784-256-10, or a CNN: cnn:32-64[:CLASSES] (conv blocks "
+                                     "Conv3x3-BatchNorm-activation-MaxPool2, then Linear)")->capture_default_str();
+  app.add_flag("--sync-bn", c.sync_bn, "CNN: BatchNorm statistics over the global batch (SyncBatchNorm) instead of each worker's");
+  app.add_flag("--zero", c.zero, "shard the optimizer state over the workers (ZeroRedundancyOptimizer, ZeRO stage 1)");
   app.add_option("--activation", c.activation, "relu or tanh")->check(CLI::IsMember({"relu", "tanh"}))->capture_default_str();
   app.add_option("--init", c.init, "initial weights .npz with PyTorch state_dict names (0.weight, ...)");
   integer("--seed", r.seed, "seed of the initialisation and the shuffle, in [0, 2^64)", "0");
@@ -204,8 +209,18 @@ void apply_numbers(const CLI::App& app, const RawOptions& r, TrainConfig& c) {
   if (given("--lr-milestones")) c.lr_milestones = milestones_of(r.lr_milestones);
   if (given("--micro-batch")) c.micro_batch = positive("--micro-batch", r.micro_batch);
   if (given("--lr-gamma")) c.lr_gamma = real_in("--lr-gamma", r.lr_gamma, 0, true, 1, false, "a number in (0, 1]");
-  c.model = parse_widths(r.model);
-  check_model_size(r.model, c.model);
+  c.model_text = r.model;
+  if (is_cnn_spec(r.model)) {
+    const CnnSpec spec = parse_cnn_spec(r.model);
+    c.model.clear();
+    c.cnn_channels = spec.channels;
+    c.cnn_classes = spec.classes;
+  } else {
+    c.model = parse_widths(r.model);
+    check_model_size(r.model, c.model);
+    c.cnn_channels.clear();
+    c.cnn_classes = 0;
+  }
   if (r.no_shuffle) c.shuffle = false;
   if (r.no_data_check) c.check_data = false;
 }
@@ -250,6 +265,14 @@ void check_combination(const CLI::App& app, TrainConfig& c) {
   if (c.exact && c.global_batch % c.micro_batch != 0)
     throw ValueError(detail::concat("--micro-batch ", c.micro_batch, " does not divide --global-batch ", c.global_batch,
                                     ": choose a divisor of ", c.global_batch));
+  if (c.sync_bn && !c.is_cnn())
+    throw ValueError("--sync-bn needs a model with BatchNorm: --model cnn:C1-C2... (an MLP has none)");
+  if (c.exact && c.is_cnn())
+    throw ValueError("--exact and --model " + c.model_text + " conflict: exact mode needs a model without buffers, and the "
+                     "CNN's BatchNorm running statistics are buffers; use an MLP or drop --exact");
+  if (c.zero && c.exact)
+    throw ValueError("--zero and --exact conflict: exact mode reduces gradients in fixed point and updates every "
+                     "replica itself; drop one of them");
   if (c.exact && c.allow_nonfinite)
     throw ValueError("--exact and --allow-nonfinite conflict: exact mode sums gradients in fixed point, where NaN and inf "
                      "have no value (a non-finite gradient stops the step); drop one of them");
@@ -269,6 +292,8 @@ void apply_epoch_cap(TrainConfig& c) {
   c.epochs = static_cast<int>(cap);
 }
 
+std::string model_text_of(const nlohmann::json& v);
+
 // A JSON config's keys as argv-style "--key value" pairs, so one parser serves both.
 std::vector<std::string> config_args(const std::string& path, const CLI::App& app) {
   std::ifstream f(path);
@@ -286,6 +311,11 @@ std::vector<std::string> config_args(const std::string& path, const CLI::App& ap
     if (k == "help") throw ValueError("'help' is not a setting (run phalanx-train --help)");
     if (k.empty() || k[0] == '-' || !app.get_option_no_throw("--" + k))
       throw ValueError("unknown option '" + k + "' (the keys are phalanx-train's options without the dashes)");
+    if (k == "model" && v.is_object()) {  // {"conv": [32, 64], "classes": 10} or {"widths": [784, 10]}
+      args.push_back("--model");
+      args.push_back(model_text_of(v));
+      continue;
+    }
     if (v.is_boolean()) {
       if (v.get<bool>()) args.push_back("--" + k);
       else if (k == "shuffle") args.push_back("--no-shuffle");
@@ -307,6 +337,37 @@ std::vector<std::string> config_args(const std::string& path, const CLI::App& ap
     }
   }
   return args;
+}
+
+// The object form of "model": {"conv": [32, 64], "classes": 10} (a CNN) or {"widths": [784, 256, 10]}.
+std::string model_text_of(const nlohmann::json& v) {
+  const std::string form = "expected {\"conv\": [32, 64], \"classes\": 10} (classes optional) or {\"widths\": [784, 256, 10]}";
+  auto list = [&](const nlohmann::json& a) {
+    if (!a.is_array() || a.empty()) throw ValueError("option 'model': " + form + ", got " + v.dump());
+    std::string out;
+    for (const auto& e : a) {
+      if (!e.is_number_unsigned() || e.get<std::uint64_t>() == 0)
+        throw ValueError("option 'model': every width or channel count must be an integer >= 1, got " + e.dump());
+      out += (out.empty() ? "" : "-") + e.dump();
+    }
+    return out;
+  };
+  for (auto& [key, val] : v.items())
+    if (key != "conv" && key != "classes" && key != "widths")
+      throw ValueError("option 'model': unknown key '" + key + "'; " + form);
+  if (v.contains("widths")) {
+    if (v.size() != 1) throw ValueError("option 'model': 'widths' (an MLP) goes alone; " + form);
+    return list(v["widths"]);
+  }
+  if (!v.contains("conv")) throw ValueError("option 'model': " + form + ", got " + v.dump());
+  std::string text = "cnn:" + list(v["conv"]);
+  if (v.contains("classes")) {
+    const auto& k = v["classes"];
+    if (!k.is_number_unsigned() || k.get<std::uint64_t>() == 0)
+      throw ValueError("option 'model': 'classes' must be an integer >= 1, got " + k.dump());
+    text += ":" + k.dump();
+  }
+  return text;
 }
 
 // "--lr -0.1" as "--lr=-0.1": CLI11 would read "-inf" or "-1e3" as short options.
@@ -344,7 +405,7 @@ void parse_args(std::vector<std::string> args, TrainConfig& c, CLI::App& app, Ra
 }
 
 const char* kDescription =
-    "phalanx-train: train an MLP with DDP, alone or under phalanx-run.\n"
+    "phalanx-train: train an MLP or a small CNN with DDP, alone or under phalanx-run.\n"
     "Every option can also come from --config F.json (the same names without dashes).\n"
     "Numbers are checked against the ranges below; a bad one is an error (exit 2).";
 

@@ -1,6 +1,7 @@
 #pragma once
 // phalanx-train's configuration: command-line options and the keys of a JSON config file
-// (the same names without the dashes, e.g. {"global-batch": 256, "model": "64-32-10"}).
+// (the same names without the dashes, e.g. {"global-batch": 256, "model": "64-32-10"}); the model
+// may also be an object: {"model": {"conv": [32, 64], "classes": 10}} or {"model": {"widths": [784, 10]}}.
 // Command-line values override the file's.
 #include <cstdint>
 #include <optional>
@@ -12,7 +13,13 @@ namespace phalanx::trainer {
 struct TrainConfig {
   std::string train_x, train_y, dataset;  // dataset: "fashion-mnist[:DIR]"
   std::string test_x, test_y;
-  std::vector<std::int64_t> model{64, 32, 10};
+  std::string model_text = "64-32-10";        ///< --model as given
+  std::vector<std::int64_t> model{64, 32, 10};  ///< an MLP's layer widths (empty for a CNN)
+  std::vector<std::int64_t> cnn_channels;       ///< --model cnn:C1-C2...: conv channels (empty for an MLP)
+  std::int64_t cnn_classes = 0;                 ///< cnn:...:K; 0 = the dataset's
+  bool sync_bn = false;  ///< --sync-bn: BatchNorm -> parallel::SyncBatchNorm (statistics over the global batch)
+  bool zero = false;     ///< --zero: the optimizer state sharded over the ranks (ZeroRedundancyOptimizer)
+  bool is_cnn() const { return !cnn_channels.empty(); }
   std::string activation = "relu";
   std::string init;
   std::string optimizer = "sgd";

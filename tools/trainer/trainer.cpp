@@ -25,6 +25,7 @@
 
 #include "evaluation.hpp"
 #include "metrics_log.hpp"
+#include "model_spec.hpp"
 #include "progress_bar.hpp"
 #include "svg_chart.hpp"
 #include "trainer_data.hpp"
@@ -119,9 +120,9 @@ std::string fmt_exact(double v) {
 // The settings a resume must keep: a change would silently train another trajectory. Those
 // that may change are left out (docs/checkpoints.md): --epochs (unless the cosine schedule's
 // length depends on it), output paths, --checkpoint-every, --keep-checkpoints, --init.
-std::map<std::string, std::string> resume_settings(const TrainConfig& c, double lr) {
+std::map<std::string, std::string> resume_settings(const TrainConfig& c, double lr, const std::string& model) {
   std::map<std::string, std::string> m{
-      {"model", widths_str(c.model)},
+      {"model", model},
       {"activation", c.activation},
       {"optimizer", c.optimizer},
       {"lr", fmt_exact(lr)},
@@ -138,6 +139,7 @@ std::map<std::string, std::string> resume_settings(const TrainConfig& c, double 
       {"drop-last", c.drop_last ? "on" : "off"},
   };
   if (c.lr_schedule == "cosine") m["epochs"] = std::to_string(c.epochs);  // the cosine's length
+  if (c.sync_bn) m["sync-bn"] = "on";  // absent when off: checkpoints of older runs still match
   return m;
 }
 
@@ -221,6 +223,10 @@ int run_training(const TrainConfig& c) {
   const Device dev = parallel::local_device();
   const int world = pg->size(), rank = pg->rank();
   const Datasets data = load_data(c);
+  // The model as text: the MLP's widths, or the CNN's spec with its classes ("cnn:32-64:10").
+  const CnnSpec cnn_spec{c.cnn_channels, data.classes};
+  const std::string model_desc = c.is_cnn() ? cnn_spec_str(cnn_spec, data.classes) : widths_str(c.model);
+  if (c.is_cnn()) cnn_feature_shape(cnn_spec, data.input, c.model_text);  // the images survive the pooling
   const std::int64_t n = data.train->size();
   // Exact mode: the world size must divide the micro-batches of a step (checked before the
   // linear scaling, whose own check, W dividing B, follows from it).
@@ -248,7 +254,8 @@ int run_training(const TrainConfig& c) {
   // Settings that must agree across ranks, compared before the model is built
   // and broadcast (a different --model would otherwise fail there, or hang).
   parallel::check_consistent({{"global batch", std::to_string(c.global_batch)},
-                              {"model", widths_str(c.model) + " " + c.activation + (c.init.empty() ? "" : " init " + c.init)},
+                              {"model", model_desc + " " + c.activation + (c.sync_bn ? " sync-bn" : "") + (c.zero ? " zero" : "") +
+                                            (c.init.empty() ? "" : " init " + c.init)},
                               {"optimizer", c.optimizer + " lr " + fmt_g(plan.lr) + " momentum " + fmt_g(c.momentum) +
                                                 " weight decay " + fmt_g(c.weight_decay) + (c.nesterov ? " nesterov" : "")},
                               {"lr schedule", c.lr_schedule + " warmup " + std::to_string(c.warmup_steps) + " step size " +
@@ -264,13 +271,29 @@ int run_training(const TrainConfig& c) {
                              pg);
 
   Generator gen(c.seed);
-  auto net = nn::mlp(c.model, c.activation, &gen);
+  std::shared_ptr<nn::Module> net;
+  if (c.is_cnn()) net = build_cnn(cnn_spec, data.input, data.classes, c.activation, &gen);
+  else net = nn::mlp(c.model, c.activation, &gen);
   if (!c.init.empty()) net->load_state_dict(load_npz(c.init));
+  // --sync-bn: every BatchNorm becomes a SyncBatchNorm over the group (the same names, weights
+  // and buffers), whose training statistics are those of the global batch.
+  if (c.sync_bn) net = parallel::convert_sync_batchnorm(net, pg);
   net->to(dev);
   parallel::DDPOptions ddp_options;
   ddp_options.exact = exact_mode;
   auto model = std::make_shared<parallel::DDP>(net, pg, ddp_options);
-  auto opt = make_optimizer(c, model->parameters(), plan.lr);
+  // --zero: each rank keeps the optimizer state of its shard of the parameters only
+  // (ZeroRedundancyOptimizer over the same optimizer); the weights stay replicated.
+  std::unique_ptr<optim::Optimizer> opt;
+  parallel::ZeroRedundancyOptimizer* zero = nullptr;
+  if (c.zero) {
+    auto z = std::make_unique<parallel::ZeroRedundancyOptimizer>(
+        model->parameters(), [&](std::vector<Tensor> shard) { return make_optimizer(c, shard, plan.lr); }, pg);
+    zero = z.get();
+    opt = std::move(z);
+  } else {
+    opt = make_optimizer(c, model->parameters(), plan.lr);
+  }
   // Normal mode: each rank a shard of every global batch (DistributedSampler). Exact mode:
   // each rank its micro-batches of every global batch (MicroBatchSampler, the same
   // micro-batches on any world size); the loader then yields micro-batches, K a step.
@@ -305,8 +328,10 @@ int run_training(const TrainConfig& c) {
 
   // ---- resume: --resume-from PATH, --resume (the newest checkpoint that verifies, if there is
   // one), or a restart by phalanx-run --max-restarts (PHALANX_RESTART_COUNT > 0) with a dir ----
-  const std::map<std::string, std::string> settings = resume_settings(c, plan.lr);
-  const TensorMap model_now = net->state_dict(), opt_now = opt->state_dict();
+  const std::map<std::string, std::string> settings = resume_settings(c, plan.lr, model_desc);
+  // (Under --zero a checkpoint holds the replicated optimizer's format: the same as a fresh one's.)
+  const TensorMap model_now = net->state_dict(),
+                  opt_now = zero ? make_optimizer(c, model->parameters(), plan.lr)->state_dict() : opt->state_dict();
   parallel::CheckpointExpect expect;
   expect.world_size = world;
   expect.global_batch = c.global_batch;
@@ -528,6 +553,7 @@ int run_training(const TrainConfig& c) {
       all.data<float>()[2 * rank + 1] = stats.data<float>()[1];
       all = sum_over_ranks(all, *pg, dev);
     }
+    if (zero) zero->consolidate_state_dict(0);  // every rank's shard of the state, to rank 0
     if (rank != 0) return;
     metrics.flush();  // the metrics file is never behind a checkpoint
     parallel::CheckpointState s;
@@ -556,8 +582,9 @@ int run_training(const TrainConfig& c) {
   };
 
   if (rank == 0) {
-    std::printf("phalanx-train: %lld samples, model %s, %s, %d worker(s) on %s; %s\n", static_cast<long long>(n),
-                widths_str(c.model).c_str(), c.optimizer.c_str(), world, pg->backend_name().c_str(), plan.describe().c_str());
+    std::printf("phalanx-train: %lld samples, model %s%s%s, %s%s, %d worker(s) on %s; %s\n", static_cast<long long>(n),
+                model_desc.c_str(), c.is_cnn() ? (" on " + shape_str(data.input) + " inputs").c_str() : "",
+                c.sync_bn ? " with SyncBatchNorm" : "", c.optimizer.c_str(), c.zero ? " (ZeRO: state sharded)" : "", world, pg->backend_name().c_str(), plan.describe().c_str());
     if (c.exact)
       std::printf("phalanx-train: exact mode: %lld micro-batches of %lld a step, %lld per worker (the same weights on "
                   "any number of workers that divides %lld)\n",

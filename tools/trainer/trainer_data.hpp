@@ -11,11 +11,16 @@ namespace phalanx::trainer {
 
 struct Datasets {
   std::shared_ptr<samplers::TensorDataset> train, test;
+  Shape input;                ///< one sample's features: [D] (an MLP) or [C, H, W] (a CNN)
+  std::int64_t classes = 0;   ///< the model's outputs
 };
 
 /// Loads --dataset or --train-x/--train-y (and --test-x/--test-y), each F.npy or F.npz:KEY;
 /// throws a one-line error when the data does not fit the model (features, label dtype,
 /// label range) or, unless --no-data-check, holds a NaN/inf (naming the file and row).
+/// For a CNN the input shape comes from the data: fashion-mnist is [1, 28, 28]; .npy
+/// features [N, C, H, W] give [C, H, W] and [N, H, W] give [1, H, W]; the classes come
+/// from --model cnn:...:K, else from the dataset (fashion-mnist: 10).
 Datasets load_data(const TrainConfig& config);
 
 }  // namespace phalanx::trainer

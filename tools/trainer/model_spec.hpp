@@ -1,0 +1,40 @@
+#pragma once
+// phalanx-train's --model: an MLP's layer widths ("784-256-10") or a small CNN
+// ("cnn:32-64", "cnn:32-64:10"): per number one block Conv2d(C_in, C, 3, padding=1),
+// BatchNorm2d(C), activation, MaxPool2d(2); then Flatten and Linear(C_last * H' * W', classes),
+// with PyTorch's nn.Sequential names ("0.weight", "1.running_mean", ..., "9.bias").
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <phalanx/core/generator.hpp>
+#include <phalanx/core/nn/sequential.hpp>
+#include <phalanx/core/shape.hpp>
+
+namespace phalanx::trainer {
+
+struct CnnSpec {
+  std::vector<std::int64_t> channels;  ///< output channels of each conv block, in order
+  std::int64_t classes = 0;            ///< cnn:...:K; 0 = the dataset's (fashion-mnist: 10)
+};
+
+/// True when `text` names a CNN ("cnn:...").
+bool is_cnn_spec(const std::string& text);
+
+/// "cnn:32-64" or "cnn:32-64:10"; throws ValueError naming the form.
+CnnSpec parse_cnn_spec(const std::string& text);
+
+/// The spec as text ("cnn:32-64:10").
+std::string cnn_spec_str(const CnnSpec& spec, std::int64_t classes);
+
+/// The spatial size after `blocks` MaxPool2d(2) stages (floor, as PyTorch); throws
+/// ShapeError when the input [C, H, W] shrinks to nothing, naming the fix.
+Shape cnn_feature_shape(const CnnSpec& spec, const Shape& input, const std::string& text);
+
+/// The CNN for inputs [C, H, W] (one sample's shape) and `classes` outputs; activation is
+/// "relu" or "tanh". Initialised as PyTorch does, from `gen`.
+std::shared_ptr<nn::Sequential> build_cnn(const CnnSpec& spec, const Shape& input, std::int64_t classes,
+                                          const std::string& activation, Generator* gen);
+
+}  // namespace phalanx::trainer
