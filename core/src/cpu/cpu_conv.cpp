@@ -97,14 +97,21 @@ void CpuKernels::max_pool2d(const Tensor& x, const Window2d& g, Tensor& out, Ten
         const std::int64_t base = 2 * oy * g.w;
         for (std::int64_t ox = 0; ox < g.ow; ++ox) {
           // PyTorch's scan order: (0,0), (0,1), (1,0), (1,1); a later value wins if larger or NaN.
-          // Branch-free (random data makes each comparison a coin toss for the predictor).
+          // Selects, not branches (random data makes each comparison a coin toss for the
+          // predictor); a window with a NaN (or infinities of both signs) takes the exact scan.
           const float v[4] = {r0[2 * ox], r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1]};
           float m = v[0];
           int q_best = 0;
-          for (int q = 1; q < 4; ++q) {
-            const bool take = (v[q] > m) | (v[q] != v[q]);
-            m = take ? v[q] : m;
-            q_best = take ? q : q_best;
+          const float total = v[0] + v[1] + v[2] + v[3];
+          if (__builtin_expect(total != total, 0)) {
+            for (int q = 1; q < 4; ++q)
+              if (v[q] > m || std::isnan(v[q])) m = v[q], q_best = q;
+          } else {
+            for (int q = 1; q < 4; ++q) {  // setcc and arithmetic, which GCC keeps branch-free
+              const int take = v[q] > m;
+              q_best += take * (q - q_best);
+              m = std::max(m, v[q]);
+            }
           }
           *o++ = m;
           *idx++ = base + (q_best >> 1) * g.w + 2 * ox + (q_best & 1);
