@@ -301,5 +301,12 @@ TEST_CASE("nn::Conv2d, pooling modules and Flatten: PyTorch's names, repr, init 
     CHECK(p.grad().defined());
   }
   CHECK(nn::Flatten(0, 1).forward(rnd({2, 3, 4}, 1)).shape() == Shape{6, 4});
+  // An empty batch: empty output, zero weight and bias gradients.
+  nn::Conv2d c3(2, 3, 3, 1, 1, 1, 1, true, &g);
+  Tensor e = c3.forward(zeros({0, 2, 5, 5}));
+  CHECK(e.shape() == Shape{0, 3, 5, 5});
+  sum(e).backward();
+  for (float v : c3.weight.grad().to_vector<float>()) CHECK(v == 0.f);
+  for (float v : c3.bias.grad().to_vector<float>()) CHECK(v == 0.f);
   CHECK_THROWS_AS(nn::Flatten(2, 1).forward(rnd({2, 3, 4}, 1)), ValueError);
 }

@@ -31,7 +31,10 @@ class Conv2dBackward final : public Node {
     const bool direct = pointwise(g);
     Tensor gx, gw, gb;
     if (want_x) gx = autograd::gradient_buffer(*this, 0, x_.shape(), grad.device());
-    if (want_w) gw = autograd::gradient_buffer(*this, 1, w_.shape(), grad.device());
+    if (want_w) {
+      gw = autograd::gradient_buffer(*this, 1, w_.shape(), grad.device());
+      if (g.n == 0) k.fill(gw, 0.0);  // an empty batch: no GEMM writes it
+    }
     if (want_x || want_w) {
       Tensor col = direct ? Tensor() : Tensor::empty({g.c * g.kh * g.kw, L}, DType::Float32, grad.device());
       for (std::int64_t n = 0; n < g.n; ++n) {
