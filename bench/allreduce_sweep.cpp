@@ -72,6 +72,9 @@ double cpu_now() {
 }
 
 constexpr double kSlowCall = 0.25;  ///< seconds: a column whose call takes longer stops there
+/// Calls of a 4-byte allreduce that every launch makes before timing anything (fast
+/// transports: shm, MPI; slow ones: TCP, PyTorch, ~10 ms either way on an idle machine).
+constexpr int kSettleFast = 20000, kSettleSlow = 300;
 
 struct Sample {
   double us = 0, cpu_us = 0;
@@ -162,6 +165,10 @@ Series phalanx_column(const std::string& backend, int world, const Plan& plan, d
     cfg.local_rank = rank;
     cfg.local_world_size = world;
     auto pg = create_process_group(backend, cfg);
+    // Settle first (fresh processes migrate, fault pages in, ramp the clock: the first run
+    // after a launch was 3x slower under load), as the MPI and PyTorch columns do.
+    Tensor w = ones({1});
+    for (int i = 0, k = backend == "shm" ? kSettleFast : kSettleSlow; i < k; ++i) pg->allreduce(w)->wait();
     for (std::int64_t n : plan.counts) {
       Tensor t = ones({n});
       // A call slower than kSlowCall (the Gloo plugin's busy-polling mesh with more ranks than
@@ -259,6 +266,12 @@ int mpi_worker(const Plan& plan) {
       if (rank == 0) std::printf("%s %lld %zu %.4f %.4f\n", col, static_cast<long long>(n), k, s[k].us, sum / world);
     }
   };
+  {  // settle, as the other columns do
+    Tensor w = ones({1});
+    for (int i = 0; i < kSettleFast; ++i) MPI_Allreduce(MPI_IN_PLACE, w.data<float>(), 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    if (pg)
+      for (int i = 0; i < kSettleFast; ++i) pg->allreduce(w)->wait();
+  }
   for (std::int64_t n : plan.counts) {
     Tensor t = ones({n});
     float* a = t.data<float>();
