@@ -173,6 +173,9 @@ TEST_CASE("CNN errors are one line that names the fix") {
   CHECK(error_of(" --train-x " + dir() + "/flat.npy --train-y " + dir() + "/labels.npy --model cnn:4:4")
             .find("needs images") != std::string::npos);
   CHECK(error_of(data() + " --model cnn:4:3").find("the classes are --model cnn:...:K") != std::string::npos);
+  CHECK(error_of(data() + " --model cnn:1000000-1000000:4").find("use fewer channels") != std::string::npos);
+  CHECK(error_of(data() + " --model cnn:2000000000-2000000000:4").find("does not fit in a 64-bit integer") !=
+        std::string::npos);
 }
 
 TEST_CASE("--dataset fashion-mnist infers [1, 28, 28] for a CNN") {

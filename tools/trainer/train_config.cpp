@@ -103,13 +103,16 @@ std::string bytes_str(double b) {
 // The MLP's float32 weights and their gradients must fit in this machine's memory; a
 // parameter count that overflows, or one far too large, is named here rather than ending in
 // std::bad_alloc halfway through the set-up.
-void check_model_size(const std::string& text, const std::vector<std::int64_t>& w) {
+// For a CNN (conv = true) the widths are its channels from one input channel: a lower bound
+// of its 3x3 convolutions' weights (the input's channels and the Linear come with the data).
+void check_model_size(const std::string& text, const std::vector<std::int64_t>& w, bool conv = false) {
   std::int64_t params = 0;
   bool overflow = false;
   for (std::size_t i = 0; i + 1 < w.size() && !overflow; ++i) {
     std::int64_t layer = 0;
-    overflow = __builtin_mul_overflow(w[i], w[i + 1], &layer) || __builtin_add_overflow(layer, w[i + 1], &layer) ||
-               __builtin_add_overflow(params, layer, &params);
+    overflow = __builtin_mul_overflow(w[i], w[i + 1], &layer) ||
+               (conv && __builtin_mul_overflow(layer, std::int64_t{9}, &layer)) ||
+               __builtin_add_overflow(layer, w[i + 1], &layer) || __builtin_add_overflow(params, layer, &params);
   }
   if (overflow) throw ValueError("--model " + text + ": the parameter count does not fit in a 64-bit integer");
   const double need = static_cast<double>(params) * 4 * 2;  // float32 weights + their gradients
@@ -118,7 +121,7 @@ void check_model_size(const std::string& text, const std::vector<std::int64_t>& 
   if (have > 0 && need > have)
     throw ValueError("--model " + text + ": " + std::to_string(params) + " parameters need " + bytes_str(need) +
                      " for float32 weights and gradients alone, more than this machine's " + bytes_str(have) +
-                     " of memory; use narrower layers");
+                     " of memory; use " + (conv ? "fewer channels" : "narrower layers"));
 }
 
 // ---- the options ----
@@ -215,6 +218,9 @@ void apply_numbers(const CLI::App& app, const RawOptions& r, TrainConfig& c) {
     c.model.clear();
     c.cnn_channels = spec.channels;
     c.cnn_classes = spec.classes;
+    std::vector<std::int64_t> chans{1};
+    chans.insert(chans.end(), spec.channels.begin(), spec.channels.end());
+    check_model_size(r.model, chans, true);
   } else {
     c.model = parse_widths(r.model);
     check_model_size(r.model, c.model);
