@@ -63,10 +63,13 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
   pg->allgather(parts, mine)->wait();
 
   // The global statistics (Chan's combination): mean = sum_r n_r mean_r / N,
-  // var = sum_r n_r (var_r + (mean_r - mean)^2) / N. The host reads the W counts only.
+  // var = sum_r n_r (var_r + (mean_r - mean)^2) / N. The host reads the W counts, in one
+  // transfer of the gathered buffer (W reads of one float each would be W device syncs).
+  const Tensor host = all.to(Device::cpu());
+  const float* h = host.data<float>();
   std::vector<double> counts(W);
   double total = 0;
-  for (std::int64_t r = 0; r < W; ++r) total += counts[r] = slice(parts[r], 2 * C, 1).item();
+  for (std::int64_t r = 0; r < W; ++r) total += counts[r] = h[r * (2 * C + 1) + 2 * C];
   if (total <= 1)
     throw ValueError(detail::concat("SyncBatchNorm: expected more than 1 value per channel across the group when "
                                     "training, got ", total, " (use larger batches, or eval mode)"));
