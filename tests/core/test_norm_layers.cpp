@@ -307,6 +307,20 @@ TEST_CASE("norm layers and friends: bad input gives one line naming the op and w
   CHECK(bn.num_batches_tracked.item_int() == 0);  // the failed step did not count
   check([&] { bn(zeros({2, 3, 4})); }, "expected 4D input");
   check([&] { bn(zeros({2, 4, 2, 2})); }, "4 channels");
+  {  // an empty batch, as PyTorch 1.13: empty output, a counted step, stats kept, zero grads
+    const Tensor x = zeros({0, 3, 2, 2}).requires_grad_();
+    const Tensor y = bn(x);
+    CHECK(y.shape() == Shape{0, 3, 2, 2});
+    sum(y).backward();
+    CHECK(bn.num_batches_tracked.item_int() == 1);
+    CHECK(bn.running_mean.to_vector<float>() == std::vector<float>{0, 0, 0});
+    CHECK(bn.running_var.to_vector<float>() == std::vector<float>{1, 1, 1});
+    REQUIRE(bn.weight.grad().defined());
+    CHECK(bn.weight.grad().to_vector<float>() == std::vector<float>{0, 0, 0});
+    CHECK(bn.bias.grad().to_vector<float>() == std::vector<float>{0, 0, 0});
+    nn::BatchNorm1d untracked(3, 1e-5, 0.1, true, false);
+    CHECK(untracked(zeros({0, 3})).shape() == Shape{0, 3});
+  }
   nn::BatchNorm1d bn1(3);
   check([&] { bn1(zeros({2, 3, 4, 5})); }, "expected 2D or 3D input");
   check([&] { bn1(zeros({1, 3})); }, "more than 1 value per channel");

@@ -92,6 +92,15 @@ Tensor BatchNorm::forward(const Tensor& x) {
   if (!uses_batch_stats()) return batch_norm(x, running_mean, running_var, weight, bias, false, 0.0, eps);
   std::int64_t per_channel = x.shape()[0];
   for (std::int64_t i = 2; i < x.dim(); ++i) per_channel *= x.shape()[i];
+  if (per_channel == 0) {
+    // PyTorch: an empty batch gives an empty output, counts a step, leaves the running stats as
+    // they are, and gives weight and bias zero gradients (the eval path over no values does).
+    next_average_factor();
+    const Device d = x.device();
+    return batch_norm(x, track_running_stats ? running_mean : zeros({num_features}, DType::Float32, d),
+                      track_running_stats ? running_var : full({num_features}, 1.0, DType::Float32, d), weight, bias,
+                      false, 0.0, eps);
+  }
   if (per_channel <= 1)  // checked before the counter moves
     throw ValueError(detail::concat(kind(), ": expected more than 1 value per channel when training, got input size ",
                                     shape_str(x.shape()), " (use a batch of 2 or more, or eval mode)"));

@@ -11,7 +11,8 @@ namespace phalanx::nn {
 /// with the batch's statistics (biased variance) and, when tracking, updates
 /// running = (1 - f) * running + f * batch (unbiased variance for running_var), where f is
 /// `momentum`, or 1 / num_batches_tracked when momentum is nullopt (a cumulative average).
-/// Eval mode normalises with the running statistics.
+/// Eval mode normalises with the running statistics. Training on one value per channel throws;
+/// an empty batch gives an empty output and counts a step, stats unchanged (as PyTorch).
 class BatchNorm : public Module {
  public:
   BatchNorm(std::int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1,
