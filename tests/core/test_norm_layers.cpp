@@ -336,6 +336,20 @@ TEST_CASE("norm layers and friends: bad input gives one line naming the op and w
   check([&] { nn::BatchNorm2d(3, 1e-5, 2.0); }, "momentum");
 }
 
+TEST_CASE("layer_norm and a broadcast bias row on an empty batch: empty output, zero gradients (PyTorch)") {
+  const Tensor x = zeros({0, 5}).requires_grad_(), w = ones({5}).requires_grad_(), b = ones({5}).requires_grad_();
+  const Tensor y = layer_norm(x, {5}, w, b);  // mul/add of [0, 5] with a row [5]
+  CHECK(y.shape() == Shape{0, 5});
+  sum(y).backward();
+  CHECK(w.grad().to_vector<float>() == std::vector<float>(5, 0.f));
+  CHECK(b.grad().to_vector<float>() == std::vector<float>(5, 0.f));
+  CHECK(x.grad().shape() == Shape{0, 5});
+  const Tensor r = ones({3}).requires_grad_();
+  sum(div(zeros({0, 3}), r)).backward();  // the row operand on the right of an empty one
+  CHECK(r.grad().to_vector<float>() == std::vector<float>(3, 0.f));
+  CHECK_THROWS_AS(add(zeros({0}), ones({4})), ShapeError);
+}
+
 TEST_CASE("nn modules: PyTorch's names, repr, defaults and initialisation") {
   nn::BatchNorm2d bn(4);
   CHECK(bn.describe() == "BatchNorm2d(4, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)");

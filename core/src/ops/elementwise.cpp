@@ -81,8 +81,10 @@ Shape broadcast_shape(const Tensor& a, const Tensor& b, const char* op) {
     if (s.size() > big.size()) return false;
     return std::equal(s.begin(), s.end(), big.end() - s.size());
   };
-  // The output takes the shape of the larger operand (more elements, then more dims).
-  const bool a_big = a.numel() != b.numel() ? a.numel() > b.numel() : sa.size() >= sb.size();
+  // The output takes the shape of the larger operand (more elements, then more dims; an empty
+  // operand, [0, D] with a row [D], is decided by its dims).
+  const bool by_numel = a.numel() != b.numel() && a.numel() > 0 && b.numel() > 0;
+  const bool a_big = by_numel ? a.numel() > b.numel() : sa.size() >= sb.size();
   if (a_big && is_suffix(sb, sa)) return sa;
   if (!a_big && is_suffix(sa, sb)) return sb;
   throw ShapeError(detail::concat(op, ": shapes ", shape_str(sa), " and ", shape_str(sb),
@@ -134,7 +136,7 @@ class BinaryBackward final : public Node {
 
  private:
   static Tensor times(const Tensor& g, const Tensor& other, BinaryOp op) {
-    Tensor out = empty_like(g.numel() >= other.numel() ? g : other);
+    Tensor out = empty_like(g.numel() >= other.numel() || g.numel() == 0 ? g : other);  // g: the output's shape
     kernels_for(g.device()).binary(op, g, other, out);
     return out;
   }
