@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -38,6 +39,12 @@ const std::string& dir() {
     save_npy(p + "/images.npy", x);
     save_npy(p + "/labels.npy", y);
     save_npy(p + "/flat.npy", x.reshape({n, 64}));
+    // A test set of 95 (odd: the second worker's shard is padded, and must not be counted).
+    Tensor tx = Tensor::empty({95, 1, 8, 8}), ty = Tensor::empty({95}, DType::Int64);
+    std::copy_n(x.data<float>(), 95 * 64, tx.data<float>());
+    std::copy_n(y.data<std::int64_t>(), 95, ty.data<std::int64_t>());
+    save_npy(p + "/test_images.npy", tx);
+    save_npy(p + "/test_labels.npy", ty);
     return p;
   }();
   return d;
@@ -103,13 +110,18 @@ TEST_CASE("a CNN on .npy images learns; its state dict has PyTorch's names, Batc
 }
 
 TEST_CASE("--sync-bn: 2 workers at global batch B equal 1 process at B; plain BatchNorm on 2 workers does not") {
-  const std::string common = data() + " --model cnn:4-8:4 --global-batch 16 --lr 0.05 --epochs 2 --no-shuffle --save ";
+  const std::string common = data() + " --test-x " + dir() + "/test_images.npy --test-y " + dir() +
+                             "/test_labels.npy --model cnn:4-8:4 --global-batch 16 --lr 0.05 --epochs 2 --no-shuffle --save ";
   auto r = run(common + dir() + "/one.npz");
   INFO(r.out);
   REQUIRE(r.code == 0);
+  const auto one = summary(r.out);
   r = run(common + dir() + "/sync.npz --sync-bn", 2);
   INFO(r.out);
   REQUIRE(r.code == 0);
+  // The test set's 95 samples, 48 + 47 over the workers (the padded one not counted): the same
+  // accuracy as one process's.
+  CHECK(summary(r.out)["test_acc"].get<double>() == doctest::Approx(one["test_acc"].get<double>()).epsilon(1e-6));
   r = run(common + dir() + "/plain.npz", 2);
   INFO(r.out);
   REQUIRE(r.code == 0);
