@@ -74,7 +74,7 @@ double cpu_now() {
 constexpr double kSlowCall = 0.25;  ///< seconds: a column whose call takes longer stops there
 /// Calls of a 4-byte allreduce that every launch makes before timing anything (fast
 /// transports: shm, MPI; slow ones: TCP, PyTorch, ~10 ms either way on an idle machine).
-constexpr int kSettleFast = 20000, kSettleSlow = 300;
+constexpr int kSettleFast = 20000, kSettleSlow = 30;
 
 struct Sample {
   double us = 0, cpu_us = 0;
