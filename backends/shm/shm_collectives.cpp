@@ -12,8 +12,6 @@ namespace phalanx::shm {
 
 namespace {
 
-unsigned reduce_param(DType d, ReduceOp op) { return (static_cast<unsigned>(d) << 4) | static_cast<unsigned>(op); }
-
 /// Rank q's slice [lo, hi) of a round of `len` elements: 64-byte aligned pieces, the last short.
 struct Slice {
   std::size_t lo, hi;
@@ -86,14 +84,14 @@ void ShmProcessGroup::reduce_impl(Tensor& t, ReduceOp op, int root, Op& o) {
 
 void ShmProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
   Tensor h = host_of(t);
-  Op o = begin("allreduce", seq, make_sig(OpCode::Allreduce, reduce_param(t.dtype(), op), t.nbytes()));
+  Op o = begin("allreduce", seq, make_sig(OpCode::Allreduce, with_reduce(t.dtype(), op), t.nbytes()));
   reduce_impl(h, op, -1, o);
   copy_back(h, t);
 }
 
 void ShmProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
   Tensor h = host_of(t);
-  Op o = begin("reduce", seq, make_sig(OpCode::Reduce, static_cast<unsigned>(root), t.nbytes()));
+  Op o = begin("reduce", seq, make_sig(OpCode::Reduce, with_root(with_reduce(t.dtype(), op), root), t.nbytes()));
   reduce_impl(h, op, root, o);
   if (rank() == root) copy_back(h, t);
 }
@@ -101,7 +99,7 @@ void ShmProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t
 void ShmProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
   const bool is_root = rank() == root;
   Tensor h = host_of(t, is_root);
-  Op o = begin("broadcast", seq, make_sig(OpCode::Broadcast, static_cast<unsigned>(root), t.nbytes()));
+  Op o = begin("broadcast", seq, make_sig(OpCode::Broadcast, with_root(with_dtype(t.dtype()), root), t.nbytes()));
   char* data = static_cast<char*>(h.raw_data());
   const std::size_t bytes = h.nbytes(), chunk = seg_->half_bytes();
   std::size_t off = 0;
@@ -119,7 +117,7 @@ void ShmProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
 
 void ShmProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
   const Tensor h = host_of(in);
-  Op o = begin("allgather", seq, make_sig(OpCode::Allgather, 0, in.nbytes()));
+  Op o = begin("allgather", seq, make_sig(OpCode::Allgather, with_dtype(in.dtype()), in.nbytes()));
   const char* data = static_cast<const char*>(h.raw_data());
   const std::size_t bytes = h.nbytes(), chunk = seg_->half_bytes();
   std::size_t off = 0;
@@ -135,7 +133,7 @@ void ShmProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, 
 
 void ShmProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
   const Tensor h = host_of(in);
-  Op o = begin("gather", seq, make_sig(OpCode::Gather, static_cast<unsigned>(root), in.nbytes()));
+  Op o = begin("gather", seq, make_sig(OpCode::Gather, with_root(with_dtype(in.dtype()), root), in.nbytes()));
   const char* data = static_cast<const char*>(h.raw_data());
   const std::size_t bytes = h.nbytes(), chunk = seg_->half_bytes();
   std::size_t off = 0;
@@ -155,7 +153,7 @@ void ShmProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root
   std::vector<Tensor> hin;
   if (is_root)
     for (auto& t : in) hin.push_back(host_of(t));
-  Op o = begin("scatter", seq, make_sig(OpCode::Scatter, static_cast<unsigned>(root), out.nbytes()));
+  Op o = begin("scatter", seq, make_sig(OpCode::Scatter, with_root(with_dtype(out.dtype()), root), out.nbytes()));
   const int W = size();
   const std::size_t bytes = out.nbytes();
   const std::size_t chunk = std::max<std::size_t>(64, seg_->half_bytes() / W / 64 * 64);
@@ -179,7 +177,7 @@ void ShmProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, R
   Tensor h = host_of(out, false);
   const int W = size(), me = rank();
   const DType dt = out.dtype();
-  Op o = begin("reduce_scatter", seq, make_sig(OpCode::ReduceScatter, reduce_param(dt, op), out.nbytes()));
+  Op o = begin("reduce_scatter", seq, make_sig(OpCode::ReduceScatter, with_reduce(dt, op), out.nbytes()));
   const std::size_t es = element_size(dt), n = static_cast<std::size_t>(out.numel());
   // Each round: rank q's slot holds its inputs[j] piece for every j at j * piece_bytes.
   const std::size_t piece = std::max<std::size_t>(1, seg_->half_bytes() / W / 64 * 64 / es);
@@ -204,7 +202,7 @@ void ShmProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, R
 }
 
 void ShmProcessGroup::run_barrier(std::uint64_t seq) {
-  Op o = begin("barrier", seq, make_sig(OpCode::Barrier, 0, 0));
+  Op o = begin("barrier", seq, make_sig(OpCode::Barrier, SigFields{}, 0));
   step(o);
   next_round();
 }

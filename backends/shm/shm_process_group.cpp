@@ -42,7 +42,7 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
     small_max_ = seg_->small_bytes();  // rank 0's, so that every rank cuts messages alike
     chunk_bytes_ = seg_->chunk_bytes();
     // Everyone attached: one barrier so that no rank starts while another is still setting up.
-    Op o = begin("create", 0, make_sig(OpCode::Barrier, 0, 0));
+    Op o = begin("create", 0, make_sig(OpCode::Barrier, SigFields{}, 0));
     step(o);
     next_round();
     if (c.size > 1) binding_ = bind_to_share(c.rank, c.size);
@@ -100,7 +100,7 @@ void ShmProcessGroup::fail_signature(const Op& o, int q, std::uint64_t theirs) {
   sync_->mark_failed();
   throw CommError(describe(o.name, o.seq) + ": rank " + std::to_string(q) + " called " + sig_str(theirs) +
                   " where this rank called " + sig_str(o.sig) +
-                  "; every rank must issue the same collectives with the same sizes, in the same order");
+                  "; every rank must issue the same collectives with the same sizes, dtypes, reduce ops and roots, in the same order");
 }
 
 }  // namespace phalanx::shm

@@ -267,6 +267,44 @@ TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end t
     }
     return 1;
   }));
+  // same byte count, different reduce op / dtype / root: caught, both calls named
+  check_all_ok(run_processes(2, [&](int rank) {
+    auto pg = make_shm(rank, 2, client(port, "mismatch-op"));
+    Tensor t = ones({10});
+    try {
+      pg->reduce(t, 0, rank == 0 ? ReduceOp::Sum : ReduceOp::Max)->wait();
+    } catch (const CommError& e) {
+      const std::string m = e.what();
+      REQUIRE_RANK(rank, m.find("reduce(40 bytes, float32, max, root 0)") != std::string::npos, m);
+      REQUIRE_RANK(rank, m.find("reduce(40 bytes, float32, sum, root 0)") != std::string::npos, m);
+      return 0;
+    }
+    return 1;
+  }));
+  check_all_ok(run_processes(2, [&](int rank) {
+    auto pg = make_shm(rank, 2, client(port, "mismatch-dtype"));
+    Tensor t = rank == 0 ? ones({10}) : ramp(5, 1, DType::Int64);
+    try {
+      pg->allreduce(t)->wait();
+    } catch (const CommError& e) {
+      const std::string m = e.what();
+      REQUIRE_RANK(rank, m.find("allreduce(40 bytes, int64, sum)") != std::string::npos, m);
+      return 0;
+    }
+    return 1;
+  }));
+  check_all_ok(run_processes(2, [&](int rank) {
+    auto pg = make_shm(rank, 2, client(port, "mismatch-root"));
+    Tensor t = ones({10});
+    try {
+      pg->broadcast(t, rank)->wait();
+    } catch (const CommError& e) {
+      const std::string m = e.what();
+      REQUIRE_RANK(rank, m.find("broadcast(40 bytes, float32, root 1)") != std::string::npos, m);
+      return 0;
+    }
+    return 1;
+  }));
   // a peer that is alive but never calls: TimeoutError naming it, after the group's timeout
   check_all_ok(run_processes(2, [&](int rank) {
     auto pg = make_shm(rank, 2, client(port, "silent"), std::chrono::milliseconds(700));
