@@ -149,16 +149,22 @@ void Sync::mark_left() noexcept {
 }
 
 int Sync::peer_problem(int q) const {
-  if (pidfds_[q] >= 0) {
-    struct pollfd p{pidfds_[q], POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR))) return 1;
-  } else if (!alive_without_pidfd(seg_.line(q).pid)) {
-    return 1;
-  }
+  // Its own state first: a peer that failed (or left) and then exited is reported as such,
+  // not as "died".
   const int st = seg_.line(q).state.load(std::memory_order_acquire);
   if (st == kLeft) return 2;
   if (st == kFailed) return 3;
-  return 0;
+  bool dead;
+  if (pidfds_[q] >= 0) {
+    struct pollfd p{pidfds_[q], POLLIN, 0};
+    dead = ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR));
+  } else {
+    dead = !alive_without_pidfd(seg_.line(q).pid);
+  }
+  if (!dead) return 0;
+  // It may have marked itself just before exiting, between the two reads.
+  const int again = seg_.line(q).state.load(std::memory_order_acquire);
+  return again == kLeft ? 2 : again == kFailed ? 3 : 1;
 }
 
 void Sync::fail_peer(int q, int why, const std::function<std::string()>& ctx) {

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -321,6 +322,24 @@ TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end t
       REQUIRE_RANK(rank, m.find("barrier #0 on rank 0 of 2 (shm) timed out") != std::string::npos, m);
       REQUIRE_RANK(rank, m.find("rank 1 (pid") != std::string::npos, m);
       REQUIRE_RANK(rank, s > 0.6 && s < 2.5, s);
+      return 0;
+    }
+    return 1;
+  }));
+  // a peer that failed (marked itself so) and then exited is reported as failed, not as died
+  check_all_ok(run_processes(2, [&](int rank) {
+    auto pg = make_shm(rank, 2, client(port, "failed-exit"));
+    if (rank == 1) {
+      pg->abort(std::make_exception_ptr(CommError("rank 1 gives up")));
+      std::_Exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // rank 1 is gone by now
+    Tensor t = ones({100});
+    try {
+      pg->allreduce(t)->wait();
+    } catch (const CommError& e) {
+      const std::string m = e.what();
+      REQUIRE_RANK(rank, m.find("failed (its own error says why)") != std::string::npos, m);
       return 0;
     }
     return 1;
