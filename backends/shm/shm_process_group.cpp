@@ -33,8 +33,9 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
     : ProcessGroup(c.rank, c.size, c.timeout, inline_from_env()), sends_(c.size), recvs_(c.size) {
   try {
     if (!c.store) throw ConfigError("shm backend: BackendConfig::store is null (the rendezvous needs a store)");
-    const WaitPolicy policy = wait_policy_from_env(c.size);
     auto store = std::make_shared<PrefixStore>("shm", c.store);
+    publish_pid(*store, c.rank);  // before anything that can fail: the others see this rank exit
+    const WaitPolicy policy = wait_policy_from_env(c.size);
     seg_ = std::make_unique<Segment>(*store, c.rank, c.size, slot_bytes_from_env(),
                                      bytes_from_env("PHALANX_SHM_SMALL_BYTES", 16 * 1024),
                                      bytes_from_env("PHALANX_SHM_CHUNK_BYTES", 256 * 1024), c.timeout);

@@ -1,18 +1,22 @@
 #include "shm_segment.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <algorithm>
 #include <cstring>
 #include <new>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/store.hpp"
@@ -39,7 +43,65 @@ std::uint64_t job_hash() {
 
 std::string errno_text(int e) { return std::strerror(e); }
 
+/// This process's pid namespace (the inode of /proc/self/ns/pid), 0 if unknown: a pid in a
+/// segment's name means something only to processes of the same namespace.
+std::uint64_t pid_namespace() {
+  char buf[64] = {0};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  if (n <= 0) return 0;
+  const char* open = std::strchr(buf, '[');
+  return open ? std::strtoull(open + 1, nullptr, 10) : 0;
+}
+
+/// "<prefix><job8>-<uid>-<pidns hex>-<creator pid>-": what follows the job hash in this
+/// user's names, up to the random id.
+std::string owner_part(std::uint64_t ns, int pid) {
+  return detail::concat("-", ::getuid(), "-", hex64(ns), "-", pid, "-");
+}
+
+/// Removes this user's segments (of this pid namespace) whose creator is dead: left behind
+/// by a rank 0 killed while it waited for the others to attach (after every rank attached
+/// the name is gone already). A creator still alive, or of another namespace, is left alone.
+void sweep_dead_creators(std::uint64_t ns) {
+  if (ns == 0) return;
+  const std::string mine = owner_part(ns, 0);  // "-<uid>-<ns>-0-"; compared up to the pid
+  const std::string head = mine.substr(0, mine.size() - 2);
+  DIR* d = ::opendir("/dev/shm");
+  if (!d) return;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    const std::size_t pre = std::strlen(kNamePrefix) + 8;  // prefix and job hash
+    if (n.compare(0, std::strlen(kNamePrefix), kNamePrefix) != 0 || n.size() <= pre + head.size() ||
+        n.compare(pre, head.size(), head) != 0)
+      continue;
+    char* end = nullptr;
+    const long pid = std::strtol(n.c_str() + pre + head.size(), &end, 10);
+    if (pid <= 0 || !end || *end != '-' || pid_alive(static_cast<int>(pid))) continue;
+    ::shm_unlink(("/" + n).c_str());
+  }
+  ::closedir(d);
+}
+
+std::string pid_key(int rank) { return "pid/" + std::to_string(rank); }
+
 }  // namespace
+
+bool pid_alive(int pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return true;  // no /proc: kill() is all we know
+  char buf[512] = {0};
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* paren = std::strrchr(buf, ')');  // "pid (comm) S ...": a zombie counts as dead
+  return !(n > 0 && paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+void publish_pid(Store& store, int rank) {
+  store.set(pid_key(rank), std::to_string(::getpid()));
+}
 
 std::uint64_t slot_bytes_from_env() {
   const char* s = std::getenv("PHALANX_SHM_BYTES");
@@ -91,8 +153,11 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
     compute_layout();
     std::random_device rd;
     const std::uint64_t id = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
-    name_ = std::string("/") + kNamePrefix + hex64(job_hash()).substr(0, 8) + "-" + std::to_string(::getuid()) +
-            "-" + hex64(id);
+    // The creator's uid, pid namespace and pid are in the name: a later group sweeps the
+    // names whose creator died before the others attached (sweep_dead_creators).
+    const std::uint64_t ns = pid_namespace();
+    sweep_dead_creators(ns);
+    name_ = std::string("/") + kNamePrefix + hex64(job_hash()).substr(0, 8) + owner_part(ns, ::getpid()) + hex64(id);
     struct statvfs vfs{};
     if (::statvfs("/dev/shm", &vfs) == 0 && static_cast<double>(vfs.f_bavail) * vfs.f_frsize < total_) {
       name_.clear();
@@ -196,7 +261,34 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
   // exactly as long as some rank maps it.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::microseconds(50);
+  // Every 100 ms: has a rank that has not attached yet exited? (Each rank published its pid
+  // in the store before anything that can fail; see publish_pid.)
+  std::vector<int> pids(world, 0);
+  auto next_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   while (header().attached.load(std::memory_order_acquire) < world) {
+    if (std::chrono::steady_clock::now() >= next_check) {
+      next_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      for (int r = 0; r < world; ++r) {
+        if (r == rank || line(r).state.load() != kAttaching) continue;
+        if (pids[r] == 0) {
+          try {
+            if (store.check({pid_key(r)})) pids[r] = std::stoi(store.get_string(pid_key(r)));
+          } catch (const std::exception&) {
+            // the store is gone or the value odd: the timeout below still ends the wait
+          }
+        }
+        if (pids[r] > 0 && !pid_alive(pids[r])) {
+          const std::string msg = detail::concat(
+              "shm group: rank ", rank, " of ", world, ": rank ", r, " (pid ", pids[r],
+              ") exited or was killed before it attached to the segment (its own error, if any, says why); "
+              "the job cannot continue: restart it");
+          ::munmap(base_, total_);
+          base_ = nullptr;
+          ::shm_unlink(name_.c_str());
+          throw CommError(msg);
+        }
+      }
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       std::string missing;
       for (int r = 0; r < world; ++r)

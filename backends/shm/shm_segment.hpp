@@ -9,9 +9,11 @@
 //   slot[W]           each rank's staging area (slot_bytes: two halves, used alternately)
 //   channel[W*W]      each directed channel's ring buffer (chan_bytes; src == dst unused)
 //
-// The name carries the job (a hash of PHALANX_RDZV_TOKEN), this user and a random id that
-// rank 0 publishes in the store; every rank unlinks it as soon as all W ranks attached, so
-// nothing is left in /dev/shm even when a rank is killed afterwards.
+// The name carries the job (a hash of PHALANX_RDZV_TOKEN), this user, the creator's pid
+// namespace and pid, and a random id; rank 0 publishes it in the store. Every rank unlinks
+// it as soon as all W ranks attached, so nothing is left in /dev/shm even when a rank is
+// killed afterwards; a name left by a creator killed before that is removed by the next
+// group this user creates in the same pid namespace (docs/shm.md).
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -99,6 +101,15 @@ class Segment {
   std::size_t lines_off_ = 0, chanctl_off_ = 0, slots_off_ = 0, chans_off_ = 0, total_ = 0;
   char* base_ = nullptr;
 };
+
+/// Whether process `pid` (of this pid namespace) runs: kill(pid, 0), and a zombie (exited,
+/// not yet reaped by its parent) counts as dead.
+bool pid_alive(int pid);
+
+/// Publishes this rank's pid in the group's store: the first thing a rank does, so that the
+/// others waiting for it to attach see at once when it exits instead (any error before
+/// attaching). Segment's attach loop reads these.
+void publish_pid(Store& store, int rank);
 
 /// PHALANX_SHM_BYTES (staging bytes per rank; default 4 MiB), validated.
 std::uint64_t slot_bytes_from_env();

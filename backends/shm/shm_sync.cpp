@@ -43,21 +43,6 @@ int cpus_available() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-/// Without a pidfd (pidfd_open refused): kill(pid, 0), and a zombie (killed, not yet
-/// reaped by its parent) counts as dead.
-bool alive_without_pidfd(int pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  std::FILE* f = std::fopen(path, "r");
-  if (!f) return true;  // no /proc: kill() is all we know
-  char buf[512] = {0};
-  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  const char* paren = std::strrchr(buf, ')');  // "pid (comm) S ..."
-  return !(n > 0 && paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
-}
-
 }  // namespace
 
 std::string bind_to_share(int rank, int world) {
@@ -159,7 +144,7 @@ int Sync::peer_problem(int q) const {
     struct pollfd p{pidfds_[q], POLLIN, 0};
     dead = ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR));
   } else {
-    dead = !alive_without_pidfd(seg_.line(q).pid);
+    dead = !pid_alive(seg_.line(q).pid);
   }
   if (!dead) return 0;
   // It may have marked itself just before exiting, between the two reads.

@@ -388,6 +388,58 @@ TEST_CASE("shm: 4 ranks on this machine's cores (oversubscribed on 2) complete s
   CHECK(s < 15);
 }
 
+TEST_CASE("shm: a rank that exits before attaching ends the wait within 2 s naming it; a killed creator's segment is swept") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  // rank 1 fails (a bad knob) before attaching and exits: rank 0 stops waiting at once, not
+  // after the group's 30 s timeout
+  check_all_ok(run_processes(2, [&](int rank) {
+    if (rank == 1) {
+      ::setenv("PHALANX_SHM_SPIN_US", "abc", 1);
+      try {
+        make_shm(rank, 2, client(port, "early-exit"));
+      } catch (const std::exception&) {
+        return 0;
+      }
+      return 1;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      make_shm(rank, 2, client(port, "early-exit"));
+    } catch (const std::exception& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string m = e.what();
+      REQUIRE_RANK(rank, m.find("rank 1 (pid") != std::string::npos, m);
+      REQUIRE_RANK(rank, m.find("before it attached") != std::string::npos, m);
+      REQUIRE_RANK(rank, s < 2.0, s);
+      return 0;
+    }
+    return 1;
+  }));
+  CHECK_FALSE(exists_in_dev_shm(segment_of(port, "early-exit")));
+  // rank 0 killed while it waits for a rank that never starts: its segment stays in /dev/shm
+  // until the next group this user creates removes it
+  const pid_t creator = ::fork();
+  if (creator == 0) {
+    try {
+      make_shm(0, 2, client(port, "killed-creator"), std::chrono::seconds(20));
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  const std::string left = segment_of(port, "killed-creator");
+  REQUIRE(exists_in_dev_shm(left));
+  ::kill(creator, SIGKILL);
+  int status = 0;
+  ::waitpid(creator, &status, 0);
+  REQUIRE(exists_in_dev_shm(left));
+  check_all_ok(run_processes(1, [&](int rank) {
+    make_shm(rank, 1, client(port, "sweeper"));
+    return 0;
+  }));
+  CHECK_FALSE(exists_in_dev_shm(left));
+}
+
 TEST_CASE("shm: a group created again under the same store prefix finds its own segment") {
   auto store = std::make_shared<MemoryStore>();
   for (int again = 0; again < 3; ++again)
