@@ -1,5 +1,6 @@
 #include "host_topology.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -19,6 +20,13 @@ std::string host_identity() {
   std::string boot;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
   std::string id = std::string(name) + "/" + boot;
+  // Containers with host networking share the hostname and the boot id but not /dev/shm
+  // (nor the pids): the device of /dev/shm and the pid namespace tell them apart, so that
+  // auto does not pick shm across them.
+  struct stat st{};
+  if (::stat("/dev/shm", &st) == 0) id += "/shm " + std::to_string(static_cast<unsigned long long>(st.st_dev));
+  char ns[64] = {0};
+  if (::readlink("/proc/self/ns/pid", ns, sizeof ns - 1) > 0) id += std::string("/") + ns;
   if (const char* node = std::getenv("GROUP_RANK"); node && *node) id += std::string("/node ") + node;
   return id;
 }

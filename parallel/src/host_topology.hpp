@@ -13,8 +13,10 @@
 namespace phalanx::parallel {
 
 /// This process's host: PHALANX_HOST_ID when set (tests pose as several hosts on one
-/// machine), else the hostname, the kernel's boot id and the launcher's node rank
-/// (GROUP_RANK, set by phalanx-run and torchrun): two launchers are never taken for one host.
+/// machine), else the hostname, the kernel's boot id, the device of /dev/shm, the pid
+/// namespace and the launcher's node rank (GROUP_RANK, set by phalanx-run and torchrun): two
+/// launchers, or two containers sharing the host's network but not its /dev/shm or pids,
+/// are never taken for one host.
 std::string host_identity();
 
 struct HostTopology {

@@ -5,14 +5,20 @@
 // calls and timeouts named, abort, and 4 ranks on fewer cores.
 #include <dirent.h>
 #include <doctest/doctest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <set>
 
+#include "../../parallel/src/host_topology.hpp"
 #include "support/conformance.hpp"
 
 using namespace phalanx;
@@ -438,6 +444,67 @@ TEST_CASE("shm: a rank that exits before attaching ends the wait within 2 s nami
     return 0;
   }));
   CHECK_FALSE(exists_in_dev_shm(left));
+}
+
+namespace {
+/// host_identity() computed in a forked child after `prepare` (which runs in the child;
+/// false: not possible here); "" when it could not run.
+std::string identity_in_child(const std::function<bool()>& prepare) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string id;
+    if (prepare()) {
+      // a pid namespace applies to the children of the process that made it
+      int inner[2];
+      if (::pipe(inner) == 0) {
+        const pid_t g = ::fork();
+        if (g == 0) {
+          const std::string mine = parallel::host_identity();
+          (void)!::write(inner[1], mine.data(), mine.size());
+          ::_exit(0);
+        }
+        ::close(inner[1]);
+        char buf[1024];
+        ssize_t n;
+        while ((n = ::read(inner[0], buf, sizeof buf)) > 0) id.append(buf, n);
+        ::waitpid(g, nullptr, 0);
+      }
+    }
+    (void)!::write(fds[1], id.data(), id.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string id;
+  char buf[1024];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) id.append(buf, n);
+  ::close(fds[0]);
+  ::waitpid(pid, nullptr, 0);
+  return id;
+}
+}  // namespace
+
+TEST_CASE("shm: another /dev/shm or another pid namespace is another host (containers with host networking)") {
+  ::unsetenv("PHALANX_HOST_ID");
+  ::unsetenv("GROUP_RANK");
+  const std::string here = parallel::host_identity();
+  CHECK(identity_in_child([] { return true; }) == here);
+  // a private /dev/shm (what a container without --ipc=host has)
+  const std::string other_shm = identity_in_child([] {
+    return ::unshare(CLONE_NEWNS) == 0 && ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+           ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=1m") == 0;
+  });
+  // another pid namespace (a container without --pid=host)
+  const std::string other_pids = identity_in_child([] { return ::unshare(CLONE_NEWPID) == 0; });
+  if (other_shm.empty() || other_pids.empty()) {
+    MESSAGE("SKIPPED: needs root (unshare, mount) to make another /dev/shm and pid namespace");
+    return;
+  }
+  CHECK(other_shm != here);
+  CHECK(other_pids != here);
 }
 
 TEST_CASE("shm: a group created again under the same store prefix finds its own segment") {
