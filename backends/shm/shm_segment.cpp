@@ -84,6 +84,52 @@ void sweep_dead_creators(std::uint64_t ns) {
 
 std::string pid_key(int rank) { return "pid/" + std::to_string(rank); }
 
+/// While a rank waits for the others to attach, SIGTERM and SIGINT (a launcher stopping the
+/// job because another rank failed) first remove the segment's name, then kill as before.
+/// Installed only over the default disposition (an application's own handler is left
+/// alone) and by one group at a time; SIGKILL is left to sweep_dead_creators.
+char g_unlink_path[256];
+std::atomic<bool> g_guard_taken{false};
+struct sigaction g_old_term, g_old_int;
+
+extern "C" void unlink_then_die(int sig) {
+  ::unlink(g_unlink_path);  // async-signal-safe, unlike shm_unlink
+  ::sigaction(sig, sig == SIGTERM ? &g_old_term : &g_old_int, nullptr);
+  ::raise(sig);
+}
+
+class SignalUnlinkGuard {
+ public:
+  explicit SignalUnlinkGuard(const std::string& name) {
+    if (name.size() + 10 >= sizeof g_unlink_path || g_guard_taken.exchange(true)) return;
+    struct sigaction term{}, intr{};
+    ::sigaction(SIGTERM, nullptr, &term);
+    ::sigaction(SIGINT, nullptr, &intr);
+    if (term.sa_handler != SIG_DFL || intr.sa_handler != SIG_DFL) {
+      g_guard_taken = false;
+      return;
+    }
+    std::snprintf(g_unlink_path, sizeof g_unlink_path, "/dev/shm%s", name.c_str());
+    struct sigaction sa{};
+    sa.sa_handler = unlink_then_die;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGTERM, &sa, &g_old_term);
+    ::sigaction(SIGINT, &sa, &g_old_int);
+    installed_ = true;
+  }
+  ~SignalUnlinkGuard() {
+    if (!installed_) return;
+    ::sigaction(SIGTERM, &g_old_term, nullptr);
+    ::sigaction(SIGINT, &g_old_int, nullptr);
+    g_guard_taken = false;
+  }
+  SignalUnlinkGuard(const SignalUnlinkGuard&) = delete;
+  SignalUnlinkGuard& operator=(const SignalUnlinkGuard&) = delete;
+
+ private:
+  bool installed_ = false;
+};
+
 }  // namespace
 
 bool pid_alive(int pid) {
@@ -264,6 +310,7 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
   // Every 100 ms: has a rank that has not attached yet exited? (Each rank published its pid
   // in the store before anything that can fail; see publish_pid.)
   std::vector<int> pids(world, 0);
+  const SignalUnlinkGuard on_sigterm(name_);
   auto next_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   while (header().attached.load(std::memory_order_acquire) < world) {
     if (std::chrono::steady_clock::now() >= next_check) {

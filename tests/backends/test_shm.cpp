@@ -444,6 +444,24 @@ TEST_CASE("shm: a rank that exits before attaching ends the wait within 2 s nami
     return 0;
   }));
   CHECK_FALSE(exists_in_dev_shm(left));
+  // SIGTERM (what a launcher sends) while it waits: the name goes with it, no sweep needed
+  const pid_t termed = ::fork();
+  if (termed == 0) {
+    ::signal(SIGTERM, SIG_DFL);  // a plain worker's disposition (doctest installs handlers)
+    ::signal(SIGINT, SIG_DFL);
+    try {
+      make_shm(0, 2, client(port, "termed-creator"), std::chrono::seconds(20));
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  const std::string termed_name = segment_of(port, "termed-creator");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // into the attach loop
+  ::kill(termed, SIGTERM);
+  ::waitpid(termed, &status, 0);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGTERM);
+  CHECK_FALSE(exists_in_dev_shm(termed_name));
 }
 
 namespace {
