@@ -33,6 +33,7 @@ ProcessGroup::~ProcessGroup() { shutdown(); }
 bool ProcessGroup::stop_threads(std::chrono::milliseconds grace) {
   std::unique_lock<std::mutex> lock(mu_);
   stopping_ = true;
+  closed_.store(true, std::memory_order_release);
   cv_.notify_all();
   completion_cv_.notify_all();
   const auto exited = [&] { return worker_exited_ && completer_exited_; };
@@ -70,6 +71,7 @@ void ProcessGroup::abort(std::exception_ptr error) {
     if (abort_error_) return;
     abort_error_ = error;
     if (broken_.empty()) broken_ = detail::message_of(error);
+    closed_.store(true, std::memory_order_release);
     if (running_) victims.push_back(running_);
     if (completing_) victims.push_back(completing_);
     for (auto& item : queue_) victims.push_back(item.work);
@@ -103,13 +105,12 @@ std::string ProcessGroup::describe(const std::string& op, std::uint64_t seq) con
 }
 
 std::uint64_t ProcessGroup::sequence_number() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return next_seq_;
+  return next_seq_.load(std::memory_order_relaxed);
 }
 
 WorkPtr ProcessGroup::enqueue(const char* op, std::function<void(std::uint64_t)> fn, std::string signature) {
   std::unique_lock<std::mutex> lock(mu_);
-  const std::uint64_t seq = next_seq_++;
+  const std::uint64_t seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
   auto work = std::make_shared<Work>(op, seq, rank_, timeout_ + std::chrono::seconds(5));
   if (abort_error_) {
     work->finish(abort_error_);  // the failure that ended the group, as it was reported
@@ -126,7 +127,7 @@ WorkPtr ProcessGroup::enqueue(const char* op, std::function<void(std::uint64_t)>
     return work;
   }
   Item item{work, std::move(fn), std::move(signature)};
-  if (inline_ops_) {
+  if (inline_ops_) {  // not reached: submit() runs an open inline group's operations itself
     lock.unlock();
     run_item(item);
     return work;
@@ -158,26 +159,63 @@ void ProcessGroup::worker_loop() {
   }
 }
 
-void ProcessGroup::run_item(Item& item) {
+void ProcessGroup::run_item(Item& item) { run_op<false>(item.work, item.fn, item.signature); }
+
+// kUnshared: the Work is not visible to any other thread yet (submit()'s inline path:
+// abort() does not see inline operations), so success needs no lock nor notify.
+template <bool kUnshared, class Fn>
+void ProcessGroup::run_op(const WorkPtr& work, Fn& fn, const std::string& signature) {
   try {
-    if (!item.signature.empty() && collective_check_) collective_check_(collective_index_++, item.signature);
-    item.fn(item.work->sequence_number());
+    if (!signature.empty() && collective_check_) collective_check_(collective_index_++, signature);
+    fn(work->sequence_number());
     if (pending_waiter_) {
       std::lock_guard<std::mutex> lock(mu_);
-      completions_.emplace_back(item.work, std::move(pending_waiter_));
+      completions_.emplace_back(work, std::move(pending_waiter_));
       pending_waiter_ = nullptr;
       if (!completer_.joinable()) {
         completer_exited_ = false;
         completer_ = std::thread([this] { completion_loop(); });
       }
       completion_cv_.notify_all();
+    } else if (kUnshared) {
+      work->finish_unshared();
     } else {
-      item.work->finish();
+      work->finish();
     }
   } catch (...) {
     pending_waiter_ = nullptr;
-    fail_item(item.work, std::current_exception());
+    fail_item(work, std::current_exception());
   }
+}
+
+template <class Fn>
+WorkPtr ProcessGroup::submit(const char* op, Fn&& fn, std::string signature) {
+  // Open inline group: what enqueue() does, without mu_ (an abort racing this check is an
+  // abort during the operation, as with the lock: inline operations are never `running_`).
+  if (inline_ops_ && !closed_.load(std::memory_order_acquire)) {
+    const std::uint64_t seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
+    const auto timeout = timeout_ + std::chrono::seconds(5);
+    // This thread's last inline Work, reused once nobody else holds it (the caller waited
+    // and dropped it): no allocation, no construction of its mutex and condition variable.
+    thread_local WorkPtr spare;
+    WorkPtr work;
+    if (spare && spare.use_count() == 1) {
+      std::atomic_thread_fence(std::memory_order_acquire);  // the last holder's reads are done
+      spare->op_ = op;
+      spare->seq_ = seq;
+      spare->rank_ = rank_;
+      spare->timeout_ = timeout;
+      spare->error_ = nullptr;
+      spare->done_.store(false, std::memory_order_relaxed);
+      work = spare;
+    } else {
+      work = std::make_shared<Work>(op, seq, rank_, timeout);
+      spare = work;
+    }
+    run_op<true>(work, fn, signature);
+    return work;
+  }
+  return enqueue(op, std::forward<Fn>(fn), std::move(signature));
 }
 
 void ProcessGroup::fail_item(const WorkPtr& work, std::exception_ptr error) {
@@ -203,6 +241,7 @@ void ProcessGroup::fail_item(const WorkPtr& work, std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_.empty()) broken_ = detail::message_of(error);
+    closed_.store(true, std::memory_order_release);
     queued.swap(queue_);  // never started, and would only fail one by one (a timeout each)
   }
   work->finish(error);
@@ -278,21 +317,22 @@ WorkPtr ProcessGroup::allreduce(Tensor t, ReduceOp op) {
     throw TypeError(std::string("allreduce: ") + dtype_name(t.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && t.dtype() != DType::Float32)
     throw TypeError("allreduce: avg needs a float32 tensor");
-  return enqueue("allreduce", [this, t, op](std::uint64_t seq) mutable { run_allreduce(t, op, seq); },
-                 checking_.load(std::memory_order_relaxed) ? signature("allreduce", t, reduce_op_name(op)) : std::string());
+  std::string sig = checking_.load(std::memory_order_relaxed) ? signature("allreduce", t, reduce_op_name(op)) : std::string();
+  return submit("allreduce", [this, t = std::move(t), op](std::uint64_t seq) mutable { run_allreduce(t, op, seq); },
+                std::move(sig));
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor t, int root) {
   check_tensor(t, "broadcast", "tensor");
   check_root(root, "broadcast");
-  return enqueue("broadcast", [this, t, root](std::uint64_t seq) mutable { run_broadcast(t, root, seq); },
-                 checking_.load(std::memory_order_relaxed) ? signature("broadcast", t, root_of(root)) : std::string());
+  return submit("broadcast", [this, t, root](std::uint64_t seq) mutable { run_broadcast(t, root, seq); },
+                checking_.load(std::memory_order_relaxed) ? signature("broadcast", t, root_of(root)) : std::string());
 }
 
 WorkPtr ProcessGroup::allgather(std::vector<Tensor> outputs, Tensor input) {
   check_tensor(input, "allgather", "input");
   check_list(outputs, input, size_, "allgather", "output");
-  return enqueue("allgather", [this, outputs, input](std::uint64_t seq) mutable {
+  return submit("allgather", [this, outputs, input](std::uint64_t seq) mutable {
     run_allgather(outputs, input, seq);
   }, checking_.load(std::memory_order_relaxed) ? signature("allgather", input) : std::string());
 }
@@ -304,7 +344,7 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor output, std::vector<Tensor> inputs, 
     throw TypeError(std::string("reduce_scatter: ") + dtype_name(output.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && output.dtype() != DType::Float32)
     throw TypeError("reduce_scatter: avg needs float32 tensors");
-  return enqueue("reduce_scatter", [this, output, inputs, op](std::uint64_t seq) mutable {
+  return submit("reduce_scatter", [this, output, inputs, op](std::uint64_t seq) mutable {
     run_reduce_scatter(output, inputs, op, seq);
   }, checking_.load(std::memory_order_relaxed) ? signature("reduce_scatter", output, reduce_op_name(op)) : std::string());
 }
@@ -315,17 +355,17 @@ WorkPtr ProcessGroup::reduce(Tensor t, int root, ReduceOp op) {
   if ((t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16) && op != ReduceOp::Sum)
     throw TypeError(std::string("reduce: ") + dtype_name(t.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && t.dtype() != DType::Float32) throw TypeError("reduce: avg needs a float32 tensor");
-  return enqueue("reduce", [this, t, root, op](std::uint64_t seq) mutable { run_reduce(t, root, op, seq); },
-                 checking_.load(std::memory_order_relaxed)
-                     ? signature("reduce", t, std::string(reduce_op_name(op)) + ", " + root_of(root))
-                     : std::string());
+  return submit("reduce", [this, t, root, op](std::uint64_t seq) mutable { run_reduce(t, root, op, seq); },
+                checking_.load(std::memory_order_relaxed)
+                    ? signature("reduce", t, std::string(reduce_op_name(op)) + ", " + root_of(root))
+                    : std::string());
 }
 
 WorkPtr ProcessGroup::gather(std::vector<Tensor> outputs, Tensor input, int root) {
   check_tensor(input, "gather", "input");
   check_root(root, "gather");
   if (rank_ == root) check_list(outputs, input, size_, "gather", "output");
-  return enqueue("gather", [this, outputs, input, root](std::uint64_t seq) mutable {
+  return submit("gather", [this, outputs, input, root](std::uint64_t seq) mutable {
     run_gather(outputs, input, root, seq);
   }, checking_.load(std::memory_order_relaxed) ? signature("gather", input, root_of(root)) : std::string());
 }
@@ -334,26 +374,26 @@ WorkPtr ProcessGroup::scatter(Tensor output, std::vector<Tensor> inputs, int roo
   check_tensor(output, "scatter", "output");
   check_root(root, "scatter");
   if (rank_ == root) check_list(inputs, output, size_, "scatter", "input");
-  return enqueue("scatter", [this, output, inputs, root](std::uint64_t seq) mutable {
+  return submit("scatter", [this, output, inputs, root](std::uint64_t seq) mutable {
     run_scatter(output, inputs, root, seq);
   }, checking_.load(std::memory_order_relaxed) ? signature("scatter", output, root_of(root)) : std::string());
 }
 
 WorkPtr ProcessGroup::barrier() {
-  return enqueue("barrier", [this](std::uint64_t seq) { run_barrier(seq); },
-                 checking_.load(std::memory_order_relaxed) ? std::string("barrier()") : std::string());
+  return submit("barrier", [this](std::uint64_t seq) { run_barrier(seq); },
+                checking_.load(std::memory_order_relaxed) ? std::string("barrier()") : std::string());
 }
 
 WorkPtr ProcessGroup::send(Tensor t, int dst, int tag) {
   check_tensor(t, "send", "tensor");
   check_peer(dst, "send");
-  return enqueue("send", [this, t, dst, tag](std::uint64_t seq) { run_send(t, dst, tag, seq); });
+  return submit("send", [this, t, dst, tag](std::uint64_t seq) { run_send(t, dst, tag, seq); });
 }
 
 WorkPtr ProcessGroup::recv(Tensor t, int src, int tag) {
   check_tensor(t, "recv", "tensor");
   check_peer(src, "recv");
-  return enqueue("recv", [this, t, src, tag](std::uint64_t seq) mutable { run_recv(t, src, tag, seq); });
+  return submit("recv", [this, t, src, tag](std::uint64_t seq) mutable { run_recv(t, src, tag, seq); });
 }
 
 }  // namespace phalanx

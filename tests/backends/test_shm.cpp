@@ -2,7 +2,8 @@
 // ranks (W = 1..4, staging smaller than the messages so every collective runs in rounds),
 // every dtype, sim tensors staged like Gloo's, the same bits run to run and equal to the
 // rank-ordered sum, dead peers detected promptly with nothing left in /dev/shm, mismatched
-// calls and timeouts named, abort, and 4 ranks on fewer cores.
+// calls and timeouts named, abort, 4 ranks on fewer cores, and the caller's-thread path's
+// Works (a held Work keeps its number while later ones are reused; abort fails every later op).
 #include <dirent.h>
 #include <doctest/doctest.h>
 #include <sched.h>
@@ -550,4 +551,36 @@ TEST_CASE("shm: a bad knob is one ConfigError line saying what to set") {
   ::setenv("PHALANX_SHM_SPIN_US", "-3", 1);
   CHECK_THROWS_AS(make_thread_group("shm", 0, 1, store), ConfigError);
   ::unsetenv("PHALANX_SHM_SPIN_US");
+}
+
+TEST_CASE("shm on the caller's thread: a held Work stays its own across later ops; after abort() every op fails with its message") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  check_all_ok(run_processes(1, [&](int rank) {
+    auto pg = make_shm(rank, 1, client(port, "inline-works"));
+    Tensor a = ones({4});
+    WorkPtr held = pg->allreduce(a);  // the inline path reuses a Work only once nobody holds it
+    const std::uint64_t seq = held->sequence_number();
+    for (int i = 0; i < 3; ++i) {
+      WorkPtr w = pg->barrier();
+      REQUIRE_RANK(rank, w != held && w->sequence_number() == seq + 1 + i && w->op() == "barrier", w->op());
+      w->wait();
+    }
+    for (int i = 0; i < 3; ++i) pg->allreduce(a)->wait();  // dropped at once: reused
+    REQUIRE_RANK(rank, held->sequence_number() == seq && held->op() == "allreduce" && held->is_completed(),
+                 held->sequence_number());
+    held->wait();
+    REQUIRE_RANK(rank, pg->sequence_number() == seq + 7, pg->sequence_number());
+    pg->abort(std::make_exception_ptr(CommError("test: aborted on purpose")));
+    for (int i = 0; i < 3; ++i) {
+      try {
+        pg->allreduce(a)->wait();
+        return 1;
+      } catch (const CommError& e) {
+        REQUIRE_RANK(rank, std::string(e.what()) == "test: aborted on purpose", e.what());
+      }
+    }
+    held->wait();  // finished before the abort: still a success
+    return 0;
+  }));
 }

@@ -146,7 +146,13 @@ class ProcessGroup {
     std::function<void(std::uint64_t)> fn;
     std::string signature;  // non-empty only with a collective check
   };
+  /// inline_ops while the group is open: runs `fn` here at once, with no lock and no
+  /// std::function; otherwise enqueue(). Defined (and instantiated) in process_group.cpp.
+  template <class Fn>
+  WorkPtr submit(const char* op, Fn&& fn, std::string signature = {});
   WorkPtr enqueue(const char* op, std::function<void(std::uint64_t)> fn, std::string signature = {});
+  template <bool kUnshared, class Fn>
+  void run_op(const WorkPtr& work, Fn& fn, const std::string& signature);
   void run_item(Item& item);
   void fail_item(const WorkPtr& work, std::exception_ptr error);
   void worker_loop();
@@ -168,8 +174,11 @@ class ProcessGroup {
   std::uint64_t collective_index_ = 0;  // worker thread only
   std::condition_variable exit_cv_;
   bool worker_exited_ = false, completer_exited_ = false;
-  std::uint64_t next_seq_ = 0;
+  std::atomic<std::uint64_t> next_seq_{0};  // written under mu_, or by submit()'s inline path
   bool stopping_ = false;
+  // abort_error_, stopping_ or broken_ is set (stored under mu_ after them; never cleared):
+  // the inline path reads it instead of taking mu_.
+  std::atomic<bool> closed_{false};
   std::string broken_;  // non-empty once an operation failed
   bool failed_ = false;  // an operation failed here: the hook ran (only for the first)
   std::thread worker_;

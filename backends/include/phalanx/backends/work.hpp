@@ -1,5 +1,6 @@
 #pragma once
 // Work: the handle of an asynchronous operation.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -31,13 +32,21 @@ class Work {
   bool finish(std::exception_ptr error = nullptr);
 
  private:
+  friend class ProcessGroup;
+  /// finish() with success for a Work no other thread can see yet (an inline operation
+  /// before its Work is returned): no lock, no notify.
+  void finish_unshared() noexcept { done_.store(true, std::memory_order_release); }
+
   std::string op_;
   std::uint64_t seq_;
   int rank_;
   std::chrono::milliseconds timeout_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ = false;
+  // done_ is set once, under mu_ (release) after error_: wait() on a finished Work reads it
+  // without the lock. ProcessGroup::submit rewrites every field of an inline Work that
+  // nobody holds any more, to reuse it.
+  std::atomic<bool> done_{false};
   std::exception_ptr error_;
 };
 
