@@ -3,37 +3,12 @@
 #include <doctest/doctest.h>
 
 #include "support/gradcheck.hpp"
+#include "support/optim_cases.hpp"
 
 using namespace phalanx;
-using phalanx::test::max_rel_err;
+using namespace phalanx::test;
 
 namespace {
-TensorMap fixture() { return load_npz(std::string(PHALANX_FIXTURES) + "/optim_parity.npz"); }
-
-std::unique_ptr<optim::Optimizer> make(const std::string& name, std::vector<Tensor> ps) {
-  if (name == "sgd") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1});
-  if (name == "sgd_momentum") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1, 0.9});
-  if (name == "sgd_nesterov") {
-    optim::SGDOptions o{0.05, 0.9};
-    o.nesterov = true;
-    return std::make_unique<optim::SGD>(ps, o);
-  }
-  if (name == "sgd_wd_dampening") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1, 0.8, 0.1, 1e-2});
-  optim::AdamOptions a;
-  a.lr = 1e-2;
-  if (name == "adam") return std::make_unique<optim::Adam>(ps, a);
-  if (name == "adam_wd") {
-    a.beta1 = 0.8;
-    a.beta2 = 0.99;
-    a.weight_decay = 0.1;
-    return std::make_unique<optim::Adam>(ps, a);
-  }
-  a.weight_decay = 0.1;
-  if (name == "adamw") return std::make_unique<optim::AdamW>(ps, a);
-  a.amsgrad = true;
-  return std::make_unique<optim::AdamW>(ps, a);
-}
-
 std::vector<Tensor> fresh_params(const TensorMap& f) {
   return {f.at("init.0").clone().requires_grad_(), f.at("init.1").clone().requires_grad_()};
 }
@@ -46,35 +21,33 @@ void run_steps(optim::Optimizer& opt, std::vector<Tensor>& ps, const TensorMap& 
   }
 }
 
-const char* const kNames[] = {"sgd",  "sgd_momentum", "sgd_nesterov", "sgd_wd_dampening",
-                              "adam", "adam_wd",      "adamw",        "adamw_amsgrad"};
 }  // namespace
 
 TEST_CASE("20 steps of every optimizer equal PyTorch's within 1e-6 relative") {
-  const TensorMap f = fixture();
-  for (const char* name : kNames) {
+  const TensorMap f = optim_fixture();
+  for (const char* name : kOptimCases) {
     CAPTURE(name);
     auto ps = fresh_params(f);
-    auto opt = make(name, ps);
+    auto opt = make_optimizer(name, ps);
     run_steps(*opt, ps, f, 0, 20);
     for (int i = 0; i < 2; ++i) CHECK(max_rel_err(ps[i], f.at(std::string(name) + "." + std::to_string(i))) < 1e-6);
   }
 }
 
 TEST_CASE("state_dict round trip: 5 + save/load + 5 equals 10 steps, bit for bit") {
-  const TensorMap f = fixture();
-  for (const char* name : kNames) {
+  const TensorMap f = optim_fixture();
+  for (const char* name : kOptimCases) {
     CAPTURE(name);
     auto ref = fresh_params(f);
-    auto opt_ref = make(name, ref);
+    auto opt_ref = make_optimizer(name, ref);
     run_steps(*opt_ref, ref, f, 0, 10);
 
     auto ps = fresh_params(f);
-    auto opt = make(name, ps);
+    auto opt = make_optimizer(name, ps);
     run_steps(*opt, ps, f, 0, 5);
     const std::string path = "/tmp/phalanx_optim_state_" + std::string(name) + ".npz";
     save_npz(path, opt->state_dict());
-    auto resumed = make(name, ps);
+    auto resumed = make_optimizer(name, ps);
     resumed->load_state_dict(load_npz(path));
     run_steps(*resumed, ps, f, 5, 10);
     for (int i = 0; i < 2; ++i) CHECK(ps[i].to_vector<float>() == ref[i].to_vector<float>());

@@ -6,40 +6,12 @@
 #include <cstdio>
 
 #include "support/gradcheck.hpp"
+#include "support/optim_cases.hpp"
 
 using namespace phalanx;
-using phalanx::test::max_rel_err;
+using namespace phalanx::test;
 
 namespace {
-TensorMap fixture() { return load_npz(std::string(PHALANX_FIXTURES) + "/optim_parity.npz"); }
-
-std::unique_ptr<optim::Optimizer> make(const std::string& name, std::vector<Tensor> ps) {
-  if (name == "sgd") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1});
-  if (name == "sgd_momentum") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1, 0.9});
-  if (name == "sgd_nesterov") {
-    optim::SGDOptions o{0.05, 0.9};
-    o.nesterov = true;
-    return std::make_unique<optim::SGD>(ps, o);
-  }
-  if (name == "sgd_wd_dampening") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1, 0.8, 0.1, 1e-2});
-  optim::AdamOptions a;
-  a.lr = 1e-2;
-  if (name == "adam") return std::make_unique<optim::Adam>(ps, a);
-  if (name == "adam_wd") {
-    a.beta1 = 0.8;
-    a.beta2 = 0.99;
-    a.weight_decay = 0.1;
-    return std::make_unique<optim::Adam>(ps, a);
-  }
-  a.weight_decay = 0.1;
-  if (name == "adamw") return std::make_unique<optim::AdamW>(ps, a);
-  a.amsgrad = true;
-  return std::make_unique<optim::AdamW>(ps, a);
-}
-
-const char* const kNames[] = {"sgd",  "sgd_momentum", "sgd_nesterov", "sgd_wd_dampening",
-                              "adam", "adam_wd",      "adamw",        "adamw_amsgrad"};
-
 std::vector<Tensor> fresh_params(const TensorMap& f, Device dev) {
   std::vector<Tensor> ps;
   for (int i = 0; i < 2; ++i) ps.push_back(f.at("init." + std::to_string(i)).clone().to(dev).requires_grad_());
@@ -62,11 +34,11 @@ std::vector<std::vector<float>> host(const std::vector<Tensor>& ps) {
 }  // namespace
 
 TEST_CASE("20 steps of every optimizer on sim equal the CPU bit for bit (and PyTorch within 1e-6)") {
-  const TensorMap f = fixture();
-  for (const char* name : kNames) {
+  const TensorMap f = optim_fixture();
+  for (const char* name : kOptimCases) {
     CAPTURE(name);
     auto cpu = fresh_params(f, Device::cpu()), sim = fresh_params(f, Device::sim());
-    auto opt_cpu = make(name, cpu), opt_sim = make(name, sim);
+    auto opt_cpu = make_optimizer(name, cpu), opt_sim = make_optimizer(name, sim);
     run_steps(*opt_cpu, cpu, f, 0, 20);
     run_steps(*opt_sim, sim, f, 0, 20);
     CHECK(sim[0].device() == Device::sim());
@@ -77,16 +49,16 @@ TEST_CASE("20 steps of every optimizer on sim equal the CPU bit for bit (and PyT
 }
 
 TEST_CASE("optimizer state on sim: state_dict round trip, zero_grad, equal to the CPU bit for bit") {
-  const TensorMap f = fixture();
-  for (const char* name : kNames) {
+  const TensorMap f = optim_fixture();
+  for (const char* name : kOptimCases) {
     CAPTURE(name);
     auto cpu = fresh_params(f, Device::cpu()), sim = fresh_params(f, Device::sim());
-    auto opt_cpu = make(name, cpu), opt_sim = make(name, sim);
+    auto opt_cpu = make_optimizer(name, cpu), opt_sim = make_optimizer(name, sim);
     run_steps(*opt_cpu, cpu, f, 0, 10);
     run_steps(*opt_sim, sim, f, 0, 5);
     // The state of the sim optimizer, handed to a fresh one (in memory: the tensors stay
     // where state_dict put them), continues exactly.
-    auto resumed = make(name, sim);
+    auto resumed = make_optimizer(name, sim);
     resumed->load_state_dict(opt_sim->state_dict());
     run_steps(*resumed, sim, f, 5, 10);
     CHECK(host(sim) == host(cpu));
@@ -109,7 +81,7 @@ TEST_CASE("training an MLP on sim (autograd gradients, SGD momentum and AdamW) e
       Generator init(3);
       auto model = nn::mlp({16, 32, 5}, "relu", &init);
       model->to(dev);
-      auto opt = make(opt_name, model->parameters());
+      auto opt = make_optimizer(opt_name, model->parameters());
       const Tensor xd = x.to(dev), yd = y.to(dev);
       for (int step = 0; step < 10; ++step) {
         opt->zero_grad();

@@ -2,6 +2,7 @@
 // one process on B; no_sync, unused parameters, mismatched models, compression hooks.
 #include <doctest/doctest.h>
 
+#include "support/ddp_fixtures.hpp"
 #include "support/gradcheck.hpp"
 #include "support/multirank.hpp"
 
@@ -13,30 +14,6 @@ using parallel::DDPOptions;
 
 namespace {
 
-struct Data {
-  Tensor x, y;
-};
-
-Data make_data(std::int64_t n, std::int64_t d, std::int64_t classes) {
-  Generator g(99);
-  return {randn({n, d}, &g), randint(classes, {n}, &g)};
-}
-
-/// Many small parameters and one large one (larger than the test's bucket cap).
-std::shared_ptr<nn::Sequential> many_small_one_large() {
-  Generator g(5);
-  auto seq = std::make_shared<nn::Sequential>();
-  seq->push_back(std::make_shared<nn::Linear>(16, 128, true, &g));  // 2048 + 128 floats: the large one
-  seq->push_back(std::make_shared<nn::Tanh>());
-  seq->push_back(std::make_shared<nn::Linear>(128, 8, true, &g));
-  for (int i = 0; i < 6; ++i) {
-    seq->push_back(std::make_shared<nn::ReLU>());
-    seq->push_back(std::make_shared<nn::Linear>(8, 8, true, &g));
-  }
-  seq->push_back(std::make_shared<nn::Linear>(8, 5, true, &g));
-  return seq;
-}
-
 std::shared_ptr<nn::Module> make_model(const std::string& kind) {
   if (kind == "mlp") {
     Generator g(3);
@@ -45,30 +22,10 @@ std::shared_ptr<nn::Module> make_model(const std::string& kind) {
   return many_small_one_large();
 }
 
-std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind, const std::vector<Tensor>& ps) {
-  if (kind == "sgd") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1, 0.9});
-  optim::AdamOptions a;
-  a.lr = 1e-2;
-  a.weight_decay = 0.05;
-  return std::make_unique<optim::AdamW>(ps, a);
-}
-
 /// Trains `steps` steps; returns the final parameters.
 std::vector<Tensor> train(nn::Module& model, optim::Optimizer& opt, const Data& d, Sampler* sampler,
                           std::int64_t batch, int steps) {
-  auto ds = std::make_shared<TensorDataset>(d.x, d.y);
-  std::shared_ptr<Sampler> s(sampler, [](Sampler*) {});
-  DataLoader loader(ds, {batch}, s);
-  int step = 0;
-  for (std::int64_t epoch = 0; step < steps; ++epoch) {
-    loader.set_epoch(epoch);
-    for (Batch& b : loader) {
-      opt.zero_grad();
-      cross_entropy(model.forward(b.x), b.y).backward();
-      opt.step();
-      if (++step == steps) break;
-    }
-  }
+  train_steps(model, opt, d, sampler, batch, steps);
   std::vector<Tensor> out;
   for (auto& p : model.parameters()) out.push_back(p.clone());
   return out;
@@ -141,45 +98,13 @@ TEST_CASE("no_sync: k accumulation steps equal one step on k times the batch") {
     auto pg = make_thread_group("gloo", rank, W, store);
     DDP ddp(make_model("mlp"), pg);
     optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
-    // rank r's share of global batch g: the DistributedSampler's positions r, r+W, ...
-    for (int step = 0; step < 2; ++step) {
-      opt.zero_grad();
-      for (int m = 0; m < k; ++m) {
-        std::vector<std::int64_t> idx;
-        for (std::int64_t j = 0; j < micro; ++j) idx.push_back(step * W * k * micro + rank + W * (m * micro + j));
-        Tensor xb = Tensor::empty({micro, 16}), yb = Tensor::empty({micro}, DType::Int64);
-        TensorDataset(d.x, d.y).gather(idx.data(), micro, xb, yb);
-        auto loss = cross_entropy(ddp.forward(xb), yb) * (1.f / k);
-        if (m < k - 1) {
-          auto guard = ddp.no_sync();
-          loss.backward();
-        } else {
-          loss.backward();
-        }
-      }
-      opt.step();
-    }
+    no_sync_steps(ddp, opt, d, rank, W, k, micro, 2);
     std::vector<Tensor> got;
     for (auto& p : ddp.parameters()) got.push_back(p);
     // The reference sees the same samples in a different order inside each global batch.
     check_close(got, want, 1e-5, rank);
   });
 }
-
-namespace {
-class TwoHeads : public nn::Module {
- public:
-  TwoHeads() {
-    Generator g(7);
-    a = register_module("a", std::make_shared<nn::Linear>(16, 5, true, &g));
-    b = register_module("b", std::make_shared<nn::Linear>(16, 5, true, &g));
-  }
-  Tensor forward(const Tensor& x) override { return use_b ? b->forward(x) : a->forward(x); }
-  std::string describe() const override { return "TwoHeads"; }
-  std::shared_ptr<nn::Linear> a, b;
-  bool use_b = false;
-};
-}  // namespace
 
 TEST_CASE("unused parameters: a clear error without find_unused_parameters, correct with it") {
   const Data d = make_data(8, 16, 5);

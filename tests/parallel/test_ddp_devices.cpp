@@ -10,8 +10,10 @@
 #include <cstdlib>
 #include <iterator>
 
+#include "support/ddp_fixtures.hpp"
 #include "support/gradcheck.hpp"
 #include "support/multirank.hpp"
+#include "support/staging_check.hpp"
 
 using namespace phalanx;
 using namespace phalanx::test;
@@ -22,29 +24,6 @@ using parallel::DDPOptions;
 namespace {
 
 using Params = std::vector<std::vector<float>>;  // host copies, parameter by parameter
-
-struct Data {
-  Tensor x, y;
-};
-
-Data make_data(std::int64_t n) {
-  Generator g(99);
-  return {randn({n, 16}, &g), randint(5, {n}, &g)};
-}
-
-std::shared_ptr<nn::Sequential> many_small_one_large() {
-  Generator g(5);
-  auto seq = std::make_shared<nn::Sequential>();
-  seq->push_back(std::make_shared<nn::Linear>(16, 128, true, &g));
-  seq->push_back(std::make_shared<nn::Tanh>());
-  seq->push_back(std::make_shared<nn::Linear>(128, 8, true, &g));
-  for (int i = 0; i < 6; ++i) {
-    seq->push_back(std::make_shared<nn::ReLU>());
-    seq->push_back(std::make_shared<nn::Linear>(8, 8, true, &g));
-  }
-  seq->push_back(std::make_shared<nn::Linear>(8, 5, true, &g));
-  return seq;
-}
 
 /// A model with a buffer: out = body(x) + shift. The buffer starts different on every rank
 /// and each rank but 0 bumps it after using it, so only DDP's broadcasts (at construction,
@@ -68,19 +47,6 @@ class Shifted : public nn::Module {
   int rank_;
 };
 
-class TwoHeads : public nn::Module {
- public:
-  TwoHeads() {
-    Generator g(7);
-    a = register_module("a", std::make_shared<nn::Linear>(16, 5, true, &g));
-    b = register_module("b", std::make_shared<nn::Linear>(16, 5, true, &g));
-  }
-  Tensor forward(const Tensor& x) override { return use_b ? b->forward(x) : a->forward(x); }
-  std::string describe() const override { return "TwoHeads"; }
-  std::shared_ptr<nn::Linear> a, b;
-  bool use_b = false;
-};
-
 nn::ModulePtr make_model(const std::string& kind, int rank) {
   if (kind == "mlp") {
     Generator g(3);
@@ -88,14 +54,6 @@ nn::ModulePtr make_model(const std::string& kind, int rank) {
   }
   if (kind == "shifted") return std::make_shared<Shifted>(rank);
   return many_small_one_large();
-}
-
-std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind, const std::vector<Tensor>& ps) {
-  if (kind == "sgd") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1, 0.9});
-  optim::AdamOptions a;
-  a.lr = 1e-2;
-  a.weight_decay = 0.05;
-  return std::make_unique<optim::AdamW>(ps, a);
 }
 
 Params host_params(const std::vector<Tensor>& ps) {
@@ -107,19 +65,7 @@ Params host_params(const std::vector<Tensor>& ps) {
 /// Trains on `dev` (batches moved there); returns the final parameters.
 Params train(nn::Module& model, optim::Optimizer& opt, const Data& d, Sampler* sampler, std::int64_t batch,
              int steps, Device dev) {
-  auto ds = std::make_shared<TensorDataset>(d.x, d.y);
-  std::shared_ptr<Sampler> s(sampler, [](Sampler*) {});
-  DataLoader loader(ds, {batch}, s);
-  int step = 0;
-  for (std::int64_t epoch = 0; step < steps; ++epoch) {
-    loader.set_epoch(epoch);
-    for (Batch& b : loader) {
-      opt.zero_grad();
-      cross_entropy(model.forward(b.x.to(dev)), b.y.to(dev)).backward();
-      opt.step();
-      if (++step == steps) break;
-    }
-  }
+  train_steps(model, opt, d, sampler, batch, steps, dev);
   return host_params(model.parameters());
 }
 
@@ -174,23 +120,7 @@ Params run_no_sync(const Data& d, const ProcessGroupPtr& pg, int rank, int W, De
   model->to(dev);
   DDP ddp(model, pg);
   optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
-  for (int step = 0; step < 2; ++step) {
-    opt.zero_grad();
-    for (int m = 0; m < k; ++m) {
-      std::vector<std::int64_t> idx;
-      for (std::int64_t j = 0; j < micro; ++j) idx.push_back(step * W * k * micro + rank + W * (m * micro + j));
-      Tensor xb = Tensor::empty({micro, 16}), yb = Tensor::empty({micro}, DType::Int64);
-      TensorDataset(d.x, d.y).gather(idx.data(), micro, xb, yb);
-      Tensor loss = cross_entropy(ddp.forward(xb.to(dev)), yb.to(dev)) * (1.f / k);
-      if (m < k - 1) {
-        auto guard = ddp.no_sync();
-        loss.backward();
-      } else {
-        loss.backward();
-      }
-    }
-    opt.step();
-  }
+  no_sync_steps(ddp, opt, d, rank, W, k, micro, 2, dev);
   return host_params(ddp.parameters());
 }
 
@@ -299,68 +229,7 @@ TEST_CASE("gloo stages tensors of any device through host memory: every operatio
   auto store = std::make_shared<MemoryStore>();
   run_threads(W, [&](int rank) {
     auto pg = make_thread_group("gloo", rank, W, store);
-    const int next = (rank + 1) % W, prev = (rank + W - 1) % W;
-    for (std::int64_t n : {1, 1000, 70000}) {
-      Generator g(static_cast<std::uint64_t>(rank * 1000 + n));
-      const Tensor x = randn({n}, &g), xi = randint(1000, {n}, &g);
-      std::vector<std::string> got[2];  // each result's bytes, CPU run then sim run
-      for (int d = 0; d < 2; ++d) {
-        const Device dev = d == 0 ? Device::cpu() : Device::sim();
-        const auto put = [&](const Tensor& t) { return t.clone().to(dev); };
-        const auto keep = [&](const Tensor& t) {
-          REQUIRE_RANK(rank, t.device() == dev, "the result stays on its device");
-          const Tensor h = t.to(Device::cpu());
-          got[d].emplace_back(static_cast<const char*>(h.raw_data()), h.nbytes());
-        };
-        const auto many = [&](const Tensor& like) {
-          std::vector<Tensor> v;
-          for (int r = 0; r < W; ++r) v.push_back(Tensor::empty(like.shape(), like.dtype(), dev));
-          return v;
-        };
-        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
-          Tensor t = put(x);
-          pg->allreduce(t, op)->wait();
-          keep(t);
-        }
-        Tensor ti = put(xi), th = to_dtype(put(x), DType::Float16);
-        pg->allreduce(ti)->wait();
-        pg->allreduce(th)->wait();
-        keep(ti);
-        keep(th);
-        Tensor b = put(x);
-        pg->broadcast(b, W - 1)->wait();
-        keep(b);
-        auto gathered = many(x);
-        pg->allgather(gathered, put(x))->wait();
-        for (auto& t : gathered) keep(t);
-        Tensor rs = Tensor::empty({n}, DType::Float32, dev);
-        std::vector<Tensor> rs_in;
-        for (int r = 0; r < W; ++r) rs_in.push_back(put(x * static_cast<float>(r + 1)));
-        pg->reduce_scatter(rs, rs_in)->wait();
-        keep(rs);
-        Tensor red = put(x);
-        pg->reduce(red, 1)->wait();
-        keep(red);  // elsewhere than at the root: left as it was
-        auto at_root = many(x);
-        pg->gather(at_root, put(x), 0)->wait();
-        if (rank == 0)
-          for (auto& t : at_root) keep(t);
-        Tensor sc = Tensor::empty({n}, DType::Float32, dev);
-        std::vector<Tensor> sc_in;
-        for (int r = 0; r < W; ++r) sc_in.push_back(put(x + static_cast<float>(r)));
-        pg->scatter(sc, sc_in, 2)->wait();
-        keep(sc);
-        Tensor sent = put(x), received = Tensor::empty({n}, DType::Float32, dev);
-        auto s = pg->send(sent, next);
-        auto r = pg->recv(received, prev);
-        s->wait();
-        r->wait();
-        keep(received);
-      }
-      REQUIRE_RANK(rank, got[0].size() == got[1].size(), "as many results");
-      for (std::size_t i = 0; i < got[0].size(); ++i)
-        REQUIRE_RANK(rank, got[0][i] == got[1][i], detail::concat("n = ", n, ": result ", i, " differs on sim"));
-    }
+    check_sim_staging(*pg, {1, 1000, 70000}, DType::Float16, 1);
   });
 }
 

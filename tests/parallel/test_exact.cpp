@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "phalanx/core/kernels.hpp"
+#include "support/ddp_fixtures.hpp"
 #include "support/multirank.hpp"
 
 using namespace phalanx;
@@ -25,27 +26,12 @@ namespace {
 constexpr std::int64_t kSamples = 96, kFeatures = 16, kClasses = 5;
 constexpr std::int64_t kGlobal = 24, kMicro = 2, kK = kGlobal / kMicro;  // 12 micro-batches a step
 
-struct Data {
-  Tensor x, y;
-};
-
-Data make_data() {
-  Generator g(99);
-  return {randn({kSamples, kFeatures}, &g), randint(kClasses, {kSamples}, &g)};
-}
+Data make_data() { return phalanx::test::make_data(kSamples, kFeatures, kClasses); }
 
 /// Eight parameters; with a tiny bucket cap each gets an int64 bucket of its own.
 std::shared_ptr<nn::Module> make_model() {
   Generator g(3);
   return nn::mlp({kFeatures, 24, 24, 24, kClasses}, "tanh", &g);
-}
-
-std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind, const std::vector<Tensor>& ps) {
-  if (kind == "sgd") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1, 0.9});
-  optim::AdamOptions a;
-  a.lr = 1e-2;
-  a.weight_decay = 0.05;
-  return std::make_unique<optim::AdamW>(ps, a);
 }
 
 std::vector<std::int64_t> shuffled(std::int64_t n, std::uint64_t seed) {
