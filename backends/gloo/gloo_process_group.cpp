@@ -21,6 +21,7 @@
 #include <typeinfo>
 
 #include "gloo_store_adapter.hpp"
+#include "phalanx/backends/host_staging.hpp"
 #include "phalanx/backends/prefix_store.hpp"
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/half.hpp"
@@ -98,32 +99,10 @@ void sum16(void* c, const void* a, const void* b, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) o[i] = Store(Load(x[i]) + Load(y[i]));
 }
 
-// Gloo reads and writes host memory. A CPU tensor is used in place (zero-copy); a tensor of
-// another device (CUDA, sim) is staged through a host buffer: copied in before the
-// operation, copied back after it, as PyTorch's Gloo backend does for CUDA tensors.
-
-/// `t` itself when it is on the CPU; else a host buffer like it, holding t's values when
-/// `copy_in` (an input), uninitialised otherwise (an output only).
-Tensor host_of(const Tensor& t, bool copy_in = true) {
-  if (t.device().is_cpu()) return t;
-  Tensor h = Tensor::empty(t.shape(), t.dtype());
-  if (copy_in) kernels_for(t.device()).copy_to_host(h.raw_data(), t.raw_data(), t.nbytes());
-  return h;
-}
-
-/// Copies `nbytes` of host memory at `src` into `dst` at byte `offset`, whatever dst's device.
-void write_back(const Tensor& dst, std::size_t offset, const void* src, std::size_t nbytes) {
-  char* d = static_cast<char*>(dst.raw_data()) + offset;
-  if (dst.device().is_cpu())
-    std::memcpy(d, src, nbytes);
-  else
-    kernels_for(dst.device()).copy_from_host(d, src, nbytes);
-}
-
-/// The staged result back into `t` (nothing to do when `host` is t itself).
-void copy_back(const Tensor& host, const Tensor& t) {
-  if (!host.is_same(t)) write_back(t, 0, host.raw_data(), t.nbytes());
-}
+// Gloo reads and writes host memory: non-CPU tensors are staged (host_staging.hpp).
+using staging::copy_back;
+using staging::host_of;
+using staging::write_back;
 
 }  // namespace
 

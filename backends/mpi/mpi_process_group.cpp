@@ -9,6 +9,7 @@
 
 #include "mpi_runtime.hpp"
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/backends/host_staging.hpp"
 #include "phalanx/core/half.hpp"
 #include "phalanx/core/kernels.hpp"
 
@@ -41,39 +42,11 @@ int count_of(std::int64_t n, const char* op) {
   return static_cast<int>(n);
 }
 
-// MPI reads and writes host memory. A CPU tensor is used in place (zero-copy); a tensor of
-// another device is staged through a host buffer: copied in before the operation, copied back
-// after it.
-
-/// `t` itself when it is on the CPU; else a host tensor like it, holding t's values when
-/// `copy_in` (an input), uninitialised otherwise (an output only).
-Tensor host_of(const Tensor& t, bool copy_in = true) {
-  if (t.device().is_cpu()) return t;
-  Tensor h = Tensor::empty(t.shape(), t.dtype());
-  if (copy_in) kernels_for(t.device()).copy_to_host(h.raw_data(), t.raw_data(), t.nbytes());
-  return h;
-}
-
-/// `nbytes` of host memory at `src` into `dst` at byte `offset`, whatever dst's device.
-void write_back(const Tensor& dst, std::size_t offset, const void* src, std::size_t nbytes) {
-  char* d = static_cast<char*>(dst.raw_data()) + offset;
-  if (dst.device().is_cpu())
-    std::memcpy(d, src, nbytes);
-  else
-    kernels_for(dst.device()).copy_from_host(d, src, nbytes);
-}
-
-/// `nbytes` of `src` (any device) into host memory at `dst`.
-void read_into(void* dst, const Tensor& src, std::size_t nbytes) {
-  if (src.device().is_cpu())
-    std::memcpy(dst, src.raw_data(), nbytes);
-  else
-    kernels_for(src.device()).copy_to_host(dst, src.raw_data(), nbytes);
-}
-
-void copy_back(const Tensor& host, const Tensor& t) {
-  if (!host.is_same(t)) write_back(t, 0, host.raw_data(), t.nbytes());
-}
+// MPI reads and writes host memory: non-CPU tensors are staged (host_staging.hpp).
+using staging::copy_back;
+using staging::host_of;
+using staging::read_into;
+using staging::write_back;
 
 void divide_by(Tensor& host, int size) { kernels_for(Device::cpu()).divide(host, static_cast<float>(size)); }
 

@@ -125,7 +125,7 @@ void ShmProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, 
     const std::size_t len = std::min(chunk, bytes - off);
     std::memcpy(seg_->slot(rank(), half()), data + off, len);
     step(o);
-    for (int q = 0; q < size(); ++q) write_to(out[q], off, q == rank() ? data + off : seg_->slot(q, half()), len);
+    for (int q = 0; q < size(); ++q) write_back(out[q], off, q == rank() ? data + off : seg_->slot(q, half()), len);
     next_round();
     off += len;
   } while (off < bytes);
@@ -142,7 +142,7 @@ void ShmProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int
     if (rank() != root) std::memcpy(seg_->slot(rank(), half()), data + off, len);
     step(o);
     if (rank() == root)
-      for (int q = 0; q < size(); ++q) write_to(out[q], off, q == root ? data + off : seg_->slot(q, half()), len);
+      for (int q = 0; q < size(); ++q) write_back(out[q], off, q == root ? data + off : seg_->slot(q, half()), len);
     next_round();
     off += len;
   } while (off < bytes);
@@ -165,7 +165,7 @@ void ShmProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root
       for (int q = 0; q < W; ++q)
         if (q != root) std::memcpy(slot + q * chunk, static_cast<const char*>(hin[q].raw_data()) + off, len);
     step(o);
-    write_to(out, off, is_root ? static_cast<const char*>(hin[root].raw_data()) + off : slot + rank() * chunk, len);
+    write_back(out, off, is_root ? static_cast<const char*>(hin[root].raw_data()) + off : slot + rank() * chunk, len);
     next_round();
     off += len;
   } while (off < bytes);

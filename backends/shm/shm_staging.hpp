@@ -1,35 +1,12 @@
 #pragma once
-// The shm backend works on host memory: a CPU tensor is used in place; a tensor of another
-// device (CUDA, sim) is staged through a host buffer (copied in, the operation, copied
-// back), as the Gloo plugin and PyTorch's Gloo backend do.
-#include <cstring>
-
-#include "phalanx/core/kernels.hpp"
-#include "phalanx/core/tensor.hpp"
+// The shm backend works on host memory: non-CPU tensors are staged through a host buffer
+// (phalanx/backends/host_staging.hpp, shared with the Gloo and MPI plugins).
+#include "phalanx/backends/host_staging.hpp"
 
 namespace phalanx::shm {
 
-/// `t` itself when it is on the CPU; else a host buffer like it, holding t's values when
-/// `copy_in` (an input), uninitialised otherwise (an output only).
-inline Tensor host_of(const Tensor& t, bool copy_in = true) {
-  if (t.device().is_cpu()) return t;
-  Tensor h = Tensor::empty(t.shape(), t.dtype());
-  if (copy_in) kernels_for(t.device()).copy_to_host(h.raw_data(), t.raw_data(), t.nbytes());
-  return h;
-}
-
-/// Copies `nbytes` of host memory at `src` into `dst` at byte `offset`, whatever dst's device.
-inline void write_to(const Tensor& dst, std::size_t offset, const void* src, std::size_t nbytes) {
-  char* d = static_cast<char*>(dst.raw_data()) + offset;
-  if (dst.device().is_cpu())
-    std::memcpy(d, src, nbytes);
-  else
-    kernels_for(dst.device()).copy_from_host(d, src, nbytes);
-}
-
-/// The staged result back into `t` (nothing to do when `host` is t itself).
-inline void copy_back(const Tensor& host, const Tensor& t) {
-  if (!host.is_same(t)) write_to(t, 0, host.raw_data(), t.nbytes());
-}
+using staging::copy_back;
+using staging::host_of;
+using staging::write_back;
 
 }  // namespace phalanx::shm
