@@ -1,7 +1,6 @@
 #include "phalanx/backends/work.hpp"
 
 #include "phalanx/backends/comm_error.hpp"
-#include "phalanx/backends/reduce_op.hpp"
 
 namespace phalanx {
 
@@ -38,17 +37,6 @@ bool Work::finish(std::exception_ptr error) {
   }
   cv_.notify_all();
   return true;
-}
-
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Product: return "product";
-  }
-  return "?";
 }
 
 }  // namespace phalanx

@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "cuda_kernels.hpp"
-#include "phalanx/backends/plugin_abi.h"
+#include "phalanx/core/plugin_abi.h"
 
 namespace {
 

@@ -3,14 +3,13 @@
 #include <mutex>
 #include <string>
 
+#include "kernel_checks.hpp"
 #include "phalanx/core/kernels.hpp"
+#include "phalanx/core/plugin_loader.hpp"
 
 namespace phalanx {
 
 DeviceKernels& cpu_kernels();  // core/src/cpu/cpu_kernels.cpp
-// Loads the device plugin for `type` (libphalanx_cuda.so) through the plugin registry
-// (backends/src/plugin_registry.cpp); returns false with the reason.
-bool load_device_plugin(DeviceType type, std::string* reason);
 
 namespace {
 // Read on every kernel call from any thread, written once when a device plugin loads: the
@@ -21,7 +20,7 @@ Table& table() {
   static Table* t = [] {
     auto* tbl = new Table;  // never destroyed: kernels may run during static destruction
     for (auto& slot : *tbl) slot.store(nullptr, std::memory_order_relaxed);
-    (*tbl)[static_cast<int>(DeviceType::CPU)].store(&cpu_kernels(), std::memory_order_release);
+    (*tbl)[static_cast<int>(DeviceType::CPU)].store(with_boundary_checks(DeviceType::CPU, &cpu_kernels()), std::memory_order_release);
     return tbl;
   }();
   return *t;
@@ -46,7 +45,7 @@ DeviceKernels& kernels_for(Device device) {
 }
 
 void register_device_kernels(DeviceType type, DeviceKernels* k) {
-  table()[static_cast<int>(type)].store(k, std::memory_order_release);
+  table()[static_cast<int>(type)].store(with_boundary_checks(type, k), std::memory_order_release);
 }
 
 }  // namespace phalanx

@@ -1,9 +1,8 @@
 #pragma once
-// Umbrella for samplers/: samplers, datasets, the DataLoader.
-#include "phalanx/samplers/data_loader.hpp"
-#include "phalanx/samplers/dataset.hpp"
+// Umbrella for samplers/ (Sampler, DistributedSampler, MicroBatchSampler); it also brings in
+// data/ (datasets, the DataLoader), which lived here before the two were split.
+#include "phalanx/data.hpp"
 #include "phalanx/samplers/distributed_sampler.hpp"
-#include "phalanx/samplers/idx.hpp"
 #include "phalanx/samplers/micro_batch_sampler.hpp"
 #include "phalanx/samplers/sampler.hpp"
 #include "phalanx/samplers/shuffle.hpp"

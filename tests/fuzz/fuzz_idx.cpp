@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "fuzz_support.hpp"
-#include "phalanx/samplers/idx.hpp"
+#include "phalanx/data/idx.hpp"
 
 namespace {
 

@@ -22,7 +22,7 @@
 
 #include <phalanx/phalanx.hpp>
 #include <phalanx/core/tensor_impl.hpp>
-#include <phalanx/samplers/data_cache.hpp>
+#include <phalanx/data/data_cache.hpp>
 
 using namespace phalanx;
 using namespace phalanx::samplers;

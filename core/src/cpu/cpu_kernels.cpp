@@ -14,76 +14,13 @@
 
 namespace phalanx {
 
-namespace {
-constexpr std::size_t kAlign = 64;  // a cache line: full-width SIMD loads, no false sharing
-}
-
-// A caching allocator: a training step frees and re-allocates the same sizes every step
-// (activations, gradients), and glibc answers large requests with mmap/munmap and
-// consolidation. Blocks are kept per exact (rounded) size up to a byte budget.
-CpuBlockCache::CpuBlockCache() {
-  if (const char* mb = std::getenv("PHALANX_CPU_CACHE_MB")) budget_ = std::strtoull(mb, nullptr, 10) << 20;
-}
-CpuBlockCache::~CpuBlockCache() { release_all(); }
-
-void* CpuBlockCache::take(std::size_t rounded) {
-  if (rounded < kMinCached) return nullptr;
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = free_.find(rounded);
-  if (it == free_.end() || it->second.empty()) return nullptr;
-  void* p = it->second.back();
-  it->second.pop_back();
-  cached_ -= rounded;
-  return p;
-}
-
-bool CpuBlockCache::give(void* p, std::size_t rounded) {
-  if (rounded < kMinCached) return false;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (cached_ + rounded > budget_) return false;
-  free_[rounded].push_back(p);
-  cached_ += rounded;
-  return true;
-}
-
-void CpuBlockCache::release_all() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [size, blocks] : free_)
-    for (void* p : blocks) std::free(p);
-  free_.clear();
-  cached_ = 0;
-}
-
-std::size_t CpuBlockCache::cached_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return cached_;
-}
-
-namespace {
-std::size_t round_up(std::size_t nbytes) {
-  return (std::max<std::size_t>(nbytes, 1) + kAlign - 1) / kAlign * kAlign;
-}
-}  // namespace
-
 DeviceKernels& cpu_kernels() {
   static CpuKernels k;
   return k;
 }
 
-void* CpuKernels::allocate(std::size_t nbytes, int) {
-  const std::size_t rounded = round_up(nbytes);
-  if (void* p = cache_.take(rounded)) return p;
-  void* p = std::aligned_alloc(kAlign, rounded);
-  if (!p) {
-    cache_.release_all();  // give cached blocks back and try once more
-    p = std::aligned_alloc(kAlign, rounded);
-    if (!p) throw std::bad_alloc();
-  }
-  return p;
-}
-void CpuKernels::deallocate(void* p, std::size_t nbytes, int) {
-  if (!cache_.give(p, round_up(nbytes))) std::free(p);
-}
+void* CpuKernels::allocate(std::size_t nbytes, int) { return allocator_.allocate(nbytes); }
+void CpuKernels::deallocate(void* p, std::size_t nbytes, int) { allocator_.deallocate(p, nbytes); }
 void CpuKernels::copy(void* dst, const void* src, std::size_t n) {
   if (n) std::memmove(dst, src, n);
 }

@@ -1,32 +1,10 @@
 #pragma once
 // The built-in CPU kernel table. Elementwise kernels (cpu_elementwise.cpp) use xtensor over
 // adapted buffers; GEMM goes to CBLAS (OpenBLAS); the rest are plain loops (cpu_kernels.cpp).
-#include <mutex>
-#include <unordered_map>
-#include <vector>
-
+#include "cpu/cpu_allocator.hpp"
 #include "phalanx/core/kernels.hpp"
 
 namespace phalanx {
-
-/// Free CPU blocks kept for reuse, by rounded size, within a byte budget
-/// (PHALANX_CPU_CACHE_MB, default 1024).
-class CpuBlockCache {
- public:
-  CpuBlockCache();
-  ~CpuBlockCache();
-  void* take(std::size_t rounded);
-  bool give(void* p, std::size_t rounded);
-  void release_all();
-  std::size_t cached_bytes() const;
-
- private:
-  static constexpr std::size_t kMinCached = 4096;  // small blocks: malloc's own caches win
-  mutable std::mutex mu_;
-  std::unordered_map<std::size_t, std::vector<void*>> free_;
-  std::size_t cached_ = 0;
-  std::size_t budget_ = std::size_t(1024) << 20;
-};
 
 class CpuKernels final : public DeviceKernels {
  public:
@@ -111,7 +89,7 @@ class CpuKernels final : public DeviceKernels {
                    Tensor& max_exp_avg_sq, const AdamUpdate& u) override;
 
  private:
-  CpuBlockCache cache_;
+  CpuAllocator allocator_;
 };
 
 }  // namespace phalanx

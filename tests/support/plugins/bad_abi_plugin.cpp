@@ -1,5 +1,5 @@
 // A plugin built for another ABI version (the registry must refuse it).
-#include "phalanx/backends/plugin_abi.h"
+#include "phalanx/core/plugin_abi.h"
 
 namespace {
 void* create(const void*, char*, size_t) { return nullptr; }

@@ -1,7 +1,7 @@
 // A plugin whose probe says it cannot run here (like NCCL without a GPU).
 #include <cstdio>
 
-#include "phalanx/backends/plugin_abi.h"
+#include "phalanx/core/plugin_abi.h"
 
 namespace {
 int probe(char* reason, size_t len) {

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "phalanx/backends/plugin_abi.h"
+#include "phalanx/core/plugin_abi.h"
 #include "sim_allocator.hpp"
 #include "sim_kernels.hpp"
 

@@ -1,4 +1,4 @@
-#include "phalanx/samplers/dataset.hpp"
+#include "phalanx/data/dataset.hpp"
 
 #include <algorithm>
 #include <cmath>

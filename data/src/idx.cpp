@@ -1,4 +1,4 @@
-#include "phalanx/samplers/idx.hpp"
+#include "phalanx/data/idx.hpp"
 
 #include <zlib.h>
 
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "phalanx/core/error.hpp"
-#include "phalanx/samplers/data_cache.hpp"
+#include "phalanx/data/data_cache.hpp"
 
 namespace phalanx::samplers {
 

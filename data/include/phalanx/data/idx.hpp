@@ -6,7 +6,7 @@
 #include <string>
 
 #include "phalanx/core/tensor.hpp"
-#include "phalanx/samplers/dataset.hpp"
+#include "phalanx/data/dataset.hpp"
 
 namespace phalanx::samplers {
 

@@ -1,4 +1,4 @@
-#include "phalanx/samplers/data_loader.hpp"
+#include "phalanx/data/data_loader.hpp"
 
 #include "phalanx/core/error.hpp"
 

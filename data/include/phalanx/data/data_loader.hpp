@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "phalanx/samplers/dataset.hpp"
+#include "phalanx/data/dataset.hpp"
 #include "phalanx/samplers/sampler.hpp"
 
 namespace phalanx::samplers {

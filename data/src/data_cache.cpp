@@ -1,4 +1,4 @@
-#include "phalanx/samplers/data_cache.hpp"
+#include "phalanx/data/data_cache.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

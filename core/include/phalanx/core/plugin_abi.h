@@ -1,0 +1,43 @@
+/* The plugin ABI, shared by device plugins (CUDA, the sim test device) and communication
+ * plugins (gloo, nccl, shm, mpi): every plugin is a MODULE library libphalanx_<name>.so
+ * exporting one C-linkage entry point, phalanx_plugin_entry, that returns a static
+ * descriptor. core/src/plugin_loader.cpp finds and checks it (phalanx/core/plugin_loader.hpp).
+ * The loader checks abi_version first, then kind, then the probe; each failure has its own
+ * error. Plugins are built against this Phalanx's headers (the factory hands C++ objects
+ * across), so PHALANX_PLUGIN_ABI_VERSION changes whenever those headers change layout. */
+#ifndef PHALANX_CORE_PLUGIN_ABI_H
+#define PHALANX_CORE_PLUGIN_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PHALANX_PLUGIN_ABI_VERSION 3u  /* 3: Sim device, exact-mode kernels; 2: Storage file mappings */
+#define PHALANX_PLUGIN_ENTRY_SYMBOL "phalanx_plugin_entry"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct phalanx_plugin_descriptor {
+  uint32_t abi_version;    /* PHALANX_PLUGIN_ABI_VERSION the plugin was built with */
+  const char* name;        /* "gloo": must match the file name libphalanx_<name>.so */
+  const char* kind;        /* "comm" (a ProcessGroup factory) or "device" (kernel tables) */
+  const char* description; /* one line for listings */
+  /* Availability probe (may be NULL = always available): returns nonzero when the backend
+   * can run here; otherwise writes a reason (e.g. "no CUDA device") into `reason`. */
+  int (*probe)(char* reason, size_t reason_len);
+  /* comm: `config` is a const phalanx::BackendConfig*; returns a new phalanx::ProcessGroup*
+   * owned by the caller, or NULL with a message in `error`.
+   * device: `config` is NULL; registers the device's kernel table and returns non-NULL. */
+  void* (*create)(const void* config, char* error, size_t error_len);
+  /* Destroys what `create` returned (comm plugins). */
+  void (*destroy)(void* object);
+} phalanx_plugin_descriptor;
+
+typedef const phalanx_plugin_descriptor* (*phalanx_plugin_entry_fn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,6 @@
+#pragma once
+// Umbrella for data/: datasets (tensor, .npy, IDX/MNIST), the read cache, the DataLoader.
+#include "phalanx/data/data_cache.hpp"
+#include "phalanx/data/data_loader.hpp"
+#include "phalanx/data/dataset.hpp"
+#include "phalanx/data/idx.hpp"
