@@ -27,6 +27,15 @@ class AutogradError : public Error { using Error::Error; };
 class IoError : public Error { using Error::Error; };
 /// A violated internal invariant: a bug in Phalanx, please report it.
 class InternalError : public Error { using Error::Error; };
+/// Bad configuration: launch variables (RANK/WORLD_SIZE, a missing MASTER_ADDR, a port in
+/// use, mismatched world sizes or duplicate ranks), a malformed config file, options that
+/// contradict each other.
+class ConfigError : public Error { using Error::Error; };
+/// A plugin (device or communication) that could not be found on any search path, or found
+/// but not loadable.
+class PluginNotFoundError : public Error { using Error::Error; };
+/// A plugin built against another plugin ABI version, or whose descriptor is inconsistent.
+class PluginAbiError : public Error { using Error::Error; };
 
 namespace detail {
 template <typename... Args>
