@@ -30,9 +30,16 @@ set_property(CACHE PHALANX_WITH_GLOO PROPERTY STRINGS AUTO ON OFF)
 
 # phalanx_add_plugin(NAME SOURCES...): a MODULE library libphalanx_<name>.so next to
 # libphalanx.so (so the registry finds it in the build tree) and installed beside it.
+# It compiles against the public headers of its layer only (PHALANX_PLUGIN_LAYER, set by the
+# folder that holds it: `backends` for communication plugins, `core` for device plugins), so
+# a plugin cannot include a layer above its own either; it links libphalanx.so for symbols.
 function(phalanx_add_plugin name)
+  if(NOT PHALANX_PLUGIN_LAYER)
+    message(FATAL_ERROR "phalanx_add_plugin(${name}): set PHALANX_PLUGIN_LAYER (core or backends) in the folder above")
+  endif()
   add_library(phalanx_${name} MODULE ${ARGN})
-  target_link_libraries(phalanx_${name} PRIVATE Phalanx::phalanx)
+  target_link_libraries(phalanx_${name} PRIVATE phalanx_${PHALANX_PLUGIN_LAYER}_headers $<TARGET_FILE:phalanx>)
+  add_dependencies(phalanx_${name} phalanx)
   target_compile_options(phalanx_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
   set_target_properties(phalanx_${name} PROPERTIES
     PREFIX "lib" OUTPUT_NAME phalanx_${name}
