@@ -6,6 +6,7 @@
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/error.hpp"
 #include "phalanx/core/kernels.hpp"
+#include "phalanx/core/timeline.hpp"
 
 namespace phalanx::optim {
 
@@ -28,6 +29,7 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& o, bool decoupled)
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam(std::move(params), o, true) {}
 
 void Adam::step() {
+  const timeline::Span span("optimizer step", "optim");
   NoGradGuard no_grad;
   for (std::size_t g = 0; g < param_groups().size(); ++g) {
     ParamGroup& group = param_groups()[g];

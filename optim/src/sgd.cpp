@@ -3,6 +3,7 @@
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/error.hpp"
 #include "phalanx/core/kernels.hpp"
+#include "phalanx/core/timeline.hpp"
 
 namespace phalanx::optim {
 
@@ -17,6 +18,7 @@ SGD::SGD(std::vector<Tensor> params, const SGDOptions& o)
 }
 
 void SGD::step() {
+  const timeline::Span span("optimizer step", "optim");
   NoGradGuard no_grad;
   for (std::size_t g = 0; g < param_groups().size(); ++g) {
     ParamGroup& group = param_groups()[g];

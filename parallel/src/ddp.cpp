@@ -5,6 +5,7 @@
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/ops.hpp"
+#include "phalanx/core/timeline.hpp"
 #include "phalanx/core/world.hpp"
 #include "phalanx/parallel/init.hpp"
 #include "exact_reducer.hpp"
@@ -64,6 +65,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
 DistributedDataParallel::~DistributedDataParallel() = default;
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
+  const timeline::Span span("forward", "ddp");  // the buffers' broadcast and Join's messages included
   if (exact_) {
     if (join_config().enable)
       throw ConfigError("DDP: Join cannot shadow exact mode's reductions; give every rank the same number of "

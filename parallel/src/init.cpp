@@ -15,6 +15,7 @@
 #include "phalanx/backends/tcp_store.hpp"
 #include "phalanx/backends/world_of_one.hpp"
 #include "phalanx/core/kernels.hpp"
+#include "phalanx/core/timeline.hpp"
 #include "phalanx/core/world.hpp"
 #include "phalanx/parallel/launch_env.hpp"
 #include "advertise_address.hpp"
@@ -292,6 +293,7 @@ void destroy_process_group() {
   s.store.reset();
   s.server.reset();
   s.has_device = false;
+  timeline::finish();  // this rank's part of PHALANX_TIMELINE (docs/timeline.md), while the world is known
   set_default_world({0, 1});
 }
 

@@ -7,6 +7,7 @@
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/creation.hpp"
+#include "phalanx/core/timeline.hpp"
 
 namespace phalanx::parallel {
 
@@ -137,7 +138,7 @@ void Reducer::launch_void_rest() {
     GradBucket& b = buckets_[next_launch_];
     b.buffer.zero_();
     if (next_launch_ + 1 == buckets_.size()) set_pass_flag(1.f);
-    hook_->launch(*pg_, b);
+    launch_bucket(b);
     ++next_launch_;
   }
 }
@@ -146,7 +147,7 @@ std::exception_ptr Reducer::finish_launched(std::size_t* failed) {
   std::exception_ptr error;
   for (std::size_t b = 0; b < next_launch_; ++b) {
     try {
-      hook_->finish(*pg_, buckets_[b]);
+      finish_bucket(buckets_[b]);
     } catch (const CommError&) {
       if (!error) {
         error = std::current_exception();
@@ -259,12 +260,41 @@ void Reducer::launch_in_order() {
   // nothing left to compute by the time the last bucket fills.
   while (next_launch_ + 1 < buckets_.size() && pending_[next_launch_] == 0) {
     if (next_launch_ == 0) first_launch_ = Clock::now();
-    hook_->launch(*pg_, buckets_[next_launch_]);
+    launch_bucket(buckets_[next_launch_]);
     ++next_launch_;
   }
 }
 
+void Reducer::launch_bucket(GradBucket& b) {
+  if (!timeline::enabled()) {
+    hook_->launch(*pg_, b);
+    return;
+  }
+  // Two events: the launch itself on this thread (inside backward), and the bucket from
+  // launch to completion (its wait at the end of backward), as an async row.
+  const timeline::Arg bytes{"bytes", b.buffer.numel() * 4};
+  const timeline::Arg params{"params", static_cast<std::int64_t>(b.params.size())};
+  const int index = static_cast<int>(b.index);
+  timeline::async_begin("bucket", "ddp", b.index, index, bytes, params);
+  timeline::Span span("launch bucket", "ddp", bytes, params, index);
+  hook_->launch(*pg_, b);
+}
+
+void Reducer::finish_bucket(GradBucket& b) {
+  if (!timeline::enabled()) {
+    hook_->finish(*pg_, b);
+    return;
+  }
+  struct End {
+    const GradBucket& b;
+    ~End() { timeline::async_end("bucket", "ddp", b.index, static_cast<int>(b.index)); }
+  } end{b};
+  hook_->finish(*pg_, b);
+}
+
 void Reducer::finalize() {
+  // Backward's computation is over: the last bucket's launch and the wait for all of them.
+  const timeline::Span span("finalize", "ddp");
   armed_ = false;
   if (next_launch_ + 1 < buckets_.size() || pending_.back() != 0) {
     std::string missing;
@@ -287,7 +317,7 @@ void Reducer::finalize() {
   if (next_launch_ == 0) first_launch_ = Clock::now();
   set_pass_flag(0.f);  // this rank's backward ran to the end
   try {
-    hook_->launch(*pg_, buckets_.back());
+    launch_bucket(buckets_.back());
   } catch (const CommError&) {
     std::size_t failed = 0;
     finish_launched(&failed);  // nothing may still write into the buffers
@@ -299,7 +329,7 @@ void Reducer::finalize() {
   const auto wait_start = Clock::now();
   for (auto& b : buckets_) {
     try {
-      hook_->finish(*pg_, b);
+      finish_bucket(b);
     } catch (const CommError&) {
       reset_pass();
       rethrow_with_context(std::current_exception(),
@@ -331,7 +361,7 @@ void Reducer::shadow_pass() {
   std::exception_ptr error;
   std::size_t failed = 0;
   try {
-    for (; next_launch_ < buckets_.size(); ++next_launch_) hook_->launch(*pg_, buckets_[next_launch_]);
+    for (; next_launch_ < buckets_.size(); ++next_launch_) launch_bucket(buckets_[next_launch_]);
   } catch (const CommError&) {
     error = std::current_exception();
     failed = next_launch_;

@@ -43,6 +43,9 @@ class Reducer {
   void adopt_into_bucket(std::size_t param);
   void mark_ready(std::size_t param);
   void launch_in_order();
+  /// The comm hook's launch / finish of one bucket, with their timeline events.
+  void launch_bucket(GradBucket& b);
+  void finish_bucket(GradBucket& b);
   void finalize();
   void reset_pass();
   void abandon_pass();

@@ -5,6 +5,7 @@
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/kernels.hpp"
+#include "phalanx/core/timeline.hpp"
 
 namespace phalanx {
 
@@ -47,6 +48,8 @@ namespace autograd {
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
               bool retain_graph) {
   if (t_callbacks) throw AutogradError("backward(): re-entrant backward is not supported");
+  // The whole pass, end-of-backward callbacks (DDP's wait for its buckets) included.
+  timeline::Span span("backward", "autograd");
   NoGradGuard no_grad;  // gradients themselves carry no history
 
   std::vector<std::shared_ptr<Node>> keep;  // keeps root nodes alive while we hold raw pointers

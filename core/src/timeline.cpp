@@ -1,0 +1,414 @@
+// The timeline recorder (timeline.hpp, docs/timeline.md): per-thread event buffers, one
+// Chrome-trace part per rank, merged into one file by the rank that completes the set.
+#include "phalanx/core/timeline.hpp"
+
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "phalanx/core/error.hpp"
+#include "phalanx/core/world.hpp"
+
+namespace phalanx::timeline {
+
+namespace detail {
+std::atomic<bool> g_recording{false};
+}
+
+namespace {
+
+struct Event {
+  const char* name;
+  const char* category;
+  std::int64_t ts;   // steady ns
+  std::int64_t dur;  // ns ("X")
+  std::uint64_t id;  // "b" / "e"
+  Arg a, b;
+  int index;
+  char phase;  // 'X', 'b', 'e'
+};
+
+struct ThreadLog {
+  std::mutex mu;
+  std::vector<Event> events;
+  int tid = 0;
+  const char* name = nullptr;
+};
+
+struct State {
+  std::mutex mu;
+  std::vector<std::shared_ptr<ThreadLog>> logs;
+  std::string path;
+  std::int64_t wall_minus_steady = 0;  // ns: wall clock = steady + this
+  std::int64_t start_wall = 0;         // ns since the epoch, when recording started
+  int next_tid = 1;
+  bool started = false, finished = false, exit_hook = false;
+};
+
+State& state() {
+  static State* s = new State;  // never destroyed: finish() runs from atexit
+  return *s;
+}
+
+thread_local std::shared_ptr<ThreadLog> t_log;
+
+ThreadLog& this_log() {
+  if (!t_log) {
+    auto log = std::make_shared<ThreadLog>();
+    log->events.reserve(1024);
+    if (static_cast<pid_t>(::syscall(SYS_gettid)) == ::getpid()) log->name = "main";
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    log->tid = s.next_tid++;
+    s.logs.push_back(log);
+    t_log = std::move(log);
+  }
+  return *t_log;
+}
+
+void append(const Event& e) noexcept {
+  try {
+    ThreadLog& log = this_log();
+    std::lock_guard<std::mutex> lock(log.mu);
+    log.events.push_back(e);
+  } catch (...) {
+    // out of memory while tracing: the event is lost, the program goes on
+  }
+}
+
+std::int64_t wall_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string folder_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+void write_string(std::string& out, const char* s) {
+  out += '"';
+  for (const char* p = s ? s : ""; *p; ++p) {
+    if (*p == '"' || *p == '\\') out += '\\';
+    if (static_cast<unsigned char>(*p) >= 0x20) out += *p;
+  }
+  out += '"';
+}
+
+/// Nanoseconds as microseconds with three decimals, exactly.
+void write_us(std::string& out, std::int64_t ns) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%lld.%03lld", ns < 0 ? "-" : "", static_cast<long long>(std::llabs(ns) / 1000),
+                static_cast<long long>(std::llabs(ns) % 1000));
+  out += buf;
+}
+
+void write_args(std::string& out, const Arg& a, const Arg& b) {
+  if (!a.key && !b.key) return;
+  out += ",\"args\":{";
+  bool first = true;
+  for (const Arg* arg : {&a, &b}) {
+    if (!arg->key) continue;
+    if (!first) out += ',';
+    first = false;
+    write_string(out, arg->key);
+    out += ':' + std::to_string(arg->value);
+  }
+  out += '}';
+}
+
+std::string event_name(const Event& e) {
+  return e.index >= 0 ? std::string(e.name) + " " + std::to_string(e.index) : std::string(e.name);
+}
+
+std::string metadata(int rank, int tid, const char* what, const std::string& key, const std::string& value) {
+  std::string out = "{\"name\":\"" + std::string(what) + "\",\"ph\":\"M\",\"pid\":" + std::to_string(rank) +
+                    ",\"tid\":" + std::to_string(tid) + ",\"args\":{\"" + key + "\":" + value + "}}";
+  return out;
+}
+
+/// One line per event; "ts" in microseconds since the epoch (wall clock), so parts of
+/// ranks on one host line up exactly and those of other hosts as well as their clocks agree.
+std::vector<std::string> rank_lines(int rank, std::int64_t offset,
+                                    const std::vector<std::pair<std::shared_ptr<ThreadLog>, std::vector<Event>>>& logs) {
+  std::vector<std::string> lines;
+  lines.push_back(metadata(rank, 0, "process_name", "name", "\"rank " + std::to_string(rank) + "\""));
+  lines.push_back(metadata(rank, 0, "process_sort_index", "sort_index", std::to_string(rank)));
+  std::vector<const Event*> all;
+  std::vector<int> tid_of;
+  for (const auto& [log, events] : logs) {
+    if (events.empty()) continue;
+    std::string name;
+    write_string(name, log->name ? log->name : ("thread " + std::to_string(log->tid)).c_str());
+    lines.push_back(metadata(rank, log->tid, "thread_name", "name", name));
+    lines.push_back(metadata(rank, log->tid, "thread_sort_index", "sort_index", std::to_string(log->tid)));
+    for (const Event& e : events) {
+      all.push_back(&e);
+      tid_of.push_back(log->tid);
+    }
+  }
+  std::vector<std::size_t> order(all.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return all[x]->ts < all[y]->ts; });
+  for (std::size_t i : order) {
+    const Event& e = *all[i];
+    std::string line = "{\"name\":";
+    write_string(line, event_name(e).c_str());
+    line += ",\"cat\":";
+    write_string(line, e.category);
+    line += ",\"ph\":\"";
+    line += e.phase;
+    line += "\",\"pid\":" + std::to_string(rank) + ",\"tid\":" + std::to_string(tid_of[i]) + ",\"ts\":";
+    write_us(line, e.ts + offset);
+    if (e.phase == 'X') {
+      line += ",\"dur\":";
+      write_us(line, e.dur);
+    } else {
+      line += ",\"id\":" + std::to_string(e.id);
+    }
+    write_args(line, e.a, e.b);
+    line += '}';
+    lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
+std::string document(const std::string& other, const std::vector<std::string>& lines) {
+  std::string out = "{\"displayTimeUnit\":\"ns\",\"otherData\":{" + other + "},\"traceEvents\":[\n";
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    out += lines[i];
+    out += i + 1 < lines.size() ? ",\n" : "\n";
+  }
+  out += "]}\n";
+  return out;
+}
+
+/// Writes `text` to `path` through a temporary file and a rename: `path` is never partial.
+bool write_atomically(const std::string& path, const std::string& text, std::string* error) {
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) {
+      *error = "cannot write " + tmp + ": " + std::strerror(errno);
+      std::remove(tmp.c_str());
+      return false;
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    *error = "cannot rename " + tmp + " to " + path + ": " + std::strerror(errno);
+    std::remove(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+std::string part_path(const std::string& path, int rank) { return path + ".rank" + std::to_string(rank) + ".part"; }
+
+/// The event lines of a part (or of a claimed part): between the header and the footer.
+std::vector<std::string> part_events(const std::string& file) {
+  std::ifstream f(file);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("{\"name\":", 0) != 0) continue;
+    if (!line.empty() && line.back() == ',') line.pop_back();
+    out.push_back(std::move(line));
+  }
+  return out;
+}
+
+/// The "ts" of a line as (whole microseconds, the rest after them); false when it has none.
+bool find_ts(const std::string& line, std::size_t* at, std::size_t* end, long long* whole) {
+  const std::size_t k = line.find(",\"ts\":");
+  if (k == std::string::npos) return false;
+  *at = k + 6;
+  *end = line.find_first_of(".,}", *at);
+  if (*end == std::string::npos) return false;
+  *whole = std::atoll(line.substr(*at, *end - *at).c_str());
+  return true;
+}
+
+/// Merges every rank's part into `path` when all of them are in (and fresh: written after
+/// this process started, give or take the file system's coarse clock). Exactly one rank
+/// merges: the one whose rename claims rank 0's part.
+void try_merge(const std::string& path, int world, int rank, std::int64_t start_wall) {
+  for (int r = 0; r < world; ++r) {
+    struct stat st{};
+    if (::stat(part_path(path, r).c_str(), &st) != 0) return;
+    const std::int64_t mtime = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    if (r != rank && mtime < start_wall - 50'000'000) return;  // a previous job's part
+  }
+  const std::string claimed = path + ".merging" + std::to_string(::getpid());
+  if (std::rename(part_path(path, 0).c_str(), claimed.c_str()) != 0) return;  // another rank merges
+  std::vector<std::string> lines;
+  for (int r = 0; r < world; ++r) {
+    auto ev = part_events(r == 0 ? claimed : part_path(path, r));
+    lines.insert(lines.end(), std::make_move_iterator(ev.begin()), std::make_move_iterator(ev.end()));
+  }
+  // Timestamps from the first event of the job on: small numbers, exact (text arithmetic).
+  long long origin = -1;
+  for (const auto& l : lines) {
+    std::size_t at, end;
+    long long whole;
+    if (find_ts(l, &at, &end, &whole) && (origin < 0 || whole < origin)) origin = whole;
+  }
+  for (auto& l : lines) {
+    std::size_t at, end;
+    long long whole;
+    if (origin >= 0 && find_ts(l, &at, &end, &whole)) l.replace(at, end - at, std::to_string(whole - origin));
+  }
+  const std::string other = "\"phalanx_timeline\":1,\"world\":" + std::to_string(world) +
+                            ",\"origin_unix_us\":" + std::to_string(origin < 0 ? 0 : origin);
+  std::string error;
+  if (!write_atomically(path, document(other, lines), &error)) {
+    std::fprintf(stderr, "phalanx timeline: %s; the parts stay in %s.rank*.part\n", error.c_str(), path.c_str());
+    std::rename(claimed.c_str(), part_path(path, 0).c_str());
+    return;
+  }
+  std::remove(claimed.c_str());
+  for (int r = 1; r < world; ++r) std::remove(part_path(path, r).c_str());
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return end != v && *end == '\0' && n >= 0 && n < (1L << 30) ? static_cast<int>(n) : fallback;
+}
+
+void finish_at_exit() { finish(); }
+
+struct EnvStart {
+  EnvStart() {
+    const char* v = std::getenv("PHALANX_TIMELINE");
+    if (!v || !*v) return;
+    try {
+      start(v);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "phalanx: %s; the timeline is off\n", e.what());
+    }
+  }
+} g_env_start;
+
+}  // namespace
+
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void record(const char* name, const char* category, std::int64_t begin_ns, std::int64_t end_ns, Arg a, Arg b,
+            int index) noexcept {
+  if (!enabled()) return;
+  append(Event{name, category, begin_ns, end_ns - begin_ns, 0, a, b, index, 'X'});
+}
+
+void async_begin(const char* name, const char* category, std::uint64_t id, int index, Arg a, Arg b) noexcept {
+  if (!enabled()) return;
+  append(Event{name, category, now_ns(), 0, id, a, b, index, 'b'});
+}
+
+void async_end(const char* name, const char* category, std::uint64_t id, int index) noexcept {
+  if (!enabled()) return;
+  append(Event{name, category, now_ns(), 0, id, {}, {}, index, 'e'});
+}
+
+void name_this_thread(const char* name) noexcept {
+  if (!enabled()) return;
+  try {
+    ThreadLog& log = this_log();
+    std::lock_guard<std::mutex> lock(log.mu);
+    log.name = name;
+  } catch (...) {
+  }
+}
+
+void start(const std::string& file) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.started && s.path == file && !s.finished) return;
+  if (s.finished)
+    throw ConfigError("timeline: it already finished in this process (once per process, written at "
+                      "destroy_process_group or exit); start it before training");
+  if (s.started)
+    throw ConfigError("timeline: already recording into '" + s.path + "', cannot switch to '" + file + "'");
+  if (file.empty() || file.back() == '/')
+    throw ConfigError("PHALANX_TIMELINE='" + file + "' names no file; give a file name such as /tmp/job.json");
+  const std::string folder = folder_of(file);
+  struct stat st{};
+  if (::stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || ::access(folder.c_str(), W_OK | X_OK) != 0)
+    throw ConfigError("PHALANX_TIMELINE='" + file + "': the folder '" + folder +
+                      "' does not exist or is not writable; create it or choose another file");
+  s.path = file;
+  const std::int64_t steady = now_ns();
+  s.start_wall = wall_ns();
+  s.wall_minus_steady = s.start_wall - steady;
+  s.started = true;
+  if (!s.exit_hook) {
+    std::atexit(finish_at_exit);
+    s.exit_hook = true;
+  }
+  detail::g_recording.store(true, std::memory_order_release);
+}
+
+std::string path() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.started && !s.finished ? s.path : std::string();
+}
+
+void finish() noexcept {
+  try {
+    State& s = state();
+    std::vector<std::pair<std::shared_ptr<ThreadLog>, std::vector<Event>>> logs;
+    std::string file;
+    std::int64_t offset, start_wall;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      if (!s.started || s.finished) return;
+      s.finished = true;
+      detail::g_recording.store(false, std::memory_order_release);
+      file = s.path;
+      offset = s.wall_minus_steady;
+      start_wall = s.start_wall;
+      for (const auto& log : s.logs) logs.emplace_back(log, std::vector<Event>{});
+    }
+    for (auto& [log, events] : logs) {
+      std::lock_guard<std::mutex> lock(log->mu);
+      events.swap(log->events);
+    }
+    const WorldInfo w = default_world();
+    const int rank = w.initialized ? w.rank : env_int("RANK", 0);
+    int world = w.initialized ? w.size : env_int("WORLD_SIZE", 1);
+    if (rank >= world) world = rank + 1;
+    const std::string other = "\"phalanx_timeline\":1,\"rank\":" + std::to_string(rank) +
+                              ",\"world\":" + std::to_string(world);
+    std::string error;
+    if (!write_atomically(part_path(file, rank), document(other, rank_lines(rank, offset, logs)), &error)) {
+      std::fprintf(stderr, "phalanx timeline: %s; rank %d's events are lost\n", error.c_str(), rank);
+      return;
+    }
+    try_merge(file, world, rank, start_wall);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "phalanx timeline: %s\n", e.what());
+  } catch (...) {
+  }
+}
+
+}  // namespace phalanx::timeline
