@@ -394,6 +394,11 @@ void finish() noexcept {
       events.swap(log->events);
     }
     const WorldInfo w = default_world();
+    std::size_t count = 0;
+    for (const auto& [log, events] : logs) count += events.size();
+    // A process that recorded nothing and joined no world (the launcher, phalanx-run, loads
+    // the library with its workers' environment) writes nothing: its "rank 0" is no rank.
+    if (count == 0 && !w.initialized) return;
     const int rank = w.initialized ? w.rank : env_int("RANK", 0);
     int world = w.initialized ? w.size : env_int("WORLD_SIZE", 1);
     if (rank >= world) world = rank + 1;
