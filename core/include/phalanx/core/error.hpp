@@ -8,6 +8,14 @@
 #include <stdexcept>
 #include <string>
 
+#if defined(__GNUC__) || defined(__clang__)
+#define PHALANX_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define PHALANX_COLD __attribute__((cold, noinline))
+#else
+#define PHALANX_UNLIKELY(x) (x)
+#define PHALANX_COLD
+#endif
+
 namespace phalanx {
 
 /// Base of every exception Phalanx throws.
@@ -45,6 +53,11 @@ std::string concat(Args&&... args) {
   return os.str();
 }
 [[noreturn]] void throw_internal(const char* file, int line, const std::string& what);
+/// PHALANX_CHECK's failure path: formats the message (only now) and throws InternalError.
+template <typename... Args>
+[[noreturn]] PHALANX_COLD void check_failed(const char* file, int line, const Args&... args) {
+  throw_internal(file, line, concat(args...));
+}
 /// A name or value read from outside, for a one-line message: bytes outside printable
 /// ASCII (and the backslash) as \xNN.
 std::string printable(const std::string& s);
@@ -54,21 +67,22 @@ std::string message_of(const std::exception_ptr& e);
 
 }  // namespace phalanx
 
+// Both macros cost one compare and a branch predicted not taken when the check holds: the
+// message is formatted only when it fails, in detail::check_failed (out of line, cold), so
+// their arguments (names, values, even calls like t.device().str()) are not evaluated
+// on the success path and nothing is allocated there.
 #define PHALANX_CHECK(cond, ...)                                                          \
   do {                                                                                    \
-    if (!(cond))                                                                          \
-      ::phalanx::detail::throw_internal(__FILE__, __LINE__,                               \
-                                        ::phalanx::detail::concat("check failed: " #cond  \
-                                                                  " ", ##__VA_ARGS__));   \
+    if (PHALANX_UNLIKELY(!(cond)))                                                        \
+      ::phalanx::detail::check_failed(__FILE__, __LINE__, "check failed: " #cond " ",     \
+                                      ##__VA_ARGS__);                                     \
   } while (0)
 
 #define PHALANX_CHECK_EQ(a, b)                                                            \
   do {                                                                                    \
     const auto& phx_a_ = (a);                                                             \
     const auto& phx_b_ = (b);                                                             \
-    if (!(phx_a_ == phx_b_))                                                              \
-      ::phalanx::detail::throw_internal(                                                  \
-          __FILE__, __LINE__,                                                             \
-          ::phalanx::detail::concat("check failed: " #a " == " #b " (", phx_a_, " vs ",   \
-                                    phx_b_, ")"));                                        \
+    if (PHALANX_UNLIKELY(!(phx_a_ == phx_b_)))                                            \
+      ::phalanx::detail::check_failed(__FILE__, __LINE__, "check failed: " #a " == " #b " (", \
+                                      phx_a_, " vs ", phx_b_, ")");                       \
   } while (0)

@@ -1,0 +1,397 @@
+// The kernel-table boundary's invariants: a DeviceKernels that checks each call, then
+// forwards it to the device's own table (kernel_checks.hpp, docs/errors.md).
+#include "kernel_checks.hpp"
+
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "phalanx/core/error.hpp"
+
+namespace phalanx {
+
+namespace {
+
+// One kernel call's checks. Every message names the table, the kernel and the invariant;
+// the PHALANX_CHECK arguments are evaluated only when a check fails.
+class Call {
+ public:
+  Call(const char* table, DeviceType type, const char* kernel) : table_(table), type_(type), kernel_(kernel) {}
+
+  /// `t` is defined and on the table's device type, and on the same device as the call's
+  /// other tensors.
+  Call& on(const char* arg, const Tensor& t) {
+    PHALANX_CHECK(t.defined(), "(kernel ", table_, ".", kernel_, ": argument '", arg, "' is undefined)");
+    const Device d = t.device();
+    if (!first_) {
+      PHALANX_CHECK(d.type == type_, "(kernel ", table_, ".", kernel_, ": '", arg, "' is on ", d.str(),
+                    ", not a device of this table)");
+      first_ = arg;
+      device_ = d;
+    } else {
+      PHALANX_CHECK(d == device_, "(kernel ", table_, ".", kernel_, ": '", arg, "' is on ", d.str(), " and '", first_,
+                    "' on ", device_.str(), "; every tensor of a call is on one device)");
+    }
+    return *this;
+  }
+  /// An optional argument: checked when defined.
+  Call& on_opt(const char* arg, const Tensor& t) { return t.defined() ? on(arg, t) : *this; }
+
+  Call& dtype(const char* arg, const Tensor& t, DType want) {
+    PHALANX_CHECK(t.dtype() == want, "(kernel ", table_, ".", kernel_, ": '", arg, "' is ", dtype_name(t.dtype()),
+                  ", expected ", dtype_name(want), ")");
+    return *this;
+  }
+  Call& f32(const char* arg, const Tensor& t) { return dtype(arg, t, DType::Float32); }
+  Call& i64(const char* arg, const Tensor& t) { return dtype(arg, t, DType::Int64); }
+  Call& f32_opt(const char* arg, const Tensor& t) { return t.defined() ? f32(arg, t) : *this; }
+
+  /// `t` has `n` elements (`what` says where n comes from).
+  Call& numel(const char* arg, const Tensor& t, std::int64_t n, const char* what) {
+    PHALANX_CHECK(t.numel() == n, "(kernel ", table_, ".", kernel_, ": '", arg, "' has ", t.numel(),
+                  " elements, expected ", n, " = ", what, ")");
+    return *this;
+  }
+  Call& numel_opt(const char* arg, const Tensor& t, std::int64_t n, const char* what) {
+    return t.defined() ? numel(arg, t, n, what) : *this;
+  }
+  /// `cond` holds; `what` states the invariant.
+  Call& that(bool cond, const char* what) {
+    PHALANX_CHECK(cond, "(kernel ", table_, ".", kernel_, ": ", what, ")");
+    return *this;
+  }
+
+ private:
+  const char* table_;
+  DeviceType type_;
+  const char* kernel_;
+  const char* first_ = nullptr;
+  Device device_{};
+};
+
+// `period` divides `n` (a repeating operand): 0 only for an empty whole.
+bool divides(std::int64_t period, std::int64_t n) { return period > 0 ? n % period == 0 : n == 0; }
+
+std::int64_t input_numel(const Window2d& g) { return g.n * g.c * g.h * g.w; }
+std::int64_t output_numel(const Window2d& g) { return g.n * g.c * g.oh * g.ow; }
+
+class CheckedKernels final : public DeviceKernels {
+ public:
+  CheckedKernels(DeviceType type, DeviceKernels& inner) : type_(type), k_(inner), name_(inner.name()) {}
+  DeviceKernels& inner() const { return k_; }
+  const char* name() const override { return name_; }
+
+  // memory: raw pointers, nothing to check beyond what the allocator does
+  void* allocate(std::size_t nbytes, int device_index) override { return k_.allocate(nbytes, device_index); }
+  void deallocate(void* ptr, std::size_t nbytes, int device_index) override { k_.deallocate(ptr, nbytes, device_index); }
+  void copy(void* dst, const void* src, std::size_t nbytes) override { k_.copy(dst, src, nbytes); }
+  void copy_to_host(void* host_dst, const void* src, std::size_t nbytes) override { k_.copy_to_host(host_dst, src, nbytes); }
+  void copy_from_host(void* dst, const void* host_src, std::size_t nbytes) override {
+    k_.copy_from_host(dst, host_src, nbytes);
+  }
+
+  void fill(Tensor& out, double value) override {
+    call("fill").on("out", out);
+    k_.fill(out, value);
+  }
+  void unary(UnaryOp op, const Tensor& x, Tensor& out) override {
+    call("unary").on("x", x).on("out", out).f32("x", x).f32("out", out).numel("out", out, x.numel(), "x's numel");
+    k_.unary(op, x, out);
+  }
+  void unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y, Tensor& grad_x) override {
+    const std::int64_t n = grad_y.numel();
+    call("unary_backward")
+        .on("grad_y", grad_y).on_opt("x", x).on_opt("y", y).on("grad_x", grad_x)
+        .f32("grad_y", grad_y).f32("grad_x", grad_x).numel("grad_x", grad_x, n, "grad_y's numel")
+        .numel_opt("x", x, n, "grad_y's numel").numel_opt("y", y, n, "grad_y's numel");
+    k_.unary_backward(op, grad_y, x, y, grad_x);
+  }
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override {
+    const std::int64_t n = out.numel(), na = a.numel(), nb = b.numel();
+    call("binary")
+        .on("a", a).on("b", b).on("out", out).f32("a", a).f32("b", b).f32("out", out)
+        .that((na == n || nb == n) && divides(na, n) && divides(nb, n),
+              "out's numel must be one operand's, and the other's a period of it (suffix broadcasting)");
+    k_.binary(op, a, b, out);
+  }
+  void affine_scalar(const Tensor& x, float mul, float add, Tensor& out) override {
+    call("affine_scalar").on("x", x).on("out", out).f32("x", x).f32("out", out).numel("out", out, x.numel(), "x's numel");
+    k_.affine_scalar(x, mul, add, out);
+  }
+  void axpy(float alpha, const Tensor& x, Tensor& y) override {
+    call("axpy").on("x", x).on("y", y).f32("x", x).f32("y", y).numel("x", x, y.numel(), "y's numel");
+    k_.axpy(alpha, x, y);
+  }
+  void scale(Tensor& x, float factor) override {
+    call("scale").on("x", x).f32("x", x);
+    k_.scale(x, factor);
+  }
+  void divide(Tensor& x, float divisor) override {
+    call("divide").on("x", x).f32("x", x);
+    k_.divide(x, divisor);
+  }
+
+  void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+            std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) override {
+    call("gemm").that(m >= 0 && n >= 0 && k >= 0, "m, n and k must be >= 0")
+        .that(ldc >= (n > 0 ? n : 1), "ldc must be >= n (row-major C)")
+        .that(lda >= ((trans_a ? m : k) > 0 ? (trans_a ? m : k) : 1), "lda must be >= op(A)'s stored row length")
+        .that(ldb >= ((trans_b ? k : n) > 0 ? (trans_b ? k : n) : 1), "ldb must be >= op(B)'s stored row length");
+    k_.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+  void sum_to_period(const Tensor& in, Tensor& out, float scale) override {
+    call("sum_to_period").on("in", in).on("out", out).f32("in", in).f32("out", out)
+        .that(divides(out.numel(), in.numel()), "out's numel (the period) must divide in's");
+    k_.sum_to_period(in, out, scale);
+  }
+  void sum_dim(const Tensor& in, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out,
+               float scale) override {
+    call("sum_dim").on("in", in).on("out", out).f32("in", in).f32("out", out)
+        .numel("in", in, outer * d * inner, "outer * d * inner").numel("out", out, outer * inner, "outer * inner");
+    k_.sum_dim(in, outer, d, inner, out, scale);
+  }
+  void expand_dim(const Tensor& g, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out,
+                  float scale) override {
+    call("expand_dim").on("g", g).on("out", out).f32("g", g).f32("out", out)
+        .numel("g", g, outer * inner, "outer * inner").numel("out", out, outer * d * inner, "outer * d * inner");
+    k_.expand_dim(g, outer, d, inner, out, scale);
+  }
+  void broadcast_rows(const Tensor& row, Tensor& out) override {
+    call("broadcast_rows").on("row", row).on("out", out).f32("row", row).f32("out", out)
+        .that(divides(row.numel(), out.numel()), "row's numel must divide out's");
+    k_.broadcast_rows(row, out);
+  }
+  void transpose(const Tensor& in, int d0, int d1, Tensor& out) override {
+    call("transpose").on("in", in).on("out", out).dtype("out", out, in.dtype())
+        .numel("out", out, in.numel(), "in's numel")
+        .that(d0 >= 0 && d1 >= 0 && d0 < in.dim() && d1 < in.dim(), "d0 and d1 must be dims of in");
+    k_.transpose(in, d0, d1, out);
+  }
+
+  void log_softmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override {
+    call("log_softmax").on("x", x).on("out", out).f32("x", x).f32("out", out)
+        .numel("x", x, outer * d * inner, "outer * d * inner").numel("out", out, x.numel(), "x's numel");
+    k_.log_softmax(x, outer, d, inner, out);
+  }
+  void log_softmax_backward(const Tensor& grad_y, const Tensor& y, std::int64_t outer, std::int64_t d,
+                            std::int64_t inner, Tensor& grad_x) override {
+    const std::int64_t n = outer * d * inner;
+    call("log_softmax_backward").on("grad_y", grad_y).on("y", y).on("grad_x", grad_x)
+        .f32("grad_y", grad_y).f32("y", y).f32("grad_x", grad_x)
+        .numel("grad_y", grad_y, n, "outer * d * inner").numel("y", y, n, "outer * d * inner")
+        .numel("grad_x", grad_x, n, "outer * d * inner");
+    k_.log_softmax_backward(grad_y, y, outer, d, inner, grad_x);
+  }
+  void cross_entropy(const Tensor& logits, const Tensor& target, Tensor& probs, Tensor& loss) override {
+    const std::int64_t rows = logits.dim() == 2 ? logits.shape()[0] : -1;
+    call("cross_entropy").on("logits", logits).on("target", target).on("probs", probs).on("loss", loss)
+        .f32("logits", logits).i64("target", target).f32("probs", probs).f32("loss", loss)
+        .that(rows >= 0, "logits must be [N, C]")
+        .numel("target", target, rows, "logits' N").numel("probs", probs, logits.numel(), "logits' numel")
+        .numel("loss", loss, rows, "logits' N");
+    k_.cross_entropy(logits, target, probs, loss);
+  }
+  void cross_entropy_backward(const Tensor& probs, const Tensor& target, const Tensor& grad_loss, float scale,
+                              Tensor& grad_logits) override {
+    const std::int64_t rows = probs.dim() == 2 ? probs.shape()[0] : -1;
+    call("cross_entropy_backward").on("probs", probs).on("target", target).on("grad_loss", grad_loss)
+        .on("grad_logits", grad_logits)
+        .f32("probs", probs).i64("target", target).f32("grad_loss", grad_loss).f32("grad_logits", grad_logits)
+        .that(rows >= 0, "probs must be [N, C]").numel("target", target, rows, "probs' N")
+        .that(grad_loss.numel() == rows || grad_loss.numel() == 1, "grad_loss must have N elements or one")
+        .numel("grad_logits", grad_logits, probs.numel(), "probs' numel");
+    k_.cross_entropy_backward(probs, target, grad_loss, scale, grad_logits);
+  }
+  void convert(const Tensor& src, Tensor& dst) override {
+    call("convert").on("src", src).on("dst", dst).numel("dst", dst, src.numel(), "src's numel")
+        .that(src.dtype() != dst.dtype() && (src.dtype() == DType::Float32 || dst.dtype() == DType::Float32),
+              "one of src and dst must be float32, the other float16 or bfloat16");
+    k_.convert(src, dst);
+  }
+
+  void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdUpdate& u) override {
+    const std::int64_t n = param.numel();
+    call("sgd_update").on("param", param).on("grad", grad).on_opt("momentum_buffer", momentum_buffer)
+        .f32("param", param).f32("grad", grad).f32_opt("momentum_buffer", momentum_buffer)
+        .numel("grad", grad, n, "param's numel").numel_opt("momentum_buffer", momentum_buffer, n, "param's numel")
+        .that(u.momentum == 0.f || momentum_buffer.defined(), "a momentum update needs its buffer");
+    k_.sgd_update(param, grad, momentum_buffer, u);
+  }
+  void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& max_exp_avg_sq,
+                   const AdamUpdate& u) override {
+    const std::int64_t n = param.numel();
+    call("adam_update").on("param", param).on("grad", grad).on("exp_avg", exp_avg).on("exp_avg_sq", exp_avg_sq)
+        .on_opt("max_exp_avg_sq", max_exp_avg_sq)
+        .f32("param", param).f32("grad", grad).f32("exp_avg", exp_avg).f32("exp_avg_sq", exp_avg_sq)
+        .numel("grad", grad, n, "param's numel").numel("exp_avg", exp_avg, n, "param's numel")
+        .numel("exp_avg_sq", exp_avg_sq, n, "param's numel")
+        .that(!u.amsgrad || max_exp_avg_sq.numel() == n, "amsgrad needs max_exp_avg_sq of param's numel");
+    k_.adam_update(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, u);
+  }
+
+  void abs_max_into(const Tensor& x, Tensor& out, std::int64_t index) override {
+    call("abs_max_into").on("x", x).on("out", out).f32("x", x).f32("out", out)
+        .that(index >= 0 && index < out.numel(), "index must be an element of out");
+    k_.abs_max_into(x, out, index);
+  }
+  void fixed_point_accumulate(const Tensor& x, double scale, Tensor& acc) override {
+    call("fixed_point_accumulate").on("x", x).on("acc", acc).f32("x", x).i64("acc", acc)
+        .numel("acc", acc, x.numel(), "x's numel");
+    k_.fixed_point_accumulate(x, scale, acc);
+  }
+  void fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) override {
+    call("fixed_point_to_float").on("acc", acc).on("out", out).i64("acc", acc).f32("out", out)
+        .numel("out", out, acc.numel(), "acc's numel");
+    k_.fixed_point_to_float(acc, scale, count, out);
+  }
+
+  void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) override {
+    call("im2col").on("x", x).on("col", col).f32("x", x).f32("col", col)
+        .numel("x", x, input_numel(g), "n * c * h * w").that(image >= 0 && image < g.n, "image must be in [0, n)")
+        .numel("col", col, g.c * g.kh * g.kw * g.oh * g.ow, "c * kh * kw * oh * ow");
+    k_.im2col(x, image, g, col);
+  }
+  void col2im(const Tensor& col, std::int64_t image, const Window2d& g, Tensor& grad_x) override {
+    call("col2im").on("col", col).on("grad_x", grad_x).f32("col", col).f32("grad_x", grad_x)
+        .numel("grad_x", grad_x, input_numel(g), "n * c * h * w").that(image >= 0 && image < g.n, "image must be in [0, n)")
+        .numel("col", col, g.c * g.kh * g.kw * g.oh * g.ow, "c * kh * kw * oh * ow");
+    k_.col2im(col, image, g, grad_x);
+  }
+  void max_pool2d(const Tensor& x, const Window2d& g, Tensor& out, Tensor& indices) override {
+    call("max_pool2d").on("x", x).on("out", out).on("indices", indices).f32("x", x).f32("out", out)
+        .i64("indices", indices).numel("x", x, input_numel(g), "n * c * h * w")
+        .numel("out", out, output_numel(g), "n * c * oh * ow").numel("indices", indices, output_numel(g), "n * c * oh * ow");
+    k_.max_pool2d(x, g, out, indices);
+  }
+  void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Window2d& g, Tensor& grad_x) override {
+    call("max_pool2d_backward").on("grad_out", grad_out).on("indices", indices).on("grad_x", grad_x)
+        .f32("grad_out", grad_out).i64("indices", indices).f32("grad_x", grad_x)
+        .numel("grad_out", grad_out, output_numel(g), "n * c * oh * ow")
+        .numel("indices", indices, output_numel(g), "n * c * oh * ow")
+        .numel("grad_x", grad_x, input_numel(g), "n * c * h * w");
+    k_.max_pool2d_backward(grad_out, indices, g, grad_x);
+  }
+  void avg_pool2d(const Tensor& x, const Window2d& g, bool count_include_pad, Tensor& out) override {
+    pool_forward("avg_pool2d", x, g, out);
+    k_.avg_pool2d(x, g, count_include_pad, out);
+  }
+  void avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, bool count_include_pad, Tensor& grad_x) override {
+    pool_backward("avg_pool2d_backward", grad_out, g, grad_x);
+    k_.avg_pool2d_backward(grad_out, g, count_include_pad, grad_x);
+  }
+  void adaptive_avg_pool2d(const Tensor& x, const Window2d& g, Tensor& out) override {
+    pool_forward("adaptive_avg_pool2d", x, g, out);
+    k_.adaptive_avg_pool2d(x, g, out);
+  }
+  void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Window2d& g, Tensor& grad_x) override {
+    pool_backward("adaptive_avg_pool2d_backward", grad_out, g, grad_x);
+    k_.adaptive_avg_pool2d_backward(grad_out, g, grad_x);
+  }
+  void add_channel_bias(const Tensor& bias, std::int64_t outer, std::int64_t inner, Tensor& out) override {
+    call("add_channel_bias").on("bias", bias).on("out", out).f32("bias", bias).f32("out", out)
+        .numel("out", out, outer * bias.numel() * inner, "outer * bias's numel * inner");
+    k_.add_channel_bias(bias, outer, inner, out);
+  }
+  void channel_sum(const Tensor& g, std::int64_t outer, std::int64_t inner, Tensor& out) override {
+    call("channel_sum").on("g", g).on("out", out).f32("g", g).f32("out", out)
+        .numel("g", g, outer * out.numel() * inner, "outer * out's numel * inner");
+    k_.channel_sum(g, outer, inner, out);
+  }
+
+  void batch_norm_stats(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, Tensor& mean,
+                        Tensor& var) override {
+    call("batch_norm_stats").on("x", x).on("mean", mean).on("var", var).f32("x", x).f32("mean", mean).f32("var", var)
+        .numel("x", x, outer * c * inner, "outer * c * inner").numel("mean", mean, c, "c").numel("var", var, c, "c");
+    k_.batch_norm_stats(x, outer, c, inner, mean, var);
+  }
+  void batch_norm_elemt(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, const Tensor& mean,
+                        const Tensor& invstd, const Tensor& weight, const Tensor& bias, Tensor& out) override {
+    call("batch_norm_elemt").on("x", x).on("mean", mean).on("invstd", invstd).on_opt("weight", weight)
+        .on_opt("bias", bias).on("out", out).f32("x", x).f32("out", out)
+        .numel("x", x, outer * c * inner, "outer * c * inner").numel("out", out, x.numel(), "x's numel")
+        .numel("mean", mean, c, "c").numel("invstd", invstd, c, "c").numel_opt("weight", weight, c, "c")
+        .numel_opt("bias", bias, c, "c");
+    k_.batch_norm_elemt(x, outer, c, inner, mean, invstd, weight, bias, out);
+  }
+  void batch_norm_backward_reduce(const Tensor& grad_y, const Tensor& x, std::int64_t outer, std::int64_t c,
+                                  std::int64_t inner, const Tensor& mean, Tensor& sum_dy, Tensor& sum_dy_xmu) override {
+    call("batch_norm_backward_reduce").on("grad_y", grad_y).on("x", x).on("mean", mean).on("sum_dy", sum_dy)
+        .on("sum_dy_xmu", sum_dy_xmu).f32("grad_y", grad_y).f32("x", x)
+        .numel("x", x, outer * c * inner, "outer * c * inner").numel("grad_y", grad_y, x.numel(), "x's numel")
+        .numel("mean", mean, c, "c").numel("sum_dy", sum_dy, c, "c").numel("sum_dy_xmu", sum_dy_xmu, c, "c");
+    k_.batch_norm_backward_reduce(grad_y, x, outer, c, inner, mean, sum_dy, sum_dy_xmu);
+  }
+  void batch_norm_backward_elemt(const Tensor& grad_y, const Tensor& x, std::int64_t outer, std::int64_t c,
+                                 std::int64_t inner, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
+                                 const Tensor& sum_dy, const Tensor& sum_dy_xmu, double count, Tensor& grad_x) override {
+    call("batch_norm_backward_elemt").on("grad_y", grad_y).on("x", x).on("mean", mean).on("invstd", invstd)
+        .on_opt("weight", weight).on_opt("sum_dy", sum_dy).on_opt("sum_dy_xmu", sum_dy_xmu).on("grad_x", grad_x)
+        .f32("grad_y", grad_y).f32("x", x).f32("grad_x", grad_x)
+        .numel("x", x, outer * c * inner, "outer * c * inner").numel("grad_y", grad_y, x.numel(), "x's numel")
+        .numel("grad_x", grad_x, x.numel(), "x's numel").numel("mean", mean, c, "c").numel("invstd", invstd, c, "c")
+        .numel_opt("weight", weight, c, "c").numel_opt("sum_dy", sum_dy, c, "c")
+        .numel_opt("sum_dy_xmu", sum_dy_xmu, c, "c");
+    k_.batch_norm_backward_elemt(grad_y, x, outer, c, inner, mean, invstd, weight, sum_dy, sum_dy_xmu, count, grad_x);
+  }
+  void embedding(const Tensor& weight, const Tensor& indices, Tensor& out) override {
+    const std::int64_t d = weight.dim() == 2 ? weight.shape()[1] : -1;
+    call("embedding").on("weight", weight).on("indices", indices).on("out", out).f32("weight", weight)
+        .i64("indices", indices).f32("out", out).that(d >= 0, "weight must be [V, D]")
+        .numel("out", out, indices.numel() * d, "indices' numel * D");
+    k_.embedding(weight, indices, out);
+  }
+  void embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_t padding_idx,
+                          Tensor& grad_weight) override {
+    const std::int64_t d = grad_weight.dim() == 2 ? grad_weight.shape()[1] : -1;
+    call("embedding_backward").on("grad", grad).on("indices", indices).on("grad_weight", grad_weight)
+        .f32("grad", grad).i64("indices", indices).f32("grad_weight", grad_weight)
+        .that(d >= 0, "grad_weight must be [V, D]").numel("grad", grad, indices.numel() * d, "indices' numel * D");
+    k_.embedding_backward(grad, indices, padding_idx, grad_weight);
+  }
+  void argmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override {
+    call("argmax").on("x", x).on("out", out).i64("out", out).numel("x", x, outer * d * inner, "outer * d * inner")
+        .numel("out", out, outer * inner, "outer * inner");
+    k_.argmax(x, outer, d, inner, out);
+  }
+  void clamp(const Tensor& x, float lo, float hi, Tensor& out) override {
+    call("clamp").on("x", x).on("out", out).f32("x", x).f32("out", out).numel("out", out, x.numel(), "x's numel");
+    k_.clamp(x, lo, hi, out);
+  }
+  std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override {
+    call("find_label_out_of_range").on("target", target).i64("target", target);
+    return k_.find_label_out_of_range(target, classes);
+  }
+
+ private:
+  Call call(const char* kernel) const { return Call(name_, type_, kernel); }
+  void pool_forward(const char* kernel, const Tensor& x, const Window2d& g, Tensor& out) const {
+    call(kernel).on("x", x).on("out", out).f32("x", x).f32("out", out)
+        .numel("x", x, input_numel(g), "n * c * h * w").numel("out", out, output_numel(g), "n * c * oh * ow");
+  }
+  void pool_backward(const char* kernel, const Tensor& grad_out, const Window2d& g, Tensor& grad_x) const {
+    call(kernel).on("grad_out", grad_out).on("grad_x", grad_x).f32("grad_out", grad_out).f32("grad_x", grad_x)
+        .numel("grad_out", grad_out, output_numel(g), "n * c * oh * ow")
+        .numel("grad_x", grad_x, input_numel(g), "n * c * h * w");
+  }
+
+  DeviceType type_;
+  DeviceKernels& k_;
+  const char* name_;
+};
+
+}  // namespace
+
+DeviceKernels* with_boundary_checks(DeviceType type, DeviceKernels* table) {
+  if (!table) return nullptr;
+  if (dynamic_cast<CheckedKernels*>(table)) return table;
+  static std::mutex mu;
+  static auto* wrappers = new std::vector<CheckedKernels*>;  // never destroyed, as the tables
+  std::lock_guard<std::mutex> lock(mu);
+  for (CheckedKernels* w : *wrappers)
+    if (&w->inner() == table) return w;
+  wrappers->push_back(new CheckedKernels(type, *table));
+  return wrappers->back();
+}
+
+}  // namespace phalanx
