@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace phalanx::timeline {
 
@@ -60,6 +61,23 @@ class Span {
       a_ = a;
       b_ = b;
       index_ = index;
+      begin_ = now_ns();
+    }
+  }
+  /// As above, with the first argument's value computed only while recording (a size):
+  /// `value()` is not called while off.
+  template <class F, class = decltype(static_cast<std::int64_t>(std::declval<F&>()()))>
+  Span(const char* name, const char* category, const char* key, F&& value, Arg b = {}) noexcept {
+    if (enabled()) {
+      name_ = name;
+      category_ = category;
+      a_.key = key;
+      try {
+        a_.value = static_cast<std::int64_t>(value());
+      } catch (...) {
+        a_.value = -1;
+      }
+      b_ = b;
       begin_ = now_ns();
     }
   }
