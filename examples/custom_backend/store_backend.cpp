@@ -99,7 +99,7 @@ class StoreProcessGroup : public phalanx::ProcessGroup {
   void run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) override {
     Bytes mine;
     if (rank() == root) for (auto& t : in) { auto b = bytes_of(t); mine.insert(mine.end(), b.begin(), b.end()); }
-    const Bytes& all = exchange(seq, mine)[root];
+    const Bytes all = exchange(seq, mine)[root];  // a copy: the vector is a temporary
     std::memcpy(out.raw_data(), all.data() + rank() * out.nbytes(), out.nbytes());
   }
   void run_barrier(std::uint64_t seq) override { exchange(seq, {}); }

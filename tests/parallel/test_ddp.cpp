@@ -2,6 +2,9 @@
 // one process on B; no_sync, unused parameters, mismatched models, compression hooks.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "support/ddp_fixtures.hpp"
 #include "support/gradcheck.hpp"
 #include "support/multirank.hpp"
@@ -18,6 +21,10 @@ std::shared_ptr<nn::Module> make_model(const std::string& kind) {
   if (kind == "mlp") {
     Generator g(3);
     return nn::mlp({16, 32, 32, 5}, "relu", &g);
+  }
+  if (kind == "wide") {  // products above the small-GEMM bound (2^18 multiply-adds) at batch 32
+    Generator g(11);
+    return nn::mlp({64, 256, 256, 10}, "relu", &g);
   }
   return many_small_one_large();
 }
@@ -86,6 +93,37 @@ TEST_CASE("W = 2, 3, 4 workers on a global batch equal one process on it (SGD mo
         }));
       }
     }
+}
+
+// The models above multiply small matrices: Phalanx's own GEMM takes them whatever PHALANX_GEMM
+// says. ctest runs this case again under PHALANX_GEMM=blas and =own (tests/CMakeLists.txt):
+// here every product is large, so OpenBLAS or the own kernel computes them as told.
+TEST_CASE("W = 2, 3 workers equal one process on a model of large products (PHALANX_GEMM decides their kernel)") {
+  const int threads = get_num_threads();
+  set_num_threads(1);  // as in a worker; PHALANX_GEMM=own takes large products only then
+  if (const char* mode = std::getenv("PHALANX_GEMM"); mode && *mode) {
+    INFO(blas_info());
+    CHECK(blas_info().find(std::string("(PHALANX_GEMM=") + mode + ")") != std::string::npos);
+  }
+  const Data d = make_data(96, 64, 10);
+  const std::int64_t B = 96;
+  const auto want = reference("wide", "sgd", d, B, 10);
+  for (int W : {2, 3}) {
+    CAPTURE(W);
+    auto store = std::make_shared<MemoryStore>();
+    CHECK_NOTHROW(run_threads(W, [&](int rank) {
+      auto pg = make_thread_group("gloo", rank, W, std::make_shared<PrefixStore>("wide", store));
+      DDP ddp(make_model("wide"), pg);
+      auto opt = make_opt("sgd", ddp.parameters());
+      DistributedSamplerOptions so;
+      so.num_replicas = W;
+      so.rank = rank;
+      so.shuffle = false;
+      DistributedSampler sampler(96, so);
+      check_close(train(ddp, *opt, d, &sampler, B / W, 10), want, 1e-5, rank);
+    }));
+  }
+  set_num_threads(threads);
 }
 
 TEST_CASE("no_sync: k accumulation steps equal one step on k times the batch") {

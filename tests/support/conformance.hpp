@@ -2,10 +2,20 @@
 // One conformance suite for every backend and world size: each collective and reduce op
 // against closed-form values. Throws on the first mismatch, naming rank, op and element.
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "support/multirank.hpp"
 
 namespace phalanx::test {
+
+/// The backend the conformance suites run on: PHALANX_TEST_BACKEND (ctest sets it for the
+/// example out-of-tree backend, storecomm), else gloo. The Gloo plugin's allreduce algorithm
+/// comes from its own variables (PHALANX_GLOO_ALLREDUCE, ...; tests/CMakeLists.txt).
+inline std::string conformance_backend() {
+  const char* b = std::getenv("PHALANX_TEST_BACKEND");
+  return b && *b ? b : "gloo";
+}
 
 inline void expect_values(int rank, const char* what, const Tensor& t, const std::function<double(std::int64_t)>& f) {
   const std::int64_t n = t.numel();
