@@ -154,7 +154,9 @@ std::vector<std::string> rank_lines(int rank, std::int64_t offset,
     std::string name;
     write_string(name, log->name ? log->name : ("thread " + std::to_string(log->tid)).c_str());
     lines.push_back(metadata(rank, log->tid, "thread_name", "name", name));
-    lines.push_back(metadata(rank, log->tid, "thread_sort_index", "sort_index", std::to_string(log->tid)));
+    // the main thread's row first, then the others in the order they first recorded
+    const bool main = log->name && std::strcmp(log->name, "main") == 0;
+    lines.push_back(metadata(rank, log->tid, "thread_sort_index", "sort_index", std::to_string(main ? 0 : log->tid)));
     for (const Event& e : events) {
       all.push_back(&e);
       tid_of.push_back(log->tid);
