@@ -71,13 +71,12 @@ double demo_us(int world, int epochs, const std::string& backend) {
   return bench::find_value(out, "step_us");
 }
 
-/// A group whose operations do nothing, on the usual worker thread: what issuing a
+/// A backend whose operations do nothing, on the group's usual worker thread: what issuing a
 /// collective and waiting for it costs before any byte moves (the worker-thread hop).
-class HopOnly : public ProcessGroup {
+class HopOnly final : public Backend {
  public:
-  HopOnly() : ProcessGroup(0, 1, std::chrono::seconds(30)) {}
-  ~HopOnly() override { shutdown(); }
-  std::string backend_name() const override { return "hop-only"; }
+  HopOnly() : Backend(0, 1, std::chrono::seconds(30)) {}
+  std::string name() const override { return "hop-only"; }
 
  protected:
   void run_allreduce(Tensor&, ReduceOp, std::uint64_t) override {}
@@ -94,7 +93,7 @@ class HopOnly : public ProcessGroup {
 
 /// Microseconds per allreduce issued and waited for on a HopOnly group (one process).
 double hop_us(int iters) {
-  HopOnly pg;
+  ProcessGroup pg(std::make_unique<HopOnly>());
   Tensor t = ones({651});
   for (int i = 0; i < iters / 10; ++i) pg.allreduce(t)->wait();
   const double t0 = bench::now_s();

@@ -210,7 +210,7 @@ int run(int argc, char** argv) {
       {"single", 1, 64, 0.1, 0, 0},   {"direct", 4, 256, 0.1, 0, 1}, {"linear", 4, 256, -1, 0, 2},
       {"variant", 1, 256, -1, 0, -1}, {"warmup", 4, 256, -1, 2, -1},
   };
-  auto alone = std::make_shared<WorldOfOneProcessGroup>();
+  auto alone = make_world_of_one();
   std::vector<Run> runs;
   for (const Config& c : configs) {
     // 1-worker rows run on rank 0 alone; the others on every worker of the job.

@@ -106,7 +106,7 @@ using staging::write_back;
 
 }  // namespace
 
-GlooProcessGroup::GlooProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank, c.size, c.timeout) {
+GlooBackend::GlooBackend(const BackendConfig& c) : Backend(c.rank, c.size, c.timeout) {
   algo_ = algo_from_env();
   ::gloo::transport::tcp::attr attr;
   attr.hostname = c.hostname;
@@ -131,7 +131,6 @@ GlooProcessGroup::GlooProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank
       sync_context_ = sync_ctx;
     }
   } catch (const ::gloo::Exception& e) {
-    shutdown();
     const std::string what = e.what();
     const std::string msg = detail::concat("gloo rendezvous on rank ", c.rank, " of ", c.size, " failed: ", what);
     // A peer that never connected is a timeout, and stays one (callers catch TimeoutError).
@@ -139,15 +138,11 @@ GlooProcessGroup::GlooProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank
       throw TimeoutError(msg + " (a peer did not connect within " + std::to_string(c.timeout.count() / 1000.0) +
                          " s; raise PHALANX_TIMEOUT if ranks start far apart)");
     throw CommError(msg);
-  } catch (...) {
-    shutdown();
-    throw;
   }
 }
 
-GlooProcessGroup::~GlooProcessGroup() {
-  shutdown();  // the worker thread stops before the context goes
-}
+// The group stopped its threads before destroying this: no operation uses the contexts.
+GlooBackend::~GlooBackend() = default;
 
 namespace {
 // Debian's libgloo ships gloo/transport/tcp/pair.h without the header it includes
@@ -176,7 +171,7 @@ void fail_tcp_pair(::gloo::transport::Pair* pair, const std::string& msg) {
 }
 }  // namespace
 
-void GlooProcessGroup::on_abort() noexcept {
+void GlooBackend::on_abort() noexcept {
   // The event-driven mesh only: a busy-polling pair is locked while its operation runs, so
   // failing it would wait for that operation to end anyway (at its timeout). On a thread of
   // its own, which holds the context (it outlives a group destroyed meanwhile).
@@ -200,7 +195,7 @@ void GlooProcessGroup::on_abort() noexcept {
 }
 
 template <typename Fn>
-void GlooProcessGroup::guarded(const char* op, std::uint64_t seq, Fn&& fn) {
+void GlooBackend::guarded(const char* op, std::uint64_t seq, Fn&& fn) {
   try {
     fn();
   } catch (const ::gloo::IoException& e) {
@@ -217,7 +212,7 @@ void GlooProcessGroup::guarded(const char* op, std::uint64_t seq, Fn&& fn) {
   }
 }
 
-void GlooProcessGroup::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq) {
+void GlooBackend::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq) {
   const std::size_t n = static_cast<std::size_t>(t.numel());
   const std::size_t bytes = t.nbytes();
   AllreduceAlgo algo = algo_;
@@ -281,13 +276,13 @@ void GlooProcessGroup::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq)
   if (op == ReduceOp::Avg) kernels_for(t.device()).divide(t, static_cast<float>(size()));
 }
 
-void GlooProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
+void GlooBackend::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
   Tensor h = host_of(t);
   guarded("allreduce", seq, [&] { allreduce_impl(h, op, seq); });
   copy_back(h, t);
 }
 
-void GlooProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
+void GlooBackend::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
   Tensor h = host_of(t, rank() == root);
   guarded("broadcast", seq, [&] {
     ::gloo::BroadcastOptions o(context_);
@@ -303,7 +298,7 @@ void GlooProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
   if (rank() != root) copy_back(h, t);
 }
 
-void GlooProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
+void GlooBackend::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
   const Tensor h = host_of(in);
   guarded("allgather", seq, [&] {
     Tensor flat = Tensor::empty({in.numel() * size()}, in.dtype());
@@ -321,7 +316,7 @@ void GlooProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in,
   });
 }
 
-void GlooProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op,
+void GlooBackend::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op,
                                           std::uint64_t seq) {
   // Allreduce of the concatenated inputs, then this rank's chunk: simple and exact; it moves
   // twice the bytes of a dedicated reduce-scatter. The concatenation is host memory (it
@@ -338,7 +333,7 @@ void GlooProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, 
   write_back(out, 0, static_cast<char*>(flat.raw_data()) + rank() * out.nbytes(), out.nbytes());
 }
 
-void GlooProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
+void GlooBackend::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
   Tensor h = host_of(t);
   guarded("reduce", seq, [&] {
     Tensor scratch = rank() == root ? h : Tensor::empty(h.shape(), h.dtype());
@@ -362,7 +357,7 @@ void GlooProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_
   copy_back(h, t);
 }
 
-void GlooProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
+void GlooBackend::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
   const Tensor h = host_of(in);
   guarded("gather", seq, [&] {
     Tensor flat = rank() == root ? Tensor::empty({in.numel() * size()}, in.dtype()) : Tensor();
@@ -382,7 +377,7 @@ void GlooProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, in
   });
 }
 
-void GlooProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) {
+void GlooBackend::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) {
   Tensor h = host_of(out, false);
   std::vector<Tensor> hin;
   if (rank() == root)
@@ -406,7 +401,7 @@ void GlooProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int roo
   copy_back(h, out);
 }
 
-void GlooProcessGroup::run_barrier(std::uint64_t seq) {
+void GlooBackend::run_barrier(std::uint64_t seq) {
   guarded("barrier", seq, [&] {
     ::gloo::BarrierOptions o(context_);
     o.setTag(tag_of(seq));
@@ -415,7 +410,7 @@ void GlooProcessGroup::run_barrier(std::uint64_t seq) {
   });
 }
 
-void GlooProcessGroup::run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) {
+void GlooBackend::run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) {
   const Tensor h = host_of(t);
   std::shared_ptr<::gloo::transport::UnboundBuffer> buf;
   guarded("send", seq, [&] {
@@ -426,7 +421,7 @@ void GlooProcessGroup::run_send(const Tensor& t, int dst, int tag, std::uint64_t
   defer_completion([this, buf, h, seq] { guarded("send", seq, [&] { buf->waitSend(timeout()); }); });
 }
 
-void GlooProcessGroup::run_recv(Tensor& t, int src, int tag, std::uint64_t seq) {
+void GlooBackend::run_recv(Tensor& t, int src, int tag, std::uint64_t seq) {
   const Tensor h = host_of(t, false);
   std::shared_ptr<::gloo::transport::UnboundBuffer> buf;
   guarded("recv", seq, [&] {

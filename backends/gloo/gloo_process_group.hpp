@@ -22,11 +22,11 @@ namespace phalanx::gloo_backend {
 /// PHALANX_GLOO_BUSY_POLL=0 makes the sync mesh block instead of spin.
 enum class AllreduceAlgo { Auto, Ring, Bcube, RingChunked, HalvingDoubling };
 
-class GlooProcessGroup : public ProcessGroup {
+class GlooBackend final : public Backend {
  public:
-  explicit GlooProcessGroup(const BackendConfig& config);
-  ~GlooProcessGroup() override;
-  std::string backend_name() const override { return "gloo"; }
+  explicit GlooBackend(const BackendConfig& config);
+  ~GlooBackend() override;
+  std::string name() const override { return "gloo"; }
 
  protected:
   /// Fails every pair of the event-driven mesh (on a thread of its own), which wakes the

@@ -8,9 +8,10 @@ namespace {
 void* create(const void* config, char* error, size_t error_len) {
   // Phalanx errors (TimeoutError for a rank that never joins, ...) propagate as C++
   // exceptions: plugins are C++ built against this Phalanx, see plugin_abi.h.
-  return new phalanx::gloo_backend::GlooProcessGroup(*static_cast<const phalanx::BackendConfig*>(config));
+  return static_cast<phalanx::Backend*>(
+      new phalanx::gloo_backend::GlooBackend(*static_cast<const phalanx::BackendConfig*>(config)));
 }
-void destroy(void* pg) { delete static_cast<phalanx::gloo_backend::GlooProcessGroup*>(pg); }
+void destroy(void* backend) { delete static_cast<phalanx::Backend*>(backend); }
 
 const phalanx_plugin_descriptor kDescriptor = {
     PHALANX_PLUGIN_ABI_VERSION, "gloo", "comm", "Gloo 0.5 over TCP (CPU tensors)", nullptr, &create, &destroy,

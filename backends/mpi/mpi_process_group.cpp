@@ -52,7 +52,7 @@ void divide_by(Tensor& host, int size) { kernels_for(Device::cpu()).divide(host,
 
 }  // namespace
 
-MpiProcessGroup::MpiProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank, c.size, c.timeout, !async_from_env()) {
+MpiProcessGroup::MpiProcessGroup(const BackendConfig& c) : Backend(c.rank, c.size, c.timeout, !async_from_env()) {
   try {
     if (c.size > 1 && !std::getenv("OMPI_COMM_WORLD_SIZE") && !std::getenv("PMIX_RANK") && !std::getenv("PMI_RANK") &&
         !std::getenv("SLURM_PROCID"))
@@ -86,14 +86,13 @@ MpiProcessGroup::MpiProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank, 
     MPI_Op_create(&sum16<fp16_to_float, float_to_fp16>, 1, &sum_fp16_);
     MPI_Op_create(&sum16<bf16_to_float, float_to_bf16>, 1, &sum_bf16_);
   } catch (...) {
-    shutdown();
-    throw;
+    throw;  // no threads to stop: the group starts them once this backend exists
   }
 }
 
 MpiProcessGroup::~MpiProcessGroup() {
-  closing_ = true;  // a send or recv still waiting ends now (its Work fails)
-  shutdown();       // the threads stop before the communicator goes
+  // The group set closing_ (on_close) and stopped its threads before destroying this.
+  closing_ = true;
   if (finalized()) return;  // the process is exiting and MPI ended first: nothing left to free
   if (sum_fp16_ != MPI_OP_NULL) MPI_Op_free(&sum_fp16_);
   if (sum_bf16_ != MPI_OP_NULL) MPI_Op_free(&sum_bf16_);

@@ -4,7 +4,7 @@
 // never fatal). MPI works on host memory: CPU tensors are used in place; tensors of any other
 // device (CUDA, sim) are staged through a host buffer, as the Gloo plugin does.
 //
-// Operations run on the caller's thread by default (the base class's inline mode: a 4-byte
+// Operations run on the caller's thread by default (the Backend's inline mode: a 4-byte
 // allreduce costs what MPI_Allreduce costs, with no hop to a worker thread); their Work is
 // complete when the call returns. PHALANX_MPI_ASYNC=1 runs them on the group's worker thread
 // instead (the caller overlaps computation with a collective in flight). Either way send and
@@ -20,13 +20,15 @@
 
 namespace phalanx::mpi_backend {
 
-class MpiProcessGroup : public ProcessGroup {
+class MpiProcessGroup final : public Backend {
  public:
   explicit MpiProcessGroup(const BackendConfig& config);
   ~MpiProcessGroup() override;
-  std::string backend_name() const override { return "mpi"; }
+  std::string name() const override { return "mpi"; }
 
  protected:
+  /// The group is going away: a send or recv still waiting ends now (its Work fails).
+  void on_close() noexcept override { closing_ = true; }
   void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) override;
   void run_broadcast(Tensor& t, int root, std::uint64_t seq) override;
   void run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) override;

@@ -7,9 +7,10 @@ namespace {
 void* create(const void* config, char*, size_t) {
   // Errors (ConfigError: not under mpirun, a thread level too low) propagate as C++
   // exceptions: plugins are C++ built against this Phalanx, see plugin_abi.h.
-  return new phalanx::mpi_backend::MpiProcessGroup(*static_cast<const phalanx::BackendConfig*>(config));
+  return static_cast<phalanx::Backend*>(
+      new phalanx::mpi_backend::MpiProcessGroup(*static_cast<const phalanx::BackendConfig*>(config)));
 }
-void destroy(void* pg) { delete static_cast<phalanx::mpi_backend::MpiProcessGroup*>(pg); }
+void destroy(void* backend) { delete static_cast<phalanx::Backend*>(backend); }
 
 const phalanx_plugin_descriptor kDescriptor = {
     PHALANX_PLUGIN_ABI_VERSION, "mpi", "comm", "MPI (CPU tensors; others staged through host memory)",

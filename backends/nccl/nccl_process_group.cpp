@@ -96,11 +96,11 @@ int pick_device(const BackendConfig& c) {
 
 }  // namespace
 
-NcclProcessGroup::P2pBatch::~P2pBatch() {
+NcclBackend::P2pBatch::~P2pBatch() {
   if (done) cudaEventDestroy(done);  // released by CUDA once it completed
 }
 
-NcclProcessGroup::NcclProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank, c.size, c.timeout) {
+NcclBackend::NcclBackend(const BackendConfig& c) : Backend(c.rank, c.size, c.timeout) {
   try {
     device_ = pick_device(c);
     cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
@@ -109,7 +109,6 @@ NcclProcessGroup::NcclProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank
     cuda_ok(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
     create_communicator(c);
   } catch (...) {
-    shutdown();
     if (comm_) ncclCommAbort(comm_);
     if (ready_) cudaEventDestroy(ready_);
     if (done_) cudaEventDestroy(done_);
@@ -118,7 +117,7 @@ NcclProcessGroup::NcclProcessGroup(const BackendConfig& c) : ProcessGroup(c.rank
   }
 }
 
-void NcclProcessGroup::create_communicator(const BackendConfig& c) {
+void NcclBackend::create_communicator(const BackendConfig& c) {
   const std::string where =
       detail::concat("nccl: creating the communicator on rank ", c.rank, " of ", c.size, " (cuda:", device_, ")");
   if (!c.store) throw ConfigError(where + ": the backend config has no rendezvous store");
@@ -175,8 +174,8 @@ void NcclProcessGroup::create_communicator(const BackendConfig& c) {
   }
 }
 
-NcclProcessGroup::~NcclProcessGroup() {
-  shutdown();  // the worker and completion threads stop first
+NcclBackend::~NcclBackend() {
+  // The group stopped its worker and completion threads before destroying this.
   if (comm_) {
     // Finalize (flushes what was issued), bounded; abort when it does not finish.
     const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout(), std::chrono::seconds(30));
@@ -197,7 +196,7 @@ NcclProcessGroup::~NcclProcessGroup() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-void NcclProcessGroup::check_tensor(const Tensor& t, const char* op) const {
+void NcclBackend::check_tensor(const Tensor& t, const char* op) const {
   if (t.device().type != DeviceType::CUDA)
     throw TypeError(std::string(op) + ": the nccl backend takes CUDA tensors, got one on " + t.device().str() +
                     "; move it with .to(parallel::local_device()) or use the gloo backend for CPU tensors");
@@ -207,11 +206,11 @@ void NcclProcessGroup::check_tensor(const Tensor& t, const char* op) const {
                                     "; move it with .to(parallel::local_device())"));
 }
 
-void NcclProcessGroup::check_alive_locked(const char* op, std::uint64_t seq) const {
+void NcclBackend::check_alive_locked(const char* op, std::uint64_t seq) const {
   if (aborted_) throw CommError(describe(op, seq) + ": the communicator was aborted after an earlier failure");
 }
 
-void NcclProcessGroup::fail_locked(const std::string& message, bool timed_out) {
+void NcclBackend::fail_locked(const std::string& message, bool timed_out) {
   aborted_ = true;
   if (comm_) ncclCommAbort(comm_);
   comm_ = nullptr;
@@ -219,13 +218,13 @@ void NcclProcessGroup::fail_locked(const std::string& message, bool timed_out) {
   throw CommError(message);
 }
 
-void NcclProcessGroup::ran(std::uint64_t seq) noexcept {
+void NcclBackend::ran(std::uint64_t seq) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   ran_ = seq + 1;
   last_ran_at_ = Clock::now();
 }
 
-void NcclProcessGroup::wait_enqueued_locked(const char* op, std::uint64_t seq, Clock::time_point deadline) {
+void NcclBackend::wait_enqueued_locked(const char* op, std::uint64_t seq, Clock::time_point deadline) {
   for (;;) {
     ncclResult_t state = ncclInProgress;
     const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
@@ -247,7 +246,7 @@ void NcclProcessGroup::wait_enqueued_locked(const char* op, std::uint64_t seq, C
   }
 }
 
-void NcclProcessGroup::watch(const char* op, std::uint64_t seq, cudaEvent_t done, Clock::time_point deadline) {
+void NcclBackend::watch(const char* op, std::uint64_t seq, cudaEvent_t done, Clock::time_point deadline) {
   for (;;) {
     const cudaError_t q = cudaEventQuery(done);
     if (q == cudaSuccess) return;
@@ -281,7 +280,7 @@ void NcclProcessGroup::watch(const char* op, std::uint64_t seq, cudaEvent_t done
 }
 
 template <typename Fn, typename After>
-void NcclProcessGroup::collective(const char* op, std::uint64_t seq, Fn&& enqueue, After&& after) {
+void NcclBackend::collective(const char* op, std::uint64_t seq, Fn&& enqueue, After&& after) {
   const auto deadline = Clock::now() + timeout();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -306,11 +305,11 @@ void NcclProcessGroup::collective(const char* op, std::uint64_t seq, Fn&& enqueu
 }
 
 template <typename Fn>
-void NcclProcessGroup::collective(const char* op, std::uint64_t seq, Fn&& enqueue) {
+void NcclBackend::collective(const char* op, std::uint64_t seq, Fn&& enqueue) {
   collective(op, seq, std::forward<Fn>(enqueue), [] {});
 }
 
-void NcclProcessGroup::queue_p2p(bool send, const Tensor& t, int peer, std::uint64_t seq) {
+void NcclBackend::queue_p2p(bool send, const Tensor& t, int peer, std::uint64_t seq) {
   const char* op = send ? "send" : "recv";
   check_tensor(t, op);
   auto p = std::make_shared<P2pOp>(P2pOp{send, t, peer, seq, nullptr});
@@ -326,7 +325,7 @@ void NcclProcessGroup::queue_p2p(bool send, const Tensor& t, int peer, std::uint
   defer_completion([this, p] { complete_p2p(*p); });
 }
 
-void NcclProcessGroup::complete_p2p(P2pOp& p) {
+void NcclBackend::complete_p2p(P2pOp& p) {
   const char* op = p.send ? "send" : "recv";
   const auto deadline = Clock::now() + timeout();
   // The completion thread's first CUDA call: on this rank's GPU (else CUDA makes a context on cuda:0).
@@ -362,7 +361,7 @@ void NcclProcessGroup::complete_p2p(P2pOp& p) {
   watch(op, p.seq, batch->done, deadline);
 }
 
-void NcclProcessGroup::flush_p2p_locked(const char* op, std::uint64_t seq, Clock::time_point deadline) {
+void NcclBackend::flush_p2p_locked(const char* op, std::uint64_t seq, Clock::time_point deadline) {
   if (p2p_queue_.empty()) return;
   std::vector<std::shared_ptr<P2pOp>> ops;
   ops.swap(p2p_queue_);
@@ -391,7 +390,7 @@ void NcclProcessGroup::flush_p2p_locked(const char* op, std::uint64_t seq, Clock
   for (const auto& q : ops) q->batch = batch;
 }
 
-void NcclProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
+void NcclBackend::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
   Ran r{this, seq};
   check_tensor(t, "allreduce");
   collective("allreduce", seq, [&] {
@@ -400,7 +399,7 @@ void NcclProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) 
   });
 }
 
-void NcclProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
+void NcclBackend::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
   Ran r{this, seq};
   check_tensor(t, "broadcast");
   collective("broadcast", seq, [&] {
@@ -409,7 +408,7 @@ void NcclProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
   });
 }
 
-void NcclProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
+void NcclBackend::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
   Ran r{this, seq};
   check_tensor(in, "allgather");
   for (const auto& o : out) check_tensor(o, "allgather");
@@ -428,7 +427,7 @@ void NcclProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in,
       });
 }
 
-void NcclProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op, std::uint64_t seq) {
+void NcclBackend::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op, std::uint64_t seq) {
   Ran r{this, seq};
   check_tensor(out, "reduce_scatter");
   for (const auto& i : in) check_tensor(i, "reduce_scatter");
@@ -442,7 +441,7 @@ void NcclProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, 
   });
 }
 
-void NcclProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
+void NcclBackend::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
   Ran r{this, seq};
   check_tensor(t, "reduce");
   Tensor scratch = rank() == root ? t : Tensor::empty(t.shape(), t.dtype(), t.device());
@@ -452,7 +451,7 @@ void NcclProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_
   });
 }
 
-void NcclProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
+void NcclBackend::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
   Ran r{this, seq};
   check_tensor(in, "gather");
   if (rank() == root)
@@ -467,7 +466,7 @@ void NcclProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, in
   });
 }
 
-void NcclProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) {
+void NcclBackend::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) {
   Ran r{this, seq};
   check_tensor(out, "scatter");
   if (rank() == root)
@@ -482,7 +481,7 @@ void NcclProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int roo
   });
 }
 
-void NcclProcessGroup::run_barrier(std::uint64_t seq) {
+void NcclBackend::run_barrier(std::uint64_t seq) {
   Ran r{this, seq};
   // A one-float allreduce; its value does not matter, so no kernel fills it.
   if (!barrier_.defined()) barrier_ = Tensor::empty({1}, DType::Float32, Device::cuda(device_));
@@ -492,12 +491,12 @@ void NcclProcessGroup::run_barrier(std::uint64_t seq) {
   });
 }
 
-void NcclProcessGroup::run_send(const Tensor& t, int dst, int, std::uint64_t seq) {
+void NcclBackend::run_send(const Tensor& t, int dst, int, std::uint64_t seq) {
   Ran r{this, seq};
   queue_p2p(true, t, dst, seq);
 }
 
-void NcclProcessGroup::run_recv(Tensor& t, int src, int, std::uint64_t seq) {
+void NcclBackend::run_recv(Tensor& t, int src, int, std::uint64_t seq) {
   Ran r{this, seq};
   queue_p2p(false, t, src, seq);
 }

@@ -35,11 +35,11 @@
 
 namespace phalanx::nccl_backend {
 
-class NcclProcessGroup : public ProcessGroup {
+class NcclBackend final : public Backend {
  public:
-  explicit NcclProcessGroup(const BackendConfig& config);
-  ~NcclProcessGroup() override;
-  std::string backend_name() const override { return "nccl"; }
+  explicit NcclBackend(const BackendConfig& config);
+  ~NcclBackend() override;
+  std::string name() const override { return "nccl"; }
   int device() const { return device_; }
 
   /// How long the worker must have been idle before queued sends/receives are posted alone.
@@ -96,7 +96,7 @@ class NcclProcessGroup : public ProcessGroup {
   void ran(std::uint64_t seq) noexcept;
   /// Records, however a run_* hook ends, that the worker ran operation `seq`.
   struct Ran {
-    NcclProcessGroup* g;
+    NcclBackend* g;
     std::uint64_t seq;
     ~Ran() { g->ran(seq); }
   };

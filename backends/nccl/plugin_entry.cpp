@@ -21,9 +21,10 @@ int probe(char* reason, size_t len) {
 }
 
 void* create(const void* config, char*, size_t) {
-  return new phalanx::nccl_backend::NcclProcessGroup(*static_cast<const phalanx::BackendConfig*>(config));
+  return static_cast<phalanx::Backend*>(
+      new phalanx::nccl_backend::NcclBackend(*static_cast<const phalanx::BackendConfig*>(config)));
 }
-void destroy(void* pg) { delete static_cast<phalanx::nccl_backend::NcclProcessGroup*>(pg); }
+void destroy(void* backend) { delete static_cast<phalanx::Backend*>(backend); }
 
 const phalanx_plugin_descriptor kDescriptor = {
     PHALANX_PLUGIN_ABI_VERSION, "nccl", "comm", "NCCL (CUDA tensors)", &probe, &create, &destroy};

@@ -8,9 +8,9 @@ namespace {
 void* create(const void* config, char* error, size_t error_len) {
   // Phalanx errors (TimeoutError for a rank that never attaches, ...) propagate as C++
   // exceptions: plugins are C++ built against this Phalanx, see plugin_abi.h.
-  return new phalanx::shm::ShmProcessGroup(*static_cast<const phalanx::BackendConfig*>(config));
+  return static_cast<phalanx::Backend*>(new phalanx::shm::ShmProcessGroup(*static_cast<const phalanx::BackendConfig*>(config)));
 }
-void destroy(void* pg) { delete static_cast<phalanx::shm::ShmProcessGroup*>(pg); }
+void destroy(void* backend) { delete static_cast<phalanx::Backend*>(backend); }
 
 const phalanx_plugin_descriptor kDescriptor = {
     PHALANX_PLUGIN_ABI_VERSION, "shm", "comm", "shared memory, every rank on one host (CPU tensors; others staged)",

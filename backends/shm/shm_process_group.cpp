@@ -30,7 +30,7 @@ std::size_t bytes_from_env(const char* name, std::size_t fallback) {
 }  // namespace
 
 ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
-    : ProcessGroup(c.rank, c.size, c.timeout, inline_from_env()), sends_(c.size), recvs_(c.size) {
+    : Backend(c.rank, c.size, c.timeout, inline_from_env()), sends_(c.size), recvs_(c.size) {
   try {
     if (!c.store) throw ConfigError("shm backend: BackendConfig::store is null (the rendezvous needs a store)");
     auto store = std::make_shared<PrefixStore>("shm", c.store);
@@ -53,13 +53,12 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
     else if (seg_) seg_->line(c.rank).state.store(kFailed, std::memory_order_seq_cst);
     sync_.reset();
     seg_.reset();
-    shutdown();
     throw;
   }
 }
 
 ShmProcessGroup::~ShmProcessGroup() {
-  shutdown();  // the worker and completion threads stop before the segment goes
+  // The group stopped its threads before destroying this backend.
   if (sync_) sync_->mark_left();
 }
 

@@ -16,17 +16,17 @@
 #include <mutex>
 #include <vector>
 
-#include "phalanx/backends/process_group.hpp"
+#include "phalanx/backends/process_group.hpp"  // BackendConfig, Backend
 #include "shm_segment.hpp"
 #include "shm_sync.hpp"
 
 namespace phalanx::shm {
 
-class ShmProcessGroup : public ProcessGroup {
+class ShmProcessGroup final : public Backend {
  public:
   explicit ShmProcessGroup(const BackendConfig& config);
   ~ShmProcessGroup() override;
-  std::string backend_name() const override { return "shm"; }
+  std::string name() const override { return "shm"; }
 
  protected:
   void on_abort() noexcept override;

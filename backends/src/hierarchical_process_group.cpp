@@ -22,8 +22,8 @@ std::string list(const std::vector<int>& v) {
 
 }  // namespace
 
-HierarchicalProcessGroup::HierarchicalProcessGroup(const BackendConfig& config, const HierarchyOptions& o)
-    : ProcessGroup(config.rank, config.size, config.timeout) {
+HierarchicalBackend::HierarchicalBackend(const BackendConfig& config, const HierarchyOptions& o)
+    : Backend(config.rank, config.size, config.timeout) {
   const int world = config.size;
   if (static_cast<int>(o.host_of_rank.size()) != world)
     throw ConfigError(detail::concat("hierarchical group: ", o.host_of_rank.size(),
@@ -72,9 +72,7 @@ HierarchicalProcessGroup::HierarchicalProcessGroup(const BackendConfig& config, 
   }
 }
 
-HierarchicalProcessGroup::~HierarchicalProcessGroup() { shutdown(); }
-
-void HierarchicalProcessGroup::on_abort() noexcept {
+void HierarchicalBackend::on_abort() noexcept {
   try {
     const auto error = std::make_exception_ptr(CommError("the hierarchical group was aborted"));
     for (const auto& g : {intra_, inter_, direct_})
@@ -83,7 +81,7 @@ void HierarchicalProcessGroup::on_abort() noexcept {
   }
 }
 
-void HierarchicalProcessGroup::step(const WorkPtr& work, Level level, const char* op, std::uint64_t seq) const {
+void HierarchicalBackend::step(const WorkPtr& work, Level level, const char* op, std::uint64_t seq) const {
   try {
     work->wait();
   } catch (const std::exception& e) {
@@ -102,7 +100,7 @@ void HierarchicalProcessGroup::step(const WorkPtr& work, Level level, const char
   }
 }
 
-void HierarchicalProcessGroup::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq, const char* name) {
+void HierarchicalBackend::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq, const char* name) {
   const ReduceOp partial = op == ReduceOp::Avg ? ReduceOp::Sum : op;
   if (!is_leader()) {  // both steps queued at once: one wake-up fewer
     const WorkPtr up = intra_->reduce(t, 0, partial), down = intra_->broadcast(t, 0);
@@ -116,11 +114,11 @@ void HierarchicalProcessGroup::allreduce_impl(Tensor& t, ReduceOp op, std::uint6
   if (intra_) step(intra_->broadcast(t, 0), Level::Intra, name, seq);
 }
 
-void HierarchicalProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
+void HierarchicalBackend::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
   allreduce_impl(t, op, seq, "allreduce");
 }
 
-void HierarchicalProcessGroup::broadcast_impl(Tensor& t, int root, std::uint64_t seq, const char* name) {
+void HierarchicalBackend::broadcast_impl(Tensor& t, int root, std::uint64_t seq, const char* name) {
   const int root_host = host_index_[root];
   const bool root_here = root_host == host_index_[rank()];
   if (root_here && intra_) step(intra_->broadcast(t, local_index_[root]), Level::Intra, name, seq);
@@ -128,11 +126,11 @@ void HierarchicalProcessGroup::broadcast_impl(Tensor& t, int root, std::uint64_t
   if (!root_here && intra_) step(intra_->broadcast(t, 0), Level::Intra, name, seq);
 }
 
-void HierarchicalProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
+void HierarchicalBackend::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
   broadcast_impl(t, root, seq, "broadcast");
 }
 
-void HierarchicalProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
+void HierarchicalBackend::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
   const ReduceOp partial = op == ReduceOp::Avg ? ReduceOp::Sum : op;
   const int root_host = host_index_[root];
   if (is_leader()) {
@@ -149,7 +147,7 @@ void HierarchicalProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std:
   if (rank() == root && op == ReduceOp::Avg) kernels_for(t.device()).divide(t, static_cast<float>(size()));
 }
 
-Tensor HierarchicalProcessGroup::allgather_impl(const Tensor& in, std::uint64_t seq, const char* name) {
+Tensor HierarchicalBackend::allgather_impl(const Tensor& in, std::uint64_t seq, const char* name) {
   const std::int64_t n = in.numel(), block = max_local_ * n;
   const Tensor flat_in = in.reshape({n});
   Tensor all = Tensor::empty({hosts_ * block}, in.dtype(), in.device());
@@ -179,20 +177,20 @@ Tensor HierarchicalProcessGroup::allgather_impl(const Tensor& in, std::uint64_t 
   return all;
 }
 
-void HierarchicalProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
+void HierarchicalBackend::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
   const Tensor all = allgather_impl(in, seq, "allgather");
   const std::int64_t n = in.numel();
   for (int q = 0; q < size(); ++q) out[q].reshape({n}).copy_(all.narrow_rows(block_offset(q) * n, (block_offset(q) + 1) * n));
 }
 
-void HierarchicalProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
+void HierarchicalBackend::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
   const Tensor all = allgather_impl(in, seq, "gather");
   if (rank() != root) return;
   const std::int64_t n = in.numel();
   for (int q = 0; q < size(); ++q) out[q].reshape({n}).copy_(all.narrow_rows(block_offset(q) * n, (block_offset(q) + 1) * n));
 }
 
-void HierarchicalProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) {
+void HierarchicalBackend::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) {
   const std::int64_t n = out.numel();
   Tensor all = Tensor::empty({size() * n}, out.dtype(), out.device());
   if (rank() == root)
@@ -201,7 +199,7 @@ void HierarchicalProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in,
   out.reshape({n}).copy_(all.narrow_rows(rank() * n, (rank() + 1) * n));
 }
 
-void HierarchicalProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op,
+void HierarchicalBackend::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op,
                                                   std::uint64_t seq) {
   const std::int64_t n = out.numel();
   Tensor all = Tensor::empty({size() * n}, out.dtype(), out.device());
@@ -210,7 +208,7 @@ void HierarchicalProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tenso
   out.reshape({n}).copy_(all.narrow_rows(rank() * n, (rank() + 1) * n));
 }
 
-void HierarchicalProcessGroup::run_barrier(std::uint64_t seq) {
+void HierarchicalBackend::run_barrier(std::uint64_t seq) {
   if (!is_leader()) {
     const WorkPtr in = intra_->barrier(), out = intra_->barrier();
     step(in, Level::Intra, "barrier", seq);
@@ -222,18 +220,18 @@ void HierarchicalProcessGroup::run_barrier(std::uint64_t seq) {
   if (intra_) step(intra_->barrier(), Level::Intra, "barrier", seq);
 }
 
-void HierarchicalProcessGroup::run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) {
+void HierarchicalBackend::run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) {
   const WorkPtr work = direct_->send(t, dst, tag);
   defer_completion([this, work, seq] { step(work, Level::Direct, "send", seq); });
 }
 
-void HierarchicalProcessGroup::run_recv(Tensor& t, int src, int tag, std::uint64_t seq) {
+void HierarchicalBackend::run_recv(Tensor& t, int src, int tag, std::uint64_t seq) {
   const WorkPtr work = direct_->recv(t, src, tag);
   defer_completion([this, work, seq] { step(work, Level::Direct, "recv", seq); });
 }
 
 ProcessGroupPtr create_hierarchical_process_group(const BackendConfig& config, const HierarchyOptions& options) {
-  return std::make_shared<HierarchicalProcessGroup>(config, options);
+  return std::make_shared<ProcessGroup>(std::make_unique<HierarchicalBackend>(config, options));
 }
 
 }  // namespace phalanx

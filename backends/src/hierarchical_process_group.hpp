@@ -1,6 +1,6 @@
 #pragma once
-// The hierarchical process group (public entry: phalanx/backends/hierarchical_process_group.hpp).
-// It owns up to three sub-groups and drives them from its own worker thread, one step
+// The hierarchical backend (public entry: phalanx/backends/hierarchical_process_group.hpp).
+// It owns up to three sub-groups and drives them from its group's worker thread, one step
 // after another, waiting for each step's Work.
 #include <string>
 #include <vector>
@@ -9,11 +9,10 @@
 
 namespace phalanx {
 
-class HierarchicalProcessGroup : public ProcessGroup {
+class HierarchicalBackend final : public Backend {
  public:
-  HierarchicalProcessGroup(const BackendConfig& config, const HierarchyOptions& options);
-  ~HierarchicalProcessGroup() override;
-  std::string backend_name() const override { return name_; }
+  HierarchicalBackend(const BackendConfig& config, const HierarchyOptions& options);
+  std::string name() const override { return name_; }
 
  protected:
   void on_abort() noexcept override;

@@ -40,7 +40,7 @@ ProcessGroupPtr create_process_group(const std::string& name, const BackendConfi
     if (config.size != 1)
       throw ConfigError(detail::concat("backend 'single' is a world of one, but the world size is ",
                                        config.size, "; choose a communication backend such as gloo"));
-    return std::make_shared<WorldOfOneProcessGroup>(config.timeout);
+    return make_world_of_one(config.timeout);
   }
   const phalanx_plugin_descriptor& d = load_backend(name, explicit_path);
   if (std::string(d.kind ? d.kind : "") != "comm")
@@ -55,15 +55,14 @@ ProcessGroupPtr create_process_group(const std::string& name, const BackendConfi
   void* obj = d.create(&config, err, sizeof err);
   if (!obj) throw CommError("backend '" + name + "' failed to start on rank " +
                             std::to_string(config.rank) + ": " + err);
-  auto* pg = static_cast<ProcessGroup*>(obj);
-  auto destroy = d.destroy;
-  return ProcessGroupPtr(pg, [destroy](ProcessGroup* p) {
+  // The group owns the backend and frees it with the plugin's destroy, after its threads stopped.
+  auto* pg = new ProcessGroup(BackendPtr(static_cast<Backend*>(obj), BackendDeleter(d.destroy)));
+  return ProcessGroupPtr(pg, [](ProcessGroup* p) {
     // An aborted group's worker may still be blocked inside the backend (a peer that
     // stopped without closing its connections): give it a moment, then leave the group
-    // alive rather than hang here; its thread ends with the process.
+    // (and its backend) alive rather than hang here; its thread ends with the process.
     if (p->is_aborted() && !p->stop_threads(std::chrono::milliseconds(500))) return;
-    if (destroy) destroy(p);
-    else delete p;
+    delete p;
   });
 }
 

@@ -18,17 +18,48 @@ std::chrono::milliseconds default_timeout() {
   return kDefaultTimeout;
 }
 
-ProcessGroup::ProcessGroup(int rank, int size, std::chrono::milliseconds timeout, bool inline_ops)
-    : rank_(rank), size_(size), timeout_(timeout), inline_ops_(inline_ops) {
-  if (size < 1) throw ConfigError(detail::concat("world size must be >= 1, got ", size));
-  if (rank < 0 || rank >= size)
-    throw ConfigError(detail::concat("rank ", rank, " is outside [0, ", size, ")"));
+Backend* ProcessGroup::adopt(const BackendPtr& backend) {
+  if (!backend) throw ValueError("ProcessGroup: the backend is null; pass the object a backend factory made");
+  if (backend->group_)
+    throw ValueError(detail::concat("ProcessGroup: the ", backend->name(),
+                                    " backend already belongs to a process group; make one backend per group"));
+  return backend.get();
+}
+
+ProcessGroup::ProcessGroup(BackendPtr backend)
+    : backend_(std::move(backend)),
+      be_(adopt(backend_)),
+      rank_(be_->rank()),
+      size_(be_->size()),
+      timeout_(be_->timeout()),
+      inline_ops_(be_->inline_ops()) {
+  be_->group_ = this;
   worker_exited_ = inline_ops_;
   completer_exited_ = true;  // started with the first deferred completion
   if (!inline_ops_) worker_ = std::thread([this] { worker_loop(); });
 }
 
-ProcessGroup::~ProcessGroup() { shutdown(); }
+ProcessGroup::~ProcessGroup() {
+  be_->on_close();  // a wait that can no longer end well (a posted receive) returns now
+  stop_threads();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [work, waiter] : completions_)
+      work->finish(std::make_exception_ptr(CommError(detail::concat(
+          work->op(), " #", work->sequence_number(), " on rank ", rank_,
+          ": the process group was destroyed before it completed"))));
+    completions_.clear();  // the waiters refer to the backend: gone before it
+    // Anything still queued never ran: fail it rather than leave a waiter hanging.
+    for (auto& item : queue_)
+      item.work->finish(std::make_exception_ptr(CommError(detail::concat(
+          item.work->op(), " #", item.work->sequence_number(), " on rank ", rank_,
+          ": the process group was destroyed before it ran"))));
+    queue_.clear();
+  }
+  // No thread can call into the backend any more: destroy it (with the plugin's destroy).
+  be_->group_ = nullptr;
+  backend_.reset();
+}
 
 bool ProcessGroup::stop_threads(std::chrono::milliseconds grace) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -47,22 +78,6 @@ bool ProcessGroup::stop_threads(std::chrono::milliseconds grace) {
   return true;
 }
 
-void ProcessGroup::shutdown() {
-  stop_threads();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [work, waiter] : completions_)
-    work->finish(std::make_exception_ptr(CommError(detail::concat(
-        work->op(), " #", work->sequence_number(), " on rank ", rank_,
-        ": the process group was destroyed before it completed"))));
-  completions_.clear();
-  // Anything still queued never ran: fail it rather than leave a waiter hanging.
-  for (auto& item : queue_)
-    item.work->finish(std::make_exception_ptr(CommError(detail::concat(
-        item.work->op(), " #", item.work->sequence_number(), " on rank ", rank_,
-        ": the process group was destroyed before it ran"))));
-  queue_.clear();
-}
-
 void ProcessGroup::abort(std::exception_ptr error) {
   if (!error) error = std::make_exception_ptr(CommError("the process group was aborted"));
   std::vector<WorkPtr> victims;
@@ -70,6 +85,7 @@ void ProcessGroup::abort(std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mu_);
     if (abort_error_) return;
     abort_error_ = error;
+    be_->aborted_.store(true, std::memory_order_release);
     if (broken_.empty()) broken_ = detail::message_of(error);
     closed_.store(true, std::memory_order_release);
     if (running_) victims.push_back(running_);
@@ -81,7 +97,7 @@ void ProcessGroup::abort(std::exception_ptr error) {
     for (auto& c : completions_) victims.push_back(c.first);
   }
   for (auto& w : victims) w->finish(error);
-  on_abort();
+  be_->on_abort();
 }
 
 bool ProcessGroup::is_aborted() const {
@@ -98,10 +114,6 @@ void ProcessGroup::set_collective_check(CollectiveCheck check) {
   std::lock_guard<std::mutex> lock(mu_);
   collective_check_ = std::move(check);
   checking_.store(static_cast<bool>(collective_check_), std::memory_order_relaxed);
-}
-
-std::string ProcessGroup::describe(const std::string& op, std::uint64_t seq) const {
-  return detail::concat(op, " #", seq, " on rank ", rank_, " of ", size_, " (", backend_name(), ")");
 }
 
 std::uint64_t ProcessGroup::sequence_number() const {
@@ -318,14 +330,14 @@ WorkPtr ProcessGroup::allreduce(Tensor t, ReduceOp op) {
   if (op == ReduceOp::Avg && t.dtype() != DType::Float32)
     throw TypeError("allreduce: avg needs a float32 tensor");
   std::string sig = checking_.load(std::memory_order_relaxed) ? signature("allreduce", t, reduce_op_name(op)) : std::string();
-  return submit("allreduce", [this, t = std::move(t), op](std::uint64_t seq) mutable { run_allreduce(t, op, seq); },
+  return submit("allreduce", [this, t = std::move(t), op](std::uint64_t seq) mutable { be_->run_allreduce(t, op, seq); },
                 std::move(sig));
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor t, int root) {
   check_tensor(t, "broadcast", "tensor");
   check_root(root, "broadcast");
-  return submit("broadcast", [this, t, root](std::uint64_t seq) mutable { run_broadcast(t, root, seq); },
+  return submit("broadcast", [this, t, root](std::uint64_t seq) mutable { be_->run_broadcast(t, root, seq); },
                 checking_.load(std::memory_order_relaxed) ? signature("broadcast", t, root_of(root)) : std::string());
 }
 
@@ -333,7 +345,7 @@ WorkPtr ProcessGroup::allgather(std::vector<Tensor> outputs, Tensor input) {
   check_tensor(input, "allgather", "input");
   check_list(outputs, input, size_, "allgather", "output");
   return submit("allgather", [this, outputs, input](std::uint64_t seq) mutable {
-    run_allgather(outputs, input, seq);
+    be_->run_allgather(outputs, input, seq);
   }, checking_.load(std::memory_order_relaxed) ? signature("allgather", input) : std::string());
 }
 
@@ -345,7 +357,7 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor output, std::vector<Tensor> inputs, 
   if (op == ReduceOp::Avg && output.dtype() != DType::Float32)
     throw TypeError("reduce_scatter: avg needs float32 tensors");
   return submit("reduce_scatter", [this, output, inputs, op](std::uint64_t seq) mutable {
-    run_reduce_scatter(output, inputs, op, seq);
+    be_->run_reduce_scatter(output, inputs, op, seq);
   }, checking_.load(std::memory_order_relaxed) ? signature("reduce_scatter", output, reduce_op_name(op)) : std::string());
 }
 
@@ -355,7 +367,7 @@ WorkPtr ProcessGroup::reduce(Tensor t, int root, ReduceOp op) {
   if ((t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16) && op != ReduceOp::Sum)
     throw TypeError(std::string("reduce: ") + dtype_name(t.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && t.dtype() != DType::Float32) throw TypeError("reduce: avg needs a float32 tensor");
-  return submit("reduce", [this, t, root, op](std::uint64_t seq) mutable { run_reduce(t, root, op, seq); },
+  return submit("reduce", [this, t, root, op](std::uint64_t seq) mutable { be_->run_reduce(t, root, op, seq); },
                 checking_.load(std::memory_order_relaxed)
                     ? signature("reduce", t, std::string(reduce_op_name(op)) + ", " + root_of(root))
                     : std::string());
@@ -366,7 +378,7 @@ WorkPtr ProcessGroup::gather(std::vector<Tensor> outputs, Tensor input, int root
   check_root(root, "gather");
   if (rank_ == root) check_list(outputs, input, size_, "gather", "output");
   return submit("gather", [this, outputs, input, root](std::uint64_t seq) mutable {
-    run_gather(outputs, input, root, seq);
+    be_->run_gather(outputs, input, root, seq);
   }, checking_.load(std::memory_order_relaxed) ? signature("gather", input, root_of(root)) : std::string());
 }
 
@@ -375,25 +387,25 @@ WorkPtr ProcessGroup::scatter(Tensor output, std::vector<Tensor> inputs, int roo
   check_root(root, "scatter");
   if (rank_ == root) check_list(inputs, output, size_, "scatter", "input");
   return submit("scatter", [this, output, inputs, root](std::uint64_t seq) mutable {
-    run_scatter(output, inputs, root, seq);
+    be_->run_scatter(output, inputs, root, seq);
   }, checking_.load(std::memory_order_relaxed) ? signature("scatter", output, root_of(root)) : std::string());
 }
 
 WorkPtr ProcessGroup::barrier() {
-  return submit("barrier", [this](std::uint64_t seq) { run_barrier(seq); },
+  return submit("barrier", [this](std::uint64_t seq) { be_->run_barrier(seq); },
                 checking_.load(std::memory_order_relaxed) ? std::string("barrier()") : std::string());
 }
 
 WorkPtr ProcessGroup::send(Tensor t, int dst, int tag) {
   check_tensor(t, "send", "tensor");
   check_peer(dst, "send");
-  return submit("send", [this, t, dst, tag](std::uint64_t seq) { run_send(t, dst, tag, seq); });
+  return submit("send", [this, t, dst, tag](std::uint64_t seq) { be_->run_send(t, dst, tag, seq); });
 }
 
 WorkPtr ProcessGroup::recv(Tensor t, int src, int tag) {
   check_tensor(t, "recv", "tensor");
   check_peer(src, "recv");
-  return submit("recv", [this, t, src, tag](std::uint64_t seq) mutable { run_recv(t, src, tag, seq); });
+  return submit("recv", [this, t, src, tag](std::uint64_t seq) mutable { be_->run_recv(t, src, tag, seq); });
 }
 
 }  // namespace phalanx

@@ -4,28 +4,29 @@
 
 namespace phalanx {
 
-WorldOfOneProcessGroup::WorldOfOneProcessGroup(std::chrono::milliseconds timeout)
-    : ProcessGroup(0, 1, timeout, /*inline_ops=*/true) {}
+WorldOfOneBackend::WorldOfOneBackend(std::chrono::milliseconds timeout)
+    : Backend(0, 1, timeout, /*inline_ops=*/true) {}
 
-WorldOfOneProcessGroup::~WorldOfOneProcessGroup() { shutdown(); }
+ProcessGroupPtr make_world_of_one(std::chrono::milliseconds timeout) {
+  return std::make_shared<ProcessGroup>(std::make_unique<WorldOfOneBackend>(timeout));
+}
 
-void WorldOfOneProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t) {
+void WorldOfOneBackend::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t) {
   if (!out[0].is_same(in)) out[0].copy_(in);
 }
-void WorldOfOneProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp,
-                                                std::uint64_t) {
+void WorldOfOneBackend::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp, std::uint64_t) {
   if (!out.is_same(in[0])) out.copy_(in[0]);
 }
-void WorldOfOneProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int, std::uint64_t) {
+void WorldOfOneBackend::run_gather(std::vector<Tensor>& out, const Tensor& in, int, std::uint64_t) {
   if (!out[0].is_same(in)) out[0].copy_(in);
 }
-void WorldOfOneProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int, std::uint64_t) {
+void WorldOfOneBackend::run_scatter(Tensor& out, std::vector<Tensor>& in, int, std::uint64_t) {
   if (!out.is_same(in[0])) out.copy_(in[0]);
 }
-void WorldOfOneProcessGroup::run_send(const Tensor&, int, int, std::uint64_t seq) {
+void WorldOfOneBackend::run_send(const Tensor&, int, int, std::uint64_t seq) {
   throw CommError(describe("send", seq) + ": a world of one has no peer to send to");
 }
-void WorldOfOneProcessGroup::run_recv(Tensor&, int, int, std::uint64_t seq) {
+void WorldOfOneBackend::run_recv(Tensor&, int, int, std::uint64_t seq) {
   throw CommError(describe("recv", seq) + ": a world of one has no peer to receive from");
 }
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <cstring>
 
+#include <phalanx/backends/backend.hpp>
 #include <phalanx/backends/plugin_abi.h>
 #include <phalanx/backends/process_group.hpp>
 #include <phalanx/backends/store.hpp>
@@ -18,12 +19,12 @@ using phalanx::DType;
 using phalanx::ReduceOp;
 using phalanx::Tensor;
 
-class StoreProcessGroup : public phalanx::ProcessGroup {
+// A backend implements the synchronous run_* hooks; the ProcessGroup that owns it runs them
+// on its worker thread and destroys the backend only after that thread stopped.
+class StoreBackend final : public phalanx::Backend {
  public:
-  explicit StoreProcessGroup(const phalanx::BackendConfig& c)
-      : ProcessGroup(c.rank, c.size, c.timeout), store_(c.store) {}
-  ~StoreProcessGroup() override { shutdown(); }
-  std::string backend_name() const override { return "storecomm"; }
+  explicit StoreBackend(const phalanx::BackendConfig& c) : Backend(c.rank, c.size, c.timeout), store_(c.store) {}
+  std::string name() const override { return "storecomm"; }
 
  protected:
   // Publishes `mine`, returns every rank's bytes (index = rank).
@@ -122,9 +123,10 @@ class StoreProcessGroup : public phalanx::ProcessGroup {
 };
 
 void* create(const void* config, char*, size_t) {
-  return new StoreProcessGroup(*static_cast<const phalanx::BackendConfig*>(config));
+  // The loader takes a phalanx::Backend* (plugin_abi.h): convert before the void*.
+  return static_cast<phalanx::Backend*>(new StoreBackend(*static_cast<const phalanx::BackendConfig*>(config)));
 }
-void destroy(void* pg) { delete static_cast<StoreProcessGroup*>(pg); }
+void destroy(void* backend) { delete static_cast<phalanx::Backend*>(backend); }
 
 const phalanx_plugin_descriptor kDescriptor = {
     PHALANX_PLUGIN_ABI_VERSION, "storecomm", "comm", "collectives through the rendezvous store (example)",

@@ -173,7 +173,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   if (backend == "single") {
     if (world != 1)
       throw ConfigError(detail::concat("backend 'single' is a world of one, but WORLD_SIZE is ", world));
-    s.group = std::make_shared<WorldOfOneProcessGroup>(timeout);
+    s.group = make_world_of_one(timeout);
     s.device = device;
     s.has_device = true;
     set_default_world({0, 1, true});
@@ -306,7 +306,7 @@ bool is_initialized() {
 ProcessGroupPtr default_process_group() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.group) s.group = std::make_shared<WorldOfOneProcessGroup>(default_timeout());
+  if (!s.group) s.group = make_world_of_one(default_timeout());
   return s.group;
 }
 

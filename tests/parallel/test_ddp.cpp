@@ -233,7 +233,7 @@ TEST_CASE("a second backward without a forward is an error; a world of one is a 
     }
   });
   auto plain = make_model("mlp");
-  DDP one(make_model("mlp"), std::make_shared<WorldOfOneProcessGroup>());
+  DDP one(make_model("mlp"), make_world_of_one());
   CHECK(one.bucket_layout().empty());
   cross_entropy(one.forward(d.x), d.y).backward();
   cross_entropy(plain->forward(d.x), d.y).backward();

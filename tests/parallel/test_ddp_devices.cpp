@@ -234,7 +234,7 @@ TEST_CASE("gloo stages tensors of any device through host memory: every operatio
 }
 
 TEST_CASE("a model that spans devices is a ConfigError naming two of its tensors and their devices") {
-  auto single = std::make_shared<WorldOfOneProcessGroup>();
+  auto single = make_world_of_one();
   {
     Generator g(1);
     auto seq = std::make_shared<nn::Sequential>();

@@ -396,7 +396,7 @@ TEST_CASE("a world larger than one without a group: DDP and DistributedSampler n
     so.num_replicas = 2;
     so.rank = 1;
     CHECK(samplers::DistributedSampler(100, so).num_replicas() == 2);
-    CHECK_NOTHROW(parallel::DDP(nn::mlp({4, 3}), std::make_shared<WorldOfOneProcessGroup>()));
+    CHECK_NOTHROW(parallel::DDP(nn::mlp({4, 3}), make_world_of_one()));
     ::unsetenv(var);
   }
   ::setenv("WORLD_SIZE", "1", 1);
@@ -409,7 +409,7 @@ TEST_CASE("report_failure without a group or a launch environment does nothing, 
   const auto t0 = std::chrono::steady_clock::now();
   parallel::report_failure("nobody to tell");
   CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
-  CHECK_NOTHROW(parallel::check_consistent({{"a", "1"}}, std::make_shared<WorldOfOneProcessGroup>()));
+  CHECK_NOTHROW(parallel::check_consistent({{"a", "1"}}, make_world_of_one()));
 }
 
 namespace {
@@ -441,7 +441,7 @@ TEST_CASE("the failure watcher: retries store errors with backoff, stops after i
   ctx->root = flaky;
   ctx->rank = 0;
   ctx->world = 2;
-  auto group = std::make_shared<WorldOfOneProcessGroup>();
+  auto group = make_world_of_one();
   parallel::FailureWatcher watcher(ctx, group, 10ms);
   const std::string rec = parallel::encode_failure({1, "bad data", false, 1});
   flaky->set("phalanx/r0/failure/first", Bytes(rec.begin(), rec.end()));
@@ -455,7 +455,7 @@ TEST_CASE("the failure watcher: retries store errors with backoff, stops after i
   auto ctx2 = std::make_shared<parallel::FailureContext>();
   ctx2->root = quiet;
   ctx2->world = 2;
-  parallel::FailureWatcher watcher2(ctx2, std::make_shared<WorldOfOneProcessGroup>(), 10ms);
+  parallel::FailureWatcher watcher2(ctx2, make_world_of_one(), 10ms);
   std::this_thread::sleep_for(100ms);
   ctx2->post("my own failure", false);
   std::this_thread::sleep_for(100ms);

@@ -237,7 +237,7 @@ TEST_CASE("exact mode: zero_grad is optional (the step's first micro-batch overw
 
 TEST_CASE("exact mode: .grad() is undefined between micro-batches and the global mean after the last") {
   const Data d = make_data();
-  auto pg = std::make_shared<WorldOfOneProcessGroup>();
+  auto pg = make_world_of_one();
   DDPOptions o = exact_options();
   o.exact.global_batch = 4;  // two micro-batches of 2
   auto model = make_model();
@@ -295,7 +295,7 @@ std::vector<char> train_two_heads(int W, int rank, ProcessGroupPtr pg) {
 
 TEST_CASE("exact mode: parameters unused by some micro-batches contribute zero, the same bits on any W") {
   std::vector<char> one;
-  run_threads(1, [&](int) { one = train_two_heads(1, 0, std::make_shared<WorldOfOneProcessGroup>()); });
+  run_threads(1, [&](int) { one = train_two_heads(1, 0, make_world_of_one()); });
   auto store = std::make_shared<MemoryStore>();
   std::vector<std::vector<char>> got(3);
   run_threads(3, [&](int rank) { got[rank] = train_two_heads(3, rank, make_thread_group("gloo", rank, 3, store)); });
@@ -319,7 +319,7 @@ TEST_CASE("exact_mean: index order, the same bits on any W, and its errors") {
       REQUIRE_RANK(rank, std::memcmp(&got, &serial, sizeof(double)) == 0, detail::concat(got, " vs ", serial));
     });
   }
-  WorldOfOneProcessGroup one;
+  ProcessGroup one(std::make_unique<WorldOfOneBackend>());
   CHECK_THROWS_WITH_AS(parallel::exact_mean(one, {{12, 1.0}}, 12), doctest::Contains("outside [0, 12)"), ValueError);
   CHECK_THROWS_WITH_AS(parallel::exact_mean(one, {{1, 1.0}, {1, 2.0}}, 2), doctest::Contains("twice"), ValueError);
   CHECK_THROWS_WITH_AS(parallel::exact_mean(one, {{0, 1.0}}, 2), doctest::Contains("index 1 was given by 0"),
@@ -337,7 +337,7 @@ TEST_CASE("exact_mean: index order, the same bits on any W, and its errors") {
 }
 
 TEST_CASE("exact mode: clear errors for sizes, hooks, no_sync, buffers, input size, backward without forward") {
-  auto one = std::make_shared<WorldOfOneProcessGroup>();
+  auto one = make_world_of_one();
   DDPOptions o = exact_options();
   o.exact.micro_batch = 5;
   CHECK_THROWS_WITH_AS(DDP(make_model(), one, o), doctest::Contains("micro-batch (5) does not divide the global batch (24)"),
@@ -702,7 +702,7 @@ TEST_CASE("exact mode at the extremes: FLT_MAX, denormals, ties, -0, an all-zero
       std::vector<std::vector<std::vector<float>>> got(W);
       auto store = std::make_shared<MemoryStore>();
       run_threads(W, [&](int rank) {
-        auto pg = W == 1 ? ProcessGroupPtr(std::make_shared<WorldOfOneProcessGroup>())
+        auto pg = W == 1 ? ProcessGroupPtr(make_world_of_one())
                          : make_thread_group("gloo", rank, W, store);
         Generator g(5);
         DDPOptions o;
@@ -740,7 +740,7 @@ TEST_CASE("exact mode: a void step leaves no trace: the next step's gradients ar
   };
   std::vector<char> fresh;
   {
-    DDP ddp(make_model(), std::make_shared<WorldOfOneProcessGroup>(), exact_options());
+    DDP ddp(make_model(), make_world_of_one(), exact_options());
     fresh = step_grads(ddp, 0, 1, 1);
   }
   for (int W : {1, 2}) {
@@ -748,7 +748,7 @@ TEST_CASE("exact mode: a void step leaves no trace: the next step's gradients ar
     auto store = std::make_shared<MemoryStore>();
     std::vector<std::vector<char>> after(W);
     run_threads(W, [&](int rank) {
-      auto pg = W == 1 ? ProcessGroupPtr(std::make_shared<WorldOfOneProcessGroup>())
+      auto pg = W == 1 ? ProcessGroupPtr(make_world_of_one())
                        : make_thread_group("gloo", rank, W, store, std::chrono::seconds(20));
       DDP ddp(make_model(), pg, exact_options());
       const auto mine = my_micro_batches(0, rank, W);

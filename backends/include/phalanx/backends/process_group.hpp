@@ -4,10 +4,14 @@
 //
 // Every public call returns a Work handle at once. Operations run on the group's own
 // worker thread, one after another in issue order (so every rank executes them in the
-// same order), while the caller keeps computing. A backend implements the synchronous
-// `run_*` hooks. After an operation fails the group is broken: later operations fail at
-// once with an error naming the first failure; the operations queued behind the first
-// failure fail with it at once, and the failure hook runs for the first failure only.
+// same order), while the caller keeps computing; or on the caller's thread when the
+// backend asks for it (Backend::inline_ops). The bytes are carried by a Backend
+// (phalanx/backends/backend.hpp) that the group owns: its destructor stops the threads,
+// fails what is still queued, and only then destroys the backend, so a backend's hooks
+// never run on a half-destroyed object. After an operation fails the group is broken:
+// later operations fail at once with an error naming the first failure; the operations
+// queued behind the first failure fail with it at once, and the failure hook runs for the
+// first failure only.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "phalanx/backends/backend.hpp"
 #include "phalanx/backends/default_timeout.hpp"
 #include "phalanx/backends/reduce_op.hpp"
 #include "phalanx/backends/work.hpp"
@@ -47,16 +52,24 @@ struct BackendConfig {
 };
 
 
-class ProcessGroup {
+class ProcessGroup final {
  public:
-  virtual ~ProcessGroup();
+  /// Takes `backend` (non-null, not owned by another group yet) and starts the worker
+  /// thread unless the backend runs its operations inline.
+  explicit ProcessGroup(BackendPtr backend);
+  /// Stops the threads (waits for the running operation to return), fails what is still
+  /// queued ("destroyed before it ran"), then destroys the backend.
+  ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  virtual std::string backend_name() const = 0;
+  std::string backend_name() const { return backend_->name(); }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  /// The backend, for tests and tools that need its concrete type (dynamic_cast).
+  Backend& backend() { return *backend_; }
+  const Backend& backend() const { return *backend_; }
 
   /// In place: every rank ends with the reduction of all ranks' `tensor`.
   WorkPtr allreduce(Tensor tensor, ReduceOp op = ReduceOp::Sum);
@@ -108,39 +121,8 @@ class ProcessGroup {
   /// whose worker is stuck rather than hang the process; the thread ends with the process).
   bool stop_threads(std::chrono::milliseconds grace = std::chrono::milliseconds(-1));
 
- protected:
-  /// `inline_ops`: run operations on the caller's thread (no worker thread), for backends
-  /// whose operations are trivial (the world of one).
-  ProcessGroup(int rank, int size, std::chrono::milliseconds timeout, bool inline_ops = false);
-  /// Backends must call this at the end of their destructor's work (before members die).
-  void shutdown();
-
-  /// Called once by abort(), from the aborting thread, after the Works were completed:
-  /// make the operation running in the backend return soon (close the connections, abort
-  /// the communicator). Must not block, nor throw. The default does nothing.
-  virtual void on_abort() noexcept {}
-
-  virtual void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) = 0;
-  virtual void run_broadcast(Tensor& t, int root, std::uint64_t seq) = 0;
-  virtual void run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) = 0;
-  virtual void run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op,
-                                  std::uint64_t seq) = 0;
-  virtual void run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) = 0;
-  virtual void run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) = 0;
-  virtual void run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) = 0;
-  virtual void run_barrier(std::uint64_t seq) = 0;
-  virtual void run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) = 0;
-  virtual void run_recv(Tensor& t, int src, int tag, std::uint64_t seq) = 0;
-
-  /// Called from a run_* hook that only posted its operation (point-to-point): the Work
-  /// completes when `waiter` returns, on the group's completion thread, so the worker can
-  /// go on posting (a ring of sends and receives then cannot deadlock).
-  void defer_completion(std::function<void()> waiter);
-
-  /// "allreduce #12 on rank 1 of 4 (gloo)": the context every error message starts with.
-  std::string describe(const std::string& op, std::uint64_t seq) const;
-
  private:
+  friend class Backend;  // defer_completion
   struct Item {
     WorkPtr work;
     std::function<void(std::uint64_t)> fn;
@@ -159,6 +141,13 @@ class ProcessGroup {
   void completion_loop();
   void check_root(int root, const char* op) const;
   void check_peer(int peer, const char* op) const;
+  /// Backend::defer_completion lands here (the worker thread, inside a run_* hook).
+  void defer_completion(std::function<void()> waiter);
+  static Backend* adopt(const BackendPtr& backend);  // checks it; throws ValueError
+  std::string describe(const std::string& op, std::uint64_t seq) const { return backend_->describe(op, seq); }
+
+  BackendPtr backend_;  // destroyed explicitly by ~ProcessGroup, after the threads stopped
+  Backend* be_;         // backend_.get(), for the hooks
 
   int rank_, size_;
   std::chrono::milliseconds timeout_;

@@ -11,7 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PHALANX_PLUGIN_ABI_VERSION 3u  /* 3: Sim device, exact-mode kernels; 2: Storage file mappings */
+/* 4: comm plugins' create returns a phalanx::Backend* (the ProcessGroup that owns it is made
+ * by the loader); 3: Sim device, exact-mode kernels; 2: Storage file mappings */
+#define PHALANX_PLUGIN_ABI_VERSION 4u
 #define PHALANX_PLUGIN_ENTRY_SYMBOL "phalanx_plugin_entry"
 
 #ifdef __cplusplus
@@ -21,16 +23,17 @@ extern "C" {
 typedef struct phalanx_plugin_descriptor {
   uint32_t abi_version;    /* PHALANX_PLUGIN_ABI_VERSION the plugin was built with */
   const char* name;        /* "gloo": must match the file name libphalanx_<name>.so */
-  const char* kind;        /* "comm" (a ProcessGroup factory) or "device" (kernel tables) */
+  const char* kind;        /* "comm" (a Backend factory) or "device" (kernel tables) */
   const char* description; /* one line for listings */
   /* Availability probe (may be NULL = always available): returns nonzero when the backend
    * can run here; otherwise writes a reason (e.g. "no CUDA device") into `reason`. */
   int (*probe)(char* reason, size_t reason_len);
-  /* comm: `config` is a const phalanx::BackendConfig*; returns a new phalanx::ProcessGroup*
-   * owned by the caller, or NULL with a message in `error`.
+  /* comm: `config` is a const phalanx::BackendConfig*; returns a new phalanx::Backend*
+   * (converted to Backend* before void*) owned by the caller, who wraps it in a
+   * ProcessGroup; or NULL with a message in `error`.
    * device: `config` is NULL; registers the device's kernel table and returns non-NULL. */
   void* (*create)(const void* config, char* error, size_t error_len);
-  /* Destroys what `create` returned (comm plugins). */
+  /* Destroys what `create` returned (comm plugins; called after the group's threads stopped). */
   void (*destroy)(void* object);
 } phalanx_plugin_descriptor;
 

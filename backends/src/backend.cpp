@@ -1,0 +1,29 @@
+#include "phalanx/backends/backend.hpp"
+
+#include "phalanx/backends/comm_error.hpp"
+#include "phalanx/backends/process_group.hpp"
+
+namespace phalanx {
+
+Backend::Backend(int rank, int size, std::chrono::milliseconds timeout, bool inline_ops)
+    : rank_(rank), size_(size), timeout_(timeout), inline_ops_(inline_ops) {
+  if (size < 1) throw ConfigError(detail::concat("world size must be >= 1, got ", size));
+  if (rank < 0 || rank >= size)
+    throw ConfigError(detail::concat("rank ", rank, " is outside [0, ", size, ")"));
+}
+
+Backend::~Backend() = default;
+
+void Backend::defer_completion(std::function<void()> waiter) {
+  if (!group_)
+    throw CommError(name() + ": defer_completion outside a run_* hook of its process group");
+  group_->defer_completion(std::move(waiter));
+}
+
+std::uint64_t Backend::sequence_number() const { return group_ ? group_->sequence_number() : 0; }
+
+std::string Backend::describe(const std::string& op, std::uint64_t seq) const {
+  return detail::concat(op, " #", seq, " on rank ", rank_, " of ", size_, " (", name(), ")");
+}
+
+}  // namespace phalanx
