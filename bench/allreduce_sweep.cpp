@@ -14,8 +14,11 @@
 // Ratios are computed from the medians.
 //   bench_allreduce_sweep [--quick] [--ranks 2,4] [--no-peer] [--raw-gloo]
 // --quick: fewer sizes (4 B, 4 KiB, 64 KiB, 1 MiB, 16 MiB) and ~4x shorter runs.
-// --raw-gloo adds raw Gloo 0.5 (the fastest of three algorithms, ring_chunked,
-// halving_doubling and gloo::allreduce(opts), each the median of its 5 runs).
+// --raw-gloo adds raw Gloo 0.5: three algorithms (not three runs), ring_chunked,
+// halving_doubling and gloo::allreduce(opts), each in a column of its own, each the median
+// of its 5 runs with spread and CPU time.
+// Every benchmark's environment line (bench_support.hpp) comes first; result rows (ROW|...)
+// for scripts/bench.sh follow the tables.
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring_chunked.h>
@@ -382,14 +385,6 @@ double step_us(int world, std::int64_t n, long flops, int steps) {
   return std::atof(outs[0].c_str());
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
 std::string human(std::int64_t bytes) {
   if (bytes >= (1 << 20)) return std::to_string(bytes >> 20) + " MiB";
   if (bytes >= 1024) return std::to_string(bytes >> 10) + " KiB";
@@ -421,6 +416,16 @@ std::string cell(const Stat& s, bool column_ran = false) {
   if (s.med < 100) std::snprintf(buf, sizeof buf, "%.2f ±%.0f%% [%.2f]", s.med, s.spread, s.cpu);
   else std::snprintf(buf, sizeof buf, "%.0f ±%.0f%% [%.0f]", s.med, s.spread, s.cpu);
   return buf;
+}
+
+/// A column's runs at one size as a bench::Summary (wall time per call, rank 0's clock).
+bench::Summary summary_of(const Series& s, std::int64_t n) {
+  auto it = s.find(n);
+  if (it == s.end()) return {};
+  std::vector<double> us;
+  for (const auto& x : it->second)
+    if (x.us > 0) us.push_back(x.us);
+  return bench::summarise(us);
 }
 
 std::string ratio(const Stat& a, const Stat& b) {
@@ -462,8 +467,8 @@ int main(int argc, char** argv) {
   if (mpi_worker_mode) return 2;
 #endif
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table as soon as it is known (nothing pending at a fork)
-  std::printf("allreduce sweep: float32 sum in place, CPU %s, %ld cores online\n", cpu_model().c_str(),
-              ::sysconf(_SC_NPROCESSORS_ONLN));
+  bench::print_environment("bench_allreduce_sweep");
+  std::printf("allreduce sweep: float32 sum in place\n");
   for (int world : worlds) {
     std::map<std::string, Series> cols, rg;
     std::string mpi_note, torch_note = peer ? "" : "--no-peer";
@@ -502,9 +507,26 @@ int main(int argc, char** argv) {
     }
     if (!mpi_note.empty()) std::printf("Phalanx MPI / OpenMPI: %s\n", mpi_note.c_str());
     if (!torch_note.empty()) std::printf("PyTorch: %s\n", torch_note.c_str());
+    // Result rows for scripts/bench.sh: Phalanx shm against raw OpenMPI and PyTorch gloo at
+    // the smallest size, 1 MiB and the largest (the bars against OpenMPI are for 2 ranks).
+    for (std::int64_t n : {plan.counts.front(), std::int64_t{262144}, plan.counts.back()})
+      for (const char* peer_col : {"openmpi", "torch"}) {
+        if (cols[peer_col].empty()) continue;
+        const bench::Summary o = summary_of(cols["shm"], n), t = summary_of(cols[peer_col], n);
+        const bool ompi = std::string(peer_col) == "openmpi";
+        const double limit = ompi && world == 2 ? (n * 4 <= 65536 ? 2.0 : n * 4 >= (1 << 20) ? 1.3 : 0.0) : 0.0;
+        std::string bar = "-";
+        if (limit > 0) {
+          bar = limit == 2.0 ? "<= 2" : "<= 1.3";
+          if (o.ok() && t.ok()) bar += o.median / t.median <= limit ? ": met" : ": NOT met";
+        }
+        bench::result_row("bench_allreduce_sweep",
+                          "allreduce " + human(n * 4) + ", " + std::to_string(world) + " ranks, Phalanx shm", o,
+                          ompi ? "raw OpenMPI" : "PyTorch gloo", t, "us", 1, bar);
+      }
     if (raw_gloo) {
-      std::printf("raw Gloo 0.5, median us of %d runs per algorithm (ring_chunked / halving_doubling / "
-                  "allreduce(opts)):\n", plan.runs * plan.rounds);
+      std::printf("raw Gloo 0.5, three algorithms (not runs), each the median us of its %d runs (ring_chunked / "
+                  "halving_doubling / allreduce(opts)):\n", plan.runs * plan.rounds);
       for (std::int64_t n : plan.counts)
         std::printf("  %-8s %12s %12s %12s\n", human(n * 4).c_str(), cell(stat_of(rg["ring_chunked"], n)).c_str(),
                     cell(stat_of(rg["halving_doubling"], n)).c_str(), cell(stat_of(rg["allreduce(opts)"], n)).c_str());
@@ -536,5 +558,6 @@ int main(int argc, char** argv) {
   std::printf("shm/OMPI = Phalanx shm time / raw OpenMPI time (medians; bars for 2 ranks: <= 2 up to 64 KiB, "
               "<= 1.3 from 1 MiB); torch/shm = PyTorch gloo time / Phalanx shm time (speed-up).\n"
               "GB/s = bytes / time (algbw; busbw = algbw * 2 (n-1) / n).\n");
+  bench::print_load_at_end();
   return 0;
 }

@@ -1,18 +1,130 @@
 #pragma once
-// Helpers shared by the benchmarks: timing and running a peer (PyTorch) in the same run.
+// Helpers shared by the benchmarks: timing, running a peer (PyTorch) in the same run, the
+// environment every figure depends on, medians with their spread, and the result rows that
+// scripts/bench.sh collects into docs/benchmarks.md.
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include <phalanx/core/threads.hpp>  // blas_info(), get_num_threads()
+
 #include "relocatable_paths.hpp"  // examples/support: data and peers found beside the executable
 
 namespace phalanx::bench {
+
+/// The CPU's model name from /proc/cpuinfo ("unknown" elsewhere).
+inline std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+/// The 1, 5 and 15 minute load averages ("?" where /proc/loadavg cannot be read).
+inline std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  if (!(in >> a >> b >> c)) return "?";
+  return a + " " + b + " " + c;
+}
+
+/// `name=value` of an environment variable, "unset" when it is not set.
+inline std::string env_setting(const char* name) {
+  const char* v = std::getenv(name);
+  return std::string(name) + "=" + (v ? v : "unset");
+}
+
+/// OpenBLAS's core type, from blas_info()'s "(core: X)".
+inline std::string blas_core() {
+  const std::string info = blas_info();
+  const auto at = info.find("(core: ");
+  if (at == std::string::npos) return "unknown";
+  const auto begin = at + 7;
+  return info.substr(begin, info.find(')', begin) - begin);
+}
+
+/// What every figure depends on, printed by every benchmark before its figures (one shared
+/// format; scripts/bench.sh reads the "# machine:" and "# phalanx:" lines): the CPU, the
+/// cores, the load average, the BLAS library with its core type and the GEMM policy, and
+/// the thread counts (Phalanx's = OpenBLAS's, and the variables that set them).
+inline void print_environment(const char* bench_name) {
+  std::printf("# %s\n# machine: CPU %s, %ld cores online; load average %s\n", bench_name, cpu_model().c_str(),
+              ::sysconf(_SC_NPROCESSORS_ONLN), load_average().c_str());
+  std::printf("# phalanx: BLAS %s; threads: phalanx %d, %s, %s\n", blas_info().c_str(), get_num_threads(),
+              env_setting("OPENBLAS_NUM_THREADS").c_str(), env_setting("OMP_NUM_THREADS").c_str());
+  std::fflush(stdout);
+}
+
+/// The load average again, after the figures (the machine is shared: a load that rose
+/// during the run is visible).
+inline void print_load_at_end() {
+  std::printf("# load average at the end: %s\n", load_average().c_str());
+  std::fflush(stdout);
+}
+
+/// Prints the peer's own environment line ("# peer: ..." from peers/bench_env.py) the first
+/// time one is seen in a peer's output.
+inline void relay_peer_environment(const std::string& out) {
+  static bool shown = false;
+  const auto at = out.find("# peer:");
+  if (shown || at == std::string::npos) return;
+  shown = true;
+  std::printf("%s\n", out.substr(at, out.find('\n', at) - at).c_str());
+  std::fflush(stdout);
+}
+
+/// The median of a series with its spread (fastest and slowest run). Negative entries
+/// (a side that did not run) are dropped; `n` counts the runs kept.
+struct Summary {
+  double median = -1, lo = -1, hi = -1;
+  int n = 0;
+  bool ok() const { return n > 0 && median > 0; }
+};
+
+inline Summary summarise(const std::vector<double>& samples) {
+  std::vector<double> v;
+  for (double x : samples)
+    if (x >= 0) v.push_back(x);
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  const std::size_t k = v.size();
+  const double med = k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
+  return {med, v.front(), v.back(), static_cast<int>(k)};
+}
+
+/// "27.3 [25.1, 31.0] ms" (median [fastest, slowest]), values divided by `scale`; "n/a"
+/// when the series is empty.
+inline std::string show(const Summary& s, const char* unit, double scale = 1) {
+  if (!s.ok()) return "n/a";
+  const double m = s.median / scale;
+  const char* f = m >= 100 ? "%.0f [%.0f, %.0f] %s" : m >= 10 ? "%.1f [%.1f, %.1f] %s" : "%.2f [%.2f, %.2f] %s";
+  char buf[128];
+  std::snprintf(buf, sizeof buf, f, m, s.lo / scale, s.hi / scale, unit);
+  return buf;
+}
+
+/// A row of the Markdown table that scripts/bench.sh writes into docs/benchmarks.md:
+/// "ROW|bench|case|Phalanx|peer|ratio|bar", the ratio of the two medians (Phalanx / peer, a
+/// time over a time: below 1 Phalanx is faster) with `bar` ("-" when none) after it.
+inline double result_row(const std::string& bench, const std::string& what, const Summary& ours,
+                         const std::string& peer_name, const Summary& theirs, const char* unit, double scale,
+                         const std::string& bar) {
+  const double r = ours.ok() && theirs.ok() ? ours.median / theirs.median : -1;
+  char ratio[32] = "n/a";
+  if (r > 0) std::snprintf(ratio, sizeof ratio, r >= 0.1 ? "%.2f" : "%.2g", r);  // 0.0014, not 0.00
+  std::printf("ROW|%s|%s|%s (%d runs)|%s: %s (%d runs)|%s|%s\n", bench.c_str(), what.c_str(), show(ours, unit, scale).c_str(),
+              ours.n, peer_name.c_str(), show(theirs, unit, scale).c_str(), theirs.n, ratio, bar.c_str());
+  std::fflush(stdout);
+  return r;
+}
 
 inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -31,12 +143,44 @@ inline double run_peer(const std::string& command, const std::string& key) {
   char buf[512];
   while (fgets(buf, sizeof buf, p)) out += buf;
   const int rc = pclose(p);
+  relay_peer_environment(out);
   const auto pos = out.find(key + "=");
   if (rc != 0 || pos == std::string::npos) {
     std::fprintf(stderr, "peer failed (%s):\n%s\n", command.c_str(), out.c_str());
     return -1;
   }
   return std::stod(out.substr(pos + key.size() + 1));
+}
+
+/// Runs a shell command; its stdout and stderr together, `rc` its exit status.
+inline std::string capture(const std::string& command, int* rc = nullptr) {
+  std::string out;
+  int status = -1;
+  if (FILE* p = popen((command + " 2>&1").c_str(), "r")) {
+    char buf[512];
+    while (fgets(buf, sizeof buf, p)) out += buf;
+    status = pclose(p);
+  }
+  if (rc) *rc = status;
+  return out;
+}
+
+/// Runs a peer that times `runs` runs itself and prints step_us= (median) min_us= max_us=;
+/// relays its environment line. An empty Summary (and the output on stderr) when it failed.
+inline Summary run_peer_summary(const std::string& command, int runs) {
+  int rc = 0;
+  const std::string out = capture(command, &rc);
+  relay_peer_environment(out);
+  const auto value = [&](const std::string& key) {
+    const auto pos = out.find(key + "=");
+    return pos == std::string::npos ? -1.0 : std::stod(out.substr(pos + key.size() + 1));
+  };
+  Summary s{value("step_us"), value("min_us"), value("max_us"), runs};
+  if (rc != 0 || s.median < 0 || s.lo < 0 || s.hi < 0) {
+    std::fprintf(stderr, "peer failed (%s):\n%s\n", command.c_str(), out.c_str());
+    return {};
+  }
+  return s;
 }
 
 /// Runs `body(rank, out)` in `world` forked processes; returns what rank 0 wrote to `out`.
@@ -82,6 +226,7 @@ inline std::string run_python_ranks(int world, int port, const std::string& scri
     while (fgets(buf, sizeof buf, p)) out += buf;
     pclose(p);
   }
+  relay_peer_environment(out);
   return out;
 }
 

@@ -68,14 +68,6 @@ struct Ours {
   }
 };
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -97,7 +89,7 @@ int run(int argc, char** argv) {
     }
   }
   const std::string peer = skip_peer ? "" : bench::peer_script("torch_conv_step.py");
-  std::printf("CPU: %s; one thread; BLAS: %s\n", cpu_model().c_str(), blas_info().c_str());
+  bench::print_environment("bench_conv_step");
   std::printf("medians of %d runs per side, [fastest, slowest] run in brackets\n", runs);
   std::printf("%-6s %6s %26s %26s %10s   %s\n", "case", "batch", "phalanx_us", "torch_us", "phx/torch", "bar");
   struct Case {
@@ -115,12 +107,8 @@ int run(int argc, char** argv) {
     for (int r = 0; r < runs; ++r) {
       ours_runs.push_back(ours_side.run_us(c.iters));
       if (skip_peer) continue;
-      std::string out;
-      if (FILE* p = popen((cmd + " 2>&1").c_str(), "r")) {
-        char buf[512];
-        while (fgets(buf, sizeof buf, p)) out += buf;
-        pclose(p);
-      }
+      const std::string out = bench::capture(cmd);
+      bench::relay_peer_environment(out);
       peer_runs.push_back(bench::find_value(out, "step_us"));
       if (peer_runs.back() < 0) {
         std::fprintf(stderr, "peer failed (%s):\n%s\n", cmd.c_str(), out.c_str());
@@ -133,7 +121,15 @@ int run(int argc, char** argv) {
     std::snprintf(tb, sizeof tb, "%.0f [%.0f, %.0f]", theirs.median, theirs.lo, theirs.hi);
     std::printf("%-6s %6lld %26s %26s %10.2f   %s\n", c.name, static_cast<long long>(batch), ob, tb,
                 theirs.median > 0 ? ours.median / theirs.median : 0.0, c.bar);
+    const bench::Summary o = bench::summarise(ours_runs), t = bench::summarise(peer_runs);
+    std::string bar = std::string(c.name) == "cnn" ? "<= 1.3" : "-";
+    if (bar != "-" && o.ok() && t.ok()) bar += o.median / t.median <= 1.3 ? ": met" : ": NOT met";
+    bench::result_row("bench_conv_step",
+                      std::string(c.name) == "cnn" ? "CNN conv/pool step, batch " + std::to_string(batch) + ", 1 thread"
+                                                   : "Conv(32,64,3) alone, batch " + std::to_string(batch) + ", 1 thread",
+                      o, "PyTorch", t, "ms", 1e3, bar);
   }
+  bench::print_load_at_end();
   return 0;
 }
 

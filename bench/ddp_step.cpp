@@ -7,6 +7,8 @@
 //      one worker's (issue 14's bar: >= 1.8x on shared memory); how much allreduce is hidden;
 //   3. a bucket-size sweep (1, 5, 25, 100 MiB) on the MLP, 2 workers, the default backend.
 // The runs of every configuration alternate, so a drift of the machine's load hits them all.
+// Every figure: median [fastest, slowest] of the runs; ratios of the medians. The PyTorch
+// peer is launched once per run (bench/peers/torch_ddp.py).
 // A backend whose plugin cannot run here reads -1.
 #include <algorithm>
 #include <cstdio>
@@ -243,7 +245,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("BLAS: %s; shm plugin: %s\n\n", blas_info().c_str(), backend_available("shm") ? "yes" : "no (reads -1)");
+  set_num_threads(1);  // as every worker does (worker_env)
+  bench::print_environment("bench_ddp_step");
+  std::printf("shm plugin: %s; %d runs per configuration\n\n", backend_available("shm") ? "yes" : "no (reads -1)", runs);
 
   if (only.empty() || only == "demo") {
     Stats demo_shm, demo_tcp, demo_torch;
@@ -256,9 +260,15 @@ int main(int argc, char** argv) {
     row("phalanx shm", demo_shm, 1, "us");
     row("phalanx gloo (TCP)", demo_tcp, 1, "us");
     row("pytorch DDP (gloo)", demo_torch, 1, "us");
-    std::printf("   bar: shm <= 10 us: %s; pytorch/phalanx shm %.0fx\n",
+    std::printf("   bar: shm <= 10 us: %s; pytorch/phalanx shm %.0fx (medians)\n",
                 demo_shm.median() > 0 && demo_shm.median() <= 10 ? "met" : "NOT met",
                 demo_torch.median() > 0 && demo_shm.median() > 0 ? demo_torch.median() / demo_shm.median() : 0.0);
+    const bench::Summary torch_demo = bench::summarise(demo_torch.v);
+    bench::result_row("bench_ddp_step", "textbook demo step, 2 workers, shm", bench::summarise(demo_shm.v),
+                      "PyTorch DDP (gloo)", torch_demo, "us", 1,
+                      demo_shm.median() > 0 ? std::string("shm <= 10 us: ") + (demo_shm.median() <= 10 ? "met" : "NOT met") : "-");
+    bench::result_row("bench_ddp_step", "textbook demo step, 2 workers, gloo (TCP)", bench::summarise(demo_tcp.v),
+                      "PyTorch DDP (gloo)", torch_demo, "us", 1, "-");
     std::printf("   where the step goes (same batch every step, no data loader; medians):\n");
     for (const std::string backend : {"shm", "gloo"}) {
       Stats compute, allreduce, ddp;
@@ -314,6 +324,17 @@ int main(int argc, char** argv) {
                 s1, rate(shm2, 256), times(shm2, 256, s1), rate(shm2_thread, 256), times(shm2_thread, 256, s1),
                 rate(tcp2, 256), times(tcp2, 256, s1), rate(t1, 128), rate(t2, 256), times(t2, 256, rate(t1, 128)));
     std::printf("   bar: 2 workers on shm >= 1.8x one worker: %s\n", s1 > 0 && rate(shm2, 256) >= 1.8 * s1 ? "met" : "NOT met");
+    const bench::Summary torch2 = bench::summarise(t2.v);
+    bench::result_row("bench_ddp_step", "MLP 784-1024-1024-10 step, 1 worker, 128 samples", bench::summarise(one.v),
+                      "PyTorch", bench::summarise(t1.v), "ms", 1e3, "-");
+    bench::result_row("bench_ddp_step", "MLP step, 2 workers x 128, shm", bench::summarise(shm2.v), "PyTorch DDP (gloo)",
+                      torch2, "ms", 1e3,
+                      s1 > 0 ? std::string("shm 2 workers >= 1.8x 1 worker's samples/s: ") +
+                                   (rate(shm2, 256) >= 1.8 * s1 ? "met" : "NOT met") + " (" +
+                                   std::to_string(times(shm2, 256, s1)).substr(0, 4) + "x)"
+                             : "-");
+    bench::result_row("bench_ddp_step", "MLP step, 2 workers x 128, gloo (TCP)", bench::summarise(tcp2.v),
+                      "PyTorch DDP (gloo)", torch2, "ms", 1e3, "-");
     if (cpu1.median() > 0 && cpu2.median() > 0)
       std::printf("   CPU time per step of one worker's process (medians): alone %.1f ms, one of 2 on shm %.1f ms: on 2 idle "
                   "cores 2 workers could reach %.2fx\n",
@@ -323,12 +344,21 @@ int main(int argc, char** argv) {
   }
 
   if (only.empty() || only == "sweep") {
-    std::printf("3. bucket-size sweep, MLP, 2 workers, the default backend (auto), one run each\n");
-    for (double mb : {1.0, 5.0, 25.0, 100.0}) {
-      const MlpResult r = mlp(2, 20, "", mb);
-      std::printf("   bucket_cap_mb %5.0f: %8.1f ms/step, %7.0f samples/s, hidden %3.0f%%\n", mb, r.step_us / 1e3,
-                  256 / (r.step_us * 1e-6), r.hidden * 100);
-    }
+    std::printf("3. bucket-size sweep, MLP, 2 workers, the default backend (auto), %d runs each (alternating): "
+                "ms per step, median [fastest, slowest]\n", runs);
+    const double caps[] = {1.0, 5.0, 25.0, 100.0};
+    Stats step[4], hid[4];
+    for (int r = 0; r < runs; ++r)
+      for (int k = 0; k < 4; ++k) {
+        const MlpResult m = mlp(2, 20, "", caps[k]);
+        step[k].add(m.step_us);
+        if (m.step_us > 0) hid[k].v.push_back(m.hidden);
+      }
+    for (int k = 0; k < 4; ++k)
+      std::printf("   bucket_cap_mb %5.0f: %-28s %7.0f samples/s, hidden %3.0f%%\n", caps[k],
+                  bench::show(bench::summarise(step[k].v), "ms", 1e3).c_str(),
+                  step[k].median() > 0 ? 256 / (step[k].median() * 1e-6) : 0.0, hid[k].v.empty() ? 0.0 : hid[k].median() * 100);
   }
+  bench::print_load_at_end();
   return 0;
 }

@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   const double cap_mb = argc > 3 ? std::atof(argv[3]) : 0;  // exact mode: both bucket caps (default: DDP's)
   const int world = 2;
   const std::int64_t global = 256, micro = 64;
+  bench::print_environment("bench_exact_step");  // the shared environment lines (bench_support.hpp)
   std::printf("CPU: %s\nBLAS: %s\n", cpu_model().c_str(), blas_info().c_str());
   std::printf("MLP 784-1024-1024-10, global batch %lld, %d workers, SGD momentum; %d runs of %d steps of each kind\n\n",
               static_cast<long long>(global), world, reps, steps);

@@ -3,7 +3,8 @@
 // cross-entropy and backward, and step an SGD optimizer (optim::SGD here, torch.optim.SGD
 // there). Bars: on the CPU, single thread (issue 2), 784-1024-1024-10 at batch 128 within
 // 1.15x of PyTorch and the textbook's 64-32-10 at batch 64 at least 5x faster; on CUDA
-// (issue 13), 784-1024-1024-10 within 1.2x of PyTorch CUDA.
+// (issue 13), 784-1024-1024-10 within 1.2x of PyTorch CUDA. Each side: warm-up steps, then 5
+// runs of ITERS steps; the median run with the fastest and slowest; the ratio of the medians.
 //
 //   bench_mlp_step [--device cpu|cuda|cuda:N] [--no-peer]
 //
@@ -23,7 +24,7 @@ using namespace phalanx;
 
 namespace {
 
-double phalanx_step_us(const std::vector<std::int64_t>& widths, std::int64_t batch, int iters, Device dev) {
+bench::Summary phalanx_step_us(const std::vector<std::int64_t>& widths, std::int64_t batch, int iters, Device dev) {
   manual_seed(0);
   auto model = nn::mlp(widths);
   model->to(dev);
@@ -44,8 +45,7 @@ double phalanx_step_us(const std::vector<std::int64_t>& widths, std::int64_t bat
     params.front().to(Device::cpu());  // waits for the device's queue
     samples.push_back((bench::now_s() - t) / iters * 1e6);
   }
-  std::sort(samples.begin(), samples.end());
-  return samples[2];
+  return bench::summarise(samples);
 }
 
 std::string widths_str(const std::vector<std::int64_t>& w) {
@@ -78,24 +78,32 @@ int run(int argc, char** argv) {
     int iters;
     const char* bar;
   };
-  const Case cases[] = {{{784, 1024, 1024, 10}, 128, cuda ? 400 : 40, cuda ? "phalanx/torch <= 1.2" : "phalanx/torch <= 1.15"},
-                        {{64, 32, 10}, 64, cuda ? 1000 : 4000, cuda ? "-" : "torch/phalanx >= 5"}};
-  std::printf("device: %s; BLAS: %s\n", dev.str().c_str(), blas_info().c_str());
-  std::printf("%-22s %6s %14s %14s %10s   %s\n", "model", "batch", "phalanx_us", "torch_us",
-              "torch/phx", "bar");
-  for (const Case& c : cases) {
-    const double ours = phalanx_step_us(c.widths, c.batch, c.iters, dev);
-    double theirs = -1;
+  const Case cases[] = {{{784, 1024, 1024, 10}, 128, cuda ? 400 : 40, cuda ? "<= 1.2" : "<= 1.15"},
+                        {{64, 32, 10}, 64, cuda ? 1000 : 4000, cuda ? "-" : "<= 0.2"}};
+  const double limits[] = {cuda ? 1.2 : 1.15, cuda ? 0.0 : 0.2};
+  bench::print_environment("bench_mlp_step");
+  std::printf("device: %s; medians of 5 runs per side, [fastest, slowest] run; ratio of the medians\n", dev.str().c_str());
+  std::printf("%-22s %6s %12s %12s %10s   %-24s %-24s %s\n", "model", "batch", "phalanx_us", "torch_us", "phx/torch",
+              "phalanx [min, max]", "torch [min, max]", "bar (phx/torch)");
+  for (std::size_t k = 0; k < 2; ++k) {
+    const Case& c = cases[k];
+    const bench::Summary ours = phalanx_step_us(c.widths, c.batch, c.iters, dev);
+    bench::Summary theirs;
     if (!skip_peer)
-      theirs = bench::run_peer("OMP_NUM_THREADS=1 " + bench::python() + " " +
-                                   peer + " " +
-                                   widths_str(c.widths) + " " + std::to_string(c.batch) + " " +
-                                   std::to_string(c.iters) + " " + dev.str(),
-                               "step_us");
-    std::printf("%-22s %6lld %14.1f %14.1f %10.2f   %s\n", widths_str(c.widths).c_str(),
-                static_cast<long long>(c.batch), ours, theirs, theirs > 0 ? theirs / ours : 0.0,
-                c.bar);
+      theirs = bench::run_peer_summary("OMP_NUM_THREADS=1 " + bench::python() + " " + peer + " " + widths_str(c.widths) +
+                                           " " + std::to_string(c.batch) + " " + std::to_string(c.iters) + " " + dev.str(),
+                                       5);
+    const double r = theirs.ok() ? ours.median / theirs.median : 0.0;
+    std::printf("%-22s %6lld %12.1f %12.1f %10.2f   %-24s %-24s %s\n", widths_str(c.widths).c_str(),
+                static_cast<long long>(c.batch), ours.median, theirs.median, r, bench::show(ours, "").c_str(),
+                bench::show(theirs, "").c_str(), c.bar);
+    std::string bar = c.bar;
+    if (limits[k] > 0 && r > 0) bar += r <= limits[k] ? ": met" : ": NOT met";
+    bench::result_row("bench_mlp_step", "MLP " + widths_str(c.widths) + " step, batch " + std::to_string(c.batch) +
+                          (cuda ? " (" + dev.str() + ")" : ", 1 thread"),
+                      ours, "PyTorch", theirs, "us", 1, bar);
   }
+  bench::print_load_at_end();
   return 0;
 }
 

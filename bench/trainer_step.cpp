@@ -148,13 +148,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
 std::string self_dir() {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -210,8 +203,8 @@ int main(int argc, char** argv) {
   const std::string trainer = launch + bin + "/phalanx-train" + args;
   const std::string metrics = "/tmp/bench_trainer_step_" + std::to_string(::getpid()) + ".jsonl";
 
-  std::printf("CPU: %s, %ld cores online\nBLAS: %s\n", cpu_model().c_str(), ::sysconf(_SC_NPROCESSORS_ONLN),
-              blas_info().c_str());
+  set_num_threads(1);  // as both sides' workers do
+  bench::print_environment("bench_trainer_step");
   std::printf("textbook demo: MLP 64-32-10, seed_case_study.npz, global batch %d on 2 workers, SGD lr 0.1, %d epochs\n",
               a.global_batch, a.epochs);
 
@@ -234,5 +227,12 @@ int main(int argc, char** argv) {
   report("phalanx-train --metrics (a record a step)", with_metrics, loop);
   if (!before.empty()) report(("--before " + a.before).c_str(), before, loop);
   std::printf("   ratio phalanx-train / loop: %.2f (bar <= 1.2)\n", median(plain) / median(loop));
+  const bench::Summary l = bench::summarise(loop), t = bench::summarise(plain), m = bench::summarise(with_metrics);
+  const std::string what = "textbook demo step under phalanx-run, 2 workers, " + backend_used + ", global batch " +
+                           std::to_string(a.global_batch);
+  bench::result_row("bench_trainer_step", "phalanx-train: " + what, t, "library loop", l, "us", 1,
+                    std::string("<= 1.2: ") + (t.median / l.median <= 1.2 ? "met" : "NOT met"));
+  bench::result_row("bench_trainer_step", "phalanx-train --metrics: " + what, m, "library loop", l, "us", 1, "-");
+  bench::print_load_at_end();
   return 0;
 }

@@ -3,10 +3,11 @@
 Launched by the bench with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set.
 usage: torch_allreduce.py [--runs R] [--budget SECONDS] N1 N2 ...   (element counts)
 Prints, on rank 0, one line per size and run: n= run= us= (per call, rank 0's clock)
-cpu_us= (process CPU time per call, mean over ranks)."""
+cpu_us= (process CPU time per call, mean over ranks), after its environment (bench_env.py)."""
 import sys, time
 import torch
 import torch.distributed as dist
+import bench_env
 
 args = sys.argv[1:]
 runs, budget = 5, 0.02
@@ -17,6 +18,7 @@ while args and args[0].startswith("--"):
 torch.set_num_threads(1)
 dist.init_process_group(backend="gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+if rank == 0: bench_env.print_environment()
 w = torch.ones(1)
 for _ in range(50): dist.all_reduce(w)  # settle, as the bench's other columns do
 for n in [int(a) for a in args]:

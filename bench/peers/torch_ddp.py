@@ -3,18 +3,21 @@
 MASTER_PORT set (WORLD_SIZE=1 runs the model without DDP).
 usage: torch_ddp.py demo EPOCHS        -> the textbook's demo (Linear 64->10, 512 samples, batch 32/rank)
        torch_ddp.py mlp STEPS          -> MLP 784-1024-1024-10, 128 samples/rank, SGD momentum 0.9
-prints (rank 0): step_us=<microseconds per step>"""
+prints (rank 0): its environment (bench_env.py), then step_us=<microseconds per step> (one run: the
+benchmark launches it once per run and takes the median and spread over the runs)"""
 import os, sys, time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
+import bench_env
 torch.set_num_threads(1)
 mode, count = sys.argv[1], int(sys.argv[2])
 W = int(os.environ.get("WORLD_SIZE", "1"))
 dist.init_process_group(backend="gloo")
 rank = dist.get_rank()
+if rank == 0: bench_env.print_environment()
 torch.manual_seed(0)
 if mode == "demo":
     model = DDP(torch.nn.Linear(64, 10))

@@ -2,10 +2,13 @@
 """PyTorch peer for bench/mlp_step: zero_grad + forward + backward + torch.optim.SGD step of an
 MLP, 1 CPU thread, on DEVICE (the C++ side does the same with optim::SGD).
 usage: torch_mlp_step.py WIDTHS BATCH ITERS [DEVICE]   (WIDTHS like 784-1024-1024-10; DEVICE cpu, cuda or cuda:0)
-prints: step_us=<median microseconds per step>"""
-import sys, time, statistics
+prints: its environment (bench_env.py), then step_us=<median of 5 runs, microseconds per step>
+min_us=<fastest run> max_us=<slowest run>"""
+import sys, time
 import torch
+import bench_env
 torch.set_num_threads(1)
+bench_env.print_environment()
 widths = [int(w) for w in sys.argv[1].split("-")]
 batch, iters = int(sys.argv[2]), int(sys.argv[3])
 device = torch.device(sys.argv[4] if len(sys.argv) > 4 else "cpu")
@@ -30,4 +33,5 @@ for _ in range(5):
     for _ in range(iters): step()
     sync()
     samples.append((time.perf_counter() - t) / iters)
-print(f"step_us={statistics.median(samples) * 1e6:.2f}")
+med, lo, hi = bench_env.summary(samples)
+print(f"step_us={med * 1e6:.2f} min_us={lo * 1e6:.2f} max_us={hi * 1e6:.2f}")
