@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/timeline.hpp"
 
 namespace phalanx {
 
@@ -151,6 +152,7 @@ WorkPtr ProcessGroup::enqueue(const char* op, std::function<void(std::uint64_t)>
 }
 
 void ProcessGroup::worker_loop() {
+  timeline::name_this_thread("process group worker");  // its row in PHALANX_TIMELINE
   for (;;) {
     Item item;
     {
@@ -323,6 +325,15 @@ void check_list(const std::vector<Tensor>& ts, const Tensor& like, int size, con
 }
 }  // namespace
 
+namespace {
+/// An operation's event in the timeline (docs/timeline.md) as the backend runs it: its
+/// size in bytes (computed only while recording) and its sequence number.
+template <class Bytes>
+timeline::Span traced(const char* op, std::uint64_t seq, Bytes bytes) {
+  return timeline::Span(op, "comm", "bytes", bytes, {"seq", static_cast<std::int64_t>(seq)});
+}
+}  // namespace
+
 WorkPtr ProcessGroup::allreduce(Tensor t, ReduceOp op) {
   check_tensor(t, "allreduce", "tensor");
   if ((t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16) && op != ReduceOp::Sum)
@@ -330,21 +341,26 @@ WorkPtr ProcessGroup::allreduce(Tensor t, ReduceOp op) {
   if (op == ReduceOp::Avg && t.dtype() != DType::Float32)
     throw TypeError("allreduce: avg needs a float32 tensor");
   std::string sig = checking_.load(std::memory_order_relaxed) ? signature("allreduce", t, reduce_op_name(op)) : std::string();
-  return submit("allreduce", [this, t = std::move(t), op](std::uint64_t seq) mutable { be_->run_allreduce(t, op, seq); },
-                std::move(sig));
+  return submit("allreduce", [this, t = std::move(t), op](std::uint64_t seq) mutable {
+    const auto span = traced("allreduce", seq, [&] { return t.nbytes(); });
+    be_->run_allreduce(t, op, seq);
+  }, std::move(sig));
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor t, int root) {
   check_tensor(t, "broadcast", "tensor");
   check_root(root, "broadcast");
-  return submit("broadcast", [this, t, root](std::uint64_t seq) mutable { be_->run_broadcast(t, root, seq); },
-                checking_.load(std::memory_order_relaxed) ? signature("broadcast", t, root_of(root)) : std::string());
+  return submit("broadcast", [this, t, root](std::uint64_t seq) mutable {
+    const auto span = traced("broadcast", seq, [&] { return t.nbytes(); });
+    be_->run_broadcast(t, root, seq);
+  }, checking_.load(std::memory_order_relaxed) ? signature("broadcast", t, root_of(root)) : std::string());
 }
 
 WorkPtr ProcessGroup::allgather(std::vector<Tensor> outputs, Tensor input) {
   check_tensor(input, "allgather", "input");
   check_list(outputs, input, size_, "allgather", "output");
   return submit("allgather", [this, outputs, input](std::uint64_t seq) mutable {
+    const auto span = traced("allgather", seq, [&] { return input.nbytes(); });
     be_->run_allgather(outputs, input, seq);
   }, checking_.load(std::memory_order_relaxed) ? signature("allgather", input) : std::string());
 }
@@ -357,6 +373,11 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor output, std::vector<Tensor> inputs, 
   if (op == ReduceOp::Avg && output.dtype() != DType::Float32)
     throw TypeError("reduce_scatter: avg needs float32 tensors");
   return submit("reduce_scatter", [this, output, inputs, op](std::uint64_t seq) mutable {
+    const auto span = traced("reduce_scatter", seq, [&] {
+      std::size_t n = 0;
+      for (const auto& x : inputs) n += x.nbytes();
+      return n;
+    });
     be_->run_reduce_scatter(output, inputs, op, seq);
   }, checking_.load(std::memory_order_relaxed) ? signature("reduce_scatter", output, reduce_op_name(op)) : std::string());
 }
@@ -367,8 +388,10 @@ WorkPtr ProcessGroup::reduce(Tensor t, int root, ReduceOp op) {
   if ((t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16) && op != ReduceOp::Sum)
     throw TypeError(std::string("reduce: ") + dtype_name(t.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && t.dtype() != DType::Float32) throw TypeError("reduce: avg needs a float32 tensor");
-  return submit("reduce", [this, t, root, op](std::uint64_t seq) mutable { be_->run_reduce(t, root, op, seq); },
-                checking_.load(std::memory_order_relaxed)
+  return submit("reduce", [this, t, root, op](std::uint64_t seq) mutable {
+    const auto span = traced("reduce", seq, [&] { return t.nbytes(); });
+    be_->run_reduce(t, root, op, seq);
+  }, checking_.load(std::memory_order_relaxed)
                     ? signature("reduce", t, std::string(reduce_op_name(op)) + ", " + root_of(root))
                     : std::string());
 }
@@ -378,6 +401,7 @@ WorkPtr ProcessGroup::gather(std::vector<Tensor> outputs, Tensor input, int root
   check_root(root, "gather");
   if (rank_ == root) check_list(outputs, input, size_, "gather", "output");
   return submit("gather", [this, outputs, input, root](std::uint64_t seq) mutable {
+    const auto span = traced("gather", seq, [&] { return input.nbytes(); });
     be_->run_gather(outputs, input, root, seq);
   }, checking_.load(std::memory_order_relaxed) ? signature("gather", input, root_of(root)) : std::string());
 }
@@ -387,25 +411,34 @@ WorkPtr ProcessGroup::scatter(Tensor output, std::vector<Tensor> inputs, int roo
   check_root(root, "scatter");
   if (rank_ == root) check_list(inputs, output, size_, "scatter", "input");
   return submit("scatter", [this, output, inputs, root](std::uint64_t seq) mutable {
+    const auto span = traced("scatter", seq, [&] { return output.nbytes(); });
     be_->run_scatter(output, inputs, root, seq);
   }, checking_.load(std::memory_order_relaxed) ? signature("scatter", output, root_of(root)) : std::string());
 }
 
 WorkPtr ProcessGroup::barrier() {
-  return submit("barrier", [this](std::uint64_t seq) { be_->run_barrier(seq); },
-                checking_.load(std::memory_order_relaxed) ? std::string("barrier()") : std::string());
+  return submit("barrier", [this](std::uint64_t seq) {
+    const timeline::Span span("barrier", "comm", {"seq", static_cast<std::int64_t>(seq)});
+    be_->run_barrier(seq);
+  }, checking_.load(std::memory_order_relaxed) ? std::string("barrier()") : std::string());
 }
 
 WorkPtr ProcessGroup::send(Tensor t, int dst, int tag) {
   check_tensor(t, "send", "tensor");
   check_peer(dst, "send");
-  return submit("send", [this, t, dst, tag](std::uint64_t seq) { be_->run_send(t, dst, tag, seq); });
+  return submit("send", [this, t, dst, tag](std::uint64_t seq) {
+    const auto span = traced("send", seq, [&] { return t.nbytes(); });
+    be_->run_send(t, dst, tag, seq);
+  });
 }
 
 WorkPtr ProcessGroup::recv(Tensor t, int src, int tag) {
   check_tensor(t, "recv", "tensor");
   check_peer(src, "recv");
-  return submit("recv", [this, t, src, tag](std::uint64_t seq) mutable { be_->run_recv(t, src, tag, seq); });
+  return submit("recv", [this, t, src, tag](std::uint64_t seq) mutable {
+    const auto span = traced("recv", seq, [&] { return t.nbytes(); });
+    be_->run_recv(t, src, tag, seq);
+  });
 }
 
 }  // namespace phalanx
