@@ -1,7 +1,7 @@
 // The plugin's one C entry point.
 #include <cstdio>
 
-#include "gloo_process_group.hpp"
+#include "gloo_backend.hpp"
 #include "phalanx/backends/plugin_abi.h"
 
 namespace {

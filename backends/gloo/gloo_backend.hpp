@@ -2,9 +2,15 @@
 // The Gloo communication backend over TCP, Debian's libgloo 0.5. Gloo works on host memory:
 // CPU tensors are used in place; tensors of any other device (CUDA, sim) are staged through
 // a host buffer (copied in, the operation, copied back), as PyTorch's Gloo backend does.
+//
+// The pieces: gloo_options (the environment), gloo_algorithm_policy (which allreduce for
+// which message), this class (the connections, abort), gloo_collectives.cpp and
+// gloo_p2p.cpp (the run_* hooks), gloo_support.hpp (what those two share).
 #include <memory>
 
-#include "phalanx/backends/process_group.hpp"
+#include "gloo_options.hpp"
+#include "phalanx/backends/backend.hpp"
+#include "phalanx/backends/process_group.hpp"  // BackendConfig
 
 namespace gloo {
 class Context;
@@ -15,15 +21,11 @@ class Device;
 
 namespace phalanx::gloo_backend {
 
-/// Allreduce algorithm (docs/algorithms.md): halving-doubling over the busy-polling mesh, in
-/// pieces of PHALANX_GLOO_SYNC_CHUNK_BYTES (default 1 MiB), for messages of at most
-/// PHALANX_GLOO_SYNC_MAX_BYTES (default: all; 0 disables the mesh); above that, or with
-/// PHALANX_GLOO_ALLREDUCE=ring|bcube|ring_chunked|halving_doubling, Gloo's event-driven mesh.
-/// PHALANX_GLOO_BUSY_POLL=0 makes the sync mesh block instead of spin.
-enum class AllreduceAlgo { Auto, Ring, Bcube, RingChunked, HalvingDoubling };
-
 class GlooBackend final : public Backend {
  public:
+  /// Connects the event-driven full mesh and, unless PHALANX_GLOO_SYNC_MAX_BYTES=0 or alone,
+  /// the busy-polling one, through config.store (a TimeoutError names a peer that did not
+  /// connect in time).
   explicit GlooBackend(const BackendConfig& config);
   ~GlooBackend() override;
   std::string name() const override { return "gloo"; }
@@ -46,19 +48,19 @@ class GlooBackend final : public Backend {
   void run_recv(Tensor& t, int src, int tag, std::uint64_t seq) override;
 
  private:
+  /// Runs `fn`, turning Gloo's exceptions into TimeoutError / CommError that name the
+  /// operation (gloo_support.hpp).
   template <typename Fn>
   void guarded(const char* op, std::uint64_t seq, Fn&& fn);
   void allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq);
 
+  GlooOptions options_;
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::Context> context_;
   // A second full mesh whose pairs are in synchronous busy-poll mode: the worker reads the
   // socket itself instead of waiting for Gloo's event-loop thread, which cuts the latency
   // of small allreduces (docs/algorithms.md). Null when disabled.
   std::shared_ptr<::gloo::Context> sync_context_;
-  std::size_t sync_max_bytes_ = 0;
-  std::size_t sync_chunk_bytes_ = 1u << 20;  ///< PHALANX_GLOO_SYNC_CHUNK_BYTES
-  AllreduceAlgo algo_ = AllreduceAlgo::Auto;
 };
 
 }  // namespace phalanx::gloo_backend
