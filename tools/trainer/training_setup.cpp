@@ -1,0 +1,222 @@
+// phalanx-train's set-up, before any training (training_setup.hpp).
+#include "training_setup.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "text_format.hpp"
+
+namespace phalanx::trainer {
+
+namespace {
+
+using samplers::DistributedSampler;
+using samplers::MicroBatchSampler;
+
+Schedule make_schedule(const TrainConfig& c, optim::Optimizer& opt, double scale, std::int64_t total_steps) {
+  Schedule s;
+  std::shared_ptr<optim::LRScheduler> warmup, main;
+  if (c.warmup_steps > 0) warmup = std::make_shared<optim::LinearLR>(opt, 1.0 / std::max(2.0, scale), 1.0, c.warmup_steps);
+  if (c.lr_schedule == "cosine") {
+    main = std::make_shared<optim::CosineAnnealingLR>(opt, std::max<std::int64_t>(1, total_steps - c.warmup_steps));
+  } else if (c.lr_schedule == "step") {
+    if (c.lr_step_size < 1) throw ValueError("--lr-schedule step needs --lr-step-size N (N >= 1 steps)");
+    main = std::make_shared<optim::StepLR>(opt, c.lr_step_size, c.lr_gamma);
+  } else if (c.lr_schedule == "multistep") {
+    if (c.lr_milestones.empty()) throw ValueError("--lr-schedule multistep needs --lr-milestones S1,S2,...");
+    // Milestones are global step numbers; after a warmup the schedule counts from its end.
+    std::vector<std::int64_t> at;
+    for (auto m : c.lr_milestones) at.push_back(std::max<std::int64_t>(0, m - c.warmup_steps));
+    main = std::make_shared<optim::MultiStepLR>(opt, at, c.lr_gamma);
+  } else if (c.lr_schedule != "constant") {
+    throw ValueError("--lr-schedule '" + c.lr_schedule + "' is unknown (constant, cosine, step or multistep)");
+  }
+  if (warmup && main)
+    s.sequence = std::make_unique<optim::SequentialLR>(opt, std::vector<std::shared_ptr<optim::LRScheduler>>{warmup, main},
+                                                       std::vector<std::int64_t>{c.warmup_steps});
+  else
+    s.single = warmup ? warmup : main;
+  return s;
+}
+
+// The settings a resume must keep: a change would silently train another trajectory. Those
+// that may change are left out (docs/checkpoints.md): --epochs (unless the cosine schedule's
+// length depends on it), output paths, --checkpoint-every, --keep-checkpoints, --init.
+std::map<std::string, std::string> resume_settings(const TrainConfig& c, double lr, const std::string& model) {
+  std::map<std::string, std::string> m{
+      {"model", model},
+      {"activation", c.activation},
+      {"optimizer", c.optimizer},
+      {"lr", fmt_exact(lr)},
+      {"momentum", fmt_exact(c.momentum)},
+      {"weight-decay", fmt_exact(c.weight_decay)},
+      {"nesterov", c.nesterov ? "on" : "off"},
+      {"lr-schedule", c.lr_schedule},
+      {"warmup-steps", std::to_string(c.warmup_steps)},
+      {"lr-step-size", std::to_string(c.lr_step_size)},
+      {"lr-milestones", c.lr_milestones.empty() ? "none" : widths_str(c.lr_milestones)},
+      {"lr-gamma", fmt_exact(c.lr_gamma)},
+      {"seed", std::to_string(c.seed)},
+      {"shuffle", c.shuffle ? "on" : "off"},
+      {"drop-last", c.drop_last ? "on" : "off"},
+  };
+  if (c.lr_schedule == "cosine") m["epochs"] = std::to_string(c.epochs);  // the cosine's length
+  if (c.sync_bn) m["sync-bn"] = "on";  // absent when off: checkpoints of older runs still match
+  return m;
+}
+
+// --save/--plot are written after training: their folder must take a file before it starts.
+void check_writable(const char* option, const std::string& path) {
+  if (path.empty() || ::access(path.c_str(), W_OK) == 0) return;
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw IoError(std::string(option) + " " + path + ": the folder " + dir + " does not exist; create it first");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw IoError(std::string(option) + " " + path + ": the folder " + dir + " is not writable");
+  if (::access(path.c_str(), F_OK) == 0)
+    throw IoError(std::string(option) + " " + path + ": the file exists and is not writable");
+}
+
+}  // namespace
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& ps, double lr) {
+  if (c.optimizer == "sgd") {
+    optim::SGDOptions o{lr, c.momentum, 0.0, c.weight_decay, c.nesterov};
+    return std::make_unique<optim::SGD>(ps, o);
+  }
+  optim::AdamOptions o;
+  o.lr = lr;
+  o.weight_decay = c.weight_decay;
+  if (c.optimizer == "adam") return std::make_unique<optim::Adam>(ps, o);
+  return std::make_unique<optim::AdamW>(ps, o);
+}
+
+TrainingSetup set_up_training(const TrainConfig& c) {
+  TrainingSetup s;
+  // The device is decided by init (--device; "cuda" = each worker on GPU LOCAL_RANK), which
+  // loads its plugin, or says why it cannot, before the rendezvous.
+  parallel::InitOptions io;
+  io.backend = c.backend;
+  io.device = c.device;
+  s.pg = parallel::init_process_group(io);
+  auto& pg = s.pg;
+  s.dev = parallel::local_device();
+  s.world = pg->size();
+  s.rank = pg->rank();
+  const int world = s.world, rank = s.rank;
+  s.data = load_data(c);
+  const Datasets& data = s.data;
+  // The model as text: the MLP's widths, or the CNN's spec with its classes ("cnn:32-64:10").
+  const CnnSpec cnn_spec{c.cnn_channels, data.classes};
+  s.model_desc = c.is_cnn() ? cnn_spec_str(cnn_spec, data.classes) : widths_str(c.model);
+  const std::string& model_desc = s.model_desc;
+  if (c.is_cnn()) cnn_feature_shape(cnn_spec, data.input, c.model_text);  // the images survive the pooling
+  s.n = data.train->size();
+  const std::int64_t n = s.n;
+  // Exact mode: the world size must divide the micro-batches of a step (checked before the
+  // linear scaling, whose own check, W dividing B, follows from it).
+  parallel::ExactMode exact_mode{c.exact, c.global_batch, c.micro_batch};
+  s.xplan = c.exact ? parallel::exact_plan(exact_mode, world) : parallel::ExactPlan{};
+
+  optim::ScalingOptions so;
+  so.global_batch = c.global_batch;
+  so.world_size = world;
+  so.base_lr = c.base_lr.value_or(*c.lr);
+  so.base_batch = c.base_batch.value_or(c.global_batch);
+  s.plan = optim::linear_scaling(so);  // throws when W does not divide B
+  const optim::ScalingPlan& plan = s.plan;
+  if (!(std::isfinite(plan.lr) && plan.lr > 0))
+    throw ValueError("--base-lr " + fmt_exact(so.base_lr) + " scaled by --global-batch " + std::to_string(c.global_batch) +
+                     " / --base-batch " + std::to_string(so.base_batch) + " gives the rate " + fmt_exact(plan.lr) +
+                     ", which is not a finite number > 0: lower --base-lr");
+  if (rank == 0) {
+    check_writable("--save", c.save);
+    check_writable("--plot", c.plot);
+  }
+  if (c.drop_last && n < c.global_batch)
+    throw ValueError(detail::concat("--drop-last with a global batch of ", c.global_batch, " and only ", n,
+                                    " samples leaves no step to take"));
+
+  // Settings that must agree across ranks, compared before the model is built
+  // and broadcast (a different --model would otherwise fail there, or hang).
+  parallel::check_consistent({{"global batch", std::to_string(c.global_batch)},
+                              {"model", model_desc + " " + c.activation + (c.sync_bn ? " sync-bn" : "") + (c.zero ? " zero" : "") +
+                                            (c.init.empty() ? "" : " init " + c.init)},
+                              {"optimizer", c.optimizer + " lr " + fmt_g(plan.lr) + " momentum " + fmt_g(c.momentum) +
+                                                " weight decay " + fmt_g(c.weight_decay) + (c.nesterov ? " nesterov" : "")},
+                              {"lr schedule", c.lr_schedule + " warmup " + std::to_string(c.warmup_steps) + " step size " +
+                                                  std::to_string(c.lr_step_size) + " milestones " + widths_str(c.lr_milestones) +
+                                                  " gamma " + fmt_g(c.lr_gamma)},
+                              {"epochs", std::to_string(c.epochs)},
+                              {"seed", std::to_string(c.seed)},
+                              {"shuffle", c.shuffle ? "on" : "off"},
+                              {"drop last", c.drop_last ? "on" : "off"},
+                              {"exact", c.exact ? "micro-batch " + std::to_string(c.micro_batch) : "off"},
+                              {"checkpoint every", std::to_string(c.checkpoint_every)},
+                              {"resume", c.resume_from.empty() ? (c.resume ? "latest" : "no") : c.resume_from}},
+                             pg);
+
+  Generator gen(c.seed);
+  std::shared_ptr<nn::Module>& net = s.net;
+  if (c.is_cnn()) net = build_cnn(cnn_spec, data.input, data.classes, c.activation, &gen);
+  else net = nn::mlp(c.model, c.activation, &gen);
+  if (!c.init.empty()) net->load_state_dict(load_npz(c.init));
+  // --sync-bn: every BatchNorm becomes a SyncBatchNorm over the group (the same names, weights
+  // and buffers), whose training statistics are those of the global batch.
+  if (c.sync_bn) net = parallel::convert_sync_batchnorm(net, pg);
+  net->to(s.dev);
+  parallel::DDPOptions ddp_options;
+  ddp_options.exact = exact_mode;
+  s.model = std::make_shared<parallel::DDP>(net, pg, ddp_options);
+  auto& model = s.model;
+  // --zero: each rank keeps the optimizer state of its shard of the parameters only
+  // (ZeroRedundancyOptimizer over the same optimizer); the weights stay replicated.
+  if (c.zero) {
+    auto z = std::make_unique<parallel::ZeroRedundancyOptimizer>(
+        model->parameters(), [&](std::vector<Tensor> shard) { return make_optimizer(c, shard, plan.lr); }, pg);
+    s.zero = z.get();
+    s.opt = std::move(z);
+  } else {
+    s.opt = make_optimizer(c, model->parameters(), plan.lr);
+  }
+  // Normal mode: each rank a shard of every global batch (DistributedSampler). Exact mode:
+  // each rank its micro-batches of every global batch (MicroBatchSampler, the same
+  // micro-batches on any world size); the loader then yields micro-batches, K a step.
+  if (c.exact) {
+    samplers::MicroBatchSamplerOptions mo;
+    mo.global_batch = c.global_batch;
+    mo.micro_batch = c.micro_batch;
+    mo.shuffle = c.shuffle;
+    mo.seed = c.seed;
+    mo.drop_last = c.drop_last;
+    s.sampler = s.micro_sampler = std::make_shared<MicroBatchSampler>(n, mo);
+  } else {
+    samplers::DistributedSamplerOptions dso;
+    dso.shuffle = c.shuffle;
+    dso.seed = c.seed;
+    dso.drop_last = c.drop_last;
+    s.sampler = std::make_shared<DistributedSampler>(n, dso);
+  }
+  s.micro_per_step = c.exact ? s.xplan.per_rank : 1;  // forward/backward passes a step
+  samplers::DataLoaderOptions lo{c.exact ? c.micro_batch : plan.per_rank_batch};
+  lo.drop_last = c.drop_last && !c.exact;  // exact mode: the sampler hands out whole micro-batches
+  // No prefetch thread: the data is in memory (or mapped), and a batch's gather is a few
+  // row copies, cheaper than handing it over between threads. A thread per worker would also
+  // compete with the workers for the cores (with 2 workers on 2 cores it cost ~40 us a step:
+  // docs/benchmarks.md).
+  lo.prefetch = 0;
+  s.loader = std::make_unique<samplers::DataLoader>(data.train, lo, s.sampler);
+  s.steps_per_epoch = c.exact ? s.micro_sampler->steps_per_epoch() : s.loader->num_batches();
+  s.schedule = make_schedule(c, *s.opt, plan.scale, s.steps_per_epoch * c.epochs);
+  s.settings = resume_settings(c, plan.lr, model_desc);
+  return s;
+}
+
+}  // namespace phalanx::trainer

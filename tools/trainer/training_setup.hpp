@@ -1,0 +1,65 @@
+#pragma once
+// phalanx-train's set-up: the group, the data, the model under DDP, the optimizer and its
+// rate schedule, the sampler and the loader. Every check happens here, before training.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <phalanx/parallel/exact.hpp>
+#include <phalanx/phalanx.hpp>
+
+#include "model_spec.hpp"
+#include "train_config.hpp"
+#include "trainer_data.hpp"
+
+namespace phalanx::trainer {
+
+/// The rate schedule: the warmup (LinearLR), then constant, cosine, step or multistep.
+struct Schedule {
+  std::shared_ptr<optim::LRScheduler> single;
+  std::unique_ptr<optim::SequentialLR> sequence;
+  void step() {
+    if (sequence) sequence->step();
+    else if (single) single->step();
+  }
+  bool empty() const { return !single && !sequence; }
+  TensorMap state_dict() const { return sequence ? sequence->state_dict() : single ? single->state_dict() : TensorMap{}; }
+  void load_state_dict(const TensorMap& m) {
+    if (sequence) sequence->load_state_dict(m);
+    else if (single) single->load_state_dict(m);
+  }
+};
+
+/// The optimizer of --optimizer over `params` at rate `lr`.
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& params, double lr);
+
+struct TrainingSetup {
+  ProcessGroupPtr pg;
+  Device dev;
+  int world = 1, rank = 0;
+  Datasets data;
+  std::string model_desc;  ///< the MLP's widths, or the CNN's spec with its classes ("cnn:32-64:10")
+  std::int64_t n = 0;      ///< training samples
+  parallel::ExactPlan xplan;
+  optim::ScalingPlan plan{};
+  std::shared_ptr<nn::Module> net;
+  std::shared_ptr<parallel::DDP> model;
+  std::unique_ptr<optim::Optimizer> opt;
+  parallel::ZeroRedundancyOptimizer* zero = nullptr;  ///< --zero: opt, as ZeRO
+  samplers::SamplerPtr sampler;
+  std::shared_ptr<samplers::MicroBatchSampler> micro_sampler;  ///< exact mode
+  std::int64_t micro_per_step = 1;                             ///< forward/backward passes a step
+  std::unique_ptr<samplers::DataLoader> loader;
+  std::int64_t steps_per_epoch = 0;
+  Schedule schedule;
+  /// The settings a resume must keep (compared with a checkpoint's).
+  std::map<std::string, std::string> settings;
+};
+
+/// Initialises the group (--backend, --device), loads and checks the data, checks that the
+/// ranks agree, builds everything; throws a one-line error on bad input.
+TrainingSetup set_up_training(const TrainConfig& c);
+
+}  // namespace phalanx::trainer
