@@ -6,10 +6,13 @@
 // the 5 beside it (the anchor's statistic: on a shared machine, noise only adds time).
 //   mpirun --oversubscribe -np 2 build/bench/bench_mpi_allreduce
 // (as root add --allow-run-as-root). PHALANX_MPI_ASYNC=1 measures the worker-thread mode.
+// Optional arguments: [max_bytes [iterations]]: only the sizes up to max_bytes, and that many
+// iterations per timed loop (e.g. `... bench_mpi_allreduce 4 200000` to profile the 4-byte path).
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include <phalanx/phalanx.hpp>
@@ -23,7 +26,13 @@ double median(std::vector<double> v) {
 }
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const std::size_t max_bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64u << 20;
+  const int iterations = argc > 2 ? std::atoi(argv[2]) : 0;  // 0: the anchor's counts
+  if (max_bytes < 4 || iterations < 0) {
+    std::fprintf(stderr, "usage: bench_mpi_allreduce [max_bytes >= 4 [iterations >= 1]]\n");
+    return 2;
+  }
   auto pg = parallel::init_process_group();  // initialises MPI (backend mpi under mpirun)
   if (pg->backend_name() != "mpi") {
     std::fprintf(stderr, "bench_mpi_allreduce: run it under mpirun (the backend is '%s', not mpi)\n",
@@ -39,10 +48,11 @@ int main() {
                 "Phalanx mpi", "speed");
   }
   for (std::size_t bytes : sizes) {
+    if (bytes > max_bytes) break;
     const std::int64_t n = static_cast<std::int64_t>(bytes / 4);
     Tensor t = ones({n});
     float* a = t.data<float>();
-    const int it = bytes <= 65536 ? 2000 : bytes <= (4u << 20) ? 50 : 10;
+    const int it = iterations > 0 ? iterations : bytes <= 65536 ? 2000 : bytes <= (4u << 20) ? 50 : 10;
     for (int i = 0; i < 5; ++i) {
       MPI_Allreduce(MPI_IN_PLACE, a, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       pg->allreduce(t)->wait();

@@ -34,12 +34,38 @@ bool async_from_env() {
                     "default) or 1 (on the group's worker thread)");
 }
 
+[[noreturn]] __attribute__((noinline, cold)) void too_many_elements(std::int64_t n, const char* op) {
+  throw ValueError(detail::concat(op, ": ", n, " elements are more than one MPI call takes (", INT_MAX,
+                                  "); split the tensor"));
+}
+
 /// MPI counts are ints.
-int count_of(std::int64_t n, const char* op) {
-  if (n > INT_MAX)
-    throw ValueError(detail::concat(op, ": ", n, " elements are more than one MPI call takes (", INT_MAX,
-                                    "); split the tensor"));
+inline int count_of(std::int64_t n, const char* op) {
+  if (n > INT_MAX) too_many_elements(n, op);
   return static_cast<int>(n);
+}
+
+/// The MPI type of a dtype: 16-bit floats travel as raw 16-bit words (sums through sum16).
+inline MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+    case DType::Float32: return MPI_FLOAT;
+    case DType::Int64: return MPI_INT64_T;
+    case DType::Float16:
+    case DType::BFloat16: return MPI_UINT16_T;
+  }
+  return MPI_BYTE;
+}
+
+/// MPI's own operation for a reduction of float32 or int64 (avg: the sum, divided once at the end).
+inline MPI_Op mpi_builtin_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return MPI_SUM;
+    case ReduceOp::Product: return MPI_PROD;
+    case ReduceOp::Min: return MPI_MIN;
+    case ReduceOp::Max: return MPI_MAX;
+  }
+  return MPI_SUM;
 }
 
 // MPI reads and writes host memory: non-CPU tensors are staged (host_staging.hpp).
@@ -61,6 +87,7 @@ MpiProcessGroup::MpiProcessGroup(const BackendConfig& c) : Backend(c.rank, c.siz
                                        "PMIX_RANK, PMI_RANK or SLURM_PROCID); start the job with `mpirun -np ", c.size,
                                        " ...`, or use backend gloo (PHALANX_BACKEND=gloo)"));
     ensure_initialized();
+    MpiCall call;  // another group's completion thread may be testing a request
     int world = 0, me = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
@@ -94,6 +121,7 @@ MpiProcessGroup::~MpiProcessGroup() {
   // The group set closing_ (on_close) and stopped its threads before destroying this.
   closing_ = true;
   if (finalized()) return;  // the process is exiting and MPI ended first: nothing left to free
+  MpiCall call;  // another group's completion thread may be testing a request
   if (sum_fp16_ != MPI_OP_NULL) MPI_Op_free(&sum_fp16_);
   if (sum_bf16_ != MPI_OP_NULL) MPI_Op_free(&sum_bf16_);
   // Local, not collective: pending requests (of timed-out sends) keep it until they end.
@@ -108,28 +136,12 @@ void MpiProcessGroup::check(int rc, const char* op, std::uint64_t seq) const {
   throw CommError(describe(op, seq) + " failed: MPI: " + msg);
 }
 
-MPI_Datatype MpiProcessGroup::type_of(const Tensor& t) const {
-  switch (t.dtype()) {
-    case DType::Float32: return MPI_FLOAT;
-    case DType::Int64: return MPI_INT64_T;
-    case DType::Float16:
-    case DType::BFloat16: return MPI_UINT16_T;  // raw 16-bit words; sums through sum16
-  }
-  return MPI_BYTE;
-}
+MPI_Datatype MpiProcessGroup::type_of(const Tensor& t) const { return mpi_type(t.dtype()); }
 
 MPI_Op MpiProcessGroup::op_of(const Tensor& t, ReduceOp op) const {
   // The base class admits only sum for 16-bit floats, and avg only for float32.
-  if (t.dtype() == DType::Float16) return sum_fp16_;
-  if (t.dtype() == DType::BFloat16) return sum_bf16_;
-  switch (op) {
-    case ReduceOp::Sum:
-    case ReduceOp::Avg: return MPI_SUM;  // avg: the sum, divided once at the end
-    case ReduceOp::Product: return MPI_PROD;
-    case ReduceOp::Min: return MPI_MIN;
-    case ReduceOp::Max: return MPI_MAX;
-  }
-  return MPI_SUM;
+  const DType dt = t.dtype();
+  return dt == DType::Float16 ? sum_fp16_ : dt == DType::BFloat16 ? sum_bf16_ : mpi_builtin_op(op);
 }
 
 char* MpiProcessGroup::scratch(std::size_t bytes) {
@@ -139,12 +151,19 @@ char* MpiProcessGroup::scratch(std::size_t bytes) {
 
 void MpiProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
   const int n = count_of(t.numel(), "allreduce");
-  std::lock_guard<std::mutex> lock(mpi_mu_);
   if (t.device().is_cpu()) {  // the hot path: one MPI call on the tensor itself
-    check(MPI_Allreduce(MPI_IN_PLACE, t.raw_data(), n, type_of(t), op_of(t, op), comm_), "allreduce", seq);
+    const DType dt = t.dtype();
+    void* data = t.raw_data();
+    const MPI_Op mop = dt == DType::Float16 ? sum_fp16_ : dt == DType::BFloat16 ? sum_bf16_ : mpi_builtin_op(op);
+    {
+      MpiCall call;
+      const int rc = MPI_Allreduce(MPI_IN_PLACE, data, n, mpi_type(dt), mop, comm_);
+      if (rc != MPI_SUCCESS) check(rc, "allreduce", seq);
+    }
     if (op == ReduceOp::Avg) divide_by(t, size());
     return;
   }
+  MpiCall call;
   Tensor h = host_of(t);
   check(MPI_Allreduce(MPI_IN_PLACE, h.raw_data(), n, type_of(h), op_of(h, op), comm_), "allreduce", seq);
   if (op == ReduceOp::Avg) divide_by(h, size());
@@ -153,7 +172,7 @@ void MpiProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
 
 void MpiProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
   const int n = count_of(t.numel(), "broadcast");
-  std::lock_guard<std::mutex> lock(mpi_mu_);
+  MpiCall call;
   Tensor h = host_of(t, rank() == root);
   check(MPI_Bcast(h.raw_data(), n, type_of(h), root, comm_), "broadcast", seq);
   if (rank() != root) copy_back(h, t);
@@ -162,7 +181,7 @@ void MpiProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
 void MpiProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
   const int n = count_of(in.numel(), "allgather");
   count_of(in.numel() * size(), "allgather");
-  std::lock_guard<std::mutex> lock(mpi_mu_);
+  MpiCall call;  // also guards scratch_
   const Tensor h = host_of(in);
   const std::size_t bytes = in.nbytes();
   char* flat = scratch(bytes * size());
@@ -173,7 +192,7 @@ void MpiProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, 
 void MpiProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op, std::uint64_t seq) {
   const int n = count_of(out.numel(), "reduce_scatter");
   count_of(out.numel() * size(), "reduce_scatter");
-  std::lock_guard<std::mutex> lock(mpi_mu_);
+  MpiCall call;  // also guards scratch_
   const std::size_t bytes = out.nbytes();
   char* flat = scratch(bytes * size());
   for (int r = 0; r < size(); ++r) read_into(flat + r * bytes, in[r], bytes);
@@ -185,7 +204,7 @@ void MpiProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, R
 
 void MpiProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
   const int n = count_of(t.numel(), "reduce");
-  std::lock_guard<std::mutex> lock(mpi_mu_);
+  MpiCall call;
   Tensor h = host_of(t);
   if (rank() != root) {  // only sends: its tensor stays as it was
     check(MPI_Reduce(h.raw_data(), nullptr, n, type_of(h), op_of(h, op), root, comm_), "reduce", seq);
@@ -199,7 +218,7 @@ void MpiProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t
 void MpiProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
   const int n = count_of(in.numel(), "gather");
   count_of(in.numel() * size(), "gather");
-  std::lock_guard<std::mutex> lock(mpi_mu_);
+  MpiCall call;  // also guards scratch_
   const Tensor h = host_of(in);
   const std::size_t bytes = in.nbytes();
   char* flat = rank() == root ? scratch(bytes * size()) : nullptr;
@@ -211,7 +230,7 @@ void MpiProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int
 void MpiProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) {
   const int n = count_of(out.numel(), "scatter");
   count_of(out.numel() * size(), "scatter");
-  std::lock_guard<std::mutex> lock(mpi_mu_);
+  MpiCall call;  // also guards scratch_
   const std::size_t bytes = out.nbytes();
   char* flat = nullptr;
   if (rank() == root) {
@@ -224,7 +243,7 @@ void MpiProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root
 }
 
 void MpiProcessGroup::run_barrier(std::uint64_t seq) {
-  std::lock_guard<std::mutex> lock(mpi_mu_);
+  MpiCall call;
   check(MPI_Barrier(comm_), "barrier", seq);
 }
 
@@ -235,7 +254,7 @@ void MpiProcessGroup::run_send(const Tensor& t, int dst, int tag, std::uint64_t 
   MPI_Request req = MPI_REQUEST_NULL;
   const Tensor h = host_of(t);
   {
-    std::lock_guard<std::mutex> lock(mpi_mu_);
+    MpiCall call;
     check(MPI_Isend(h.raw_data(), n, type_of(h), dst, tag, comm_, &req), "send", seq);
   }
   // The (host) tensor is captured so its memory outlives the transfer.
@@ -249,7 +268,7 @@ void MpiProcessGroup::run_recv(Tensor& t, int src, int tag, std::uint64_t seq) {
   MPI_Request req = MPI_REQUEST_NULL;
   const Tensor h = host_of(t, false);
   {
-    std::lock_guard<std::mutex> lock(mpi_mu_);
+    MpiCall call;
     check(MPI_Irecv(h.raw_data(), n, type_of(h), src, tag, comm_, &req), "recv", seq);
   }
   // A staged receive lands in `t` when it completes (before its Work does).
@@ -260,16 +279,16 @@ void MpiProcessGroup::run_recv(Tensor& t, int src, int tag, std::uint64_t seq) {
 }
 
 void MpiProcessGroup::wait_request(MPI_Request req, const Tensor& keep_alive, const char* op, std::uint64_t seq) {
-  // MPI_Wait would hold mpi_mu_ (every other MPI call of the group) for as long as the peer
-  // takes, and spin a core. Instead: MPI_Test (which also drives MPI's progress), yielding
-  // between tests for the first millisecond, then sleeping 50 µs at a time.
+  // MPI_Wait would hold the MPI call lock (every other MPI call of the process) for as long as
+  // the peer takes, and spin a core. Instead: MPI_Test (which also drives MPI's progress),
+  // yielding between tests for the first millisecond, then sleeping 50 µs at a time.
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto deadline = start + timeout();
   for (;;) {
     int done = 0;
     {
-      std::lock_guard<std::mutex> lock(mpi_mu_);
+      MpiCall call;
       check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), op, seq);
     }
     if (done) return;

@@ -9,7 +9,8 @@
 // complete when the call returns. PHALANX_MPI_ASYNC=1 runs them on the group's worker thread
 // instead (the caller overlaps computation with a collective in flight). Either way send and
 // recv only post (MPI_Isend / MPI_Irecv) and complete on the group's completion thread.
-// All MPI calls of a group are serialised by one mutex (MPI_THREAD_SERIALIZED suffices).
+// All MPI calls of the process are serialised by one lock (MpiCall, mpi_runtime.hpp: an atomic
+// exchange when uncontended), so MPI_THREAD_SERIALIZED suffices.
 #include <mpi.h>
 
 #include <atomic>
@@ -45,17 +46,17 @@ class MpiProcessGroup final : public Backend {
   void check(int rc, const char* op, std::uint64_t seq) const;
   MPI_Datatype type_of(const Tensor& t) const;
   MPI_Op op_of(const Tensor& t, ReduceOp op) const;
-  /// A reusable host buffer of at least `bytes` (operations run one at a time, under mpi_mu_).
+  /// A reusable host buffer of at least `bytes` (used only under the MPI call lock).
   char* scratch(std::size_t bytes);
   /// The completion of a posted send or receive (on the completion thread): MPI_Test under
-  /// mpi_mu_, yielding between tests, then sleeping; fails at the group's timeout.
+  /// the MPI call lock, yielding between tests, then sleeping; fails at the group's timeout.
   void wait_request(MPI_Request request, const Tensor& keep_alive, const char* op, std::uint64_t seq);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Op sum_fp16_ = MPI_OP_NULL, sum_bf16_ = MPI_OP_NULL;
   int tag_ub_ = 32767;
-  std::mutex mpi_mu_;                // one MPI call of this group at a time
-  std::vector<char> scratch_;        // under mpi_mu_
+  std::mutex mpi_mu_;                // guards orphans_ (MPI calls hold MpiCall instead)
+  std::vector<char> scratch_;        // under the MPI call lock (MpiCall)
   std::vector<Tensor> orphans_;      // buffers of timed-out requests MPI may still write (under mpi_mu_)
   std::atomic<bool> closing_{false};  // the destructor runs: pending waits end at once
 };

@@ -3,10 +3,12 @@
 #include <dlfcn.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "phalanx/backends/comm_error.hpp"
 
@@ -81,6 +83,25 @@ void ensure_initialized() {
                                                       " or MPI_THREAD_MULTIPLE, ...)"
                                                     : "use an MPI library built with thread support"));
 }
+
+namespace call_lock {
+
+std::atomic<bool> mpi_busy{false};
+
+void wait_for_mpi() noexcept {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  for (;;) {
+    // Read before exchanging: a waiter does not keep stealing the holder's cache line.
+    if (!mpi_busy.load(std::memory_order_relaxed) && !mpi_busy.exchange(true, std::memory_order_acquire)) return;
+    if (Clock::now() - start < std::chrono::milliseconds(1))
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace call_lock
 
 bool finalized() {
   int done = 0;
