@@ -211,20 +211,45 @@ WorkPtr ProcessGroup::submit(const char* op, Fn&& fn, std::string signature) {
     const auto timeout = timeout_ + std::chrono::seconds(5);
     // This thread's last inline Work, reused once nobody else holds it (the caller waited
     // and dropped it): no allocation, no construction of its mutex and condition variable.
-    thread_local WorkPtr spare;
+    // `op` remembers which literal its op_ holds, so that the name is copied only when it changes.
+    struct Spare {
+      WorkPtr work;
+      const char* op = nullptr;
+    };
+    // Reached through a plain pointer in TLS (no guard, no destructor to register: one TLS
+    // lookup per operation); a second thread_local, touched only on the thread's first
+    // operation, owns it and frees it when the thread exits.
+    struct SpareOwner {
+      Spare*& slot;
+      Spare spare;
+      explicit SpareOwner(Spare*& s) : slot(s) { slot = &spare; }
+      ~SpareOwner() { slot = nullptr; }
+    };
+    thread_local Spare* spare_slot = nullptr;
+    Spare* spare_ptr = spare_slot;
+    if (!spare_ptr) {
+      thread_local SpareOwner owner(spare_slot);
+      spare_ptr = &owner.spare;
+    }
+    Spare& spare = *spare_ptr;
     WorkPtr work;
-    if (spare && spare.use_count() == 1) {
+    if (spare.work && spare.work.use_count() == 1) {
       std::atomic_thread_fence(std::memory_order_acquire);  // the last holder's reads are done
-      spare->op_ = op;
-      spare->seq_ = seq;
-      spare->rank_ = rank_;
-      spare->timeout_ = timeout;
-      spare->error_ = nullptr;
-      spare->done_.store(false, std::memory_order_relaxed);
-      work = spare;
+      Work& w = *spare.work;
+      if (spare.op != op) {
+        w.op_ = op;
+        spare.op = op;
+      }
+      w.seq_ = seq;
+      w.rank_ = rank_;
+      w.timeout_ = timeout;
+      if (w.error_) w.error_ = nullptr;
+      w.done_.store(false, std::memory_order_relaxed);
+      work = spare.work;
     } else {
       work = std::make_shared<Work>(op, seq, rank_, timeout);
-      spare = work;
+      spare.work = work;
+      spare.op = op;
     }
     run_op<true>(work, fn, signature);
     return work;
@@ -336,15 +361,20 @@ timeline::Span traced(const char* op, std::uint64_t seq, Bytes bytes) {
 
 WorkPtr ProcessGroup::allreduce(Tensor t, ReduceOp op) {
   check_tensor(t, "allreduce", "tensor");
-  if ((t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16) && op != ReduceOp::Sum)
-    throw TypeError(std::string("allreduce: ") + dtype_name(t.dtype()) + " tensors support sum only");
-  if (op == ReduceOp::Avg && t.dtype() != DType::Float32)
+  const DType dt = t.dtype();
+  if ((dt == DType::Float16 || dt == DType::BFloat16) && op != ReduceOp::Sum)
+    throw TypeError(std::string("allreduce: ") + dtype_name(dt) + " tensors support sum only");
+  if (op == ReduceOp::Avg && dt != DType::Float32)
     throw TypeError("allreduce: avg needs a float32 tensor");
-  std::string sig = checking_.load(std::memory_order_relaxed) ? signature("allreduce", t, reduce_op_name(op)) : std::string();
-  return submit("allreduce", [this, t = std::move(t), op](std::uint64_t seq) mutable {
+  std::string sig;
+  if (checking_.load(std::memory_order_relaxed)) sig = signature("allreduce", t, reduce_op_name(op));
+  auto fn = [this, t = std::move(t), op](std::uint64_t seq) mutable {
     const auto span = traced("allreduce", seq, [&] { return t.nbytes(); });
     be_->run_allreduce(t, op, seq);
-  }, std::move(sig));
+  };
+  // Without a signature, no string is moved (an out-of-line call: allreduce is DDP's hot op).
+  if (sig.empty()) return submit("allreduce", std::move(fn));
+  return submit("allreduce", std::move(fn), std::move(sig));
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor t, int root) {
