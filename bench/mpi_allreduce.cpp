@@ -17,6 +17,8 @@
 
 #include <phalanx/phalanx.hpp>
 
+#include "bench_support.hpp"  // print_environment: the lines every benchmark prints first
+
 using namespace phalanx;
 
 namespace {
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
   const int rank = pg->rank();
   const std::size_t sizes[] = {4, 4096, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
   if (rank == 0) {
+    bench::print_environment("bench_mpi_allreduce");
     std::printf("allreduce float32 sum in place, %d ranks, us per call: median of 5 | best of 5; "
                 "speed = raw time / Phalanx time\n", pg->size());
     std::printf("%10s %12s %12s %7s | %12s %12s %7s\n", "bytes", "raw OpenMPI", "Phalanx mpi", "speed", "raw OpenMPI",
