@@ -7,10 +7,21 @@
 #include <vector>
 
 #include "phalanx/core/error.hpp"
+#include "phalanx/core/tensor_impl.hpp"
 
 namespace phalanx {
 
 namespace {
+
+// Tensor's accessors are out of line and check for an undefined tensor again: these read the
+// impl inline. An undefined tensor counts 0 elements and 0 dims; dtype and device are read of
+// defined tensors only (each chain below checks its tensors with Call::on first).
+inline std::int64_t numel_of(const Tensor& t) { return t.defined() ? t.impl()->numel() : 0; }
+inline std::int64_t dim_of(const Tensor& t) {
+  return t.defined() ? static_cast<std::int64_t>(t.impl()->shape().size()) : 0;
+}
+inline DType dtype_of(const Tensor& t) { return t.impl()->dtype(); }
+inline Device device_of(const Tensor& t) { return t.impl()->device(); }
 
 // One kernel call's checks. Every message names the table, the kernel and the invariant;
 // the PHALANX_CHECK arguments are evaluated only when a check fails.
@@ -22,7 +33,7 @@ class Call {
   /// other tensors.
   Call& on(const char* arg, const Tensor& t) {
     PHALANX_CHECK(t.defined(), "(kernel ", table_, ".", kernel_, ": argument '", arg, "' is undefined)");
-    const Device d = t.device();
+    const Device d = device_of(t);
     if (!first_) {
       PHALANX_CHECK(d.type == type_, "(kernel ", table_, ".", kernel_, ": '", arg, "' is on ", d.str(),
                     ", not a device of this table)");
@@ -38,7 +49,7 @@ class Call {
   Call& on_opt(const char* arg, const Tensor& t) { return t.defined() ? on(arg, t) : *this; }
 
   Call& dtype(const char* arg, const Tensor& t, DType want) {
-    PHALANX_CHECK(t.dtype() == want, "(kernel ", table_, ".", kernel_, ": '", arg, "' is ", dtype_name(t.dtype()),
+    PHALANX_CHECK(dtype_of(t) == want, "(kernel ", table_, ".", kernel_, ": '", arg, "' is ", dtype_name(dtype_of(t)),
                   ", expected ", dtype_name(want), ")");
     return *this;
   }
@@ -48,7 +59,7 @@ class Call {
 
   /// `t` has `n` elements (`what` says where n comes from).
   Call& numel(const char* arg, const Tensor& t, std::int64_t n, const char* what) {
-    PHALANX_CHECK(t.numel() == n, "(kernel ", table_, ".", kernel_, ": '", arg, "' has ", t.numel(),
+    PHALANX_CHECK(numel_of(t) == n, "(kernel ", table_, ".", kernel_, ": '", arg, "' has ", numel_of(t),
                   " elements, expected ", n, " = ", what, ")");
     return *this;
   }
@@ -95,11 +106,11 @@ class CheckedKernels final : public DeviceKernels {
     k_.fill(out, value);
   }
   void unary(UnaryOp op, const Tensor& x, Tensor& out) override {
-    call("unary").on("x", x).on("out", out).f32("x", x).f32("out", out).numel("out", out, x.numel(), "x's numel");
+    call("unary").on("x", x).on("out", out).f32("x", x).f32("out", out).numel("out", out, numel_of(x), "x's numel");
     k_.unary(op, x, out);
   }
   void unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y, Tensor& grad_x) override {
-    const std::int64_t n = grad_y.numel();
+    const std::int64_t n = numel_of(grad_y);
     call("unary_backward")
         .on("grad_y", grad_y).on_opt("x", x).on_opt("y", y).on("grad_x", grad_x)
         .f32("grad_y", grad_y).f32("grad_x", grad_x).numel("grad_x", grad_x, n, "grad_y's numel")
@@ -107,7 +118,7 @@ class CheckedKernels final : public DeviceKernels {
     k_.unary_backward(op, grad_y, x, y, grad_x);
   }
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override {
-    const std::int64_t n = out.numel(), na = a.numel(), nb = b.numel();
+    const std::int64_t n = numel_of(out), na = numel_of(a), nb = numel_of(b);
     call("binary")
         .on("a", a).on("b", b).on("out", out).f32("a", a).f32("b", b).f32("out", out)
         .that((na == n || nb == n) && divides(na, n) && divides(nb, n),
@@ -115,11 +126,11 @@ class CheckedKernels final : public DeviceKernels {
     k_.binary(op, a, b, out);
   }
   void affine_scalar(const Tensor& x, float mul, float add, Tensor& out) override {
-    call("affine_scalar").on("x", x).on("out", out).f32("x", x).f32("out", out).numel("out", out, x.numel(), "x's numel");
+    call("affine_scalar").on("x", x).on("out", out).f32("x", x).f32("out", out).numel("out", out, numel_of(x), "x's numel");
     k_.affine_scalar(x, mul, add, out);
   }
   void axpy(float alpha, const Tensor& x, Tensor& y) override {
-    call("axpy").on("x", x).on("y", y).f32("x", x).f32("y", y).numel("x", x, y.numel(), "y's numel");
+    call("axpy").on("x", x).on("y", y).f32("x", x).f32("y", y).numel("x", x, numel_of(y), "y's numel");
     k_.axpy(alpha, x, y);
   }
   void scale(Tensor& x, float factor) override {
@@ -142,7 +153,7 @@ class CheckedKernels final : public DeviceKernels {
 
   void sum_to_period(const Tensor& in, Tensor& out, float scale) override {
     call("sum_to_period").on("in", in).on("out", out).f32("in", in).f32("out", out)
-        .that(divides(out.numel(), in.numel()), "out's numel (the period) must divide in's");
+        .that(divides(numel_of(out), numel_of(in)), "out's numel (the period) must divide in's");
     k_.sum_to_period(in, out, scale);
   }
   void sum_dim(const Tensor& in, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out,
@@ -159,19 +170,19 @@ class CheckedKernels final : public DeviceKernels {
   }
   void broadcast_rows(const Tensor& row, Tensor& out) override {
     call("broadcast_rows").on("row", row).on("out", out).f32("row", row).f32("out", out)
-        .that(divides(row.numel(), out.numel()), "row's numel must divide out's");
+        .that(divides(numel_of(row), numel_of(out)), "row's numel must divide out's");
     k_.broadcast_rows(row, out);
   }
   void transpose(const Tensor& in, int d0, int d1, Tensor& out) override {
-    call("transpose").on("in", in).on("out", out).dtype("out", out, in.dtype())
-        .numel("out", out, in.numel(), "in's numel")
-        .that(d0 >= 0 && d1 >= 0 && d0 < in.dim() && d1 < in.dim(), "d0 and d1 must be dims of in");
+    call("transpose").on("in", in).on("out", out).dtype("out", out, dtype_of(in))
+        .numel("out", out, numel_of(in), "in's numel")
+        .that(d0 >= 0 && d1 >= 0 && d0 < dim_of(in) && d1 < dim_of(in), "d0 and d1 must be dims of in");
     k_.transpose(in, d0, d1, out);
   }
 
   void log_softmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override {
     call("log_softmax").on("x", x).on("out", out).f32("x", x).f32("out", out)
-        .numel("x", x, outer * d * inner, "outer * d * inner").numel("out", out, x.numel(), "x's numel");
+        .numel("x", x, outer * d * inner, "outer * d * inner").numel("out", out, numel_of(x), "x's numel");
     k_.log_softmax(x, outer, d, inner, out);
   }
   void log_softmax_backward(const Tensor& grad_y, const Tensor& y, std::int64_t outer, std::int64_t d,
@@ -184,34 +195,34 @@ class CheckedKernels final : public DeviceKernels {
     k_.log_softmax_backward(grad_y, y, outer, d, inner, grad_x);
   }
   void cross_entropy(const Tensor& logits, const Tensor& target, Tensor& probs, Tensor& loss) override {
-    const std::int64_t rows = logits.dim() == 2 ? logits.shape()[0] : -1;
+    const std::int64_t rows = dim_of(logits) == 2 ? logits.impl()->shape()[0] : -1;
     call("cross_entropy").on("logits", logits).on("target", target).on("probs", probs).on("loss", loss)
         .f32("logits", logits).i64("target", target).f32("probs", probs).f32("loss", loss)
         .that(rows >= 0, "logits must be [N, C]")
-        .numel("target", target, rows, "logits' N").numel("probs", probs, logits.numel(), "logits' numel")
+        .numel("target", target, rows, "logits' N").numel("probs", probs, numel_of(logits), "logits' numel")
         .numel("loss", loss, rows, "logits' N");
     k_.cross_entropy(logits, target, probs, loss);
   }
   void cross_entropy_backward(const Tensor& probs, const Tensor& target, const Tensor& grad_loss, float scale,
                               Tensor& grad_logits) override {
-    const std::int64_t rows = probs.dim() == 2 ? probs.shape()[0] : -1;
+    const std::int64_t rows = dim_of(probs) == 2 ? probs.impl()->shape()[0] : -1;
     call("cross_entropy_backward").on("probs", probs).on("target", target).on("grad_loss", grad_loss)
         .on("grad_logits", grad_logits)
         .f32("probs", probs).i64("target", target).f32("grad_loss", grad_loss).f32("grad_logits", grad_logits)
         .that(rows >= 0, "probs must be [N, C]").numel("target", target, rows, "probs' N")
-        .that(grad_loss.numel() == rows || grad_loss.numel() == 1, "grad_loss must have N elements or one")
-        .numel("grad_logits", grad_logits, probs.numel(), "probs' numel");
+        .that(numel_of(grad_loss) == rows || numel_of(grad_loss) == 1, "grad_loss must have N elements or one")
+        .numel("grad_logits", grad_logits, numel_of(probs), "probs' numel");
     k_.cross_entropy_backward(probs, target, grad_loss, scale, grad_logits);
   }
   void convert(const Tensor& src, Tensor& dst) override {
-    call("convert").on("src", src).on("dst", dst).numel("dst", dst, src.numel(), "src's numel")
-        .that(src.dtype() != dst.dtype() && (src.dtype() == DType::Float32 || dst.dtype() == DType::Float32),
+    call("convert").on("src", src).on("dst", dst).numel("dst", dst, numel_of(src), "src's numel")
+        .that(dtype_of(src) != dtype_of(dst) && (dtype_of(src) == DType::Float32 || dtype_of(dst) == DType::Float32),
               "one of src and dst must be float32, the other float16 or bfloat16");
     k_.convert(src, dst);
   }
 
   void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdUpdate& u) override {
-    const std::int64_t n = param.numel();
+    const std::int64_t n = numel_of(param);
     call("sgd_update").on("param", param).on("grad", grad).on_opt("momentum_buffer", momentum_buffer)
         .f32("param", param).f32("grad", grad).f32_opt("momentum_buffer", momentum_buffer)
         .numel("grad", grad, n, "param's numel").numel_opt("momentum_buffer", momentum_buffer, n, "param's numel")
@@ -220,29 +231,29 @@ class CheckedKernels final : public DeviceKernels {
   }
   void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& max_exp_avg_sq,
                    const AdamUpdate& u) override {
-    const std::int64_t n = param.numel();
+    const std::int64_t n = numel_of(param);
     call("adam_update").on("param", param).on("grad", grad).on("exp_avg", exp_avg).on("exp_avg_sq", exp_avg_sq)
         .on_opt("max_exp_avg_sq", max_exp_avg_sq)
         .f32("param", param).f32("grad", grad).f32("exp_avg", exp_avg).f32("exp_avg_sq", exp_avg_sq)
         .numel("grad", grad, n, "param's numel").numel("exp_avg", exp_avg, n, "param's numel")
         .numel("exp_avg_sq", exp_avg_sq, n, "param's numel")
-        .that(!u.amsgrad || max_exp_avg_sq.numel() == n, "amsgrad needs max_exp_avg_sq of param's numel");
+        .that(!u.amsgrad || numel_of(max_exp_avg_sq) == n, "amsgrad needs max_exp_avg_sq of param's numel");
     k_.adam_update(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, u);
   }
 
   void abs_max_into(const Tensor& x, Tensor& out, std::int64_t index) override {
     call("abs_max_into").on("x", x).on("out", out).f32("x", x).f32("out", out)
-        .that(index >= 0 && index < out.numel(), "index must be an element of out");
+        .that(index >= 0 && index < numel_of(out), "index must be an element of out");
     k_.abs_max_into(x, out, index);
   }
   void fixed_point_accumulate(const Tensor& x, double scale, Tensor& acc) override {
     call("fixed_point_accumulate").on("x", x).on("acc", acc).f32("x", x).i64("acc", acc)
-        .numel("acc", acc, x.numel(), "x's numel");
+        .numel("acc", acc, numel_of(x), "x's numel");
     k_.fixed_point_accumulate(x, scale, acc);
   }
   void fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) override {
     call("fixed_point_to_float").on("acc", acc).on("out", out).i64("acc", acc).f32("out", out)
-        .numel("out", out, acc.numel(), "acc's numel");
+        .numel("out", out, numel_of(acc), "acc's numel");
     k_.fixed_point_to_float(acc, scale, count, out);
   }
 
@@ -290,12 +301,12 @@ class CheckedKernels final : public DeviceKernels {
   }
   void add_channel_bias(const Tensor& bias, std::int64_t outer, std::int64_t inner, Tensor& out) override {
     call("add_channel_bias").on("bias", bias).on("out", out).f32("bias", bias).f32("out", out)
-        .numel("out", out, outer * bias.numel() * inner, "outer * bias's numel * inner");
+        .numel("out", out, outer * numel_of(bias) * inner, "outer * bias's numel * inner");
     k_.add_channel_bias(bias, outer, inner, out);
   }
   void channel_sum(const Tensor& g, std::int64_t outer, std::int64_t inner, Tensor& out) override {
     call("channel_sum").on("g", g).on("out", out).f32("g", g).f32("out", out)
-        .numel("g", g, outer * out.numel() * inner, "outer * out's numel * inner");
+        .numel("g", g, outer * numel_of(out) * inner, "outer * out's numel * inner");
     k_.channel_sum(g, outer, inner, out);
   }
 
@@ -309,7 +320,7 @@ class CheckedKernels final : public DeviceKernels {
                         const Tensor& invstd, const Tensor& weight, const Tensor& bias, Tensor& out) override {
     call("batch_norm_elemt").on("x", x).on("mean", mean).on("invstd", invstd).on_opt("weight", weight)
         .on_opt("bias", bias).on("out", out).f32("x", x).f32("out", out)
-        .numel("x", x, outer * c * inner, "outer * c * inner").numel("out", out, x.numel(), "x's numel")
+        .numel("x", x, outer * c * inner, "outer * c * inner").numel("out", out, numel_of(x), "x's numel")
         .numel("mean", mean, c, "c").numel("invstd", invstd, c, "c").numel_opt("weight", weight, c, "c")
         .numel_opt("bias", bias, c, "c");
     k_.batch_norm_elemt(x, outer, c, inner, mean, invstd, weight, bias, out);
@@ -318,7 +329,7 @@ class CheckedKernels final : public DeviceKernels {
                                   std::int64_t inner, const Tensor& mean, Tensor& sum_dy, Tensor& sum_dy_xmu) override {
     call("batch_norm_backward_reduce").on("grad_y", grad_y).on("x", x).on("mean", mean).on("sum_dy", sum_dy)
         .on("sum_dy_xmu", sum_dy_xmu).f32("grad_y", grad_y).f32("x", x)
-        .numel("x", x, outer * c * inner, "outer * c * inner").numel("grad_y", grad_y, x.numel(), "x's numel")
+        .numel("x", x, outer * c * inner, "outer * c * inner").numel("grad_y", grad_y, numel_of(x), "x's numel")
         .numel("mean", mean, c, "c").numel("sum_dy", sum_dy, c, "c").numel("sum_dy_xmu", sum_dy_xmu, c, "c");
     k_.batch_norm_backward_reduce(grad_y, x, outer, c, inner, mean, sum_dy, sum_dy_xmu);
   }
@@ -328,25 +339,25 @@ class CheckedKernels final : public DeviceKernels {
     call("batch_norm_backward_elemt").on("grad_y", grad_y).on("x", x).on("mean", mean).on("invstd", invstd)
         .on_opt("weight", weight).on_opt("sum_dy", sum_dy).on_opt("sum_dy_xmu", sum_dy_xmu).on("grad_x", grad_x)
         .f32("grad_y", grad_y).f32("x", x).f32("grad_x", grad_x)
-        .numel("x", x, outer * c * inner, "outer * c * inner").numel("grad_y", grad_y, x.numel(), "x's numel")
-        .numel("grad_x", grad_x, x.numel(), "x's numel").numel("mean", mean, c, "c").numel("invstd", invstd, c, "c")
+        .numel("x", x, outer * c * inner, "outer * c * inner").numel("grad_y", grad_y, numel_of(x), "x's numel")
+        .numel("grad_x", grad_x, numel_of(x), "x's numel").numel("mean", mean, c, "c").numel("invstd", invstd, c, "c")
         .numel_opt("weight", weight, c, "c").numel_opt("sum_dy", sum_dy, c, "c")
         .numel_opt("sum_dy_xmu", sum_dy_xmu, c, "c");
     k_.batch_norm_backward_elemt(grad_y, x, outer, c, inner, mean, invstd, weight, sum_dy, sum_dy_xmu, count, grad_x);
   }
   void embedding(const Tensor& weight, const Tensor& indices, Tensor& out) override {
-    const std::int64_t d = weight.dim() == 2 ? weight.shape()[1] : -1;
+    const std::int64_t d = dim_of(weight) == 2 ? weight.impl()->shape()[1] : -1;
     call("embedding").on("weight", weight).on("indices", indices).on("out", out).f32("weight", weight)
         .i64("indices", indices).f32("out", out).that(d >= 0, "weight must be [V, D]")
-        .numel("out", out, indices.numel() * d, "indices' numel * D");
+        .numel("out", out, numel_of(indices) * d, "indices' numel * D");
     k_.embedding(weight, indices, out);
   }
   void embedding_backward(const Tensor& grad, const Tensor& indices, std::int64_t padding_idx,
                           Tensor& grad_weight) override {
-    const std::int64_t d = grad_weight.dim() == 2 ? grad_weight.shape()[1] : -1;
+    const std::int64_t d = dim_of(grad_weight) == 2 ? grad_weight.impl()->shape()[1] : -1;
     call("embedding_backward").on("grad", grad).on("indices", indices).on("grad_weight", grad_weight)
         .f32("grad", grad).i64("indices", indices).f32("grad_weight", grad_weight)
-        .that(d >= 0, "grad_weight must be [V, D]").numel("grad", grad, indices.numel() * d, "indices' numel * D");
+        .that(d >= 0, "grad_weight must be [V, D]").numel("grad", grad, numel_of(indices) * d, "indices' numel * D");
     k_.embedding_backward(grad, indices, padding_idx, grad_weight);
   }
   void argmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override {
@@ -355,7 +366,7 @@ class CheckedKernels final : public DeviceKernels {
     k_.argmax(x, outer, d, inner, out);
   }
   void clamp(const Tensor& x, float lo, float hi, Tensor& out) override {
-    call("clamp").on("x", x).on("out", out).f32("x", x).f32("out", out).numel("out", out, x.numel(), "x's numel");
+    call("clamp").on("x", x).on("out", out).f32("x", x).f32("out", out).numel("out", out, numel_of(x), "x's numel");
     k_.clamp(x, lo, hi, out);
   }
   std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override {
