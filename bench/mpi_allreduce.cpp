@@ -8,11 +8,18 @@
 // (as root add --allow-run-as-root). PHALANX_MPI_ASYNC=1 measures the worker-thread mode.
 // Optional arguments: [max_bytes [iterations]]: only the sizes up to max_bytes, and that many
 // iterations per timed loop (e.g. `... bench_mpi_allreduce 4 200000` to profile the 4-byte path).
+//
+// The raw column above runs at the plugin's thread level (MPI_THREAD_SERIALIZED), and OpenMPI
+// 4.1 turns on its internal locking at any level above MPI_THREAD_SINGLE (~0.1 us per small
+// allreduce on this machine). `--raw-single [max_bytes [iterations]]` times raw OpenMPI as the
+// anchor and a plain MPI program run it: MPI_Init (MPI_THREAD_SINGLE), no Phalanx; run it as a
+// separate job next to the plugin's run (docs/mpi.md, "Speed").
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include <phalanx/phalanx.hpp>
@@ -26,15 +33,55 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
+
+const std::size_t kSizes[] = {4, 4096, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
+
+int iterations_for(std::size_t bytes, int iterations) {
+  return iterations > 0 ? iterations : bytes <= 65536 ? 2000 : bytes <= (4u << 20) ? 50 : 10;
+}
+
+/// --raw-single: raw OpenMPI only, initialised as a plain MPI program (MPI_THREAD_SINGLE).
+int raw_single(std::size_t max_bytes, int iterations) {
+  MPI_Init(nullptr, nullptr);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (rank == 0)
+    std::printf("raw OpenMPI alone (MPI_Init: MPI_THREAD_SINGLE), allreduce float32 sum in place, %d ranks, "
+                "us per call: median of 5 | best of 5\n%10s %12s | %12s\n", size, "bytes", "raw single", "raw single");
+  for (std::size_t bytes : kSizes) {
+    if (bytes > max_bytes) break;
+    const int n = static_cast<int>(bytes / 4);
+    std::vector<float> a(static_cast<std::size_t>(n), 1.f);
+    const int it = iterations_for(bytes, iterations);
+    for (int i = 0; i < 5; ++i) MPI_Allreduce(MPI_IN_PLACE, a.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    std::vector<double> raw;
+    for (int rep = 0; rep < 5; ++rep) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      for (int i = 0; i < it; ++i) MPI_Allreduce(MPI_IN_PLACE, a.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      raw.push_back((MPI_Wtime() - t0) / it);
+    }
+    if (rank == 0) {
+      std::printf("%10zu %12.2f | %12.2f\n", bytes, median(raw) * 1e6, *std::min_element(raw.begin(), raw.end()) * 1e6);
+      std::fflush(stdout);
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bool single = argc > 1 && std::strcmp(argv[1], "--raw-single") == 0;
+  if (single) --argc, ++argv;
   const std::size_t max_bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64u << 20;
   const int iterations = argc > 2 ? std::atoi(argv[2]) : 0;  // 0: the anchor's counts
   if (max_bytes < 4 || iterations < 0) {
-    std::fprintf(stderr, "usage: bench_mpi_allreduce [max_bytes >= 4 [iterations >= 1]]\n");
+    std::fprintf(stderr, "usage: bench_mpi_allreduce [--raw-single] [max_bytes >= 4 [iterations >= 1]]\n");
     return 2;
   }
+  if (single) return raw_single(max_bytes, iterations);
   auto pg = parallel::init_process_group();  // initialises MPI (backend mpi under mpirun)
   if (pg->backend_name() != "mpi") {
     std::fprintf(stderr, "bench_mpi_allreduce: run it under mpirun (the backend is '%s', not mpi)\n",
@@ -42,20 +89,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int rank = pg->rank();
-  const std::size_t sizes[] = {4, 4096, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
   if (rank == 0) {
     bench::print_environment("bench_mpi_allreduce");
     std::printf("allreduce float32 sum in place, %d ranks, us per call: median of 5 | best of 5; "
-                "speed = raw time / Phalanx time\n", pg->size());
+                "speed = raw time / Phalanx time; raw at the plugin's MPI thread level (compare --raw-single)\n",
+                pg->size());
     std::printf("%10s %12s %12s %7s | %12s %12s %7s\n", "bytes", "raw OpenMPI", "Phalanx mpi", "speed", "raw OpenMPI",
                 "Phalanx mpi", "speed");
   }
-  for (std::size_t bytes : sizes) {
+  for (std::size_t bytes : kSizes) {
     if (bytes > max_bytes) break;
     const std::int64_t n = static_cast<std::int64_t>(bytes / 4);
     Tensor t = ones({n});
     float* a = t.data<float>();
-    const int it = iterations > 0 ? iterations : bytes <= 65536 ? 2000 : bytes <= (4u << 20) ? 50 : 10;
+    const int it = iterations_for(bytes, iterations);
     for (int i = 0; i < 5; ++i) {
       MPI_Allreduce(MPI_IN_PLACE, a, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       pg->allreduce(t)->wait();

@@ -232,7 +232,6 @@ WorkPtr ProcessGroup::submit(const char* op, Fn&& fn, std::string signature) {
       spare_ptr = &owner.spare;
     }
     Spare& spare = *spare_ptr;
-    WorkPtr work;
     if (spare.work && spare.work.use_count() == 1) {
       std::atomic_thread_fence(std::memory_order_acquire);  // the last holder's reads are done
       Work& w = *spare.work;
@@ -245,12 +244,11 @@ WorkPtr ProcessGroup::submit(const char* op, Fn&& fn, std::string signature) {
       w.timeout_ = timeout;
       if (w.error_) w.error_ = nullptr;
       w.done_.store(false, std::memory_order_relaxed);
-      work = spare.work;
     } else {
-      work = std::make_shared<Work>(op, seq, rank_, timeout);
-      spare.work = work;
+      spare.work = std::make_shared<Work>(op, seq, rank_, timeout);
       spare.op = op;
     }
+    WorkPtr work = spare.work;  // copy-constructed (inline), not assigned
     run_op<true>(work, fn, signature);
     return work;
   }
