@@ -17,6 +17,10 @@ namespace {
 
 /// Elements of a CPU piece: its int64 sums and two slots' floats fit a 512 KiB L2 cache.
 constexpr std::int64_t kCpuPiece = 16384;
+/// Elements of a CPU chunk when the backend runs collectives on the caller's thread (shm,
+/// MPI): 256 KiB of int64 sums (one round of shm's default staging) that stay in cache from
+/// their conversion through their allreduce to the conversion back.
+constexpr std::int64_t kCpuChunk = 32768;
 
 /// A tensor of `shape` over `base`'s storage from element `offset` on (no copy).
 Tensor view_of(const Tensor& base, std::int64_t offset, const Shape& shape) {
@@ -54,21 +58,29 @@ int scale_exponent(float max, int k) {
 }  // namespace
 
 struct ExactReducer::State {
-  /// A piece of one parameter: its int64 sums and its gradient in every slot. On the CPU a
-  /// parameter is cut into pieces that fit the L2 cache, so zeroing the sums and adding the
-  /// L slots run while the piece is in cache (one pass over memory, not L + 1).
+  /// A piece of one parameter: its int64 sums, its gradient in every slot, and its place in
+  /// the last slot (the result). On the CPU a parameter is cut into pieces that fit the L2
+  /// cache, so zeroing the sums and adding the L slots run while the piece is in cache (one
+  /// pass over memory, not L + 1).
   struct Piece {
     std::size_t param;
     Tensor acc;
     std::vector<Tensor> src;  // [slot]
+    Tensor out;               // = src.back(): sum / scale / K goes here
+  };
+  /// The unit of the sums' allreduce: consecutive pieces whose int64 sums are one tensor.
+  struct Chunk {
+    Tensor acc;
+    std::vector<Piece> pieces;
   };
   struct Bucket {
-    std::vector<std::size_t> params;
+    std::vector<std::size_t> params;  // reverse registration order (the maxima's order)
     Tensor maxima;                 // float32 [params (+1: the void flag, last bucket)] on the device
     std::vector<float> host_max;   // the agreed maxima
-    Tensor acc;                    // int64, the bucket's fixed-point sums
-    std::vector<Tensor> acc_view;  // per parameter of the bucket, shaped like it
-    std::vector<Piece> pieces;
+    // Unchunked: one chunk, the bucket's own int64 sums. Chunked (CPU, inline backend):
+    // chunks of kCpuChunk elements over one shared buffer, each reduced and converted back
+    // before the next is converted.
+    std::vector<Chunk> chunks;
     WorkPtr max_work;              // the maxima's allreduce in flight
     WorkPtr work;                  // the sums' allreduce in flight
     int pending = 0;               // parameters still without their gradient in the last micro-batch
@@ -92,6 +104,7 @@ struct ExactReducer::State {
   bool armed = false;
   bool in_pass = false;
   bool host_maxima = false;  // the parameters live in host memory (CPU)
+  bool chunked = false;      // the sums go chunk by chunk through one cache-sized buffer
   // This step's collective decisions, the same on every rank (they come from agreed maxima).
   std::size_t next_bucket = 0;  // the next bucket whose maxima go out
   std::string nonfinite;        // the first parameter whose agreed max is NaN or Inf
@@ -132,8 +145,6 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
   s.micro_batches = plan.micro_batches;
   s.per_rank = per_rank_ = plan.per_rank;
   while ((std::int64_t{1} << s.k_bits) < s.micro_batches) ++s.k_bits;
-  std::int64_t total = 0;
-  std::vector<std::int64_t> offset;
   for (auto& [name, p] : named) {
     if (!p.requires_grad()) continue;
     if (p.dtype() != DType::Float32) throw TypeError("DDP exact mode: parameter '" + name + "' is not float32");
@@ -142,28 +153,24 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
                        s.params[0].device().str() + "; move the model to one device");
     s.names.push_back(name);
     s.params.push_back(p);
-    offset.push_back(total);
-    total += p.numel();
   }
   const std::size_t n = s.params.size();
   if (n == 0) throw ValueError("DDP exact mode: the model has no parameter that requires a gradient");
   const Device device = s.params[0].device();
   s.kernels = &kernels_for(device);
   s.host_maxima = device.is_cpu();
-  // L slots; the last one holds the step's result, so the memory beyond a plain model's
-  // gradients is L - 1 gradient copies, plus the int64 sums (two copies' worth).
-  for (std::int64_t j = 0; j < s.per_rank; ++j) {
-    s.slots.push_back(zeros({total}, DType::Float32, device));
-    s.views.emplace_back();
-    for (std::size_t p = 0; p < n; ++p) s.views[j].push_back(view_of(s.slots[j], offset[p], s.params[p].shape()));
-  }
+  // An inline backend (shm, MPI) runs each allreduce on this thread at once: nothing can
+  // overlap it, so the sums go in cache-sized chunks, each converted, reduced and converted
+  // back while in cache. A backend with a worker thread reduces a bucket while the next one
+  // is converted.
+  s.chunked = device.is_cpu() && (s.pg->size() == 1 || s.pg->backend().inline_ops());
   s.scales.assign(n, 1.0);
   s.ready.assign(n, 0);
   s.bucket_of.assign(n, 0);
   s.index_in_bucket.assign(n, 0);
   // The normal reducer's layout: reverse registration order (the order backward produces
   // gradients), the first bucket closing at first_bucket_mb of float32 gradients, the
-  // others at bucket_cap_mb, so the sums of the last layers travel while backward goes on.
+  // others at bucket_cap_mb, so the maxima of the last layers travel while backward goes on.
   const auto cap_bytes = [&](std::size_t bucket) {
     return static_cast<std::int64_t>((bucket == 0 ? o.first_bucket_mb : o.bucket_cap_mb) * 1024 * 1024);
   };
@@ -178,6 +185,32 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
     }
   }
   if (layout.back().empty()) layout.pop_back();
+  // The slots hold the parameters in registration order; a bucket (consecutive parameters)
+  // is one range of them, which its chunks follow.
+  std::vector<std::int64_t> offset(n, 0);
+  std::int64_t total = 0;
+  for (std::size_t p = 0; p < n; ++p) {
+    offset[p] = total;
+    total += s.params[p].numel();
+  }
+  // L slots; the last one holds the step's result, so the memory beyond a plain model's
+  // gradients is L - 1 gradient copies, plus the int64 sums (two copies' worth, or one
+  // chunk's 256 KiB when chunked).
+  for (std::int64_t j = 0; j < s.per_rank; ++j) {
+    s.slots.push_back(zeros({total}, DType::Float32, device));
+    s.views.emplace_back();
+    for (std::size_t p = 0; p < n; ++p) s.views[j].push_back(view_of(s.slots[j], offset[p], s.params[p].shape()));
+  }
+  Tensor shared_acc;
+  if (s.chunked) {
+    std::int64_t largest = 0;
+    for (const auto& l : layout) {
+      std::int64_t size = 0;
+      for (std::size_t p : l) size += s.params[p].numel();
+      largest = std::max(largest, size);
+    }
+    shared_acc = zeros({std::min(kCpuChunk, largest)}, DType::Int64, device);
+  }
   for (std::size_t bi = 0; bi < layout.size(); ++bi) {
     State::Bucket bucket;
     bucket.params = layout[bi];
@@ -185,24 +218,37 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
     bucket.maxima = zeros({static_cast<std::int64_t>(bucket.params.size()) + (last ? 1 : 0)}, DType::Float32, device);
     bucket.host_max.assign(static_cast<std::size_t>(bucket.maxima.numel()), 0.f);
     std::int64_t size = 0;
-    for (std::size_t p : bucket.params) size += s.params[p].numel();
-    bucket.acc = zeros({size}, DType::Int64, device);
-    std::int64_t at = 0;
     for (std::size_t i = 0; i < bucket.params.size(); ++i) {
-      const std::size_t p = bucket.params[i];
-      s.bucket_of[p] = bi;
-      s.index_in_bucket[p] = i;
-      const std::int64_t numel = s.params[p].numel();
-      bucket.acc_view.push_back(view_of(bucket.acc, at, s.params[p].shape()));
-      const std::int64_t piece = device.is_cpu() ? kCpuPiece : numel;
-      for (std::int64_t b = 0; b < numel; b += piece) {
-        const std::int64_t len = std::min(piece, numel - b);
-        State::Piece pc{p, view_of(bucket.acc, at + b, {len}), {}};
-        for (std::int64_t j = 0; j < s.per_rank; ++j) pc.src.push_back(view_of(s.slots[j], offset[p] + b, {len}));
-        bucket.pieces.push_back(std::move(pc));
-      }
-      at += numel;
+      s.bucket_of[bucket.params[i]] = bi;
+      s.index_in_bucket[bucket.params[i]] = i;
+      size += s.params[bucket.params[i]].numel();
     }
+    const std::int64_t chunk_cap = s.chunked ? kCpuChunk : size;
+    const std::int64_t piece_cap = device.is_cpu() ? kCpuPiece : size;
+    const Tensor acc = s.chunked ? shared_acc : zeros({size}, DType::Int64, device);
+    std::int64_t used = 0;  // elements in the chunk being filled
+    State::Chunk chunk;
+    auto close_chunk = [&] {
+      chunk.acc = view_of(acc, 0, {used});
+      bucket.chunks.push_back(std::move(chunk));
+      chunk = State::Chunk{};
+      used = 0;
+    };
+    for (auto it = bucket.params.rbegin(); it != bucket.params.rend(); ++it) {  // the slots' order
+      const std::size_t p = *it;
+      const std::int64_t numel = s.params[p].numel();
+      for (std::int64_t b = 0; b < numel;) {
+        if (used == chunk_cap) close_chunk();
+        const std::int64_t len = std::min({piece_cap, numel - b, chunk_cap - used});
+        State::Piece pc{p, view_of(acc, used, {len}), {}, Tensor()};
+        for (std::int64_t j = 0; j < s.per_rank; ++j) pc.src.push_back(view_of(s.slots[j], offset[p] + b, {len}));
+        pc.out = pc.src.back();
+        chunk.pieces.push_back(std::move(pc));
+        used += len;
+        b += len;
+      }
+    }
+    if (used > 0) close_chunk();
     s.buckets.push_back(std::move(bucket));
   }
   s.reset_step();
@@ -325,27 +371,44 @@ void ExactReducer::State::reduce_sums() {
   }
   if (step_void || !nonfinite.empty()) return;  // no sums: the step is void everywhere
   // 2. Fixed point with the agreed scales, summed over this rank's micro-batches, then over
-  //    the ranks: int64 additions, exact in any order. Each bucket's allreduce starts as
-  //    soon as it is summed, while the next one is converted.
-  for (auto& b : buckets) {
+  //    the ranks: int64 additions, exact in any order.
+  // 3. Divide once: sum / scale / K, into the last slot, which becomes .grad().
+  const double count = static_cast<double>(micro_batches);
+  const bool reduce = pg->size() > 1;
+  for (auto& b : buckets)
     for (std::size_t i = 0; i < b.params.size(); ++i)
       scales[b.params[i]] = std::ldexp(1.0, scale_exponent(b.host_max[i], k_bits));
-    for (auto& pc : b.pieces) {
+  auto convert = [&](Chunk& c) {
+    for (auto& pc : c.pieces) {
       kernels->fill(pc.acc, 0.0);
       for (const Tensor& src : pc.src) kernels->fixed_point_accumulate(src, scales[pc.param], pc.acc);
     }
-    if (pg->size() > 1) b.work = pg->allreduce(b.acc, ReduceOp::Sum);
+  };
+  auto convert_back = [&](Chunk& c) {
+    for (auto& pc : c.pieces) kernels->fixed_point_to_float(pc.acc, scales[pc.param], count, pc.out);
+  };
+  if (chunked) {  // inline collectives: each chunk's allreduce is done when it returns
+    for (auto& b : buckets)
+      for (auto& c : b.chunks) {
+        convert(c);
+        if (reduce) pg->allreduce(c.acc, ReduceOp::Sum)->wait();
+        convert_back(c);
+      }
+    return;
   }
-  // 3. Divide once: sum / scale / K, into the last slot, which becomes .grad().
+  // One chunk per bucket: each bucket's allreduce starts as soon as it is summed, while the
+  // next one is converted.
+  for (auto& b : buckets)
+    for (auto& c : b.chunks) {  // one, or none for parameters without elements
+      convert(c);
+      if (reduce) b.work = pg->allreduce(c.acc, ReduceOp::Sum);
+    }
   for (auto& b : buckets) {
     if (b.work) {
       WorkPtr w = std::move(b.work);
       w->wait();
     }
-    for (std::size_t i = 0; i < b.params.size(); ++i) {
-      const std::size_t p = b.params[i];
-      kernels->fixed_point_to_float(b.acc_view[i], scales[p], static_cast<double>(micro_batches), views[per_rank - 1][p]);
-    }
+    for (auto& c : b.chunks) convert_back(c);
   }
 }
 

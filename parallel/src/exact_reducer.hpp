@@ -8,9 +8,11 @@
 // rank when one rank's backward stopped part-way (a max is exact in any order). At the end
 // of backward every rank derives the same power-of-two scale per parameter from the agreed
 // maxima, converts every kept micro-batch gradient to int64 fixed point with it, sums them
-// (exact, so associative) into one int64 buffer per bucket, allreduces the buckets (each
-// launched as soon as it is converted), and writes sum / scale / micro_batches into each
-// .grad() once (the last slot, which then holds the step's gradients). Every float
+// (exact, so associative) into int64 buffers, allreduces them, and writes sum / scale /
+// micro_batches into each .grad() once (the last slot, which then holds the step's
+// gradients). On the CPU with an inline backend (shm, MPI) this runs in 256 KiB chunks that
+// stay in cache from conversion to conversion back; otherwise one allreduce per bucket,
+// launched as soon as it is converted, while the next one is converted. Every float
 // operation is per micro-batch or per element of the final sum, so the result does not
 // depend on which rank computed which micro-batch: the same bits on any world size.
 // Everything runs on the parameters' device through its kernel table; only the maxima

@@ -115,11 +115,14 @@ Run train_exact(ProcessGroupPtr pg, const std::string& opt_kind, int steps, bool
   return run;
 }
 
-Run run_world(int W, const std::string& opt_kind, int steps, bool zero_grad = true) {
+/// W ranks as threads over `backend`: gloo reduces each bucket's int64 sums in one allreduce
+/// (on its worker thread), shm (inline) chunk by chunk.
+Run run_world(int W, const std::string& opt_kind, int steps, bool zero_grad = true,
+              const std::string& backend = "gloo") {
   std::vector<Run> runs(W);
   auto store = std::make_shared<MemoryStore>();
   run_threads(W, [&](int rank) {
-    auto pg = make_thread_group("gloo", rank, W, store);
+    auto pg = make_thread_group(backend, rank, W, store);
     runs[rank] = train_exact(pg, opt_kind, steps, zero_grad);
   });
   for (int r = 1; r < W; ++r) {
@@ -162,12 +165,14 @@ TEST_CASE("exact mode: the same weights and logged losses, bit for bit, on W = 1
   for (const std::string opt_kind : {"sgd", "adamw"}) {
     CAPTURE(opt_kind);
     const Run one = run_world(1, opt_kind, 5);
-    for (int W : {2, 3, 4}) {
-      CAPTURE(W);
-      const Run many = run_world(W, opt_kind, 5);
-      CHECK(many.weights == one.weights);
-      CHECK(many.losses == one.losses);
-    }
+    for (const std::string backend : {"gloo", "shm"})
+      for (int W : {2, 3, 4}) {
+        CAPTURE(backend);
+        CAPTURE(W);
+        const Run many = run_world(W, opt_kind, 5, true, backend);
+        CHECK(many.weights == one.weights);
+        CHECK(many.losses == one.losses);
+      }
     // Exactness does not cost accuracy: within 1e-6 (relative, in norm) of normal mode.
     const auto plain = train_plain(opt_kind, 5);
     const auto exact = floats_of(one.weights);
@@ -215,17 +220,56 @@ TEST_CASE("exact mode: W = 2 as forked processes over TCP equals W = 1 in this p
 TEST_CASE("exact mode on the sim test accelerator: the CPU's bits on W = 1 and 2 (nothing reads device memory on the host)") {
   set_num_threads(1);
   const Run cpu = run_world(1, "adamw", 3);
-  for (int W : {1, 2}) {
+  for (const auto& [backend, W] : std::vector<std::pair<std::string, int>>{{"gloo", 1}, {"gloo", 2}, {"shm", 2}}) {
+    CAPTURE(backend);
     CAPTURE(W);
     std::vector<Run> runs(W);
     auto store = std::make_shared<MemoryStore>();
     run_threads(W, [&](int rank) {
-      auto pg = make_thread_group("gloo", rank, W, store);
+      auto pg = make_thread_group(backend, rank, W, store);
       runs[rank] = train_exact(pg, "adamw", 3, true, Device::sim());
     });
     for (const Run& r : runs) {
       CHECK(r.weights == cpu.weights);
       CHECK(r.losses == cpu.losses);
+    }
+  }
+}
+
+TEST_CASE("exact mode: sums in cache-sized chunks (CPU, inline backends) give the bits of whole buckets") {
+  // 55005 parameters: the first weight (40000) spans two 32768-element chunks; one bucket for
+  // all of them (default caps) or three. Chunked: W = 1 and shm (inline);
+  // whole buckets: gloo (a worker thread).
+  set_num_threads(1);
+  const Data d = make_data();
+  auto train = [&](ProcessGroupPtr pg, bool small_buckets) {
+    Generator g(11);
+    DDPOptions o = exact_options();
+    if (!small_buckets) o.bucket_cap_mb = o.first_bucket_mb = 25;
+    DDP ddp(nn::mlp({kFeatures, 2500, kClasses}, "relu", &g), pg, o);
+    if (ddp.bucket_layout().size() != (small_buckets ? 3u : 1u)) throw std::runtime_error("bucket layout");
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+    for (int t = 0; t < 2; ++t) {
+      for (std::int64_t m : my_micro_batches(t, pg->rank(), pg->size())) {
+        Tensor xb, yb;
+        gather(d, micro_samples(t, m), xb, yb);
+        cross_entropy(ddp.forward(xb), yb).backward();
+      }
+      opt.step();
+    }
+    return bytes_of(ddp.parameters());
+  };
+  for (const bool small_buckets : {false, true}) {
+    CAPTURE(small_buckets);
+    std::vector<char> one;
+    run_threads(1, [&](int) { one = train(make_world_of_one(), small_buckets); });
+    for (const auto& [backend, W] : std::vector<std::pair<std::string, int>>{{"gloo", 2}, {"shm", 2}, {"shm", 3}}) {
+      CAPTURE(backend);
+      CAPTURE(W);
+      std::vector<std::vector<char>> got(W);
+      auto store = std::make_shared<MemoryStore>();
+      run_threads(W, [&](int rank) { got[rank] = train(make_thread_group(backend, rank, W, store), small_buckets); });
+      for (const auto& w : got) CHECK(w == one);
     }
   }
 }
@@ -539,18 +583,51 @@ TEST_CASE("fixed-point kernels: round half to even, negatives, order independenc
     k.fixed_point_accumulate(wide, sc, a);
     k.fixed_point_accumulate(wide, sc, a);
     const auto got = a.to_vector<std::int64_t>();
-    Tensor back = Tensor::empty({1027});
-    k.fixed_point_to_float(a, sc, 3.0, back);
-    const auto gb = back.to_vector<float>();
     bool same = true, same_back = true;
-    for (std::size_t i = 0; i < wv.size(); ++i) {
-      const std::int64_t want = 2 * std::llrint(static_cast<double>(wv[i]) * sc);
-      same = same && got[i] == want;
-      same_back = same_back && gb[i] == static_cast<float>((static_cast<double>(want) / sc) / 3.0);
+    for (std::size_t i = 0; i < wv.size(); ++i) same = same && got[i] == 2 * std::llrint(static_cast<double>(wv[i]) * sc);
+    // A power-of-two count is folded into the scale's reciprocal (no division): same bits.
+    for (const double count : {3.0, 1.0, 2.0, 4.0, 12.0, 1048576.0}) {
+      Tensor back = Tensor::empty({1027});
+      k.fixed_point_to_float(a, sc, count, back);
+      const auto gb = back.to_vector<float>();
+      for (std::size_t i = 0; i < wv.size(); ++i)
+        same_back = same_back && gb[i] == static_cast<float>((static_cast<double>(got[i]) / sc) / count);
     }
     ::unsetenv("PHALANX_FIXED_POINT_SIMD");
     CHECK(same);
     CHECK(same_back);
+  }
+  // The conversion back on int64 sums of any size (rounded to double, then to float), at
+  // scales from 2^-80 to 2^200 and power-of-two counts up to 2^30, and a few others.
+  {
+    std::vector<std::int64_t> big(1003);
+    for (std::size_t i = 0; i < big.size(); ++i)
+      big[i] = static_cast<std::int64_t>(g.next_u64() >> (1 + i % 62)) * (i % 2 ? -1 : 1);
+    big[0] = (std::int64_t{1} << 62) - 1;
+    big[1] = -(std::int64_t{1} << 62);
+    big[2] = 0;
+    Tensor a = Tensor::empty({1003}, DType::Int64);
+    std::memcpy(a.data<std::int64_t>(), big.data(), big.size() * 8);
+    for (const char* simd : {"scalar", "avx2", "avx512"})
+      for (int sexp = -80; sexp <= 200; sexp += 40)
+        for (const double count : {1.0, 2.0, 8.0, 1073741824.0, 6.0, 12.0}) {
+          const std::string path = simd;
+          CAPTURE(path);
+          CAPTURE(sexp);
+          CAPTURE(count);
+          ::setenv("PHALANX_FIXED_POINT_SIMD", simd, 1);
+          const double sc = std::ldexp(1.0, sexp);
+          Tensor back = Tensor::empty({1003});
+          k.fixed_point_to_float(a, sc, count, back);
+          ::unsetenv("PHALANX_FIXED_POINT_SIMD");
+          const auto gb = back.to_vector<float>();
+          bool same = true;
+          for (std::size_t i = 0; i < big.size(); ++i) {
+            const float want = static_cast<float>((static_cast<double>(big[i]) / sc) / count);
+            same = same && std::memcmp(&gb[i], &want, sizeof want) == 0;  // -0 vs 0, Inf too
+          }
+          CHECK(same);
+        }
   }
   // A scale that is not a power of two: x * scale may end in .5 beyond 2^51 (2^51 + 1.5 rounds
   // to 2^51 + 2, where a cast would truncate); llrint's bits on every path all the same.
@@ -697,13 +774,15 @@ TEST_CASE("exact mode at the extremes: FLT_MAX, denormals, ties, -0, an all-zero
     const std::string path = simd;
     CAPTURE(path);
     ::setenv("PHALANX_FIXED_POINT_SIMD", simd, 1);
-    for (int W : {1, 2, 3}) {
+    for (const auto& [backend, W] : std::vector<std::pair<std::string, int>>{{"single", 1}, {"gloo", 2}, {"gloo", 3},
+                                                                             {"shm", 2}, {"shm", 3}}) {
+      CAPTURE(backend);
       CAPTURE(W);
       std::vector<std::vector<std::vector<float>>> got(W);
       auto store = std::make_shared<MemoryStore>();
       run_threads(W, [&](int rank) {
         auto pg = W == 1 ? ProcessGroupPtr(make_world_of_one())
-                         : make_thread_group("gloo", rank, W, store);
+                         : make_thread_group(backend, rank, W, store);
         Generator g(5);
         DDPOptions o;
         o.exact = {true, kSteps6, 1};

@@ -39,10 +39,15 @@ void accumulate_scalar(const float* __restrict v, double scale, std::int64_t* __
 }
 
 /// (acc / scale) / count, the division by a power of two done as an exact multiplication
-/// by its reciprocal when both are normal doubles (the reducer's scales are).
+/// by its reciprocal when both are normal doubles (the reducer's scales are). kDiv false:
+/// count is a power of two too, folded into inv_scale by the caller (count == 1 here): the
+/// two exact scalings are one, the same double, hence the same float.
+template <bool kDiv>
 void to_float_scalar(const std::int64_t* __restrict a, double inv_scale, double scale, double count,
                      float* __restrict o, std::int64_t n) {
-  if (inv_scale != 0)
+  if (!kDiv)
+    for (std::int64_t i = 0; i < n; ++i) o[i] = static_cast<float>(static_cast<double>(a[i]) * inv_scale);
+  else if (inv_scale != 0)
     for (std::int64_t i = 0; i < n; ++i) o[i] = static_cast<float>((static_cast<double>(a[i]) * inv_scale) / count);
   else
     for (std::int64_t i = 0; i < n; ++i) o[i] = static_cast<float>((static_cast<double>(a[i]) / scale) / count);
@@ -107,15 +112,17 @@ __attribute__((target("avx512f,avx512dq"))) void accumulate_avx512(const float* 
   accumulate_scalar(v + i, scale, a + i, n - i);
 }
 
+template <bool kDiv>
 __attribute__((target("avx512f,avx512dq"))) void to_float_avx512(const std::int64_t* __restrict a, double inv_scale,
                                                                  double count, float* __restrict o, std::int64_t n) {
   const __m512d inv = _mm512_set1_pd(inv_scale), cnt = _mm512_set1_pd(count);
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m512d d = _mm512_cvt_roundepi64_pd(_mm512_loadu_si512(a + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm256_storeu_ps(o + i, _mm512_cvtpd_ps(_mm512_div_pd(_mm512_mul_pd(d, inv), cnt)));
+    const __m512d q = kDiv ? _mm512_div_pd(_mm512_mul_pd(d, inv), cnt) : _mm512_mul_pd(d, inv);
+    _mm256_storeu_ps(o + i, _mm512_cvtpd_ps(q));
   }
-  to_float_scalar(a + i, inv_scale, 0, count, o + i, n - i);
+  to_float_scalar<kDiv>(a + i, inv_scale, 0, count, o + i, n - i);
 }
 #pragma GCC diagnostic pop
 
@@ -153,6 +160,7 @@ __attribute__((target("avx2"))) void accumulate_avx2(const float* __restrict v, 
 
 /// int64 -> double as hi * 2^32 + lo (both exact, one rounding: the correctly rounded
 /// conversion), then the same multiplication and division as the scalar loop.
+template <bool kDiv>
 __attribute__((target("avx2"))) void to_float_avx2(const std::int64_t* __restrict a, double inv_scale,
                                                    double count, float* __restrict o, std::int64_t n) {
   const __m256d inv = _mm256_set1_pd(inv_scale), cnt = _mm256_set1_pd(count);
@@ -167,10 +175,10 @@ __attribute__((target("avx2"))) void to_float_avx2(const std::int64_t* __restric
     const __m128i hi32 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(x, odd));  // signed high halves
     const __m256d hi = _mm256_mul_pd(_mm256_cvtepi32_pd(hi32), two32);
     const __m256d lo = _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(_mm256_and_si256(x, lo_mask), exp52)), two52);
-    const __m256d d = _mm256_div_pd(_mm256_mul_pd(_mm256_add_pd(hi, lo), inv), cnt);
-    _mm_storeu_ps(o + i, _mm256_cvtpd_ps(d));
+    const __m256d y = _mm256_mul_pd(_mm256_add_pd(hi, lo), inv);
+    _mm_storeu_ps(o + i, _mm256_cvtpd_ps(kDiv ? _mm256_div_pd(y, cnt) : y));
   }
-  to_float_scalar(a + i, inv_scale, 0, count, o + i, n - i);
+  to_float_scalar<kDiv>(a + i, inv_scale, 0, count, o + i, n - i);
 }
 #endif
 
@@ -217,12 +225,19 @@ void CpuKernels::fixed_point_to_float(const Tensor& acc, double scale, double co
   const double mantissa = std::frexp(scale, &e);
   const bool power_of_two = mantissa == 0.5 && e > -1000 && e < 1000;
   const double inv = power_of_two ? std::ldexp(1.0, 1 - e) : 0.0;
+  // A power-of-two count (K = 2^j micro-batches) folds into the reciprocal: for every int64
+  // x, x * 2^(1-e) and then / 2^j are exact (no overflow or subnormal with |e| < 900 and
+  // j <= 62), so x * 2^(1-e-j) is the same double, one multiplication and no division.
+  int j = 0;
+  const bool fold = power_of_two && e > -900 && e < 900 && std::frexp(count, &j) == 0.5 && j >= 1 && j <= 63;
+  const double inv_count = fold ? std::ldexp(1.0, 1 - e - (j - 1)) : 0.0;
 #ifdef PHALANX_FIXED_POINT_AVX2
   const int level = power_of_two ? simd_level() : 0;
-  if (level == 2) return to_float_avx512(a, inv, count, o, n);
-  if (level == 1) return to_float_avx2(a, inv, count, o, n);
+  if (level == 2) return fold ? to_float_avx512<false>(a, inv_count, 1, o, n) : to_float_avx512<true>(a, inv, count, o, n);
+  if (level == 1) return fold ? to_float_avx2<false>(a, inv_count, 1, o, n) : to_float_avx2<true>(a, inv, count, o, n);
 #endif
-  to_float_scalar(a, inv, scale, count, o, n);
+  if (fold) return to_float_scalar<false>(a, inv_count, 0, 1, o, n);
+  to_float_scalar<true>(a, inv, scale, count, o, n);
 }
 
 }  // namespace phalanx
