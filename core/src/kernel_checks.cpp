@@ -145,9 +145,9 @@ class CheckedKernels final : public DeviceKernels {
   void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
             std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) override {
     call("gemm").that(m >= 0 && n >= 0 && k >= 0, "m, n and k must be >= 0")
-        .that(ldc >= (n > 0 ? n : 1), "ldc must be >= n (row-major C)")
-        .that(lda >= ((trans_a ? m : k) > 0 ? (trans_a ? m : k) : 1), "lda must be >= op(A)'s stored row length")
-        .that(ldb >= ((trans_b ? k : n) > 0 ? (trans_b ? k : n) : 1), "ldb must be >= op(B)'s stored row length");
+        .that(ldc >= n, "ldc must be >= n (row-major C)")
+        .that(lda >= (trans_a ? m : k), "lda must be >= A's stored row length")
+        .that(ldb >= (trans_b ? k : n), "ldb must be >= B's stored row length");
     k_.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 

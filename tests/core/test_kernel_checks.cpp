@@ -79,6 +79,21 @@ TEST_CASE("kernel checks: well-formed calls and ops pass") {
   CHECK(l.numel() == 1);
 }
 
+TEST_CASE("kernel checks: empty tensors pass (an inner dimension of 0, an empty batch)") {
+  Tensor a = zeros({2, 0}), b = zeros({0, 3});
+  a.requires_grad_(true);
+  b.requires_grad_(true);
+  Tensor c = matmul(a, b);  // gemm with k = 0: lda = 0
+  CHECK(c.to_vector<float>() == std::vector<float>(6, 0.f));
+  CHECK_NOTHROW(sum(c).backward());
+  auto linear = nn::mlp({5, 3});
+  Tensor x = zeros({0, 5});
+  x.requires_grad_(true);
+  Tensor y = linear->forward(x);
+  CHECK(y.numel() == 0);
+  CHECK_NOTHROW(sum(y).backward());
+}
+
 TEST_CASE("PHALANX_CHECK: nothing is evaluated when the check holds; both values when it fails") {
   g_evaluated = 0;
   PHALANX_CHECK(1 + 1 == 2, "message ", evaluated());
