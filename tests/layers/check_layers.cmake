@@ -1,4 +1,5 @@
-# cmake -DBUILD_DIR=... -DCASES="target=header;..." -DCONTROL=target -P check_layers.cmake
+# cmake -DBUILD_DIR=... -DCASES="target=header;..." -DCONTROL=target -DSOURCE_DIR=... \
+#       -DCOMPONENTS="core;backends;..." -P check_layers.cmake
 # Each case must fail to compile because its header is not found; the control must compile.
 function(build target out_rc out_log)
   execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${target}
@@ -26,6 +27,33 @@ foreach(case IN LISTS CASES)
     message(STATUS "ok: ${target} fails: ${header} is out of reach")
   endif()
 endforeach()
+# A relative or absolute #include ("../../parallel/include/phalanx/parallel/launch_env.hpp")
+# is resolved beside the including file, not through the include path, so the cases above
+# cannot see it: in a component's folder it must stay inside that folder.
+set(before "${failures}")
+foreach(component IN LISTS COMPONENTS)
+  set(root "${SOURCE_DIR}/${component}")
+  file(GLOB_RECURSE sources "${root}/*.cpp" "${root}/*.hpp" "${root}/*.h" "${root}/*.cu" "${root}/*.cuh")
+  foreach(file IN LISTS sources)
+    file(STRINGS "${file}" lines REGEX "^[ \t]*#[ \t]*include[ \t]*[\"<](/|[^\">]*\\.\\./)")
+    foreach(line IN LISTS lines)
+      string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*[\"<]([^\">]*)[\">].*" "\\1" included "${line}")
+      get_filename_component(dir "${file}" DIRECTORY)
+      get_filename_component(resolved "${included}" ABSOLUTE BASE_DIR "${dir}")
+      string(FIND "${resolved}" "${root}/" at)
+      if(NOT at EQUAL 0)
+        file(RELATIVE_PATH shown "${SOURCE_DIR}" "${file}")
+        string(APPEND failures "${shown}: #include \"${included}\" reaches outside ${component}/ by its path; "
+                               "include it as \"phalanx/<layer>/...\" from a layer it may use\n")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(NOT COMPONENTS)
+  string(APPEND failures "no COMPONENTS given: the relative-include scan checked nothing\n")
+elseif("${failures}" STREQUAL "${before}")
+  message(STATUS "ok: no #include in ${COMPONENTS} reaches outside its folder by a relative or absolute path")
+endif()
 if(failures)
   message(FATAL_ERROR "layer violations not caught:\n${failures}")
 endif()
