@@ -8,6 +8,8 @@
 #include <cstring>
 #include <vector>
 
+#include "phalanx/core/error.hpp"
+
 namespace phalanx::cpu {
 
 namespace {
@@ -61,7 +63,9 @@ struct Policy {
 Policy decide() {
   Policy p;
   const char* env = std::getenv("PHALANX_GEMM");
-  const std::string mode = env ? env : "auto";
+  const std::string mode = env && *env ? env : "auto";
+  if (mode != "auto" && mode != "blas" && mode != "own")
+    throw ConfigError("PHALANX_GEMM='" + mode + "' is not one of auto, blas, own");
   if (mode == "own") {
     p.own_for_all = true;
     p.text = "own kernel for every size (PHALANX_GEMM=own)";
@@ -80,6 +84,8 @@ Policy decide() {
   }
   return p;
 }
+// Read once, at the first large product or blas_info(); a bad value throws there (and again
+// at the next call: the static is only set by a decide() that returned).
 const Policy& policy() {
   static const Policy p = decide();
   return p;

@@ -7,7 +7,8 @@
 //    know (OpenBLAS 0.3.21 picks "Prescott" on Sapphire Rapids) while the CPU has AVX2, and
 //    OpenBLAS runs single-threaded (as every data-parallel worker does): then this kernel is
 //    2-2.5x faster than OpenBLAS.
-// PHALANX_GEMM=blas|own|auto overrides the choice (auto is the default).
+// PHALANX_GEMM=blas|own|auto overrides the choice (auto, or unset/empty, is the default; any
+// other value is a ConfigError at the first large product or blas_info()).
 #include <cstdint>
 
 namespace phalanx::cpu {
