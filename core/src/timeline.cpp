@@ -179,7 +179,9 @@ std::vector<std::string> rank_lines(int rank, std::int64_t offset,
       line += ",\"dur\":";
       write_us(line, e.dur);
     } else {
-      line += ",\"id\":" + std::to_string(e.id);
+      // chrome://tracing pairs a plain "id" across processes: every rank's "bucket 0" would
+      // share one, so the rank goes into the high bits (unique in the merged file).
+      line += ",\"id\":" + std::to_string((static_cast<std::uint64_t>(rank) << 32) | (e.id & 0xffffffffu));
     }
     write_args(line, e.a, e.b);
     line += '}';
