@@ -17,9 +17,9 @@ namespace {
 
 /// Elements of a CPU piece: its int64 sums and two slots' floats fit a 512 KiB L2 cache.
 constexpr std::int64_t kCpuPiece = 16384;
-/// Elements of a CPU chunk when the backend runs collectives on the caller's thread (shm,
-/// MPI): 256 KiB of int64 sums (one round of shm's default staging) that stay in cache from
-/// their conversion through their allreduce to the conversion back.
+/// Elements of a CPU chunk on shared memory (inline) or one worker: 256 KiB of int64 sums
+/// (one round of shm's default staging) that stay in cache from their conversion through
+/// their allreduce to the conversion back.
 constexpr std::int64_t kCpuChunk = 32768;
 
 /// A tensor of `shape` over `base`'s storage from element `offset` on (no copy).
@@ -77,7 +77,7 @@ struct ExactReducer::State {
     std::vector<std::size_t> params;  // reverse registration order (the maxima's order)
     Tensor maxima;                 // float32 [params (+1: the void flag, last bucket)] on the device
     std::vector<float> host_max;   // the agreed maxima
-    // Unchunked: one chunk, the bucket's own int64 sums. Chunked (CPU, inline backend):
+    // Unchunked: one chunk, the bucket's own int64 sums. Chunked (CPU, inline shm or W = 1):
     // chunks of kCpuChunk elements over one shared buffer, each reduced and converted back
     // before the next is converted.
     std::vector<Chunk> chunks;
@@ -159,11 +159,13 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
   const Device device = s.params[0].device();
   s.kernels = &kernels_for(device);
   s.host_maxima = device.is_cpu();
-  // An inline backend (shm, MPI) runs each allreduce on this thread at once: nothing can
-  // overlap it, so the sums go in cache-sized chunks, each converted, reduced and converted
-  // back while in cache. A backend with a worker thread reduces a bucket while the next one
-  // is converted.
-  s.chunked = device.is_cpu() && (s.pg->size() == 1 || s.pg->backend().inline_ops());
+  // Shared memory runs each allreduce on this thread at once (inline): nothing can overlap
+  // it, and it moves bytes at memory speed, so the sums go in cache-sized chunks, each
+  // converted, reduced and converted back while in cache. Elsewhere (a worker thread, or a
+  // network whose per-message latency would add up over many chunks: MPI, Gloo) a bucket
+  // is reduced while the next one is converted.
+  s.chunked = device.is_cpu() &&
+              (s.pg->size() == 1 || (s.pg->backend().inline_ops() && s.pg->backend_name() == "shm"));
   s.scales.assign(n, 1.0);
   s.ready.assign(n, 0);
   s.bucket_of.assign(n, 0);

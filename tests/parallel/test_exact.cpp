@@ -236,7 +236,7 @@ TEST_CASE("exact mode on the sim test accelerator: the CPU's bits on W = 1 and 2
   }
 }
 
-TEST_CASE("exact mode: sums in cache-sized chunks (CPU, inline backends) give the bits of whole buckets") {
+TEST_CASE("exact mode: sums in cache-sized chunks (CPU, shared memory) give the bits of whole buckets") {
   // 55005 parameters: the first weight (40000) spans two 32768-element chunks; one bucket for
   // all of them (default caps) or three. Chunked: W = 1 and shm (inline);
   // whole buckets: gloo (a worker thread).
