@@ -29,12 +29,12 @@ void CpuKernels::copy_from_host(void* dst, const void* src, std::size_t n) { cop
 
 void CpuKernels::fill(Tensor& out, double value) {
   const std::int64_t n = out.numel();
+  if (value == 0.0 && !std::signbit(value)) {  // +0 is all-zero bytes in every dtype
+    std::memset(out.raw_data(), 0, static_cast<std::size_t>(n) * element_size(out.dtype()));
+    return;
+  }
   if (out.dtype() == DType::Float32) {
     float* p = out.data<float>();
-    if (value == 0.0) {
-      std::memset(p, 0, n * sizeof(float));
-      return;
-    }
     std::fill(p, p + n, static_cast<float>(value));
   } else if (out.dtype() == DType::Int64) {
     auto* p = out.data<std::int64_t>();
