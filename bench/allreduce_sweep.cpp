@@ -524,6 +524,13 @@ int main(int argc, char** argv) {
                           "allreduce " + human(n * 4) + ", " + std::to_string(world) + " ranks, Phalanx shm", o,
                           ompi ? "raw OpenMPI" : "PyTorch gloo", t, "us", 1, bar);
       }
+    // The like-for-like row beside them: the same transport on both sides (TCP over loopback,
+    // the Gloo plugin against PyTorch's Gloo), not only shared memory against TCP.
+    if (!cols["tcp"].empty() && !cols["torch"].empty())
+      for (std::int64_t n : {plan.counts.front(), std::int64_t{262144}, plan.counts.back()})
+        bench::result_row("bench_allreduce_sweep",
+                          "allreduce " + human(n * 4) + ", " + std::to_string(world) + " ranks, Phalanx TCP (gloo plugin)",
+                          summary_of(cols["tcp"], n), "PyTorch gloo", summary_of(cols["torch"], n), "us", 1, "-");
     if (raw_gloo) {
       std::printf("raw Gloo 0.5, three algorithms (not runs), each the median us of its %d runs (ring_chunked / "
                   "halving_doubling / allreduce(opts)):\n", plan.runs * plan.rounds);
