@@ -1,7 +1,9 @@
 #include "mpi_process_group.hpp"
 
 #include <chrono>
+#include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -24,6 +26,31 @@ void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const std::uint16_t*>(in);
   auto* b = static_cast<std::uint16_t*>(inout);
   for (int i = 0; i < *len; ++i) b[i] = Store(Load(a[i]) + Load(b[i]));
+}
+
+/// PHALANX_MPI_THREADS: "single" or "serialized"; unset: single, unless async.
+int wanted_level(bool async) {
+  const char* s = std::getenv("PHALANX_MPI_THREADS");
+  const std::string v = s ? s : "";
+  if (v.empty()) return async ? MPI_THREAD_SERIALIZED : MPI_THREAD_SINGLE;
+  if (v == "serialized") return MPI_THREAD_SERIALIZED;
+  if (v == "single") {
+    if (async)
+      throw ConfigError("PHALANX_MPI_THREADS=single with PHALANX_MPI_ASYNC=1: the worker thread calls MPI, which "
+                        "needs serialized; unset one of them");
+    return MPI_THREAD_SINGLE;
+  }
+  throw ConfigError("PHALANX_MPI_THREADS='" + v + "' is not single (every MPI call on the thread that created the "
+                    "group, the default) or serialized (any thread, one at a time; slower calls)");
+}
+
+/// Buffers of sends that MPI could neither complete nor cancel when their group was
+/// destroyed (their requests were freed: MPI may still read them): kept until exit.
+void keep_until_exit(const Tensor& t) {
+  static auto* kept = new std::vector<Tensor>();  // never destroyed: MPI may outlive statics
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(t);
 }
 
 bool async_from_env() {
@@ -86,8 +113,23 @@ MpiProcessGroup::MpiProcessGroup(const BackendConfig& c) : Backend(c.rank, c.siz
                                        ": this process was not started by mpirun or srun (no OMPI_COMM_WORLD_SIZE, "
                                        "PMIX_RANK, PMI_RANK or SLURM_PROCID); start the job with `mpirun -np ", c.size,
                                        " ...`, or use backend gloo (PHALANX_BACKEND=gloo)"));
-    ensure_initialized();
-    MpiCall call;  // another group's completion thread may be testing a request
+    const bool async = !inline_ops();
+    const int level = ensure_initialized(wanted_level(async));
+    single_ = level < MPI_THREAD_SERIALIZED;  // SINGLE or FUNNELED: only MPI's main thread calls it
+    locked_ = !single_;
+    if (single_) {
+      int is_main = 0;
+      MPI_Is_thread_main(&is_main);
+      if (!is_main)
+        throw ConfigError(detail::concat(
+            "backend 'mpi' on rank ", c.rank, ": MPI runs at MPI_THREAD_SINGLE, and this group is created on a "
+            "thread other than the one that initialised MPI; create every MPI group on that thread, or set "
+            "PHALANX_MPI_THREADS=serialized (before the first group) to call MPI from any thread"));
+      restrict_to_this_thread(
+          "MPI runs at MPI_THREAD_SINGLE here (every MPI call on one thread); call it from the thread that created "
+          "the group, or set PHALANX_MPI_THREADS=serialized (any thread; each MPI call is slower)");
+    }
+    MpiCall call(locked_);  // another group's completion thread may be testing a request
     int world = 0, me = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
@@ -121,7 +163,18 @@ MpiProcessGroup::~MpiProcessGroup() {
   // The group set closing_ (on_close) and stopped its threads before destroying this.
   closing_ = true;
   if (finalized()) return;  // the process is exiting and MPI ended first: nothing left to free
-  MpiCall call;  // another group's completion thread may be testing a request
+  if (!on_allowed_thread()) {
+    // At MPI_THREAD_SINGLE no other thread may call MPI, not even to free: MPI_Finalize frees
+    // the communicator; buffers MPI may still use are kept.
+    std::fprintf(stderr, "phalanx: mpi: rank %d: the process group was destroyed on another thread than the one "
+                 "that created it; its MPI communicator is left to MPI_Finalize (destroy the group on its thread)\n",
+                 rank());
+    for (auto& p : posted_)
+      if (!p->ended) keep_until_exit(p->host);
+    return;
+  }
+  if (single_) end_posted();
+  MpiCall call(locked_);  // another group's completion thread may be testing a request
   if (sum_fp16_ != MPI_OP_NULL) MPI_Op_free(&sum_fp16_);
   if (sum_bf16_ != MPI_OP_NULL) MPI_Op_free(&sum_bf16_);
   // Local, not collective: pending requests (of timed-out sends) keep it until they end.
@@ -156,14 +209,14 @@ void MpiProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
     void* data = t.raw_data();
     const MPI_Op mop = dt == DType::Float16 ? sum_fp16_ : dt == DType::BFloat16 ? sum_bf16_ : mpi_builtin_op(op);
     {
-      MpiCall call;
+      MpiCall call(locked_);
       const int rc = MPI_Allreduce(MPI_IN_PLACE, data, n, mpi_type(dt), mop, comm_);
       if (rc != MPI_SUCCESS) check(rc, "allreduce", seq);
     }
     if (op == ReduceOp::Avg) divide_by(t, size());
     return;
   }
-  MpiCall call;
+  MpiCall call(locked_);
   Tensor h = host_of(t);
   check(MPI_Allreduce(MPI_IN_PLACE, h.raw_data(), n, type_of(h), op_of(h, op), comm_), "allreduce", seq);
   if (op == ReduceOp::Avg) divide_by(h, size());
@@ -172,7 +225,7 @@ void MpiProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
 
 void MpiProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
   const int n = count_of(t.numel(), "broadcast");
-  MpiCall call;
+  MpiCall call(locked_);
   Tensor h = host_of(t, rank() == root);
   check(MPI_Bcast(h.raw_data(), n, type_of(h), root, comm_), "broadcast", seq);
   if (rank() != root) copy_back(h, t);
@@ -181,7 +234,7 @@ void MpiProcessGroup::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
 void MpiProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
   const int n = count_of(in.numel(), "allgather");
   count_of(in.numel() * size(), "allgather");
-  MpiCall call;  // also guards scratch_
+  MpiCall call(locked_);  // also guards scratch_
   const Tensor h = host_of(in);
   const std::size_t bytes = in.nbytes();
   char* flat = scratch(bytes * size());
@@ -192,7 +245,7 @@ void MpiProcessGroup::run_allgather(std::vector<Tensor>& out, const Tensor& in, 
 void MpiProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op, std::uint64_t seq) {
   const int n = count_of(out.numel(), "reduce_scatter");
   count_of(out.numel() * size(), "reduce_scatter");
-  MpiCall call;  // also guards scratch_
+  MpiCall call(locked_);  // also guards scratch_
   const std::size_t bytes = out.nbytes();
   char* flat = scratch(bytes * size());
   for (int r = 0; r < size(); ++r) read_into(flat + r * bytes, in[r], bytes);
@@ -204,7 +257,7 @@ void MpiProcessGroup::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, R
 
 void MpiProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
   const int n = count_of(t.numel(), "reduce");
-  MpiCall call;
+  MpiCall call(locked_);
   Tensor h = host_of(t);
   if (rank() != root) {  // only sends: its tensor stays as it was
     check(MPI_Reduce(h.raw_data(), nullptr, n, type_of(h), op_of(h, op), root, comm_), "reduce", seq);
@@ -218,7 +271,7 @@ void MpiProcessGroup::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t
 void MpiProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
   const int n = count_of(in.numel(), "gather");
   count_of(in.numel() * size(), "gather");
-  MpiCall call;  // also guards scratch_
+  MpiCall call(locked_);  // also guards scratch_
   const Tensor h = host_of(in);
   const std::size_t bytes = in.nbytes();
   char* flat = rank() == root ? scratch(bytes * size()) : nullptr;
@@ -230,7 +283,7 @@ void MpiProcessGroup::run_gather(std::vector<Tensor>& out, const Tensor& in, int
 void MpiProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, std::uint64_t seq) {
   const int n = count_of(out.numel(), "scatter");
   count_of(out.numel() * size(), "scatter");
-  MpiCall call;  // also guards scratch_
+  MpiCall call(locked_);  // also guards scratch_
   const std::size_t bytes = out.nbytes();
   char* flat = nullptr;
   if (rank() == root) {
@@ -243,7 +296,7 @@ void MpiProcessGroup::run_scatter(Tensor& out, std::vector<Tensor>& in, int root
 }
 
 void MpiProcessGroup::run_barrier(std::uint64_t seq) {
-  MpiCall call;
+  MpiCall call(locked_);
   check(MPI_Barrier(comm_), "barrier", seq);
 }
 
@@ -254,8 +307,13 @@ void MpiProcessGroup::run_send(const Tensor& t, int dst, int tag, std::uint64_t 
   MPI_Request req = MPI_REQUEST_NULL;
   const Tensor h = host_of(t);
   {
-    MpiCall call;
+    MpiCall call(locked_);
     check(MPI_Isend(h.raw_data(), n, type_of(h), dst, tag, comm_, &req), "send", seq);
+  }
+  if (single_) {  // completed by the thread that waits on the Work (MPI_Test there)
+    auto p = std::make_shared<Posted>();
+    *p = Posted{req, h, Tensor(), "send", seq, std::chrono::steady_clock::now() + timeout()};
+    return defer_to_waiter(std::move(p));
   }
   // The (host) tensor is captured so its memory outlives the transfer.
   defer_completion([this, req, h, seq] { wait_request(req, h, "send", seq); });
@@ -268,14 +326,71 @@ void MpiProcessGroup::run_recv(Tensor& t, int src, int tag, std::uint64_t seq) {
   MPI_Request req = MPI_REQUEST_NULL;
   const Tensor h = host_of(t, false);
   {
-    MpiCall call;
+    MpiCall call(locked_);
     check(MPI_Irecv(h.raw_data(), n, type_of(h), src, tag, comm_, &req), "recv", seq);
+  }
+  if (single_) {  // completed by the thread that waits on the Work (MPI_Test there)
+    auto p = std::make_shared<Posted>();
+    *p = Posted{req, h, t, "recv", seq,
+                std::chrono::steady_clock::now() + timeout()};
+    return defer_to_waiter(std::move(p));
   }
   // A staged receive lands in `t` when it completes (before its Work does).
   defer_completion([this, req, h, t, seq] {
     wait_request(req, h, "recv", seq);
     copy_back(h, t);
   });
+}
+
+void MpiProcessGroup::defer_to_waiter(std::shared_ptr<Posted> p) {
+  // Forget what ended (the owning thread only: no lock).
+  posted_.erase(std::remove_if(posted_.begin(), posted_.end(), [](const auto& q) { return q->ended; }),
+                posted_.end());
+  posted_.push_back(p);
+  defer_polled([this, p = std::move(p)] { return poll(*p); });
+}
+
+bool MpiProcessGroup::poll(Posted& p) {
+  if (p.ended) return true;  // not reached: the Work ends with the poll that ended it
+  int done = 0;
+  check(MPI_Test(&p.request, &done, MPI_STATUS_IGNORE), p.op, p.seq);
+  if (done) {
+    p.ended = true;
+    if (p.target.defined()) copy_back(p.host, p.target);  // a staged receive lands in the caller's tensor
+    return true;
+  }
+  if (closing_ || is_aborted())  // the request stays posted: end_posted() ends it
+    throw CommError(describe(p.op, p.seq) + ": the process group was " + (closing_ ? "destroyed" : "aborted") +
+                    " before the " + p.op + " completed");
+  if (std::chrono::steady_clock::now() > p.deadline)
+    throw TimeoutError(detail::concat(describe(p.op, p.seq), " timed out after ", timeout().count() / 1000.0,
+                                      " s: the peer never posted the matching ",
+                                      p.op == std::string("send") ? "recv" : "send", " (same tag?), or it has exited"));
+  return false;
+}
+
+void MpiProcessGroup::end_posted() noexcept {
+  using Clock = std::chrono::steady_clock;
+  for (auto& p : posted_) {
+    if (p->ended || p->request == MPI_REQUEST_NULL) continue;
+    p->ended = true;
+    int done = 0;
+    MPI_Test(&p->request, &done, MPI_STATUS_IGNORE);  // a send may have completed meanwhile
+    if (done) continue;
+    MPI_Cancel(&p->request);
+    // A cancelled receive completes at once; a send MPI cannot cancel (OpenMPI: once it has
+    // started) would wait for its peer: give it 100 ms, then free it and keep its buffer.
+    const auto until = Clock::now() + std::chrono::milliseconds(100);
+    while (!done && Clock::now() < until) {
+      MPI_Test(&p->request, &done, MPI_STATUS_IGNORE);
+      if (!done) std::this_thread::yield();
+    }
+    if (!done) {
+      MPI_Request_free(&p->request);
+      keep_until_exit(p->host);
+    }
+  }
+  posted_.clear();
 }
 
 void MpiProcessGroup::wait_request(MPI_Request req, const Tensor& keep_alive, const char* op, std::uint64_t seq) {
@@ -288,7 +403,7 @@ void MpiProcessGroup::wait_request(MPI_Request req, const Tensor& keep_alive, co
   for (;;) {
     int done = 0;
     {
-      MpiCall call;
+      MpiCall call(locked_);
       check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), op, seq);
     }
     if (done) return;

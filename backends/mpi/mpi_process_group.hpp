@@ -7,13 +7,23 @@
 // Operations run on the caller's thread by default (the Backend's inline mode: a 4-byte
 // allreduce costs what MPI_Allreduce costs, with no hop to a worker thread); their Work is
 // complete when the call returns. PHALANX_MPI_ASYNC=1 runs them on the group's worker thread
-// instead (the caller overlaps computation with a collective in flight). Either way send and
-// recv only post (MPI_Isend / MPI_Irecv) and complete on the group's completion thread.
-// All MPI calls of the process are serialised by one lock (MpiCall, mpi_runtime.hpp: an atomic
-// exchange when uncontended), so MPI_THREAD_SERIALIZED suffices.
+// instead (the caller overlaps computation with a collective in flight).
+//
+// Thread levels (docs/mpi.md, "Threads"). Inline mode initialises MPI at MPI_THREAD_SINGLE
+// (OpenMPI locks inside every call at any higher level): every MPI call of the process is
+// then made on one thread, the one that created the group (and initialised MPI); another
+// thread gets a one-line ConfigError at the call. send and recv post MPI_Isend / MPI_Irecv
+// and their Work is completed by its waiter (Backend::defer_polled: MPI_Test on the thread
+// that waits). No lock is taken: one thread cannot race itself. With PHALANX_MPI_ASYNC=1,
+// PHALANX_MPI_THREADS=serialized, or MPI initialised by the application at
+// MPI_THREAD_SERIALIZED or above, send and recv complete on the group's completion thread,
+// and all MPI calls of the process are serialised by one lock (MpiCall, mpi_runtime.hpp: an
+// atomic exchange when uncontended).
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -52,6 +62,26 @@ class MpiProcessGroup final : public Backend {
   /// the MPI call lock, yielding between tests, then sleeping; fails at the group's timeout.
   void wait_request(MPI_Request request, const Tensor& keep_alive, const char* op, std::uint64_t seq);
 
+  /// A send or receive posted at MPI_THREAD_SINGLE, completed by its Work's waiter.
+  struct Posted {
+    MPI_Request request = MPI_REQUEST_NULL;
+    Tensor host;    // the buffer MPI reads or writes
+    Tensor target;  // a staged receive: where `host` lands (undefined otherwise)
+    const char* op;
+    std::uint64_t seq;
+    std::chrono::steady_clock::time_point deadline;
+    bool ended = false;  // completed, or given up (timed out, closed): no more polls
+  };
+  /// Posts nothing; registers `p` (the request just posted) to be completed by its waiter.
+  void defer_to_waiter(std::shared_ptr<Posted> p);
+  /// One MPI_Test of `p` (Backend::defer_polled's step): true once it completed; throws
+  /// TimeoutError past its deadline, CommError once the group is closing or aborted.
+  bool poll(Posted& p);
+  /// ~MpiProcessGroup at MPI_THREAD_SINGLE: ends the requests nobody completed. A receive is
+  /// cancelled (MPI_Cancel, then completed); a send is cancelled where MPI can, else freed
+  /// (MPI_Request_free: it completes in the background) and its buffer kept until exit.
+  void end_posted() noexcept;
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Op sum_fp16_ = MPI_OP_NULL, sum_bf16_ = MPI_OP_NULL;
   int tag_ub_ = 32767;
@@ -59,6 +89,9 @@ class MpiProcessGroup final : public Backend {
   std::vector<char> scratch_;        // under the MPI call lock (MpiCall)
   std::vector<Tensor> orphans_;      // buffers of timed-out requests MPI may still write (under mpi_mu_)
   std::atomic<bool> closing_{false};  // the destructor runs: pending waits end at once
+  bool single_ = false;  // MPI runs at MPI_THREAD_SINGLE (or FUNNELED): one thread, no lock
+  bool locked_ = true;   // !single_: MPI calls take the process-wide MpiCall lock
+  std::vector<std::shared_ptr<Posted>> posted_;  // single_ only (the owning thread)
 };
 
 }  // namespace phalanx::mpi_backend

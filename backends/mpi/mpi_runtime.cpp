@@ -55,7 +55,7 @@ void end_mpi(int status, void*) {
 
 }  // namespace
 
-void ensure_initialized() {
+int ensure_initialized(int wanted) {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   int done = 0;
@@ -68,20 +68,25 @@ void ensure_initialized() {
   int provided = MPI_THREAD_SINGLE;
   if (!initialized) {
     promote_libmpi_to_global();
-    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    const int rc = MPI_Init_thread(nullptr, nullptr, wanted, &provided);
     if (rc != MPI_SUCCESS)
       throw CommError("backend 'mpi': MPI_Init_thread failed (error " + std::to_string(rc) +
                       "); was the job started by mpirun or srun?");
     ::on_exit(&end_mpi, nullptr);
   } else {
-    MPI_Query_thread(&provided);  // the application initialised MPI itself, and ends it itself
+    MPI_Query_thread(&provided);  // the application (or an earlier group) initialised MPI
   }
-  if (provided < MPI_THREAD_SERIALIZED)
-    throw ConfigError(std::string("backend 'mpi': the MPI library provides ") + level_name(provided) +
-                      ", but Phalanx calls MPI from two threads (one at a time) and needs MPI_THREAD_SERIALIZED"
-                      " or higher; " + (initialized ? "initialise MPI with MPI_Init_thread(..., MPI_THREAD_SERIALIZED"
-                                                      " or MPI_THREAD_MULTIPLE, ...)"
-                                                    : "use an MPI library built with thread support"));
+  if (provided < wanted)
+    throw ConfigError(std::string("backend 'mpi': MPI runs at ") + level_name(provided) + ", but " +
+                      "PHALANX_MPI_ASYNC=1 or PHALANX_MPI_THREADS=serialized calls MPI from two threads (one at "
+                      "a time) and needs " + level_name(wanted) + " or higher; " +
+                      (initialized ? "MPI was initialised before this group (by the application, or by an earlier "
+                                     "group at the default MPI_THREAD_SINGLE: set PHALANX_MPI_THREADS=serialized "
+                                     "before the first group, or initialise MPI with MPI_Init_thread(..., "
+                                     "MPI_THREAD_SERIALIZED, ...))"
+                                   : "use an MPI library built with thread support, or leave both unset (the "
+                                     "default runs every MPI call on one thread)"));
+  return provided;
 }
 
 namespace call_lock {

@@ -1,6 +1,8 @@
 #include "phalanx/backends/process_group.hpp"
 
+#include <algorithm>
 #include <cstdlib>
+#include <tuple>
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/timeline.hpp"
@@ -50,6 +52,15 @@ ProcessGroup::~ProcessGroup() {
           work->op(), " #", work->sequence_number(), " on rank ", rank_,
           ": the process group was destroyed before it completed"))));
     completions_.clear();  // the waiters refer to the backend: gone before it
+    // Polled Works nobody waited for: they fail, and their polls (which refer to this group
+    // and the backend) are dropped; the backend ends the requests themselves (on_close, its
+    // destructor).
+    for (auto& weak : polled_)
+      if (WorkPtr work = weak.lock())
+        work->detach_poll(std::make_exception_ptr(CommError(detail::concat(
+            work->op(), " #", work->sequence_number(), " on rank ", rank_,
+            ": the process group was destroyed before it completed (nobody waited for it)"))));
+    polled_.clear();
     // Anything still queued never ran: fail it rather than leave a waiter hanging.
     for (auto& item : queue_)
       item.work->finish(std::make_exception_ptr(CommError(detail::concat(
@@ -96,6 +107,8 @@ void ProcessGroup::abort(std::exception_ptr error) {
     // Deferred completions stay queued (the backend may still write into their buffers);
     // only their Works finish now.
     for (auto& c : completions_) victims.push_back(c.first);
+    for (auto& weak : polled_)  // their polls stay: the backend's requests are still posted
+      if (WorkPtr work = weak.lock()) victims.push_back(std::move(work));
   }
   for (auto& w : victims) w->finish(error);
   be_->on_abort();
@@ -182,7 +195,9 @@ void ProcessGroup::run_op(const WorkPtr& work, Fn& fn, const std::string& signat
   try {
     if (!signature.empty() && collective_check_) collective_check_(collective_index_++, signature);
     fn(work->sequence_number());
-    if (pending_waiter_) {
+    if (pending_poll_) {
+      attach_poll(work);
+    } else if (pending_waiter_) {
       std::lock_guard<std::mutex> lock(mu_);
       completions_.emplace_back(work, std::move(pending_waiter_));
       pending_waiter_ = nullptr;
@@ -198,15 +213,31 @@ void ProcessGroup::run_op(const WorkPtr& work, Fn& fn, const std::string& signat
     }
   } catch (...) {
     pending_waiter_ = nullptr;
+    pending_poll_ = nullptr;
     fail_item(work, std::current_exception());
   }
 }
 
-template <class Fn>
-WorkPtr ProcessGroup::submit(const char* op, Fn&& fn, std::string signature) {
+template <class Body, class... Args>
+WorkPtr ProcessGroup::call(const char* op, const std::string& signature, Body body, const Args&... args) {
+  if (!be_->on_allowed_thread()) be_->wrong_thread(op);  // one compare, unless restricted
   // Open inline group: what enqueue() does, without mu_ (an abort racing this check is an
   // abort during the operation, as with the lock: inline operations are never `running_`).
+  // The backend gets the caller's own handles: it writes their data, never the handles
+  // (backend.hpp), so the const_cast changes nothing the caller can see but the data.
   if (inline_ops_ && !closed_.load(std::memory_order_acquire)) {
+    auto fn = [&](std::uint64_t seq) { body(seq, const_cast<Args&>(args)...); };
+    return run_inline(op, fn, signature);
+  }
+  // Queued: the closure holds copies of the handles until the worker runs it.
+  return enqueue(op, [body, held = std::tuple<Args...>(args...)](std::uint64_t seq) mutable {
+    std::apply([&](Args&... a) { body(seq, a...); }, held);
+  }, signature);
+}
+
+template <class Fn>
+WorkPtr ProcessGroup::run_inline(const char* op, Fn& fn, const std::string& signature) {
+  {
     const std::uint64_t seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
     const auto timeout = timeout_ + std::chrono::seconds(5);
     // This thread's last inline Work, reused once nobody else holds it (the caller waited
@@ -243,6 +274,7 @@ WorkPtr ProcessGroup::submit(const char* op, Fn&& fn, std::string signature) {
       w.rank_ = rank_;
       w.timeout_ = timeout;
       if (w.error_) w.error_ = nullptr;
+      w.polled_.store(false, std::memory_order_relaxed);  // its poll_ was dropped when it ended
       w.done_.store(false, std::memory_order_relaxed);
     } else {
       spare.work = std::make_shared<Work>(op, seq, rank_, timeout);
@@ -252,28 +284,25 @@ WorkPtr ProcessGroup::submit(const char* op, Fn&& fn, std::string signature) {
     run_op<true>(work, fn, signature);
     return work;
   }
-  return enqueue(op, std::forward<Fn>(fn), std::move(signature));
 }
 
 void ProcessGroup::fail_item(const WorkPtr& work, std::exception_ptr error) {
+  work->finish(record_failure(describe(work->op(), work->sequence_number()), std::move(error)));
+}
+
+std::exception_ptr ProcessGroup::record_failure(const std::string& what, std::exception_ptr error) {
   FailureHook hook;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (abort_error_) {  // already failed from outside; this is the backend catching up
-      work->finish(abort_error_);
-      return;
-    }
-    if (failed_) {  // a later failure: the first one was reported, the hook ran for it
-      work->finish(error);
-      return;
-    }
+    if (abort_error_) return abort_error_;  // already failed from outside; the backend catching up
+    if (failed_) return error;  // a later failure: the first one was reported, the hook ran for it
     failed_ = true;
     hook = failure_hook_;
   }
   // The hook posts this rank's failure record and may name the peer that failed first
   // (its contract: it does not throw).
   if (hook)
-    if (std::exception_ptr better = hook(error, describe(work->op(), work->sequence_number()))) error = better;
+    if (std::exception_ptr better = hook(error, what)) error = better;
   std::deque<Item> queued;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -281,11 +310,36 @@ void ProcessGroup::fail_item(const WorkPtr& work, std::exception_ptr error) {
     closed_.store(true, std::memory_order_release);
     queued.swap(queue_);  // never started, and would only fail one by one (a timeout each)
   }
-  work->finish(error);
   for (auto& item : queued) item.work->finish(error);
+  return error;
 }
 
 void ProcessGroup::defer_completion(std::function<void()> waiter) { pending_waiter_ = std::move(waiter); }
+
+void ProcessGroup::defer_polled(std::function<bool()> poll) { pending_poll_ = std::move(poll); }
+
+void ProcessGroup::attach_poll(const WorkPtr& work) {
+  Work* w = work.get();  // the poll lives in the Work: a raw pointer, no cycle
+  work->attach_poll([this, w, step = std::move(pending_poll_)](std::exception_ptr& failure) {
+    if (!be_->on_allowed_thread()) be_->wrong_thread(w->op_.c_str());  // the Work stays pending
+    try {
+      return step();
+    } catch (...) {  // Work::mu_ is held: the bookkeeping only, the Work ends in its poll
+      failure = record_failure(describe(w->op_, w->seq_), std::current_exception());
+      return true;
+    }
+  });
+  pending_poll_ = nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Forget the Works that ended or were dropped (the list stays as long as the pending ones).
+  polled_.erase(std::remove_if(polled_.begin(), polled_.end(),
+                               [](const std::weak_ptr<Work>& p) {
+                                 const WorkPtr x = p.lock();
+                                 return !x || x->done_.load(std::memory_order_acquire);
+                               }),
+                polled_.end());
+  polled_.push_back(work);
+}
 
 void ProcessGroup::completion_loop() {
   for (;;) {
@@ -357,116 +411,135 @@ timeline::Span traced(const char* op, std::uint64_t seq, Bytes bytes) {
 }
 }  // namespace
 
-WorkPtr ProcessGroup::allreduce(Tensor t, ReduceOp op) {
+namespace {
+const std::string kNoSignature;  // no collective check set: nothing to build, copy or move
+}  // namespace
+
+WorkPtr ProcessGroup::allreduce(const Tensor& t, ReduceOp op) {
   check_tensor(t, "allreduce", "tensor");
   const DType dt = t.dtype();
   if ((dt == DType::Float16 || dt == DType::BFloat16) && op != ReduceOp::Sum)
     throw TypeError(std::string("allreduce: ") + dtype_name(dt) + " tensors support sum only");
   if (op == ReduceOp::Avg && dt != DType::Float32)
     throw TypeError("allreduce: avg needs a float32 tensor");
-  std::string sig;
-  if (checking_.load(std::memory_order_relaxed)) sig = signature("allreduce", t, reduce_op_name(op));
-  auto fn = [this, t = std::move(t), op](std::uint64_t seq) mutable {
-    const auto span = traced("allreduce", seq, [&] { return t.nbytes(); });
-    be_->run_allreduce(t, op, seq);
+  const auto body = [this, op](std::uint64_t seq, Tensor& x) {
+    const auto span = traced("allreduce", seq, [&] { return x.nbytes(); });
+    be_->run_allreduce(x, op, seq);
   };
-  // Without a signature, no string is moved (an out-of-line call: allreduce is DDP's hot op).
-  if (sig.empty()) return submit("allreduce", std::move(fn));
-  return submit("allreduce", std::move(fn), std::move(sig));
+  if (!checking_.load(std::memory_order_relaxed)) return call("allreduce", kNoSignature, body, t);
+  return call("allreduce", signature("allreduce", t, reduce_op_name(op)), body, t);
 }
 
-WorkPtr ProcessGroup::broadcast(Tensor t, int root) {
+WorkPtr ProcessGroup::broadcast(const Tensor& t, int root) {
   check_tensor(t, "broadcast", "tensor");
   check_root(root, "broadcast");
-  return submit("broadcast", [this, t, root](std::uint64_t seq) mutable {
-    const auto span = traced("broadcast", seq, [&] { return t.nbytes(); });
-    be_->run_broadcast(t, root, seq);
-  }, checking_.load(std::memory_order_relaxed) ? signature("broadcast", t, root_of(root)) : std::string());
+  const auto body = [this, root](std::uint64_t seq, Tensor& x) {
+    const auto span = traced("broadcast", seq, [&] { return x.nbytes(); });
+    be_->run_broadcast(x, root, seq);
+  };
+  if (!checking_.load(std::memory_order_relaxed)) return call("broadcast", kNoSignature, body, t);
+  return call("broadcast", signature("broadcast", t, root_of(root)), body, t);
 }
 
-WorkPtr ProcessGroup::allgather(std::vector<Tensor> outputs, Tensor input) {
+WorkPtr ProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor& input) {
   check_tensor(input, "allgather", "input");
   check_list(outputs, input, size_, "allgather", "output");
-  return submit("allgather", [this, outputs, input](std::uint64_t seq) mutable {
-    const auto span = traced("allgather", seq, [&] { return input.nbytes(); });
-    be_->run_allgather(outputs, input, seq);
-  }, checking_.load(std::memory_order_relaxed) ? signature("allgather", input) : std::string());
+  const auto body = [this](std::uint64_t seq, std::vector<Tensor>& out, Tensor& in) {
+    const auto span = traced("allgather", seq, [&] { return in.nbytes(); });
+    be_->run_allgather(out, in, seq);
+  };
+  return call("allgather", checking_.load(std::memory_order_relaxed) ? signature("allgather", input) : kNoSignature,
+              body, outputs, input);
 }
 
-WorkPtr ProcessGroup::reduce_scatter(Tensor output, std::vector<Tensor> inputs, ReduceOp op) {
+WorkPtr ProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
   check_tensor(output, "reduce_scatter", "output");
   check_list(inputs, output, size_, "reduce_scatter", "input");
   if ((output.dtype() == DType::Float16 || output.dtype() == DType::BFloat16) && op != ReduceOp::Sum)
     throw TypeError(std::string("reduce_scatter: ") + dtype_name(output.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && output.dtype() != DType::Float32)
     throw TypeError("reduce_scatter: avg needs float32 tensors");
-  return submit("reduce_scatter", [this, output, inputs, op](std::uint64_t seq) mutable {
+  const auto body = [this, op](std::uint64_t seq, Tensor& out, std::vector<Tensor>& in) {
     const auto span = traced("reduce_scatter", seq, [&] {
       std::size_t n = 0;
-      for (const auto& x : inputs) n += x.nbytes();
+      for (const auto& x : in) n += x.nbytes();
       return n;
     });
-    be_->run_reduce_scatter(output, inputs, op, seq);
-  }, checking_.load(std::memory_order_relaxed) ? signature("reduce_scatter", output, reduce_op_name(op)) : std::string());
+    be_->run_reduce_scatter(out, in, op, seq);
+  };
+  return call("reduce_scatter",
+              checking_.load(std::memory_order_relaxed) ? signature("reduce_scatter", output, reduce_op_name(op))
+                                                        : kNoSignature,
+              body, output, inputs);
 }
 
-WorkPtr ProcessGroup::reduce(Tensor t, int root, ReduceOp op) {
+WorkPtr ProcessGroup::reduce(const Tensor& t, int root, ReduceOp op) {
   check_tensor(t, "reduce", "tensor");
   check_root(root, "reduce");
   if ((t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16) && op != ReduceOp::Sum)
     throw TypeError(std::string("reduce: ") + dtype_name(t.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && t.dtype() != DType::Float32) throw TypeError("reduce: avg needs a float32 tensor");
-  return submit("reduce", [this, t, root, op](std::uint64_t seq) mutable {
-    const auto span = traced("reduce", seq, [&] { return t.nbytes(); });
-    be_->run_reduce(t, root, op, seq);
-  }, checking_.load(std::memory_order_relaxed)
-                    ? signature("reduce", t, std::string(reduce_op_name(op)) + ", " + root_of(root))
-                    : std::string());
+  const auto body = [this, root, op](std::uint64_t seq, Tensor& x) {
+    const auto span = traced("reduce", seq, [&] { return x.nbytes(); });
+    be_->run_reduce(x, root, op, seq);
+  };
+  return call("reduce",
+              checking_.load(std::memory_order_relaxed)
+                  ? signature("reduce", t, std::string(reduce_op_name(op)) + ", " + root_of(root))
+                  : kNoSignature,
+              body, t);
 }
 
-WorkPtr ProcessGroup::gather(std::vector<Tensor> outputs, Tensor input, int root) {
+WorkPtr ProcessGroup::gather(const std::vector<Tensor>& outputs, const Tensor& input, int root) {
   check_tensor(input, "gather", "input");
   check_root(root, "gather");
   if (rank_ == root) check_list(outputs, input, size_, "gather", "output");
-  return submit("gather", [this, outputs, input, root](std::uint64_t seq) mutable {
-    const auto span = traced("gather", seq, [&] { return input.nbytes(); });
-    be_->run_gather(outputs, input, root, seq);
-  }, checking_.load(std::memory_order_relaxed) ? signature("gather", input, root_of(root)) : std::string());
+  const auto body = [this, root](std::uint64_t seq, std::vector<Tensor>& out, Tensor& in) {
+    const auto span = traced("gather", seq, [&] { return in.nbytes(); });
+    be_->run_gather(out, in, root, seq);
+  };
+  return call("gather", checking_.load(std::memory_order_relaxed) ? signature("gather", input, root_of(root)) : kNoSignature,
+              body, outputs, input);
 }
 
-WorkPtr ProcessGroup::scatter(Tensor output, std::vector<Tensor> inputs, int root) {
+WorkPtr ProcessGroup::scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) {
   check_tensor(output, "scatter", "output");
   check_root(root, "scatter");
   if (rank_ == root) check_list(inputs, output, size_, "scatter", "input");
-  return submit("scatter", [this, output, inputs, root](std::uint64_t seq) mutable {
-    const auto span = traced("scatter", seq, [&] { return output.nbytes(); });
-    be_->run_scatter(output, inputs, root, seq);
-  }, checking_.load(std::memory_order_relaxed) ? signature("scatter", output, root_of(root)) : std::string());
+  const auto body = [this, root](std::uint64_t seq, Tensor& out, std::vector<Tensor>& in) {
+    const auto span = traced("scatter", seq, [&] { return out.nbytes(); });
+    be_->run_scatter(out, in, root, seq);
+  };
+  return call("scatter",
+              checking_.load(std::memory_order_relaxed) ? signature("scatter", output, root_of(root)) : kNoSignature,
+              body, output, inputs);
 }
 
 WorkPtr ProcessGroup::barrier() {
-  return submit("barrier", [this](std::uint64_t seq) {
+  static const std::string kBarrier("barrier()");
+  const auto body = [this](std::uint64_t seq) {
     const timeline::Span span("barrier", "comm", {"seq", static_cast<std::int64_t>(seq)});
     be_->run_barrier(seq);
-  }, checking_.load(std::memory_order_relaxed) ? std::string("barrier()") : std::string());
+  };
+  return call("barrier", checking_.load(std::memory_order_relaxed) ? kBarrier : kNoSignature, body);
 }
 
-WorkPtr ProcessGroup::send(Tensor t, int dst, int tag) {
+WorkPtr ProcessGroup::send(const Tensor& t, int dst, int tag) {
   check_tensor(t, "send", "tensor");
   check_peer(dst, "send");
-  return submit("send", [this, t, dst, tag](std::uint64_t seq) {
-    const auto span = traced("send", seq, [&] { return t.nbytes(); });
-    be_->run_send(t, dst, tag, seq);
-  });
+  return call("send", kNoSignature, [this, dst, tag](std::uint64_t seq, Tensor& x) {
+    const auto span = traced("send", seq, [&] { return x.nbytes(); });
+    be_->run_send(x, dst, tag, seq);
+  }, t);
 }
 
-WorkPtr ProcessGroup::recv(Tensor t, int src, int tag) {
+WorkPtr ProcessGroup::recv(const Tensor& t, int src, int tag) {
   check_tensor(t, "recv", "tensor");
   check_peer(src, "recv");
-  return submit("recv", [this, t, src, tag](std::uint64_t seq) mutable {
-    const auto span = traced("recv", seq, [&] { return t.nbytes(); });
-    be_->run_recv(t, src, tag, seq);
-  });
+  return call("recv", kNoSignature, [this, src, tag](std::uint64_t seq, Tensor& x) {
+    const auto span = traced("recv", seq, [&] { return x.nbytes(); });
+    be_->run_recv(x, src, tag, seq);
+  }, t);
 }
 
 }  // namespace phalanx

@@ -6,10 +6,18 @@
 // per rank on success; a failure prints "FAILED" and exits 1 (the plugin then aborts the job).
 // `--fail-rank R`: rank R exits with status 3 at once while the others wait in a barrier:
 // the job must end (MPI_Abort from the plugin's exit handler), not hang.
+// `--threads` (2 ranks): the thread rule. By default (MPI_THREAD_SINGLE) an operation, a
+// wait or is_completed() from a thread other than the group's creator is a one-line
+// ConfigError and the group still works; with PHALANX_MPI_THREADS=serialized the same calls
+// work from any thread. Either way: sends and receives completed by is_completed() polls,
+// unwaited requests at the group's destruction (their Works fail, the next group receives
+// only its own messages), and a receive that times out.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
+#include <thread>
 
 #include "support/conformance.hpp"
 #include "support/staging_check.hpp"
@@ -77,11 +85,145 @@ void check_tags(ProcessGroup& pg) {
   }
 }
 
+/// Runs `fn` on a new thread; returns the message of the exception it threw ("" if none).
+std::string on_other_thread(const std::function<void()>& fn) {
+  std::string error;
+  std::thread([&] {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }).join();
+  return error;
+}
+
+void require_thread_error(int r, const std::string& what, const std::string& error) {
+  REQUIRE_RANK(r, error.find("called from a thread other than the one that created the process group") !=
+                          std::string::npos && error.find("PHALANX_MPI_THREADS=serialized") != std::string::npos &&
+                      error.find('\n') == std::string::npos,
+               what + ": got '" + error + "'");
+}
+
+int run_thread_checks(int rank) {
+  const char* env = std::getenv("PHALANX_MPI_THREADS");
+  const bool single = !env || std::string(env) != "serialized";
+  auto pg = parallel::init_process_group();
+  const int r = pg->rank(), W = pg->size(), peer = 1 - r;
+  REQUIRE_RANK(r, W == 2, "--threads runs on 2 ranks");
+  // 1. A collective from another thread.
+  Tensor t = ones({4});
+  const std::string e1 = on_other_thread([&] { pg->allreduce(t)->wait(); });
+  if (single) {
+    require_thread_error(r, "allreduce from another thread", e1);
+    expect_values(r, "the refused allreduce left its tensor", t, [](std::int64_t) { return 1.0; });
+  } else {
+    REQUIRE_RANK(r, e1.empty(), "allreduce from another thread at serialized: " + e1);
+  }
+  pg->allreduce(t)->wait();  // the group is not broken by a refused call
+  expect_values(r, "allreduce after", t, [&](std::int64_t) { return single ? W : W * W; });
+  // 2. A ring posted here, waited on from another thread (single: refused, still pending).
+  Tensor out = full({1000}, static_cast<float>(r + 1)), in = zeros({1000});
+  auto s = pg->send(out, peer, 3);
+  auto v = pg->recv(in, peer, 3);
+  const std::string e2 = on_other_thread([&] { v->wait(); });
+  const std::string e3 = on_other_thread([&] { (void)s->is_completed(); });
+  if (single) {
+    require_thread_error(r, "wait from another thread", e2);
+    require_thread_error(r, "is_completed from another thread", e3);
+  } else {
+    REQUIRE_RANK(r, e2.empty() && e3.empty(), "wait from another thread at serialized: " + e2 + e3);
+  }
+  s->wait();
+  v->wait();
+  expect_values(r, "recv", in, [&](std::int64_t) { return peer + 1.0; });
+  // 3. Completed by is_completed() polls alone (no wait), 1 MiB (MPI's rendezvous protocol).
+  Tensor big = full({1 << 18}, static_cast<float>(r + 10)), got = zeros({1 << 18});
+  auto bs = pg->send(big, peer, 4);
+  auto bv = pg->recv(got, peer, 4);
+  while (!bs->is_completed() || !bv->is_completed()) std::this_thread::yield();
+  bs->wait();
+  bv->wait();
+  expect_values(r, "polled recv", got, [&](std::int64_t) { return peer + 10.0; });
+  // 4. At serialized, a whole ring posted and waited on from another thread.
+  if (!single) {
+    Tensor x = zeros({8});
+    const std::string e4 = on_other_thread([&] {
+      auto a = pg->send(full({8}, 7.f), peer, 5);
+      auto b = pg->recv(x, peer, 5);
+      a->wait();
+      b->wait();
+    });
+    REQUIRE_RANK(r, e4.empty(), "send/recv from another thread at serialized: " + e4);
+    expect_values(r, "recv on another thread", x, [](std::int64_t) { return 7.0; });
+  }
+  // 5. Requests nobody waits for when the group is destroyed: a receive never matched (tag
+  // 9), and sends never received (tag 8: 4 bytes, sent eagerly; tag 7: 1 MiB, waiting for
+  // its receiver). Their Works fail; the next group receives only its own messages.
+  WorkPtr stale_recv, stale_small, stale_big;
+  if (r == 0) {
+    stale_recv = pg->recv(zeros({4}), 1, 9);
+  } else {
+    stale_small = pg->send(full({1}, -1.f), 0, 8);
+    stale_big = pg->send(full({1 << 18}, -1.f), 0, 7);
+  }
+  pg->barrier()->wait();
+  pg.reset();
+  parallel::destroy_process_group();
+  for (const WorkPtr& w : {stale_recv, stale_small, stale_big}) {
+    if (!w) continue;
+    bool failed = false;
+    try {
+      w->wait();  // a small send may have completed before the group went
+    } catch (const CommError& e) {
+      failed = std::string(e.what()).find("destroyed") != std::string::npos;
+      REQUIRE_RANK(r, failed, std::string("unwaited ") + w->op() + ": " + e.what());
+    }
+    REQUIRE_RANK(r, failed || w->op() == "send", std::string("unwaited ") + w->op() + " completed");
+  }
+  auto again = parallel::init_process_group();
+  Tensor m = zeros({1}), big2 = zeros({1 << 18});
+  if (r == 1) {
+    again->send(full({1}, 5.f), 0, 8)->wait();
+    again->send(full({1 << 18}, 6.f), 0, 7)->wait();
+  } else {
+    again->recv(m, 1, 8)->wait();
+    again->recv(big2, 1, 7)->wait();
+    expect_values(r, "the next group's message (not the stale one)", m, [](std::int64_t) { return 5.0; });
+    expect_values(r, "the next group's 1 MiB message", big2, [](std::int64_t) { return 6.0; });
+  }
+  again->barrier()->wait();
+  again.reset();
+  parallel::destroy_process_group();
+  // 6. A receive nobody sends: TimeoutError at the group's timeout (1 s), not a hang.
+  parallel::InitOptions opt;
+  opt.timeout = std::chrono::milliseconds(1000);
+  auto shortlived = parallel::init_process_group(opt);
+  shortlived->barrier()->wait();
+  if (r == 0) {
+    const auto start = std::chrono::steady_clock::now();
+    std::string e6;
+    try {
+      shortlived->recv(zeros({4}), 1, 11)->wait();
+    } catch (const TimeoutError& e) {
+      e6 = e.what();
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    REQUIRE_RANK(r, e6.find("timed out after 1 s") != std::string::npos && secs < 10,
+                 detail::concat("recv with no sender: '", e6, "' after ", secs, " s"));
+  }
+  shortlived.reset();
+  parallel::destroy_process_group();
+  std::printf("mpi threads (%s): passed on rank %d of %d\n", single ? "single" : "serialized", rank < 0 ? r : rank, W);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int rank = -1;
   try {
+    if (argc == 2 && std::strcmp(argv[1], "--threads") == 0) return run_thread_checks(rank);
     auto pg = parallel::init_process_group();
     rank = pg->rank();
     if (argc == 3 && std::strcmp(argv[1], "--fail-rank") == 0) {

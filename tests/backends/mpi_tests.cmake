@@ -4,7 +4,8 @@
 # Skipped, saying why, where the plugin is not built or mpirun is missing.
 find_program(PHALANX_MPIRUN NAMES mpirun mpiexec HINTS ${MPIEXEC_EXECUTABLE})
 set(_phx_mpi_tests mpi.conformance_np1 mpi.conformance_np2 mpi.conformance_np3 mpi.conformance_np4
-  mpi.lr_scaling_study_4_ranks mpi.lr_scaling_study_exact_4_ranks mpi.failed_rank_ends_job mpi.srun_without_pmi_says_so)
+  mpi.lr_scaling_study_4_ranks mpi.lr_scaling_study_exact_4_ranks mpi.failed_rank_ends_job mpi.srun_without_pmi_says_so
+  mpi.threads_single_np2 mpi.threads_serialized_np2)
 if(NOT PHALANX_HAVE_MPI OR NOT PHALANX_MPIRUN)
   if(NOT PHALANX_HAVE_MPI)
     set(_why "the MPI plugin is not built (apt-get install libopenmpi-dev, then reconfigure)")
@@ -44,6 +45,16 @@ add_test(NAME mpi.lr_scaling_study_exact_4_ranks
   COMMAND ${PHALANX_MPIRUN} --oversubscribe -np 4 $<TARGET_FILE:lr_scaling_study> --exact --micro-batch 16 --check)
 set_tests_properties(mpi.lr_scaling_study_exact_4_ranks PROPERTIES ENVIRONMENT "${_phx_mpi_env}" TIMEOUT 60
   PASS_REGULAR_EXPRESSION "exact mode: variant and linear weights identical, bit for bit.*check: passed")
+# The thread rule (docs/mpi.md, "Threads"): at the default MPI_THREAD_SINGLE a call from
+# another thread is a one-line error; with PHALANX_MPI_THREADS=serialized it works. Both:
+# polled sends/receives, unwaited requests at the group's end, a receive that times out.
+foreach(level single serialized)
+  add_test(NAME mpi.threads_${level}_np2
+    COMMAND ${PHALANX_MPIRUN} --oversubscribe -np 2 $<TARGET_FILE:mpi_conformance_worker> --threads)
+  set_tests_properties(mpi.threads_${level}_np2 PROPERTIES
+    ENVIRONMENT "${_phx_mpi_env};PHALANX_BACKEND=mpi;PHALANX_MPI_THREADS=${level}" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "mpi threads [(]${level}[)]: passed on rank 0 of 2" FAIL_REGULAR_EXPRESSION "FAILED")
+endforeach()
 # The job's exit status is the failed rank's (3): mpirun ended the job; a hang is the timeout.
 add_test(NAME mpi.failed_rank_ends_job
   COMMAND sh -c "\"$0\" --oversubscribe -np 3 \"$1\" --fail-rank 1; s=$?; echo \"job exit status $s\"; [ $s -eq 3 ]"

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "phalanx/backends/reduce_op.hpp"
@@ -50,6 +51,8 @@ class Backend {
   /// nobody will read). Must not block, nor throw. The default does nothing.
   virtual void on_close() noexcept {}
 
+  // The tensors are the caller's own handles on an inline group (copies on a queued one):
+  // a hook reads and writes their data, and never assigns to a handle itself.
   virtual void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) = 0;
   virtual void run_broadcast(Tensor& t, int root, std::uint64_t seq) = 0;
   virtual void run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) = 0;
@@ -67,6 +70,28 @@ class Backend {
   /// go on posting (a ring of sends and receives then cannot deadlock). Only valid inside a
   /// run_* hook called by the owning group.
   void defer_completion(std::function<void()> waiter);
+  /// Like defer_completion, but with no thread of the group involved: the Work completes
+  /// when `poll` returns true, and `poll` is called by whoever waits on the Work (wait(),
+  /// is_completed()), on the waiter's thread, one step at a time (it must not block; it
+  /// throws the operation's error, which breaks the group as any failure does). Used where
+  /// only one thread may call the library (MPI at MPI_THREAD_SINGLE). Operations posted
+  /// before any wait still cannot deadlock: every post happened before the first poll.
+  /// A Work still pending when the group is destroyed fails ("destroyed before it
+  /// completed") and its poll is dropped; the backend ends what it posted in its on_close
+  /// or destructor. Only valid inside a run_* hook called by the owning group.
+  void defer_polled(std::function<bool()> poll);
+
+  /// From now on every operation of the owning group (and every poll of its Works) must
+  /// come from the calling thread; another thread gets a ConfigError at the call: "<op> on
+  /// rank R of W (<name>): called from a thread other than the one that created the process
+  /// group; <rule>". Call from the constructor (the thread that creates the group).
+  void restrict_to_this_thread(std::string rule);
+  /// Whether the calling thread may call into this backend (always, unless restricted).
+  bool on_allowed_thread() const {
+    return only_thread_ == std::thread::id() || only_thread_ == std::this_thread::get_id();
+  }
+  /// Throws the ConfigError of restrict_to_this_thread for `op`.
+  [[noreturn]] void wrong_thread(const char* op) const;
 
   /// "allreduce #12 on rank 1 of 4 (gloo)": the context every error message starts with.
   std::string describe(const std::string& op, std::uint64_t seq) const;
@@ -82,6 +107,8 @@ class Backend {
   bool inline_ops_;
   std::atomic<bool> aborted_{false};  // set by ProcessGroup::abort
   ProcessGroup* group_ = nullptr;     // the owner, set by ProcessGroup's constructor
+  std::thread::id only_thread_{};     // restrict_to_this_thread (default: any thread)
+  std::string thread_rule_;
 };
 
 /// Frees a backend the way it was made: a plugin's `destroy` (the descriptor's, so the

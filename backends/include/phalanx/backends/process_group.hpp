@@ -71,23 +71,27 @@ class ProcessGroup final {
   Backend& backend() { return *backend_; }
   const Backend& backend() const { return *backend_; }
 
+  // Tensors are taken by reference: an operation that runs on the caller's thread (inline
+  // backends) uses the caller's handles as they are; a queued one copies them (the handles,
+  // not the data) into its closure. Either way the data is read and written in place.
+
   /// In place: every rank ends with the reduction of all ranks' `tensor`.
-  WorkPtr allreduce(Tensor tensor, ReduceOp op = ReduceOp::Sum);
+  WorkPtr allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum);
   /// In place: every rank ends with `root`'s tensor.
-  WorkPtr broadcast(Tensor tensor, int root = 0);
+  WorkPtr broadcast(const Tensor& tensor, int root = 0);
   /// outputs[r] receives rank r's input (outputs: `size()` tensors shaped like input).
-  WorkPtr allgather(std::vector<Tensor> outputs, Tensor input);
+  WorkPtr allgather(const std::vector<Tensor>& outputs, const Tensor& input);
   /// output receives the reduction over ranks of inputs[rank()] (inputs: `size()` tensors).
-  WorkPtr reduce_scatter(Tensor output, std::vector<Tensor> inputs, ReduceOp op = ReduceOp::Sum);
+  WorkPtr reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op = ReduceOp::Sum);
   /// In place at `root` only; other ranks' tensors are left as they were.
-  WorkPtr reduce(Tensor tensor, int root = 0, ReduceOp op = ReduceOp::Sum);
+  WorkPtr reduce(const Tensor& tensor, int root = 0, ReduceOp op = ReduceOp::Sum);
   /// At `root`, outputs[r] receives rank r's input; outputs is ignored elsewhere.
-  WorkPtr gather(std::vector<Tensor> outputs, Tensor input, int root = 0);
+  WorkPtr gather(const std::vector<Tensor>& outputs, const Tensor& input, int root = 0);
   /// output receives `root`'s inputs[rank()]; inputs is ignored elsewhere.
-  WorkPtr scatter(Tensor output, std::vector<Tensor> inputs, int root = 0);
+  WorkPtr scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root = 0);
   WorkPtr barrier();
-  WorkPtr send(Tensor tensor, int dst, int tag = 0);
-  WorkPtr recv(Tensor tensor, int src, int tag = 0);
+  WorkPtr send(const Tensor& tensor, int dst, int tag = 0);
+  WorkPtr recv(const Tensor& tensor, int src, int tag = 0);
 
   /// How many operations have been issued.
   std::uint64_t sequence_number() const;
@@ -128,21 +132,32 @@ class ProcessGroup final {
     std::function<void(std::uint64_t)> fn;
     std::string signature;  // non-empty only with a collective check
   };
-  /// inline_ops while the group is open: runs `fn` here at once, with no lock and no
-  /// std::function; otherwise enqueue(). Defined (and instantiated) in process_group.cpp.
+  /// Issues one operation: `body(seq, args...)` calls the backend. Checks the calling
+  /// thread (Backend::restrict_to_this_thread); while an inline group is open, runs the body
+  /// here at once on the caller's own `args` (no copy, no lock, no std::function); otherwise
+  /// enqueue()s a closure holding copies of them. Defined in process_group.cpp.
+  template <class Body, class... Args>
+  WorkPtr call(const char* op, const std::string& signature, Body body, const Args&... args);
   template <class Fn>
-  WorkPtr submit(const char* op, Fn&& fn, std::string signature = {});
+  WorkPtr run_inline(const char* op, Fn& fn, const std::string& signature);
   WorkPtr enqueue(const char* op, std::function<void(std::uint64_t)> fn, std::string signature = {});
   template <bool kUnshared, class Fn>
   void run_op(const WorkPtr& work, Fn& fn, const std::string& signature);
   void run_item(Item& item);
   void fail_item(const WorkPtr& work, std::exception_ptr error);
+  /// The bookkeeping of a failed operation described by `what` (failure hook for the first
+  /// failure, the group broken, queued operations failed); returns the error its Work ends with.
+  std::exception_ptr record_failure(const std::string& what, std::exception_ptr error);
   void worker_loop();
   void completion_loop();
   void check_root(int root, const char* op) const;
   void check_peer(int peer, const char* op) const;
   /// Backend::defer_completion lands here (the worker thread, inside a run_* hook).
   void defer_completion(std::function<void()> waiter);
+  /// Backend::defer_polled lands here (inside a run_* hook).
+  void defer_polled(std::function<bool()> poll);
+  /// Gives `work` the poll a run_* hook deferred (Work::attach_poll), and remembers it.
+  void attach_poll(const WorkPtr& work);
   static Backend* adopt(const BackendPtr& backend);  // checks it; throws ValueError
   std::string describe(const std::string& op, std::uint64_t seq) const { return backend_->describe(op, seq); }
 
@@ -177,6 +192,9 @@ class ProcessGroup final {
   std::condition_variable completion_cv_;
   std::thread completer_;
   WorkPtr completing_;  // the deferred completion running now
+  // polled completions (Backend::defer_polled): ended by their waiters
+  std::function<bool()> pending_poll_;           // set by defer_polled during a run_* hook
+  std::vector<std::weak_ptr<Work>> polled_;      // under mu_: failed and detached by ~ProcessGroup
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,8 +19,13 @@ class Work {
   virtual ~Work() = default;
 
   /// Blocks until the operation finished; rethrows its error. Waits at most `timeout`
-  /// (default: the group's timeout), then throws TimeoutError naming the op.
+  /// (default: the group's timeout), then throws TimeoutError naming the op. A Work its
+  /// waiter progresses (a send or recv of MPI at MPI_THREAD_SINGLE, Backend::defer_polled)
+  /// is driven from here: one non-blocking step, then a yield (a sleep after the first
+  /// millisecond), until it ends; such a Work may be waited on only from the thread its
+  /// backend allows (ConfigError otherwise, the Work stays pending).
   void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+  /// Whether the operation finished; a Work its waiter progresses takes one step here.
   bool is_completed() const;
   /// The error the operation ended with (null while running or on success).
   std::exception_ptr exception() const;
@@ -33,9 +39,22 @@ class Work {
 
  private:
   friend class ProcessGroup;
+  /// One non-blocking step of an operation progressed by its waiter: true once it ended,
+  /// with `failure` set when it failed. Throws when the calling thread may not progress it
+  /// (the Work then stays pending). Called under mu_.
+  using Poll = std::function<bool(std::exception_ptr& failure)>;
+
   /// finish() with success for a Work no other thread can see yet (an inline operation
   /// before its Work is returned): no lock, no notify.
   void finish_unshared() noexcept { done_.store(true, std::memory_order_release); }
+  /// From now on the Work ends when `poll` says so, called by wait() / is_completed().
+  void attach_poll(Poll poll);
+  /// The group is going away: a pending polled Work fails with `error` and drops its poll
+  /// (which refers to the group). False when it had ended already.
+  bool detach_poll(std::exception_ptr error);
+  /// One poll step under mu_ (held by `lock`); true once done_.
+  bool poll_locked();
+  [[noreturn]] void throw_timeout(std::chrono::milliseconds timeout) const;
 
   std::string op_;
   std::uint64_t seq_;
@@ -47,7 +66,9 @@ class Work {
   // without the lock. ProcessGroup::submit rewrites every field of an inline Work that
   // nobody holds any more, to reuse it.
   std::atomic<bool> done_{false};
+  std::atomic<bool> polled_{false};  // poll_ was attached (read without the lock)
   std::exception_ptr error_;
+  Poll poll_;  // under mu_; null once the Work ended
 };
 
 using WorkPtr = std::shared_ptr<Work>;
