@@ -25,6 +25,31 @@ using staging::copy_back;
 using staging::host_of;
 using staging::write_back;
 
+namespace {
+
+// Gloo's halving-doubling and ring_chunked classes exchange their messages through bound
+// buffers (tcp::Buffer). When a peer closes its connection (destroys its group, exits), this
+// rank's event-loop thread reads the EOF and fails every buffer registered on that pair, and
+// tcp::Buffer::waitRecv() checks that failure before its count of arrived messages: a message
+// that already arrived but was not yet waited for is lost, and run() throws "Connection closed
+// by peer". A peer that returns from run() has received everything it waits for, but not
+// everyone has waited for its last message (the final notification of either class), so a
+// peer that leaves at once can fail us. Waiting for our own sends to be written does not help
+// (they were; the receiver had not consumed them yet): a peer may only close once every rank
+// has come out of run(), which only a message can tell. So the class algorithms end with a
+// barrier (gloo::barrier: a dissemination barrier over unbound buffers, whose messages a later
+// EOF cannot undo; its tag is this operation's, unique). The generic algorithms
+// (gloo::allreduce: ring, bcube) use unbound buffers and need none; on the busy-polling mesh
+// the caller's thread reads its own socket and counts arrived messages first.
+void leave_together(const std::shared_ptr<::gloo::Context>& ctx, std::uint32_t tag, std::chrono::milliseconds timeout) {
+  ::gloo::BarrierOptions o(ctx);
+  o.setTag(tag);
+  o.setTimeout(timeout);
+  ::gloo::barrier(o);
+}
+
+}  // namespace
+
 void GlooBackend::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq) {
   const std::size_t n = static_cast<std::size_t>(t.numel());
   const std::size_t bytes = t.nbytes();
@@ -57,11 +82,13 @@ void GlooBackend::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq) {
       case AllreducePath::RingChunked: {
         ::gloo::AllreduceRingChunked<T> a(context_, {ptr}, static_cast<int>(n), reduction<T>(op));
         a.run();
+        leave_together(context_, tag_of(seq), timeout());
         break;
       }
       case AllreducePath::HalvingDoubling: {
         ::gloo::AllreduceHalvingDoubling<T> a(context_, {ptr}, static_cast<int>(n), reduction<T>(op));
         a.run();
+        leave_together(context_, tag_of(seq), timeout());
         break;
       }
       default: {

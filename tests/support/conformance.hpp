@@ -17,17 +17,6 @@ inline std::string conformance_backend() {
   return b && *b ? b : "gloo";
 }
 
-/// Gloo's halving-doubling and ring_chunked classes, forced onto the event-driven mesh
-/// (PHALANX_GLOO_ALLREDUCE), return before their last notification to a peer has been written:
-/// a rank that leaves at once (destroys its group, exits) can cut it off, and the peer's
-/// allreduce fails ("Connection closed by peer"; about 1 run in 7 on 4 ranks). The conformance
-/// cases end those variants with a barrier; every other one leaves right after its last
-/// allreduce, as programs do (docs/algorithms.md, "Tests").
-inline bool gloo_class_algorithm_forced() {
-  const char* a = std::getenv("PHALANX_GLOO_ALLREDUCE");
-  return a && (std::string(a) == "halving_doubling" || std::string(a) == "ring_chunked");
-}
-
 inline void expect_values(int rank, const char* what, const Tensor& t, const std::function<double(std::int64_t)>& f) {
   const std::int64_t n = t.numel();
   for (std::int64_t i = 0; i < n; ++i) {
