@@ -2,8 +2,8 @@
 // onto the event-driven mesh (PHALANX_GLOO_ALLREDUCE): no rank may fail. A peer's EOF fails
 // Gloo's bound buffers, including a message that arrived but was not yet waited for, so the
 // plugin ends those algorithms with a barrier (backends/gloo/gloo_collectives.cpp,
-// docs/algorithms.md). Without it a peer failed with "Connection closed by peer" in up to 7
-// of 10 runs of one configuration below.
+// docs/algorithms.md). Without it every try failed: a peer said "Connection closed by peer"
+// in 1 to 7 of the 10 runs of one or two configurations below.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
