@@ -164,8 +164,21 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
   // converted, reduced and converted back while in cache. Elsewhere (a worker thread, or a
   // network whose per-message latency would add up over many chunks: MPI, Gloo) a bucket
   // is reduced while the next one is converted.
+  // The schedule decides which allreduces a step issues, so it is one collective decision:
+  // a rank's own settings (PHALANX_SHM_INLINE, its model's device) may differ from its
+  // peers', and shm chunks only when every rank can (a MIN of one flag, once).
   s.chunked = device.is_cpu() &&
               (s.pg->size() == 1 || (s.pg->backend().inline_ops() && s.pg->backend_name() == "shm"));
+  if (s.pg->size() > 1 && s.pg->backend_name() == "shm") {
+    const std::int64_t mine = s.chunked ? 1 : 0;
+    Tensor flag = from_buffer(&mine, {1});  // host memory: shm's own
+    try {
+      s.pg->allreduce(flag, ReduceOp::Min)->wait();
+    } catch (const CommError&) {
+      rethrow_with_context("DDP exact mode: agreeing on the reduction schedule failed: ");
+    }
+    s.chunked = flag.item_int() == 1;
+  }
   s.scales.assign(n, 1.0);
   s.ready.assign(n, 0);
   s.bucket_of.assign(n, 0);

@@ -10,8 +10,9 @@
 // maxima, converts every kept micro-batch gradient to int64 fixed point with it, sums them
 // (exact, so associative) into int64 buffers, allreduces them, and writes sum / scale /
 // micro_batches into each .grad() once (the last slot, which then holds the step's
-// gradients). On the CPU with shared memory (inline) or one worker this runs in 256 KiB
-// chunks that stay in cache from conversion to conversion back; otherwise one allreduce per bucket,
+// gradients). On the CPU with shared memory (inline, on every rank: agreed at construction)
+// or one worker this runs in 256 KiB chunks that stay in cache from conversion to
+// conversion back; otherwise one allreduce per bucket,
 // launched as soon as it is converted, while the next one is converted. Every float
 // operation is per micro-batch or per element of the final sum, so the result does not
 // depend on which rank computed which micro-batch: the same bits on any world size.

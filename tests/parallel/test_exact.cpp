@@ -274,6 +274,66 @@ TEST_CASE("exact mode: sums in cache-sized chunks (CPU, shared memory) give the 
   }
 }
 
+TEST_CASE("exact mode: ranks whose own settings differ (shm inline on one rank only, a CPU and a sim rank) agree on the schedule") {
+  // Whether the sums go chunk by chunk is one collective decision: a rank with shm's worker
+  // thread (PHALANX_SHM_INLINE=0) or its model on an accelerator next to a chunking rank
+  // must not issue other allreduces than its peer (a mismatch, or the W = 1 bits lost).
+  set_num_threads(1);
+  const Data d = make_data();
+  auto train = [&](ProcessGroupPtr pg, Device device) {
+    Generator g(11);
+    DDPOptions o = exact_options();
+    o.bucket_cap_mb = o.first_bucket_mb = 25;  // one bucket of 55005 elements: two chunks
+    auto model = nn::mlp({kFeatures, 2500, kClasses}, "relu", &g);
+    model->to(device);
+    DDP ddp(model, pg, o);
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+    for (int t = 0; t < 2; ++t) {
+      for (std::int64_t m : my_micro_batches(t, pg->rank(), pg->size())) {
+        Tensor xb, yb;
+        gather(d, micro_samples(t, m), xb, yb);
+        cross_entropy(ddp.forward(xb.to(device)), yb.to(device)).backward();
+      }
+      opt.step();
+    }
+    return bytes_of(ddp.parameters());
+  };
+  std::vector<char> one;
+  run_threads(1, [&](int) { one = train(make_world_of_one(), Device::cpu()); });
+  {  // threads: rank 1's model on the sim device (shm stages its tensors)
+    std::vector<std::vector<char>> got(2);
+    auto store = std::make_shared<MemoryStore>();
+    run_threads(2, [&](int rank) {
+      got[rank] = train(make_thread_group("shm", rank, 2, store, std::chrono::seconds(20)),
+                        rank == 1 ? Device::sim() : Device::cpu());
+    });
+    for (const auto& w : got) CHECK(w == one);
+  }
+  // Processes: shm inline on rank 0, on its worker thread on rank 1.
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  char path[] = "/tmp/phalanx_exact_XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  const auto results = run_processes(2, [&](int rank) {
+    set_rank_env(rank, 2, port, "shm");
+    ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+    ::setenv("PHALANX_SHM_INLINE", rank == 0 ? "1" : "0", 1);
+    ::setenv("PHALANX_TIMEOUT", "20", 1);
+    auto pg = parallel::init_process_group();
+    const auto w = train(pg, Device::cpu());
+    if (rank == 0) std::ofstream(path, std::ios::binary).write(w.data(), static_cast<std::streamsize>(w.size()));
+    return 0;
+  });
+  CHECK(results[0].exit_code == 0);
+  CHECK(results[1].exit_code == 0);
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(path);
+  CHECK(got == one);
+}
+
 TEST_CASE("exact mode: zero_grad is optional (the step's first micro-batch overwrites .grad)") {
   set_num_threads(1);
   CHECK(run_world(2, "sgd", 3, false).weights == run_world(2, "sgd", 3, true).weights);
