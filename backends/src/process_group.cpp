@@ -238,7 +238,15 @@ WorkPtr ProcessGroup::call(const char* op, const std::string& signature, Body bo
 template <class Fn>
 WorkPtr ProcessGroup::run_inline(const char* op, Fn& fn, const std::string& signature) {
   {
-    const std::uint64_t seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
+    // One thread issues a restricted group's operations (Backend::restrict_to_this_thread):
+    // its sequence number needs no atomic read-modify-write.
+    std::uint64_t seq;
+    if (be_->only_thread_ != std::thread::id()) {
+      seq = next_seq_.load(std::memory_order_relaxed);
+      next_seq_.store(seq + 1, std::memory_order_relaxed);
+    } else {
+      seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
+    }
     const auto timeout = timeout_ + std::chrono::seconds(5);
     // This thread's last inline Work, reused once nobody else holds it (the caller waited
     // and dropped it): no allocation, no construction of its mutex and condition variable.
@@ -256,7 +264,10 @@ WorkPtr ProcessGroup::run_inline(const char* op, Fn& fn, const std::string& sign
       explicit SpareOwner(Spare*& s) : slot(s) { slot = &spare; }
       ~SpareOwner() { slot = nullptr; }
     };
-    thread_local Spare* spare_slot = nullptr;
+    // initial-exec: the pointer sits at a fixed offset from the thread pointer (no
+    // __tls_get_addr call); 8 bytes of libphalanx's static TLS, which glibc reserves room for
+    // even when the library is dlopen()ed.
+    __attribute__((tls_model("initial-exec"))) thread_local Spare* spare_slot = nullptr;
     Spare* spare_ptr = spare_slot;
     if (!spare_ptr) {
       thread_local SpareOwner owner(spare_slot);

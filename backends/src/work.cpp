@@ -22,8 +22,8 @@ bool Work::poll_locked() {
   return true;
 }
 
-void Work::wait(std::chrono::milliseconds timeout) {
-  if (done_.load(std::memory_order_acquire)) {  // every inline operation: no lock, no clock
+void Work::wait_slow(std::chrono::milliseconds timeout) {
+  if (done_.load(std::memory_order_acquire)) {  // failed: no lock, no clock
     if (error_) std::rethrow_exception(error_);
     return;
   }
@@ -53,8 +53,7 @@ void Work::wait(std::chrono::milliseconds timeout) {
   if (error_) std::rethrow_exception(error_);
 }
 
-bool Work::is_completed() const {
-  if (done_.load(std::memory_order_acquire)) return true;
+bool Work::poll_completed() const {
   if (!polled_.load(std::memory_order_acquire)) return false;
   std::unique_lock<std::mutex> lock(mu_);
   if (!done_.load(std::memory_order_relaxed) && poll_) return const_cast<Work*>(this)->poll_locked();

@@ -16,6 +16,8 @@ class Work {
  public:
   Work(std::string op, std::uint64_t seq, int rank, std::chrono::milliseconds timeout)
       : op_(std::move(op)), seq_(seq), rank_(rank), timeout_(timeout) {}
+  Work(const char* op, std::uint64_t seq, int rank, std::chrono::milliseconds timeout)
+      : op_(op), seq_(seq), rank_(rank), timeout_(timeout) {}
   virtual ~Work() = default;
 
   /// Blocks until the operation finished; rethrows its error. Waits at most `timeout`
@@ -24,9 +26,13 @@ class Work {
   /// is driven from here: one non-blocking step, then a yield (a sleep after the first
   /// millisecond), until it ends; such a Work may be waited on only from the thread its
   /// backend allows (ConfigError otherwise, the Work stays pending).
-  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+    // Inline: every operation that ran on the caller's thread ends here, with no call.
+    if (done_.load(std::memory_order_acquire) && !error_) return;
+    wait_slow(timeout);
+  }
   /// Whether the operation finished; a Work its waiter progresses takes one step here.
-  bool is_completed() const;
+  bool is_completed() const { return done_.load(std::memory_order_acquire) || poll_completed(); }
   /// The error the operation ended with (null while running or on success).
   std::exception_ptr exception() const;
 
@@ -55,6 +61,8 @@ class Work {
   /// One poll step under mu_ (held by `lock`); true once done_.
   bool poll_locked();
   [[noreturn]] void throw_timeout(std::chrono::milliseconds timeout) const;
+  void wait_slow(std::chrono::milliseconds timeout);
+  bool poll_completed() const;  // is_completed() of a Work not done yet
 
   std::string op_;
   std::uint64_t seq_;
