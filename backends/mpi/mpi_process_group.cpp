@@ -14,6 +14,7 @@
 #include "phalanx/backends/host_staging.hpp"
 #include "phalanx/core/half.hpp"
 #include "phalanx/core/kernels.hpp"
+#include "phalanx/core/tensor_impl.hpp"
 
 namespace phalanx::mpi_backend {
 
@@ -203,10 +204,12 @@ char* MpiProcessGroup::scratch(std::size_t bytes) {
 }
 
 void MpiProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
-  const int n = count_of(t.numel(), "allreduce");
-  if (t.device().is_cpu()) {  // the hot path: one MPI call on the tensor itself
-    const DType dt = t.dtype();
-    void* data = t.raw_data();
+  // The tensor's fields read inline (the group checked it is defined): no call into core.
+  const TensorImpl& ti = *t.impl();
+  const int n = count_of(ti.numel(), "allreduce");
+  if (ti.device().is_cpu()) {  // the hot path: one MPI call on the tensor itself
+    const DType dt = ti.dtype();
+    void* data = ti.data();
     const MPI_Op mop = dt == DType::Float16 ? sum_fp16_ : dt == DType::BFloat16 ? sum_bf16_ : mpi_builtin_op(op);
     {
       MpiCall call(locked_);

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/tensor_impl.hpp"
 #include "phalanx/core/timeline.hpp"
 
 namespace phalanx {
@@ -428,7 +429,7 @@ const std::string kNoSignature;  // no collective check set: nothing to build, c
 
 WorkPtr ProcessGroup::allreduce(const Tensor& t, ReduceOp op) {
   check_tensor(t, "allreduce", "tensor");
-  const DType dt = t.dtype();
+  const DType dt = t.impl()->dtype();  // inline (defined: checked)
   if ((dt == DType::Float16 || dt == DType::BFloat16) && op != ReduceOp::Sum)
     throw TypeError(std::string("allreduce: ") + dtype_name(dt) + " tensors support sum only");
   if (op == ReduceOp::Avg && dt != DType::Float32)
