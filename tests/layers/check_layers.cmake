@@ -1,5 +1,5 @@
 # cmake -DBUILD_DIR=... -DCASES="target=header;..." -DCONTROL=target -DSOURCE_DIR=... \
-#       -DCOMPONENTS="core;backends;..." -P check_layers.cmake
+#       -DCOMPONENTS="core;backends;..." -DLINKS="layer_link_core;..." -DLINK_CONTROL=target -P check_layers.cmake
 # Each case must fail to compile because its header is not found; the control must compile.
 function(build target out_rc out_log)
   execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${target}
@@ -27,6 +27,31 @@ foreach(case IN LISTS CASES)
     message(STATUS "ok: ${target} fails: ${header} is out of reach")
   endif()
 endforeach()
+# The link level: each layer_link_<component> (its objects and those of the layers below it,
+# -Wl,--no-undefined) must link; the control (core's objects and a hand-declared call into
+# parallel/) must fail with an undefined reference, so the check is known to bite.
+if(LINK_CONTROL)
+  build(${LINK_CONTROL} rc log)
+  if(rc EQUAL 0)
+    string(APPEND failures "${LINK_CONTROL}: linked, but core's objects cannot define a function of parallel/\n")
+  elseif(NOT log MATCHES "undefined reference to `phalanx::parallel::destroy_process_group")
+    string(APPEND failures "${LINK_CONTROL}: failed for another reason than the undefined function:\n${log}\n")
+  else()
+    message(STATUS "ok: ${LINK_CONTROL} fails to link: a call into a layer above is an undefined symbol")
+  endif()
+endif()
+foreach(target IN LISTS LINKS)
+  build(${target} rc log)
+  if(NOT rc EQUAL 0)
+    string(REGEX MATCHALL "undefined reference to `[^']*'" undefined "${log}")
+    list(REMOVE_DUPLICATES undefined)
+    string(APPEND failures "${target}: its objects use symbols of no layer below them (a function declared by hand "
+                           "across a layer?): ${undefined}\n${log}\n")
+  else()
+    message(STATUS "ok: ${target} links with the layers below it only")
+  endif()
+endforeach()
+
 # A relative or absolute #include ("../../parallel/include/phalanx/parallel/launch_env.hpp")
 # is resolved beside the including file, not through the include path, so the cases above
 # cannot see it: in a component's folder it must stay inside that folder.
