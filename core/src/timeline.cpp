@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -40,9 +41,13 @@ struct Event {
   char phase;  // 'X', 'b', 'e'
 };
 
+// A deque, not a vector: memory grows in small blocks with the events (no doubling to twice
+// the budget, no copy of the whole buffer under the lock while training).
+using Events = std::deque<Event>;
+
 struct ThreadLog {
   std::mutex mu;
-  std::vector<Event> events;
+  Events events;
   int tid = 0;
   const char* name = nullptr;
 };
@@ -64,10 +69,41 @@ State& state() {
 
 thread_local std::shared_ptr<ThreadLog> t_log;
 
+// The budget (PHALANX_TIMELINE_MAX_EVENTS): every append takes a ticket; tickets at or past
+// the budget are dropped, and the one equal to it turns recording off, so every event site
+// is back on the off path (one load, one branch). At most `g_budget` events are kept.
+constexpr std::uint64_t kDefaultMaxEvents = 1'000'000;
+std::atomic<std::uint64_t> g_tickets{0};
+std::atomic<std::uint64_t> g_budget{kDefaultMaxEvents};
+std::atomic<std::int64_t> g_truncated_ns{0};  // steady ns when the budget ran out; 0: it did not
+
+int env_int(const char* name, int fallback);
+
+/// This process's rank and world size: the default world's, else RANK / WORLD_SIZE, else 0 of 1.
+std::pair<int, int> rank_and_world(const WorldInfo& w) {
+  const int rank = w.initialized ? w.rank : env_int("RANK", 0);
+  int world = w.initialized ? w.size : env_int("WORLD_SIZE", 1);
+  if (rank >= world) world = rank + 1;
+  return {rank, world};
+}
+
+/// The budget ran out on this thread (once per process): recording stops.
+void truncate_now() noexcept {
+  g_truncated_ns.store(now_ns(), std::memory_order_relaxed);
+  detail::g_recording.store(false, std::memory_order_release);
+  try {
+    const int rank = rank_and_world(default_world()).first;
+    std::fprintf(stderr,
+                 "phalanx timeline: %llu events recorded on rank %d, the budget; later events are not recorded "
+                 "(raise PHALANX_TIMELINE_MAX_EVENTS for a longer trace)\n",
+                 static_cast<unsigned long long>(g_budget.load(std::memory_order_relaxed)), rank);
+  } catch (...) {
+  }
+}
+
 ThreadLog& this_log() {
   if (!t_log) {
     auto log = std::make_shared<ThreadLog>();
-    log->events.reserve(1024);
     if (static_cast<pid_t>(::syscall(SYS_gettid)) == ::getpid()) log->name = "main";
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
@@ -79,6 +115,12 @@ ThreadLog& this_log() {
 }
 
 void append(const Event& e) noexcept {
+  const std::uint64_t ticket = g_tickets.fetch_add(1, std::memory_order_relaxed);
+  const std::uint64_t budget = g_budget.load(std::memory_order_relaxed);
+  if (ticket >= budget) {
+    if (ticket == budget) truncate_now();
+    return;
+  }
   try {
     ThreadLog& log = this_log();
     std::lock_guard<std::mutex> lock(log.mu);
@@ -143,7 +185,8 @@ std::string metadata(int rank, int tid, const char* what, const std::string& key
 /// One line per event; "ts" in microseconds since the epoch (wall clock), so parts of
 /// ranks on one host line up exactly and those of other hosts as well as their clocks agree.
 std::vector<std::string> rank_lines(int rank, std::int64_t offset,
-                                    const std::vector<std::pair<std::shared_ptr<ThreadLog>, std::vector<Event>>>& logs) {
+                                    const std::vector<std::pair<std::shared_ptr<ThreadLog>, Events>>& logs,
+                                    std::int64_t truncated_ns, std::uint64_t budget) {
   std::vector<std::string> lines;
   lines.push_back(metadata(rank, 0, "process_name", "name", "\"rank " + std::to_string(rank) + "\""));
   lines.push_back(metadata(rank, 0, "process_sort_index", "sort_index", std::to_string(rank)));
@@ -185,6 +228,18 @@ std::vector<std::string> rank_lines(int rank, std::int64_t offset,
     }
     write_args(line, e.a, e.b);
     line += '}';
+    lines.push_back(std::move(line));
+  }
+  if (truncated_ns != 0) {
+    // An instant event on the rank's whole row, where the recording stopped; it starts
+    // with "name" and has a "ts", like every event line, so the merge keeps and shifts it.
+    std::string line = "{\"name\":";
+    write_string(line, ("timeline truncated after " + std::to_string(budget) + " events on rank " +
+                        std::to_string(rank) + "; raise PHALANX_TIMELINE_MAX_EVENTS")
+                           .c_str());
+    line += ",\"cat\":\"timeline\",\"ph\":\"i\",\"s\":\"p\",\"pid\":" + std::to_string(rank) + ",\"tid\":0,\"ts\":";
+    write_us(line, truncated_ns + offset);
+    line += ",\"args\":{\"max_events\":" + std::to_string(budget) + "}}";
     lines.push_back(std::move(line));
   }
   return lines;
@@ -260,8 +315,12 @@ void try_merge(const std::string& path, int world, int rank, std::int64_t start_
   const std::string claimed = path + ".merging" + std::to_string(::getpid());
   if (std::rename(part_path(path, 0).c_str(), claimed.c_str()) != 0) return;  // another rank merges
   std::vector<std::string> lines;
+  std::string truncated;  // the ranks whose budget ran out (their parts end with the marker)
   for (int r = 0; r < world; ++r) {
     auto ev = part_events(r == 0 ? claimed : part_path(path, r));
+    for (const auto& l : ev)
+      if (l.find(",\"cat\":\"timeline\",\"ph\":\"i\"") != std::string::npos)
+        truncated += (truncated.empty() ? "" : ",") + std::to_string(r);
     lines.insert(lines.end(), std::make_move_iterator(ev.begin()), std::make_move_iterator(ev.end()));
   }
   // Timestamps from the first event of the job on: small numbers, exact (text arithmetic).
@@ -277,7 +336,8 @@ void try_merge(const std::string& path, int world, int rank, std::int64_t start_
     if (origin >= 0 && find_ts(l, &at, &end, &whole)) l.replace(at, end - at, std::to_string(whole - origin));
   }
   const std::string other = "\"phalanx_timeline\":1,\"world\":" + std::to_string(world) +
-                            ",\"origin_unix_us\":" + std::to_string(origin < 0 ? 0 : origin);
+                            ",\"origin_unix_us\":" + std::to_string(origin < 0 ? 0 : origin) +
+                            (truncated.empty() ? "" : ",\"truncated_ranks\":[" + truncated + "]");
   std::string error;
   if (!write_atomically(path, document(other, lines), &error)) {
     std::fprintf(stderr, "phalanx timeline: %s; the parts stay in %s.rank*.part\n", error.c_str(), path.c_str());
@@ -286,6 +346,20 @@ void try_merge(const std::string& path, int world, int rank, std::int64_t start_
   }
   std::remove(claimed.c_str());
   for (int r = 1; r < world; ++r) std::remove(part_path(path, r).c_str());
+}
+
+/// PHALANX_TIMELINE_MAX_EVENTS: a positive whole number (strict), else the default.
+std::uint64_t max_events_from_env() {
+  const char* v = std::getenv("PHALANX_TIMELINE_MAX_EVENTS");
+  if (!v || !*v) return kDefaultMaxEvents;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*v < '0' || *v > '9' || *end != '\0' || errno != 0 || n < 1 || n > (1ULL << 40))
+    throw ConfigError(std::string("PHALANX_TIMELINE_MAX_EVENTS='") + v +
+                      "' is not a positive whole number of events per rank; unset it (1000000, about 80 MB) "
+                      "or give one such as 5000000");
+  return n;
 }
 
 int env_int(const char* name, int fallback) {
@@ -359,7 +433,11 @@ void start(const std::string& file) {
   if (::stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || ::access(folder.c_str(), W_OK | X_OK) != 0)
     throw ConfigError("PHALANX_TIMELINE='" + file + "': the folder '" + folder +
                       "' does not exist or is not writable; create it or choose another file");
+  const std::uint64_t budget = max_events_from_env();
   s.path = file;
+  g_budget.store(budget, std::memory_order_relaxed);
+  g_tickets.store(0, std::memory_order_relaxed);
+  g_truncated_ns.store(0, std::memory_order_relaxed);
   const std::int64_t steady = now_ns();
   s.start_wall = wall_ns();
   s.wall_minus_steady = s.start_wall - steady;
@@ -380,7 +458,7 @@ std::string path() {
 void finish() noexcept {
   try {
     State& s = state();
-    std::vector<std::pair<std::shared_ptr<ThreadLog>, std::vector<Event>>> logs;
+    std::vector<std::pair<std::shared_ptr<ThreadLog>, Events>> logs;
     std::string file;
     std::int64_t offset, start_wall;
     {
@@ -391,7 +469,7 @@ void finish() noexcept {
       file = s.path;
       offset = s.wall_minus_steady;
       start_wall = s.start_wall;
-      for (const auto& log : s.logs) logs.emplace_back(log, std::vector<Event>{});
+      for (const auto& log : s.logs) logs.emplace_back(log, Events{});
     }
     for (auto& [log, events] : logs) {
       std::lock_guard<std::mutex> lock(log->mu);
@@ -403,13 +481,15 @@ void finish() noexcept {
     // A process that recorded nothing and joined no world (the launcher, phalanx-run, loads
     // the library with its workers' environment) writes nothing: its "rank 0" is no rank.
     if (count == 0 && !w.initialized) return;
-    const int rank = w.initialized ? w.rank : env_int("RANK", 0);
-    int world = w.initialized ? w.size : env_int("WORLD_SIZE", 1);
-    if (rank >= world) world = rank + 1;
-    const std::string other = "\"phalanx_timeline\":1,\"rank\":" + std::to_string(rank) +
-                              ",\"world\":" + std::to_string(world);
+    const auto [rank, world] = rank_and_world(w);
+    const std::int64_t truncated_ns = g_truncated_ns.load(std::memory_order_relaxed);
+    const std::uint64_t budget = g_budget.load(std::memory_order_relaxed);
+    std::string other = "\"phalanx_timeline\":1,\"rank\":" + std::to_string(rank) + ",\"world\":" + std::to_string(world) +
+                        ",\"events\":" + std::to_string(count) + ",\"max_events\":" + std::to_string(budget);
+    if (truncated_ns != 0) other += ",\"truncated\":true";
     std::string error;
-    if (!write_atomically(part_path(file, rank), document(other, rank_lines(rank, offset, logs)), &error)) {
+    if (!write_atomically(part_path(file, rank), document(other, rank_lines(rank, offset, logs, truncated_ns, budget)),
+                          &error)) {
       std::fprintf(stderr, "phalanx timeline: %s; rank %d's events are lost\n", error.c_str(), rank);
       return;
     }

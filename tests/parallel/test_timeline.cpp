@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -59,11 +60,14 @@ std::int64_t gradient_bytes() {
 /// Two ranks train kSteps DDP steps (small buckets: several per backward); each calls
 /// timeline::start(file) first when `file` is not empty.
 /// `cwd`: the children's working directory (where a relative file would land).
-std::vector<ProcResult> train_two_ranks(const std::string& file, int crash_rank = -1, const std::string& cwd = "") {
+/// `max_events`: the children's PHALANX_TIMELINE_MAX_EVENTS (small: the budget runs out).
+std::vector<ProcResult> train_two_ranks(const std::string& file, int crash_rank = -1, const std::string& cwd = "",
+                                        const char* max_events = nullptr) {
   TcpStoreServer server(TcpStoreOptions{});
   const int port = server.port();
   return run_processes(2, [&](int rank) {
     if (!cwd.empty()) REQUIRE_RANK(rank, ::chdir(cwd.c_str()) == 0, cwd);
+    if (max_events) ::setenv("PHALANX_TIMELINE_MAX_EVENTS", max_events, 1);
     if (!file.empty()) timeline::start(file);
     set_rank_env(rank, 2, port);
     ::setenv("PHALANX_STORE_HOSTED", "1", 1);
@@ -83,7 +87,9 @@ std::vector<ProcResult> train_two_ranks(const std::string& file, int crash_rank 
       opt->step();
     }
     if (rank == crash_rank) ::_exit(0);  // as if killed: no destroy, no exit handlers
-    REQUIRE_RANK(rank, timeline::enabled() == !file.empty(), "recording");
+    // A budget that ran out stops the recording; the file is still written at the end.
+    REQUIRE_RANK(rank, timeline::enabled() == (!file.empty() && !max_events), "recording");
+    REQUIRE_RANK(rank, timeline::path() == file, timeline::path());
     parallel::destroy_process_group();
     return 0;
   }, 60s);
@@ -136,6 +142,7 @@ TEST_CASE("PHALANX_TIMELINE: one Chrome trace for a 2-worker DDP run; every buck
   // One file: the parts were merged and removed.
   CHECK(dir.files() == std::set<std::string>{"job.json"});
   const std::vector<Ev> all = read_events(file);
+  for (const auto& e : all) CHECK(e.cat != "timeline");  // within the budget: no truncation marker
   const std::int64_t grad_bytes = gradient_bytes();
   std::map<int, std::vector<Ev>> allreduces;
   for (int rank : {0, 1}) {
@@ -243,6 +250,59 @@ TEST_CASE("a rank that dies leaves no merged file, and the others' parts open on
   const auto events = read_events(file + ".rank0.part");
   CHECK(select(events, 0, "ddp", "forward").size() == kSteps);
   CHECK(select(events, 0, "comm", "allreduce").size() >= 3 * kSteps);
+}
+
+TEST_CASE("PHALANX_TIMELINE_MAX_EVENTS: a rank keeps exactly the budget, the trace says it was truncated and stays valid") {
+  constexpr int kBudget = 30;  // a step records about 20 events: the budget runs out in step 2
+  TempDir dir;
+  const std::string file = dir.path + "/job.json";
+  const auto results = train_two_ranks(file, -1, "", std::to_string(kBudget).c_str());
+  REQUIRE(results[0].exit_code == 0);
+  REQUIRE(results[1].exit_code == 0);
+  CHECK(dir.files() == std::set<std::string>{"job.json"});  // merged as usual
+  const std::vector<Ev> all = read_events(file);            // valid JSON
+  {
+    std::ifstream f(file);
+    CHECK(nlohmann::json::parse(f).at("otherData").at("truncated_ranks") == nlohmann::json::array({0, 1}));
+  }
+  for (int rank : {0, 1}) {
+    CAPTURE(rank);
+    int kept = 0;
+    std::vector<Ev> markers;
+    double last = 0;
+    for (const auto& e : all) {
+      if (e.pid != rank || e.ph == "M") continue;
+      if (e.cat == "timeline") {
+        markers.push_back(e);
+      } else {
+        ++kept;
+        last = std::max(last, e.ts);
+      }
+    }
+    CHECK(kept == kBudget);  // memory bounded: no event kept past the budget
+    REQUIRE(markers.size() == 1);
+    CHECK(markers[0].name == "timeline truncated after " + std::to_string(kBudget) + " events on rank " +
+                                 std::to_string(rank) + "; raise PHALANX_TIMELINE_MAX_EVENTS");
+    CHECK(markers[0].ph == "i");
+    CHECK(markers[0].args.at("max_events") == kBudget);
+    CHECK(markers[0].ts + 1 >= last);  // where the recording stopped: after every kept event began
+    // The run went on past the budget: not all three steps were recorded.
+    CHECK(select(all, rank, "optim", "optimizer step").size() < static_cast<std::size_t>(kSteps));
+  }
+}
+
+TEST_CASE("PHALANX_TIMELINE_MAX_EVENTS: a value that is not a positive whole number is a one-line error") {
+  TempDir dir;
+  for (const char* bad : {"0", "-5", "12x", "1e6", " 7", "99999999999999999999999"}) {
+    CAPTURE(bad);
+    ::setenv("PHALANX_TIMELINE_MAX_EVENTS", bad, 1);
+    const std::string expected = "PHALANX_TIMELINE_MAX_EVENTS='" + std::string(bad) + "' is not a positive whole number";
+    CHECK_THROWS_WITH_AS(timeline::start(dir.path + "/job.json"), doctest::Contains(expected.c_str()), ConfigError);
+    CHECK_FALSE(timeline::enabled());
+    CHECK(timeline::path().empty());
+  }
+  ::unsetenv("PHALANX_TIMELINE_MAX_EVENTS");
+  CHECK(dir.files().empty());
 }
 
 TEST_CASE("timeline::start: a file in a folder that does not exist is a one-line error") {

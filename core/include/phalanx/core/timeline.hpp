@@ -7,7 +7,13 @@
 // Off by default, and free then: every event site costs one relaxed atomic load and one
 // branch (Span's destructor tests a member it set itself; its few members are zeroed on the
 // stack), no allocation, no lock, no clock read. On, an event is one steady-clock read at each end and an append to this thread's
-// own buffer (its own mutex, uncontended but for the final write).
+// own buffer (its own mutex, uncontended but for the final write), after one relaxed
+// fetch_add on the process's event counter.
+//
+// Bounded: a rank keeps at most PHALANX_TIMELINE_MAX_EVENTS events (default 1,000,000, about
+// 80 bytes each). The event that would exceed it turns recording off (every site is back on
+// the off path) and the trace ends with an instant event "timeline truncated after N events
+// on rank R; raise PHALANX_TIMELINE_MAX_EVENTS".
 //
 // Names, categories and argument keys must be string literals (or otherwise outlive the
 // process): events keep the pointers.
@@ -23,7 +29,7 @@ extern std::atomic<bool> g_recording;
 }
 
 /// Whether events are being recorded (PHALANX_TIMELINE was set, or start() was called, and
-/// finish() has not run yet).
+/// finish() has not run yet, and the event budget has not run out).
 inline bool enabled() noexcept { return detail::g_recording.load(std::memory_order_relaxed); }
 
 /// An integer argument shown in the event's details ("bytes", "bucket", ...).
@@ -96,9 +102,10 @@ class Span {
 };
 
 /// Starts recording into `path` (what PHALANX_TIMELINE=path does when the library loads;
-/// for programs and tests that choose the file themselves). Throws ConfigError when the
-/// file's folder does not exist or is not writable, or when the timeline already finished
-/// in this process. Idempotent for the same path.
+/// for programs and tests that choose the file themselves). Reads the event budget from
+/// PHALANX_TIMELINE_MAX_EVENTS. Throws ConfigError when the file's folder does not exist or
+/// is not writable, when the budget is not a positive whole number, or when the timeline
+/// already finished in this process. Idempotent for the same path.
 void start(const std::string& path);
 
 /// The file the timeline writes, or "" when it is off.
