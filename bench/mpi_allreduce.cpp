@@ -9,11 +9,13 @@
 // Optional arguments: [max_bytes [iterations]]: only the sizes up to max_bytes, and that many
 // iterations per timed loop (e.g. `... bench_mpi_allreduce 4 200000` to profile the 4-byte path).
 //
-// The raw column above runs at the plugin's thread level (MPI_THREAD_SERIALIZED), and OpenMPI
-// 4.1 turns on its internal locking at any level above MPI_THREAD_SINGLE (~0.1 us per small
-// allreduce on this machine). `--raw-single [max_bytes [iterations]]` times raw OpenMPI as the
-// anchor and a plain MPI program run it: MPI_Init (MPI_THREAD_SINGLE), no Phalanx; run it as a
-// separate job next to the plugin's run (docs/mpi.md, "Speed").
+// The raw column above runs at the plugin's thread level: MPI_THREAD_SINGLE by default, so
+// both columns pay what a plain MPI program pays; MPI_THREAD_SERIALIZED with
+// PHALANX_MPI_THREADS=serialized or PHALANX_MPI_ASYNC=1 (OpenMPI 4.1 then locks inside every
+// call, ~0.1 us per small allreduce on this machine, both columns). `--raw-single
+// [max_bytes [iterations]]` times raw OpenMPI as the anchor and a plain MPI program run it:
+// MPI_Init (MPI_THREAD_SINGLE), no Phalanx; run it as a separate job next to the plugin's
+// run (docs/mpi.md, "Speed").
 #include <mpi.h>
 
 #include <algorithm>
@@ -40,6 +42,16 @@ int iterations_for(std::size_t bytes, int iterations) {
   return iterations > 0 ? iterations : bytes <= 65536 ? 2000 : bytes <= (4u << 20) ? 50 : 10;
 }
 
+/// The thread level MPI runs at (the plugin chose it when it initialised MPI).
+const char* level_name() {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  return level == MPI_THREAD_SINGLE       ? "MPI_THREAD_SINGLE"
+         : level == MPI_THREAD_FUNNELED   ? "MPI_THREAD_FUNNELED"
+         : level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"
+                                          : "MPI_THREAD_MULTIPLE";
+}
+
 /// --raw-single: raw OpenMPI only, initialised as a plain MPI program (MPI_THREAD_SINGLE).
 int raw_single(std::size_t max_bytes, int iterations) {
   MPI_Init(nullptr, nullptr);
@@ -63,7 +75,7 @@ int raw_single(std::size_t max_bytes, int iterations) {
       raw.push_back((MPI_Wtime() - t0) / it);
     }
     if (rank == 0) {
-      std::printf("%10zu %12.2f | %12.2f\n", bytes, median(raw) * 1e6, *std::min_element(raw.begin(), raw.end()) * 1e6);
+      std::printf("%10zu %12.3f | %12.3f\n", bytes, median(raw) * 1e6, *std::min_element(raw.begin(), raw.end()) * 1e6);
       std::fflush(stdout);
     }
   }
@@ -92,8 +104,8 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     bench::print_environment("bench_mpi_allreduce");
     std::printf("allreduce float32 sum in place, %d ranks, us per call: median of 5 | best of 5; "
-                "speed = raw time / Phalanx time; raw at the plugin's MPI thread level (compare --raw-single)\n",
-                pg->size());
+                "speed = raw time / Phalanx time; raw at the plugin's MPI thread level, %s (compare --raw-single)\n",
+                pg->size(), level_name());
     std::printf("%10s %12s %12s %7s | %12s %12s %7s\n", "bytes", "raw OpenMPI", "Phalanx mpi", "speed", "raw OpenMPI",
                 "Phalanx mpi", "speed");
   }
@@ -122,7 +134,7 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       const double r = median(raw), o = median(ours);
       const double rb = *std::min_element(raw.begin(), raw.end()), ob = *std::min_element(ours.begin(), ours.end());
-      std::printf("%10zu %12.2f %12.2f %6.2fx | %12.2f %12.2f %6.2fx\n", bytes, r * 1e6, o * 1e6, r / o, rb * 1e6,
+      std::printf("%10zu %12.3f %12.3f %6.3fx | %12.3f %12.3f %6.3fx\n", bytes, r * 1e6, o * 1e6, r / o, rb * 1e6,
                   ob * 1e6, rb / ob);
       std::fflush(stdout);
     }

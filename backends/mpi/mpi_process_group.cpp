@@ -346,7 +346,17 @@ void MpiProcessGroup::run_recv(Tensor& t, int src, int tag, std::uint64_t seq) {
 }
 
 void MpiProcessGroup::defer_to_waiter(std::shared_ptr<Posted> p) {
-  // Forget what ended (the owning thread only: no lock).
+  // Complete what finished meanwhile (a send whose Work was dropped unwaited is never
+  // polled: its request is freed here, not kept until the group ends), then forget what
+  // ended. The owning thread only: no lock.
+  for (auto& q : posted_) {
+    if (q->ended) continue;
+    int done = 0;
+    if (MPI_Test(&q->request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+      q->ended = true;
+      if (q->target.defined()) copy_back(q->host, q->target);
+    }
+  }
   posted_.erase(std::remove_if(posted_.begin(), posted_.end(), [](const auto& q) { return q->ended; }),
                 posted_.end());
   posted_.push_back(p);
@@ -354,7 +364,7 @@ void MpiProcessGroup::defer_to_waiter(std::shared_ptr<Posted> p) {
 }
 
 bool MpiProcessGroup::poll(Posted& p) {
-  if (p.ended) return true;  // not reached: the Work ends with the poll that ended it
+  if (p.ended) return true;  // completed by defer_to_waiter's sweep
   int done = 0;
   check(MPI_Test(&p.request, &done, MPI_STATUS_IGNORE), p.op, p.seq);
   if (done) {

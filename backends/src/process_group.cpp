@@ -275,7 +275,9 @@ WorkPtr ProcessGroup::run_inline(const char* op, Fn& fn, const std::string& sign
       spare_ptr = &owner.spare;
     }
     Spare& spare = *spare_ptr;
-    if (spare.work && spare.work.use_count() == 1) {
+    // Not a Work dropped while still pending (a send nobody waited for, whose poll the
+    // backend may still need): that one is left to die with its poll, and replaced.
+    if (spare.work && spare.work.use_count() == 1 && spare.work->done_.load(std::memory_order_acquire)) {
       std::atomic_thread_fence(std::memory_order_acquire);  // the last holder's reads are done
       Work& w = *spare.work;
       if (spare.op != op) {

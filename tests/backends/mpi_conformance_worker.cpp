@@ -146,6 +146,17 @@ int run_thread_checks(int rank) {
   bs->wait();
   bv->wait();
   expect_values(r, "polled recv", got, [&](std::int64_t) { return peer + 10.0; });
+  // Sends whose Works are dropped unwaited (fire and forget) still arrive, in order.
+  if (r == 0) {
+    for (int k = 0; k < 50; ++k) pg->send(full({16}, static_cast<float>(k)), 1, 6);
+  } else {
+    for (int k = 0; k < 50; ++k) {
+      Tensor x = zeros({16});
+      pg->recv(x, 0, 6)->wait();
+      expect_values(r, "unwaited send", x, [&](std::int64_t) { return k; });
+    }
+  }
+  pg->barrier()->wait();
   // 4. At serialized, a whole ring posted and waited on from another thread.
   if (!single) {
     Tensor x = zeros({8});
