@@ -182,41 +182,80 @@ std::string metadata(int rank, int tid, const char* what, const std::string& key
   return out;
 }
 
+/// A Chrome-trace document written line by line into a temporary file that commit()
+/// renames to `path`: `path` is never partial, and the text is never held whole in memory
+/// (a rank's part or the merged file of many ranks can be hundreds of megabytes).
+class TraceWriter {
+ public:
+  TraceWriter(const std::string& path, const std::string& other)
+      : path_(path), tmp_(path + ".tmp" + std::to_string(::getpid())), f_(tmp_, std::ios::binary | std::ios::trunc) {
+    f_ << "{\"displayTimeUnit\":\"ns\",\"otherData\":{" << other << "},\"traceEvents\":[\n";
+  }
+  ~TraceWriter() {
+    if (!committed_) std::remove(tmp_.c_str());
+  }
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  /// One event line (no separator: the writer puts ",\n" between lines).
+  void line(const std::string& l) {
+    if (!first_) f_ << ",\n";
+    first_ = false;
+    f_ << l;
+  }
+
+  /// Closes the document and renames it into place; false (and `error`) when a write failed.
+  bool commit(std::string* error) {
+    f_ << "\n]}\n";
+    f_.flush();
+    if (!f_) {
+      *error = "cannot write " + tmp_ + ": " + std::strerror(errno);
+      return false;
+    }
+    f_.close();
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      *error = "cannot rename " + tmp_ + " to " + path_ + ": " + std::strerror(errno);
+      return false;
+    }
+    committed_ = true;
+    return true;
+  }
+
+ private:
+  std::string path_, tmp_;
+  std::ofstream f_;
+  bool first_ = true, committed_ = false;
+};
+
 /// One line per event; "ts" in microseconds since the epoch (wall clock), so parts of
 /// ranks on one host line up exactly and those of other hosts as well as their clocks agree.
-std::vector<std::string> rank_lines(int rank, std::int64_t offset,
-                                    const std::vector<std::pair<std::shared_ptr<ThreadLog>, Events>>& logs,
-                                    std::int64_t truncated_ns, std::uint64_t budget) {
-  std::vector<std::string> lines;
-  lines.push_back(metadata(rank, 0, "process_name", "name", "\"rank " + std::to_string(rank) + "\""));
-  lines.push_back(metadata(rank, 0, "process_sort_index", "sort_index", std::to_string(rank)));
-  std::vector<const Event*> all;
-  std::vector<int> tid_of;
+void write_rank(TraceWriter& out, int rank, std::int64_t offset,
+                const std::vector<std::pair<std::shared_ptr<ThreadLog>, Events>>& logs, std::int64_t truncated_ns,
+                std::uint64_t budget) {
+  out.line(metadata(rank, 0, "process_name", "name", "\"rank " + std::to_string(rank) + "\""));
+  out.line(metadata(rank, 0, "process_sort_index", "sort_index", std::to_string(rank)));
+  std::vector<std::pair<const Event*, int>> all;  // the event and its row
   for (const auto& [log, events] : logs) {
     if (events.empty()) continue;
     std::string name;
     write_string(name, log->name ? log->name : ("thread " + std::to_string(log->tid)).c_str());
-    lines.push_back(metadata(rank, log->tid, "thread_name", "name", name));
+    out.line(metadata(rank, log->tid, "thread_name", "name", name));
     // the main thread's row first, then the others in the order they first recorded
     const bool main = log->name && std::strcmp(log->name, "main") == 0;
-    lines.push_back(metadata(rank, log->tid, "thread_sort_index", "sort_index", std::to_string(main ? 0 : log->tid)));
-    for (const Event& e : events) {
-      all.push_back(&e);
-      tid_of.push_back(log->tid);
-    }
+    out.line(metadata(rank, log->tid, "thread_sort_index", "sort_index", std::to_string(main ? 0 : log->tid)));
+    for (const Event& e : events) all.emplace_back(&e, log->tid);
   }
-  std::vector<std::size_t> order(all.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return all[x]->ts < all[y]->ts; });
-  for (std::size_t i : order) {
-    const Event& e = *all[i];
-    std::string line = "{\"name\":";
+  std::stable_sort(all.begin(), all.end(), [](const auto& x, const auto& y) { return x.first->ts < y.first->ts; });
+  std::string line;
+  for (const auto& [ev, tid] : all) {
+    const Event& e = *ev;
+    line = "{\"name\":";
     write_string(line, event_name(e).c_str());
     line += ",\"cat\":";
     write_string(line, e.category);
     line += ",\"ph\":\"";
     line += e.phase;
-    line += "\",\"pid\":" + std::to_string(rank) + ",\"tid\":" + std::to_string(tid_of[i]) + ",\"ts\":";
+    line += "\",\"pid\":" + std::to_string(rank) + ",\"tid\":" + std::to_string(tid) + ",\"ts\":";
     write_us(line, e.ts + offset);
     if (e.phase == 'X') {
       line += ",\"dur\":";
@@ -228,67 +267,35 @@ std::vector<std::string> rank_lines(int rank, std::int64_t offset,
     }
     write_args(line, e.a, e.b);
     line += '}';
-    lines.push_back(std::move(line));
+    out.line(line);
   }
   if (truncated_ns != 0) {
     // An instant event on the rank's whole row, where the recording stopped; it starts
     // with "name" and has a "ts", like every event line, so the merge keeps and shifts it.
-    std::string line = "{\"name\":";
+    line = "{\"name\":";
     write_string(line, ("timeline truncated after " + std::to_string(budget) + " events on rank " +
                         std::to_string(rank) + "; raise PHALANX_TIMELINE_MAX_EVENTS")
                            .c_str());
     line += ",\"cat\":\"timeline\",\"ph\":\"i\",\"s\":\"p\",\"pid\":" + std::to_string(rank) + ",\"tid\":0,\"ts\":";
     write_us(line, truncated_ns + offset);
     line += ",\"args\":{\"max_events\":" + std::to_string(budget) + "}}";
-    lines.push_back(std::move(line));
+    out.line(line);
   }
-  return lines;
-}
-
-std::string document(const std::string& other, const std::vector<std::string>& lines) {
-  std::string out = "{\"displayTimeUnit\":\"ns\",\"otherData\":{" + other + "},\"traceEvents\":[\n";
-  for (std::size_t i = 0; i < lines.size(); ++i) {
-    out += lines[i];
-    out += i + 1 < lines.size() ? ",\n" : "\n";
-  }
-  out += "]}\n";
-  return out;
-}
-
-/// Writes `text` to `path` through a temporary file and a rename: `path` is never partial.
-bool write_atomically(const std::string& path, const std::string& text, std::string* error) {
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) {
-      *error = "cannot write " + tmp + ": " + std::strerror(errno);
-      std::remove(tmp.c_str());
-      return false;
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    *error = "cannot rename " + tmp + " to " + path + ": " + std::strerror(errno);
-    std::remove(tmp.c_str());
-    return false;
-  }
-  return true;
 }
 
 std::string part_path(const std::string& path, int rank) { return path + ".rank" + std::to_string(rank) + ".part"; }
 
-/// The event lines of a part (or of a claimed part): between the header and the footer.
-std::vector<std::string> part_events(const std::string& file) {
+/// Calls fn(line) for each event line of a part (or of a claimed part): between the header
+/// and the footer, without the separator. Line by line: the part is never held whole.
+template <class F>
+void for_each_part_event(const std::string& file, F&& fn) {
   std::ifstream f(file);
-  std::vector<std::string> out;
   std::string line;
   while (std::getline(f, line)) {
     if (line.rfind("{\"name\":", 0) != 0) continue;
     if (!line.empty() && line.back() == ',') line.pop_back();
-    out.push_back(std::move(line));
+    fn(line);
   }
-  return out;
 }
 
 /// The "ts" of a line as (whole microseconds, the rest after them); false when it has none.
@@ -314,32 +321,40 @@ void try_merge(const std::string& path, int world, int rank, std::int64_t start_
   }
   const std::string claimed = path + ".merging" + std::to_string(::getpid());
   if (std::rename(part_path(path, 0).c_str(), claimed.c_str()) != 0) return;  // another rank merges
-  std::vector<std::string> lines;
-  std::string truncated;  // the ranks whose budget ran out (their parts end with the marker)
-  for (int r = 0; r < world; ++r) {
-    auto ev = part_events(r == 0 ? claimed : part_path(path, r));
-    for (const auto& l : ev)
-      if (l.find(",\"cat\":\"timeline\",\"ph\":\"i\"") != std::string::npos)
-        truncated += (truncated.empty() ? "" : ",") + std::to_string(r);
-    lines.insert(lines.end(), std::make_move_iterator(ev.begin()), std::make_move_iterator(ev.end()));
-  }
-  // Timestamps from the first event of the job on: small numbers, exact (text arithmetic).
+  const auto part = [&](int r) { return r == 0 ? claimed : part_path(path, r); };
+  // Two passes over the parts, line by line (memory stays small however long the parts):
+  // the first finds the job's first event and the ranks whose budget ran out (their parts
+  // end with the marker), the second writes the lines with their timestamps from that
+  // first event on (small numbers, exact: text arithmetic).
   long long origin = -1;
-  for (const auto& l : lines) {
-    std::size_t at, end;
-    long long whole;
-    if (find_ts(l, &at, &end, &whole) && (origin < 0 || whole < origin)) origin = whole;
-  }
-  for (auto& l : lines) {
-    std::size_t at, end;
-    long long whole;
-    if (origin >= 0 && find_ts(l, &at, &end, &whole)) l.replace(at, end - at, std::to_string(whole - origin));
+  std::string truncated;
+  for (int r = 0; r < world; ++r) {
+    bool marked = false;
+    for_each_part_event(part(r), [&](const std::string& l) {
+      std::size_t at, end;
+      long long whole;
+      if (find_ts(l, &at, &end, &whole) && (origin < 0 || whole < origin)) origin = whole;
+      if (l.find(",\"cat\":\"timeline\",\"ph\":\"i\"") != std::string::npos) marked = true;
+    });
+    if (marked) truncated += (truncated.empty() ? "" : ",") + std::to_string(r);
   }
   const std::string other = "\"phalanx_timeline\":1,\"world\":" + std::to_string(world) +
                             ",\"origin_unix_us\":" + std::to_string(origin < 0 ? 0 : origin) +
                             (truncated.empty() ? "" : ",\"truncated_ranks\":[" + truncated + "]");
   std::string error;
-  if (!write_atomically(path, document(other, lines), &error)) {
+  bool ok;
+  {
+    TraceWriter out(path, other);
+    for (int r = 0; r < world; ++r)
+      for_each_part_event(part(r), [&](std::string& l) {
+        std::size_t at, end;
+        long long whole;
+        if (origin >= 0 && find_ts(l, &at, &end, &whole)) l.replace(at, end - at, std::to_string(whole - origin));
+        out.line(l);
+      });
+    ok = out.commit(&error);
+  }
+  if (!ok) {
     std::fprintf(stderr, "phalanx timeline: %s; the parts stay in %s.rank*.part\n", error.c_str(), path.c_str());
     std::rename(claimed.c_str(), part_path(path, 0).c_str());
     return;
@@ -488,8 +503,14 @@ void finish() noexcept {
                         ",\"events\":" + std::to_string(count) + ",\"max_events\":" + std::to_string(budget);
     if (truncated_ns != 0) other += ",\"truncated\":true";
     std::string error;
-    if (!write_atomically(part_path(file, rank), document(other, rank_lines(rank, offset, logs, truncated_ns, budget)),
-                          &error)) {
+    bool ok;
+    {
+      TraceWriter out(part_path(file, rank), other);
+      write_rank(out, rank, offset, logs, truncated_ns, budget);
+      logs.clear();  // the events are written: their memory goes before the merge reads the parts
+      ok = out.commit(&error);
+    }
+    if (!ok) {
       std::fprintf(stderr, "phalanx timeline: %s; rank %d's events are lost\n", error.c_str(), rank);
       return;
     }
