@@ -5,7 +5,8 @@
 find_program(PHALANX_MPIRUN NAMES mpirun mpiexec HINTS ${MPIEXEC_EXECUTABLE})
 set(_phx_mpi_tests mpi.conformance_np1 mpi.conformance_np2 mpi.conformance_np3 mpi.conformance_np4
   mpi.lr_scaling_study_4_ranks mpi.lr_scaling_study_exact_4_ranks mpi.failed_rank_ends_job mpi.srun_without_pmi_says_so
-  mpi.threads_single_np2 mpi.threads_serialized_np2)
+  mpi.threads_single_np2 mpi.threads_serialized_np2
+  mpi.app_init_multiple mpi.app_init_single mpi.app_init_single_async)
 if(NOT PHALANX_HAVE_MPI OR NOT PHALANX_MPIRUN)
   if(NOT PHALANX_HAVE_MPI)
     set(_why "the MPI plugin is not built (apt-get install libopenmpi-dev, then reconfigure)")
@@ -54,6 +55,18 @@ foreach(level single serialized)
   set_tests_properties(mpi.threads_${level}_np2 PROPERTIES
     ENVIRONMENT "${_phx_mpi_env};PHALANX_BACKEND=mpi;PHALANX_MPI_THREADS=${level}" TIMEOUT 60
     PASS_REGULAR_EXPRESSION "mpi threads [(]${level}[)]: passed on rank 0 of 2" FAIL_REGULAR_EXPRESSION "FAILED")
+endforeach()
+# MPI initialised by the application first: the plugin takes its level (MPI_Query_thread).
+add_executable(mpi_app_init_worker backends/mpi_app_init_worker.cpp)
+target_link_libraries(mpi_app_init_worker PRIVATE Phalanx::phalanx MPI::MPI_CXX)
+target_include_directories(mpi_app_init_worker PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+add_dependencies(mpi_app_init_worker phalanx_mpi)
+foreach(mode multiple single single-async)
+  string(REPLACE "-" "_" _name ${mode})
+  add_test(NAME mpi.app_init_${_name}
+    COMMAND ${PHALANX_MPIRUN} --oversubscribe -np 2 $<TARGET_FILE:mpi_app_init_worker> ${mode})
+  set_tests_properties(mpi.app_init_${_name} PROPERTIES ENVIRONMENT "${_phx_mpi_env};PHALANX_BACKEND=mpi" TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "mpi app init [(]${mode}[)]: passed on rank 0" FAIL_REGULAR_EXPRESSION "FAILED")
 endforeach()
 # The job's exit status is the failed rank's (3): mpirun ended the job; a hang is the timeout.
 add_test(NAME mpi.failed_rank_ends_job
