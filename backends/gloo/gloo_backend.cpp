@@ -46,7 +46,13 @@ GlooBackend::GlooBackend(const BackendConfig& c)
 }
 
 // The group stopped its threads before destroying this: no operation uses the contexts.
-GlooBackend::~GlooBackend() = default;
+// The connections close first: the buffers of sends and receives that on_close aborted
+// (posted_) may be in use by gloo's event loop until then.
+GlooBackend::~GlooBackend() {
+  sync_context_.reset();
+  context_.reset();
+  posted_.clear();
+}
 
 // Debian's libgloo ships gloo/transport/tcp/pair.h without the header it includes
 // (gloo/common/memory.h), so tcp::Pair cannot be named here. Its exported member

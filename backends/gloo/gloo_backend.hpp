@@ -6,7 +6,11 @@
 // The pieces: gloo_options (the environment), gloo_algorithm_policy (which allreduce for
 // which message), this class (the connections, abort), gloo_collectives.cpp and
 // gloo_p2p.cpp (the run_* hooks), gloo_support.hpp (what those two share).
+#include <atomic>
+#include <cstdint>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "gloo_options.hpp"
 #include "phalanx/backends/backend.hpp"
@@ -16,6 +20,7 @@ namespace gloo {
 class Context;
 namespace transport {
 class Device;
+class UnboundBuffer;
 }
 }  // namespace gloo
 
@@ -36,6 +41,10 @@ class GlooBackend final : public Backend {
   /// allreduce returns at once. An allreduce on the busy-polling mesh (small messages)
   /// holds its pair's lock and still ends at its timeout (Gloo offers no way in).
   void on_abort() noexcept override;
+  /// Ends the waits of the posted sends and receives (UnboundBuffer::abortWaitSend/Recv):
+  /// their Works fail at once with "the process group was destroyed before it completed".
+  /// A collective running on the worker is left alone (the group waits for it).
+  void on_close() noexcept override;
   void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) override;
   void run_broadcast(Tensor& t, int root, std::uint64_t seq) override;
   void run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) override;
@@ -52,7 +61,21 @@ class GlooBackend final : public Backend {
   /// operation (gloo_support.hpp).
   template <typename Fn>
   void guarded(const char* op, std::uint64_t seq, Fn&& fn);
-  void allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq);
+  void allreduce_impl(Tensor& t, ReduceOp op, std::uint32_t tag);
+  /// The tag of the next collective: a count of collectives only, so that ranks that ran
+  /// different numbers of sends and receives (the group's sequence number counts those
+  /// too) still agree. Called once per collective, on the worker thread, in issue order.
+  std::uint32_t next_collective_tag() { return collectives_++ & 0x7fffffffu; }
+  /// A posted send or receive, until its wait ends (on_close aborts the waits).
+  struct Posted {
+    std::shared_ptr<::gloo::transport::UnboundBuffer> buf;
+    Tensor host;  ///< the memory it reads or writes
+    bool is_send;
+  };
+  void post(const std::shared_ptr<::gloo::transport::UnboundBuffer>& buf, const Tensor& host, bool is_send);
+  /// Waits for a posted send or receive; throws CommError when the group is destroyed first.
+  void wait_posted(const std::shared_ptr<::gloo::transport::UnboundBuffer>& buf, bool is_send,
+                   const char* op, std::uint64_t seq);
 
   GlooOptions options_;
   std::shared_ptr<::gloo::transport::Device> device_;
@@ -61,6 +84,10 @@ class GlooBackend final : public Backend {
   // socket itself instead of waiting for Gloo's event-loop thread, which cuts the latency
   // of small allreduces (docs/algorithms.md). Null when disabled.
   std::shared_ptr<::gloo::Context> sync_context_;
+  std::uint32_t collectives_ = 0;  ///< collectives issued (the worker's alone)
+  std::mutex posted_mu_;
+  std::vector<Posted> posted_;      ///< sends and receives whose wait has not ended (or was aborted)
+  bool closing_ = false;            ///< on_close ran (under posted_mu_)
 };
 
 }  // namespace phalanx::gloo_backend

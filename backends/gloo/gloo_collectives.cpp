@@ -1,5 +1,8 @@
 // The Gloo backend's collectives: the run_* hooks other than send and recv. Which allreduce
 // runs is gloo_algorithm_policy's choice; non-CPU tensors are staged (host_staging.hpp).
+// Each collective's tag is next_collective_tag(): a count of the collectives alone (not the
+// group's sequence number, which counts sends and receives too, and those may differ from
+// rank to rank).
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
@@ -50,7 +53,7 @@ void leave_together(const std::shared_ptr<::gloo::Context>& ctx, std::uint32_t t
 
 }  // namespace
 
-void GlooBackend::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq) {
+void GlooBackend::allreduce_impl(Tensor& t, ReduceOp op, std::uint32_t tag) {
   const std::size_t n = static_cast<std::size_t>(t.numel());
   const std::size_t bytes = t.nbytes();
   const AllreducePath path = choose_allreduce(options_, sync_context_ != nullptr, t.dtype(), bytes);
@@ -61,13 +64,13 @@ void GlooBackend::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq) {
       o.setReduceFunction(&sum16<fp16_to_float, float_to_fp16>);
     else
       o.setReduceFunction(&sum16<bf16_to_float, float_to_bf16>);
-    o.setTag(tag_of(seq));
+    o.setTag(tag);
     o.setTimeout(timeout());
     ::gloo::allreduce(o);
     return;
   }
-  by_dtype(t, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  by_dtype(t, [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
     T* ptr = static_cast<T*>(t.raw_data());
     switch (path) {
       case AllreducePath::SyncHalvingDoubling: {
@@ -82,20 +85,20 @@ void GlooBackend::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq) {
       case AllreducePath::RingChunked: {
         ::gloo::AllreduceRingChunked<T> a(context_, {ptr}, static_cast<int>(n), reduction<T>(op));
         a.run();
-        leave_together(context_, tag_of(seq), timeout());
+        leave_together(context_, tag, timeout());
         break;
       }
       case AllreducePath::HalvingDoubling: {
         ::gloo::AllreduceHalvingDoubling<T> a(context_, {ptr}, static_cast<int>(n), reduction<T>(op));
         a.run();
-        leave_together(context_, tag_of(seq), timeout());
+        leave_together(context_, tag, timeout());
         break;
       }
       default: {
         ::gloo::AllreduceOptions o(context_);
         o.setOutput(ptr, n);
         o.setReduceFunction(reduce_fn<T>(op));
-        o.setTag(tag_of(seq));
+        o.setTag(tag);
         o.setTimeout(timeout());
         o.setAlgorithm(path == AllreducePath::Bcube ? ::gloo::AllreduceOptions::Algorithm::BCUBE
                                                     : ::gloo::AllreduceOptions::Algorithm::RING);
@@ -108,20 +111,22 @@ void GlooBackend::allreduce_impl(Tensor& t, ReduceOp op, std::uint64_t seq) {
 
 void GlooBackend::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
   Tensor h = host_of(t);
-  guarded("allreduce", seq, [&] { allreduce_impl(h, op, seq); });
+  const std::uint32_t tag = next_collective_tag();
+  guarded("allreduce", seq, [&] { allreduce_impl(h, op, tag); });
   copy_back(h, t);
 }
 
 void GlooBackend::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
   Tensor h = host_of(t, rank() == root);
+  const std::uint32_t tag = next_collective_tag();
   guarded("broadcast", seq, [&] {
     ::gloo::BroadcastOptions o(context_);
-    by_dtype(h, [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
+    by_dtype(h, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
       o.setOutput(static_cast<T*>(h.raw_data()), static_cast<std::size_t>(h.numel()));
     });
     o.setRoot(root);
-    o.setTag(tag_of(seq));
+    o.setTag(tag);
     o.setTimeout(timeout());
     ::gloo::broadcast(o);
   });
@@ -130,15 +135,16 @@ void GlooBackend::run_broadcast(Tensor& t, int root, std::uint64_t seq) {
 
 void GlooBackend::run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) {
   const Tensor h = host_of(in);
+  const std::uint32_t tag = next_collective_tag();
   guarded("allgather", seq, [&] {
     Tensor flat = Tensor::empty({in.numel() * size()}, in.dtype());
     ::gloo::AllgatherOptions o(context_);
-    by_dtype(in, [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
+    by_dtype(in, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
       o.setInput(static_cast<T*>(h.raw_data()), static_cast<std::size_t>(in.numel()));
       o.setOutput(static_cast<T*>(flat.raw_data()), static_cast<std::size_t>(flat.numel()));
     });
-    o.setTag(tag_of(seq));
+    o.setTag(tag);
     o.setTimeout(timeout());
     ::gloo::allgather(o);
     for (int r = 0; r < size(); ++r)
@@ -159,17 +165,19 @@ void GlooBackend::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, Reduc
     else
       kernels_for(in[r].device()).copy_to_host(dst, in[r].raw_data(), out.nbytes());
   }
-  guarded("reduce_scatter", seq, [&] { allreduce_impl(flat, op, seq); });
+  const std::uint32_t tag = next_collective_tag();
+  guarded("reduce_scatter", seq, [&] { allreduce_impl(flat, op, tag); });
   write_back(out, 0, static_cast<char*>(flat.raw_data()) + rank() * out.nbytes(), out.nbytes());
 }
 
 void GlooBackend::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
   Tensor h = host_of(t);
+  const std::uint32_t tag = next_collective_tag();
   guarded("reduce", seq, [&] {
     Tensor scratch = rank() == root ? h : Tensor::empty(h.shape(), h.dtype());
     ::gloo::ReduceOptions o(context_);
-    by_dtype(h, [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
+    by_dtype(h, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
       o.setInput(static_cast<T*>(h.raw_data()), static_cast<std::size_t>(h.numel()));
       o.setOutput(static_cast<T*>(scratch.raw_data()), static_cast<std::size_t>(h.numel()));
       o.setReduceFunction(reduce_fn<T>(op));
@@ -178,7 +186,7 @@ void GlooBackend::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq
     if (h.dtype() == DType::Float16) o.setReduceFunction(&sum16<fp16_to_float, float_to_fp16>);
     if (h.dtype() == DType::BFloat16) o.setReduceFunction(&sum16<bf16_to_float, float_to_bf16>);
     o.setRoot(root);
-    o.setTag(tag_of(seq));
+    o.setTag(tag);
     o.setTimeout(timeout());
     ::gloo::reduce(o);
   });
@@ -189,16 +197,17 @@ void GlooBackend::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq
 
 void GlooBackend::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {
   const Tensor h = host_of(in);
+  const std::uint32_t tag = next_collective_tag();
   guarded("gather", seq, [&] {
     Tensor flat = rank() == root ? Tensor::empty({in.numel() * size()}, in.dtype()) : Tensor();
     ::gloo::GatherOptions o(context_);
-    by_dtype(in, [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
+    by_dtype(in, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
       o.setInput(static_cast<T*>(h.raw_data()), static_cast<std::size_t>(in.numel()));
       if (rank() == root) o.setOutput(static_cast<T*>(flat.raw_data()), static_cast<std::size_t>(flat.numel()));
     });
     o.setRoot(root);
-    o.setTag(tag_of(seq));
+    o.setTag(tag);
     o.setTimeout(timeout());
     ::gloo::gather(o);
     if (rank() == root)
@@ -212,10 +221,11 @@ void GlooBackend::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, st
   std::vector<Tensor> hin;
   if (rank() == root)
     for (auto& t : in) hin.push_back(host_of(t));
+  const std::uint32_t tag = next_collective_tag();
   guarded("scatter", seq, [&] {
     ::gloo::ScatterOptions o(context_);
-    by_dtype(out, [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
+    by_dtype(out, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
       if (rank() == root) {
         std::vector<T*> ptrs;
         for (auto& t : hin) ptrs.push_back(static_cast<T*>(t.raw_data()));
@@ -224,7 +234,7 @@ void GlooBackend::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, st
       o.setOutput(static_cast<T*>(h.raw_data()), static_cast<std::size_t>(out.numel()));
     });
     o.setRoot(root);
-    o.setTag(tag_of(seq));
+    o.setTag(tag);
     o.setTimeout(timeout());
     ::gloo::scatter(o);
   });
@@ -232,9 +242,10 @@ void GlooBackend::run_scatter(Tensor& out, std::vector<Tensor>& in, int root, st
 }
 
 void GlooBackend::run_barrier(std::uint64_t seq) {
+  const std::uint32_t tag = next_collective_tag();
   guarded("barrier", seq, [&] {
     ::gloo::BarrierOptions o(context_);
-    o.setTag(tag_of(seq));
+    o.setTag(tag);
     o.setTimeout(timeout());
     ::gloo::barrier(o);
   });

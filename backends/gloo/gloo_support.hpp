@@ -1,12 +1,13 @@
 #pragma once
 // What gloo_collectives.cpp and gloo_p2p.cpp share: Gloo's errors turned into Phalanx's
-// (GlooBackend::guarded), the dtype dispatch, the reduction functions and the tags.
+// (GlooBackend::guarded), the dtype dispatch and the reduction functions.
 #include <gloo/common/error.h>
 #include <gloo/algorithm.h>
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "gloo_backend.hpp"
@@ -23,17 +24,20 @@ void GlooBackend::guarded(const char* op, std::uint64_t seq, Fn&& fn) {
     const std::string what = e.what();
     const std::string ctx = describe(op, seq);
     // Gloo says "Timed out waiting ..." (async pairs) or "Read timeout" (sync pairs).
+    const bool p2p = std::strcmp(op, "send") == 0 || std::strcmp(op, "recv") == 0;
     if (what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos)
       throw TimeoutError(ctx + " timed out after " + std::to_string(timeout().count() / 1000.0) +
-                         " s: a peer did not take part (it may have exited, hung, or issued a "
-                         "different sequence of collectives); gloo: " + what);
+                         " s: a peer did not take part (it may have exited, hung, or " +
+                         (p2p ? "not posted the matching " + std::string(op[0] == 's' ? "recv" : "send") +
+                                    " with this tag"
+                              : std::string("issued a different sequence of collectives (sends and receives "
+                                            "do not count)")) +
+                         "); gloo: " + what);
     throw CommError(ctx + " failed: a peer closed its connection (the process may have died); gloo: " + what);
   } catch (const ::gloo::Exception& e) {
     throw CommError(describe(op, seq) + " failed: " + e.what());
   }
 }
-
-inline std::uint32_t tag_of(std::uint64_t seq) { return static_cast<std::uint32_t>(seq & 0x7fffffff); }
 
 /// Dispatches on the tensor's dtype (16-bit floats travel as raw 16-bit words).
 template <typename Fn>

@@ -126,14 +126,26 @@ void ShmProcessGroup::post_p2p(const P2pPtr& p) {
   defer_completion([this, p] { wait_p2p(p); });
 }
 
+void ShmProcessGroup::on_close() noexcept {
+  closing_.store(true, std::memory_order_seq_cst);
+  if (sync_) sync_->wake();  // a wait asleep on the futex sees the flag now, not in 1 ms
+}
+
 void ShmProcessGroup::wait_p2p(const P2pPtr& p) {
+  bool complete = false;
   auto done = [&] {
     std::lock_guard<std::mutex> lock(p2p_mu_);
     if (!p->complete) progress_locked();
-    return p->complete;
+    complete = p->complete;
+    return complete || closing_.load(std::memory_order_acquire);
   };
   sync_->wait(done, [&](int q) { return q == p->peer && !p->complete; }, p->deadline,
               [&] { return describe(p->is_send ? "send" : "recv", p->seq); });
+  // The group is being destroyed: the operation stays queued (its bytes held) and its peer
+  // sees this rank leave.
+  if (!complete)
+    throw CommError(describe(p->is_send ? "send" : "recv", p->seq) +
+                    ": the process group was destroyed before it completed");
   if (!p->error.empty()) throw CommError(p->error);
   if (!p->is_send) copy_back(p->host, p->target);
 }

@@ -30,6 +30,10 @@ class ShmProcessGroup final : public Backend {
 
  protected:
   void on_abort() noexcept override;
+  /// Ends the waits of pending sends and receives: their Works fail at once with "the
+  /// process group was destroyed before it completed". A collective running on the worker
+  /// (PHALANX_SHM_INLINE=0) is left alone: the group waits for it.
+  void on_close() noexcept override;
   void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) override;
   void run_broadcast(Tensor& t, int root, std::uint64_t seq) override;
   void run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) override;
@@ -88,6 +92,7 @@ class ShmProcessGroup final : public Backend {
 
   std::mutex p2p_mu_;
   std::vector<std::deque<P2pPtr>> sends_, recvs_;  ///< pending, per peer, in issue order
+  std::atomic<bool> closing_{false};               ///< on_close ran: pending p2p waits end
 };
 
 }  // namespace phalanx::shm

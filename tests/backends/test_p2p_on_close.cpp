@@ -1,0 +1,90 @@
+// Destroying a group with a send or receive still pending (its peer never posts the match):
+// Backend::on_close ends the wait, the destructor returns at once (not at the timeout, nor
+// when the peer leaves), and the Work fails with "the process group was destroyed before it
+// completed". Gloo (UnboundBuffer::abortWaitRecv/Send) and shm (both the caller's-thread
+// and the worker-thread paths), on two forked ranks; the peer keeps its group until after.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "support/multirank.hpp"
+
+using namespace phalanx;
+using namespace phalanx::test;
+
+namespace {
+
+StorePtr client(int port, const std::string& prefix) {
+  TcpStoreOptions o;
+  o.port = port;
+  return std::make_shared<PrefixStore>(prefix, std::make_shared<TcpStore>(o));
+}
+
+void expect_destroyed(int rank, const WorkPtr& w, const char* op) {
+  REQUIRE_RANK(rank, w->is_completed(), detail::concat(op, ": not completed after the group was destroyed"));
+  try {
+    w->wait();
+  } catch (const CommError& e) {
+    const std::string m = e.what();
+    REQUIRE_RANK(rank, m.find("destroyed before it completed") != std::string::npos, m);
+    REQUIRE_RANK(rank, m.find(op) != std::string::npos, m);
+    return;
+  }
+  REQUIRE_RANK(rank, false, detail::concat(op, ": the Work succeeded"));
+}
+
+int pending_p2p_then_destroy(const std::string& backend, int rank, int port, const std::string& prefix) {
+  StorePtr store = client(port, prefix);
+  BackendConfig cfg;
+  cfg.rank = rank;
+  cfg.size = 2;
+  cfg.store = std::make_shared<PrefixStore>("pg", store);
+  cfg.timeout = std::chrono::seconds(20);
+  cfg.hostname = "127.0.0.1";
+  cfg.local_rank = rank;
+  cfg.local_world_size = 2;
+  auto pg = create_process_group(backend, cfg);
+  pg->barrier()->wait();
+  if (rank == 0) {
+    // Keeps its group (posting nothing) until rank 1 has destroyed its own.
+    store->wait({"done"}, std::chrono::seconds(30));
+    return 0;
+  }
+  Tensor in = zeros({16});
+  Tensor out = ones({1 << 20});  // 4 MB: more than shm's ring holds, so the send waits too
+  WorkPtr r = pg->recv(in, 0, 3);
+  WorkPtr s = pg->send(out, 0, 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both posted and waiting
+  REQUIRE_RANK(rank, !r->is_completed() && !s->is_completed(), "nothing matched them");
+  const auto t0 = std::chrono::steady_clock::now();
+  pg.reset();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  store->set("done", Bytes{1});
+  REQUIRE_RANK(rank, took < 2.0, detail::concat("destroying the group took ", took, " s"));
+  expect_destroyed(rank, r, "recv");
+  expect_destroyed(rank, s, "send");
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("destroying a group with a pending send and receive ends them at once: gloo, shm") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  int i = 0;
+  for (const std::string variant : {"gloo", "shm", "shm-worker"}) {
+    CAPTURE(variant);
+    const std::string backend = variant == "gloo" ? "gloo" : "shm";
+    const std::string prefix = "close" + std::to_string(i++);
+    const auto results = run_processes(2, [&](int rank) {
+      if (variant == "shm-worker") ::setenv("PHALANX_SHM_INLINE", "0", 1);
+      return pending_p2p_then_destroy(backend, rank, port, prefix);
+    }, std::chrono::seconds(40));
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      CHECK(results[r].exit_code == 0);
+    }
+  }
+}
