@@ -44,6 +44,7 @@ ProcessGroup::ProcessGroup(BackendPtr backend)
 }
 
 ProcessGroup::~ProcessGroup() {
+  destroying_.store(true, std::memory_order_release);
   be_->on_close();  // a wait that can no longer end well (a posted receive) returns now
   stop_threads();
   {
@@ -339,7 +340,9 @@ void ProcessGroup::attach_poll(const WorkPtr& work) {
     try {
       return step();
     } catch (...) {  // Work::mu_ is held: the bookkeeping only, the Work ends in its poll
-      failure = record_failure(describe(w->op_, w->seq_), std::current_exception());
+      failure = destroying_.load(std::memory_order_acquire)
+                    ? std::current_exception()  // ended by on_close: not a job failure
+                    : record_failure(describe(w->op_, w->seq_), std::current_exception());
       return true;
     }
   });
@@ -374,7 +377,10 @@ void ProcessGroup::completion_loop() {
       item.second();
       item.first->finish();
     } catch (...) {
-      fail_item(item.first, std::current_exception());
+      if (destroying_.load(std::memory_order_acquire))
+        item.first->finish(std::current_exception());  // ended by on_close: not a job failure
+      else
+        fail_item(item.first, std::current_exception());
     }
     std::lock_guard<std::mutex> lock(mu_);
     completing_.reset();

@@ -183,6 +183,9 @@ class ProcessGroup final {
   // abort_error_, stopping_ or broken_ is set (stored under mu_ after them; never cleared):
   // the inline path reads it instead of taking mu_.
   std::atomic<bool> closed_{false};
+  // Set by the destructor before on_close(): a failure it provokes (a posted receive ended
+  // by on_close) ends that Work only; it is not reported through the failure hook.
+  std::atomic<bool> destroying_{false};
   std::string broken_;  // non-empty once an operation failed
   bool failed_ = false;  // an operation failed here: the hook ran (only for the first)
   std::thread worker_;
