@@ -20,18 +20,6 @@ using namespace phalanx::test;
 
 namespace {
 
-std::string on_other_thread(const std::function<void()>& fn) {
-  std::string error;
-  std::thread([&] {
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }).join();
-  return error;
-}
-
 void run(const std::string& mode, int r) {
   if (mode == "single-async") {
     ::setenv("PHALANX_MPI_ASYNC", "1", 1);

@@ -85,19 +85,6 @@ void check_tags(ProcessGroup& pg) {
   }
 }
 
-/// Runs `fn` on a new thread; returns the message of the exception it threw ("" if none).
-std::string on_other_thread(const std::function<void()>& fn) {
-  std::string error;
-  std::thread([&] {
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }).join();
-  return error;
-}
-
 void require_thread_error(int r, const std::string& what, const std::string& error) {
   REQUIRE_RANK(r, error.find("called from a thread other than the one that created the process group") !=
                           std::string::npos && error.find("PHALANX_MPI_THREADS=serialized") != std::string::npos &&

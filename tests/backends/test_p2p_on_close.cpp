@@ -21,12 +21,6 @@ using namespace phalanx::test;
 
 namespace {
 
-StorePtr client(int port, const std::string& prefix) {
-  TcpStoreOptions o;
-  o.port = port;
-  return std::make_shared<PrefixStore>(prefix, std::make_shared<TcpStore>(o));
-}
-
 void expect_destroyed(int rank, const WorkPtr& w, const char* op) {
   REQUIRE_RANK(rank, w->is_completed(), detail::concat(op, ": not completed after the group was destroyed"));
   try {
@@ -42,7 +36,7 @@ void expect_destroyed(int rank, const WorkPtr& w, const char* op) {
 
 int pending_p2p_then_destroy(const std::string& backend, bool with_collective, int rank, int port,
                              const std::string& prefix) {
-  StorePtr store = client(port, prefix);
+  StorePtr store = store_client(port, prefix);
   BackendConfig cfg;
   cfg.rank = rank;
   cfg.size = 2;

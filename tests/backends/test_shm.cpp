@@ -27,13 +27,6 @@ using namespace phalanx::test;
 
 namespace {
 
-/// A client of the parent's store, prefixed for one group.
-StorePtr client(int port, const std::string& prefix) {
-  TcpStoreOptions o;
-  o.port = port;
-  return std::make_shared<PrefixStore>(prefix, std::make_shared<TcpStore>(o));
-}
-
 ProcessGroupPtr make_shm(int rank, int world, const StorePtr& store,
                          std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
   BackendConfig cfg;
@@ -90,7 +83,7 @@ TEST_CASE("shm: the conformance suite on W = 1..4 forked ranks, messages larger 
         ::setenv("PHALANX_SHM_SMALL_BYTES", "0", 1);
         ::setenv("PHALANX_SHM_CHUNK_BYTES", "8192", 1);
       }
-      auto pg = make_shm(rank, world, client(port, prefix));
+      auto pg = make_shm(rank, world, store_client(port, prefix));
       REQUIRE_RANK(rank, pg->backend_name() == "shm", pg->backend_name());
       run_conformance(*pg, {1, 1000, 70000});
       return 0;
@@ -216,7 +209,7 @@ TEST_CASE("shm: a rank killed during an allreduce: the others fail within 2 s na
     for (int r = 0; r < 4; ++r) slowest[r] = -1;
     const auto results = run_processes(world, [&](int rank) {
       if (trial == 2) ::setenv("PHALANX_SHM_PIDFD", "0", 1);  // kill(pid, 0) and /proc/PID/stat instead
-      auto pg = make_shm(rank, world, client(port, prefix));
+      auto pg = make_shm(rank, world, store_client(port, prefix));
       Tensor t = ones({trial % 3 == 1 ? 1000 : 300000});
       if (rank == victim)
         std::thread([trial] {
@@ -264,7 +257,7 @@ TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end t
   const int port = server.port();
   // different sizes
   check_all_ok(run_processes(2, [&](int rank) {
-    auto pg = make_shm(rank, 2, client(port, "mismatch"));
+    auto pg = make_shm(rank, 2, store_client(port, "mismatch"));
     Tensor t = ones({rank == 0 ? 10 : 20});
     try {
       pg->allreduce(t)->wait();
@@ -277,7 +270,7 @@ TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end t
   }));
   // same byte count, different reduce op / dtype / root: caught, both calls named
   check_all_ok(run_processes(2, [&](int rank) {
-    auto pg = make_shm(rank, 2, client(port, "mismatch-op"));
+    auto pg = make_shm(rank, 2, store_client(port, "mismatch-op"));
     Tensor t = ones({10});
     try {
       pg->reduce(t, 0, rank == 0 ? ReduceOp::Sum : ReduceOp::Max)->wait();
@@ -290,7 +283,7 @@ TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end t
     return 1;
   }));
   check_all_ok(run_processes(2, [&](int rank) {
-    auto pg = make_shm(rank, 2, client(port, "mismatch-dtype"));
+    auto pg = make_shm(rank, 2, store_client(port, "mismatch-dtype"));
     Tensor t = rank == 0 ? ones({10}) : ramp(5, 1, DType::Int64);
     try {
       pg->allreduce(t)->wait();
@@ -302,7 +295,7 @@ TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end t
     return 1;
   }));
   check_all_ok(run_processes(2, [&](int rank) {
-    auto pg = make_shm(rank, 2, client(port, "mismatch-root"));
+    auto pg = make_shm(rank, 2, store_client(port, "mismatch-root"));
     Tensor t = ones({10});
     try {
       pg->broadcast(t, rank)->wait();
@@ -315,7 +308,7 @@ TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end t
   }));
   // a peer that is alive but never calls: TimeoutError naming it, after the group's timeout
   check_all_ok(run_processes(2, [&](int rank) {
-    auto pg = make_shm(rank, 2, client(port, "silent"), std::chrono::milliseconds(700));
+    auto pg = make_shm(rank, 2, store_client(port, "silent"), std::chrono::milliseconds(700));
     if (rank == 1) {
       std::this_thread::sleep_for(std::chrono::milliseconds(3000));
       return 0;
@@ -335,7 +328,7 @@ TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end t
   }));
   // a peer that failed (marked itself so) and then exited is reported as failed, not as died
   check_all_ok(run_processes(2, [&](int rank) {
-    auto pg = make_shm(rank, 2, client(port, "failed-exit"));
+    auto pg = make_shm(rank, 2, store_client(port, "failed-exit"));
     if (rank == 1) {
       pg->abort(std::make_exception_ptr(CommError("rank 1 gives up")));
       std::_Exit(0);
@@ -353,7 +346,7 @@ TEST_CASE("shm: mismatched calls, a silent peer (timeout) and abort() each end t
   }));
   // abort() from another thread ends an allreduce nobody else joins, at once
   check_all_ok(run_processes(2, [&](int rank) {
-    auto pg = make_shm(rank, 2, client(port, "abort"));
+    auto pg = make_shm(rank, 2, store_client(port, "abort"));
     if (rank == 1) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));
       return 0;
@@ -383,7 +376,7 @@ TEST_CASE("shm: 4 ranks on this machine's cores (oversubscribed on 2) complete s
   const int port = server.port();
   const auto t0 = std::chrono::steady_clock::now();
   check_all_ok(run_processes(4, [&](int rank) {
-    auto pg = make_shm(rank, 4, client(port, "over"));
+    auto pg = make_shm(rank, 4, store_client(port, "over"));
     Tensor small = ones({16}), large = ones({1 << 20});
     for (int i = 0; i < 500; ++i) pg->allreduce(small)->wait();
     for (int i = 0; i < 5; ++i) pg->allreduce(large)->wait();
@@ -404,7 +397,7 @@ TEST_CASE("shm: a rank that exits before attaching ends the wait within 2 s nami
     if (rank == 1) {
       ::setenv("PHALANX_SHM_SPIN_US", "abc", 1);
       try {
-        make_shm(rank, 2, client(port, "early-exit"));
+        make_shm(rank, 2, store_client(port, "early-exit"));
       } catch (const std::exception&) {
         return 0;
       }
@@ -412,7 +405,7 @@ TEST_CASE("shm: a rank that exits before attaching ends the wait within 2 s nami
     }
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      make_shm(rank, 2, client(port, "early-exit"));
+      make_shm(rank, 2, store_client(port, "early-exit"));
     } catch (const std::exception& e) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::string m = e.what();
@@ -429,7 +422,7 @@ TEST_CASE("shm: a rank that exits before attaching ends the wait within 2 s nami
   const pid_t creator = ::fork();
   if (creator == 0) {
     try {
-      make_shm(0, 2, client(port, "killed-creator"), std::chrono::seconds(20));
+      make_shm(0, 2, store_client(port, "killed-creator"), std::chrono::seconds(20));
     } catch (...) {
     }
     ::_exit(0);
@@ -441,7 +434,7 @@ TEST_CASE("shm: a rank that exits before attaching ends the wait within 2 s nami
   ::waitpid(creator, &status, 0);
   REQUIRE(exists_in_dev_shm(left));
   check_all_ok(run_processes(1, [&](int rank) {
-    make_shm(rank, 1, client(port, "sweeper"));
+    make_shm(rank, 1, store_client(port, "sweeper"));
     return 0;
   }));
   CHECK_FALSE(exists_in_dev_shm(left));
@@ -451,7 +444,7 @@ TEST_CASE("shm: a rank that exits before attaching ends the wait within 2 s nami
     ::signal(SIGTERM, SIG_DFL);  // a plain worker's disposition (doctest installs handlers)
     ::signal(SIGINT, SIG_DFL);
     try {
-      make_shm(0, 2, client(port, "termed-creator"), std::chrono::seconds(20));
+      make_shm(0, 2, store_client(port, "termed-creator"), std::chrono::seconds(20));
     } catch (...) {
     }
     ::_exit(0);
@@ -557,7 +550,7 @@ TEST_CASE("shm on the caller's thread: a held Work stays its own across later op
   TcpStoreServer server(TcpStoreOptions{});
   const int port = server.port();
   check_all_ok(run_processes(1, [&](int rank) {
-    auto pg = make_shm(rank, 1, client(port, "inline-works"));
+    auto pg = make_shm(rank, 1, store_client(port, "inline-works"));
     Tensor a = ones({4});
     WorkPtr held = pg->allreduce(a);  // the inline path reuses a Work only once nobody holds it
     const std::uint64_t seq = held->sequence_number();

@@ -126,4 +126,24 @@ inline void set_rank_env(int rank, int world, int port, const std::string& backe
   ::setenv("PHALANX_BACKEND", backend.c_str(), 1);
 }
 
+/// A client of the parent's TCP store (on loopback at `port`), prefixed for one group.
+inline StorePtr store_client(int port, const std::string& prefix) {
+  TcpStoreOptions o;
+  o.port = port;
+  return std::make_shared<PrefixStore>(prefix, std::make_shared<TcpStore>(o));
+}
+
+/// Runs `fn` on a new thread; returns the message of the exception it threw ("" if none).
+inline std::string on_other_thread(const std::function<void()>& fn) {
+  std::string error;
+  std::thread([&] {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }).join();
+  return error;
+}
+
 }  // namespace phalanx::test
