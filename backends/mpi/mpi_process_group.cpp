@@ -352,7 +352,11 @@ void MpiProcessGroup::defer_to_waiter(std::shared_ptr<Posted> p) {
   for (auto& q : posted_) {
     if (q->ended) continue;
     int done = 0;
-    if (MPI_Test(&q->request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+    const int rc = MPI_Test(&q->request, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {  // e.g. MPI_ERR_TRUNCATE: MPI ended the request; its poll reports it
+      q->ended = true;
+      q->error = rc;
+    } else if (done) {
       q->ended = true;
       if (q->target.defined()) copy_back(q->host, q->target);
     }
@@ -364,7 +368,10 @@ void MpiProcessGroup::defer_to_waiter(std::shared_ptr<Posted> p) {
 }
 
 bool MpiProcessGroup::poll(Posted& p) {
-  if (p.ended) return true;  // completed by defer_to_waiter's sweep
+  if (p.ended) {  // completed (or failed) in defer_to_waiter's sweep
+    check(p.error, p.op, p.seq);
+    return true;
+  }
   int done = 0;
   check(MPI_Test(&p.request, &done, MPI_STATUS_IGNORE), p.op, p.seq);
   if (done) {

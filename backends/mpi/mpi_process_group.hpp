@@ -71,6 +71,7 @@ class MpiProcessGroup final : public Backend {
     std::uint64_t seq;
     std::chrono::steady_clock::time_point deadline;
     bool ended = false;  // completed, or given up (timed out, closed): no more polls
+    int error = MPI_SUCCESS;  // or the error MPI_Test gave when another post's sweep ended it
   };
   /// Posts nothing; registers `p` (the request just posted) to be completed by its waiter.
   void defer_to_waiter(std::shared_ptr<Posted> p);

@@ -213,6 +213,33 @@ int run_thread_checks(int rank) {
   }
   shortlived.reset();
   parallel::destroy_process_group();
+  // 7. A receive whose message is too long (MPI_ERR_TRUNCATE), completed before its wait by
+  // another post's test of the open requests: its Work fails with MPI's error, it does not
+  // report success over a partly written tensor. Last: the failure breaks the group.
+  auto trunc = parallel::init_process_group(opt);
+  if (r == 0) {
+    Tensor small = zeros({10}), y = zeros({4});
+    auto v = trunc->recv(small, 1, 12);
+    trunc->barrier()->wait();
+    try {
+      trunc->recv(y, 1, 13)->wait();  // its post tests tag 12's request (MPI_THREAD_SINGLE)
+    } catch (const CommError&) {
+    }  // at serialized the completion thread may have broken the group first
+    std::string e7;
+    try {
+      v->wait();
+    } catch (const CommError& e) {
+      e7 = e.what();
+    }
+    REQUIRE_RANK(r, e7.find("TRUNCATE") != std::string::npos,
+                 "a receive of 10 floats given 1000: '" + e7 + "' (expected MPI_ERR_TRUNCATE)");
+  } else {
+    trunc->send(full({1000}, 1.f), 0, 12)->wait();
+    trunc->barrier()->wait();
+    trunc->send(full({4}, 2.f), 0, 13);  // eager; not waited (rank 0's group may be broken)
+  }
+  trunc.reset();
+  parallel::destroy_process_group();
   std::printf("mpi threads (%s): passed on rank %d of %d\n", single ? "single" : "serialized", rank < 0 ? r : rank, W);
   return 0;
 }
