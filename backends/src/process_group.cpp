@@ -277,8 +277,12 @@ WorkPtr ProcessGroup::run_inline(const char* op, Fn& fn, const std::string& sign
     }
     Spare& spare = *spare_ptr;
     // Not a Work dropped while still pending (a send nobody waited for, whose poll the
-    // backend may still need): that one is left to die with its poll, and replaced.
-    if (spare.work && spare.work.use_count() == 1 && spare.work->done_.load(std::memory_order_acquire)) {
+    // backend may still need): that one is left to die with its poll, and replaced. Nor one
+    // that was polled (a send or recv, Backend::defer_polled): its group's polled_ list still
+    // names it, and that group's abort() or destructor would fail it in its next life (another
+    // group's operation, or this one's racing an abort from another thread).
+    if (spare.work && spare.work.use_count() == 1 && spare.work->done_.load(std::memory_order_acquire) &&
+        !spare.work->polled_.load(std::memory_order_relaxed)) {
       std::atomic_thread_fence(std::memory_order_acquire);  // the last holder's reads are done
       Work& w = *spare.work;
       if (spare.op != op) {
@@ -289,7 +293,6 @@ WorkPtr ProcessGroup::run_inline(const char* op, Fn& fn, const std::string& sign
       w.rank_ = rank_;
       w.timeout_ = timeout;
       if (w.error_) w.error_ = nullptr;
-      w.polled_.store(false, std::memory_order_relaxed);  // its poll_ was dropped when it ended
       w.done_.store(false, std::memory_order_relaxed);
     } else {
       spare.work = std::make_shared<Work>(op, seq, rank_, timeout);

@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "phalanx/backends/plugin_registry.hpp"
 #include "support/conformance.hpp"
 #include "support/staging_check.hpp"
 
@@ -213,6 +214,41 @@ int run_thread_checks(int rank) {
   }
   shortlived.reset();
   parallel::destroy_process_group();
+  // 8. Two live groups on one thread: a send of group B whose Work is the one this thread
+  // used for group A's waited send (the thread's spare) is not failed when A is destroyed
+  // or aborted; A's end concerns A's operations only.
+  for (const bool abort_a : {false, true}) {
+    BackendConfig cfg;
+    cfg.rank = r;
+    cfg.size = W;
+    cfg.timeout = std::chrono::milliseconds(5000);
+    ProcessGroupPtr a = create_process_group("mpi", cfg), b = create_process_group("mpi", cfg);
+    std::string e8;
+    if (r == 0) {
+      a->send(full({4}, 1.f), peer, 1)->wait();
+      auto w = b->send(full({1 << 18}, 2.f), peer, 2);  // 1 MiB: pending until rank 1 receives it
+      if (abort_a)
+        a->abort(nullptr);
+      else
+        a.reset();
+      b->barrier()->wait();
+      try {
+        w->wait();
+      } catch (const std::exception& e) {
+        e8 = e.what();
+      }
+    } else {
+      Tensor y = zeros({4}), z = zeros({1 << 18});
+      a->recv(y, peer, 1)->wait();
+      a.reset();
+      b->barrier()->wait();
+      b->recv(z, peer, 2)->wait();
+      expect_values(r, "group B's message", z, [](std::int64_t) { return 2.0; });
+    }
+    b->barrier()->wait();
+    REQUIRE_RANK(r, e8.empty(), std::string("group B's send after group A was ") + (abort_a ? "aborted" : "destroyed") +
+                                    ": " + e8);
+  }
   // 7. A receive whose message is too long (MPI_ERR_TRUNCATE), completed before its wait by
   // another post's test of the open requests: its Work fails with MPI's error, it does not
   // report success over a partly written tensor. Last: the failure breaks the group.
