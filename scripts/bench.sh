@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds every benchmark, runs each with its peer in the same run, and writes ONE Markdown
 # table of ratios into docs/benchmarks.md, between the "bench.sh: begin/end" markers (the
-# prose outside them is hand-written). Meant to take about 6 minutes on 2 cores (<= 10).
+# prose outside them is hand-written). About 2 minutes on an idle 2-core machine with a warm build, 6 under heavy load (<= 10).
 #
 #   scripts/bench.sh [--no-build] [BUILD_DIR]   (default: $PHALANX_BUILD_DIR, else build)
 #
