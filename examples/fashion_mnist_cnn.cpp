@@ -137,16 +137,11 @@ int run(int argc, char** argv) {
     {
       NoGradGuard no_grad;
       for (Batch& b : test_loader) {
-        const Tensor logits = model->forward(b.x);
-        const float* l = logits.data<float>();
+        const Tensor predicted = argmax(model->forward(b.x), 1);  // the first largest logit
+        const auto* k = predicted.data<std::int64_t>();
         const auto* y = b.y.data<std::int64_t>();
-        for (std::int64_t i = 0; i < b.y.numel(); ++i) {
-          std::int64_t k = 0;
-          for (std::int64_t c = 1; c < 10; ++c)
-            if (l[i * 10 + c] > l[i * 10 + k]) k = c;
-          s[2] += k == y[i];
-          s[3] += 1;
-        }
+        for (std::int64_t i = 0; i < b.y.numel(); ++i) s[2] += k[i] == y[i];
+        s[3] += static_cast<float>(b.y.numel());
       }
     }
     pg->allreduce(stats)->wait();
