@@ -29,14 +29,7 @@ namespace {
 
 ProcessGroupPtr make_shm(int rank, int world, const StorePtr& store,
                          std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  BackendConfig cfg;
-  cfg.rank = rank;
-  cfg.size = world;
-  cfg.store = store;
-  cfg.timeout = timeout;
-  cfg.local_rank = rank;
-  cfg.local_world_size = world;
-  return create_process_group("shm", cfg);
+  return make_thread_group("shm", rank, world, store, timeout);
 }
 
 std::set<std::string> shm_names() {
