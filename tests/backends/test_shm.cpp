@@ -29,7 +29,14 @@ namespace {
 
 ProcessGroupPtr make_shm(int rank, int world, const StorePtr& store,
                          std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  return make_thread_group("shm", rank, world, store, timeout);
+  BackendConfig cfg;
+  cfg.rank = rank;
+  cfg.size = world;
+  cfg.store = store;
+  cfg.timeout = timeout;
+  cfg.local_rank = rank;
+  cfg.local_world_size = world;
+  return create_process_group("shm", cfg);
 }
 
 std::set<std::string> shm_names() {

@@ -43,8 +43,7 @@ inline void run_threads(int world, const std::function<void(int)>& fn) {
     if (e) std::rethrow_exception(e);
 }
 
-/// Rank `rank` of a group of `world` ranks of `backend` on this host (threads or forked
-/// processes sharing `store`); LOCAL_RANK = rank.
+/// Gloo groups of `world` ranks as threads over one in-memory store.
 inline ProcessGroupPtr make_thread_group(const std::string& backend, int rank, int world, StorePtr store,
                                          std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
   BackendConfig cfg;
@@ -52,8 +51,6 @@ inline ProcessGroupPtr make_thread_group(const std::string& backend, int rank, i
   cfg.size = world;
   cfg.store = store;
   cfg.timeout = timeout;
-  cfg.local_rank = rank;
-  cfg.local_world_size = world;
   return create_process_group(backend, cfg);
 }
 
