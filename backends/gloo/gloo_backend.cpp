@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 #include <typeinfo>
+#include <vector>
 
 #include "gloo_store_adapter.hpp"
 #include "phalanx/backends/comm_error.hpp"
@@ -42,6 +43,27 @@ GlooBackend::GlooBackend(const BackendConfig& c)
       throw TimeoutError(msg + " (a peer did not connect within " + std::to_string(c.timeout.count() / 1000.0) +
                          " s; raise PHALANX_TIMEOUT if ranks start far apart)");
     throw CommError(msg);
+  }
+  wait_until_all_connected(c);
+}
+
+// A rank's connectFullMesh can return while a peer is still finishing its side of the
+// handshake; were this rank to destroy its group at once (a short-lived group, a process
+// that exits), that peer's rendezvous would fail with "Connection closed by peer". So no
+// rank leaves the constructor before every rank has its meshes: one key per rank in the
+// group's store, awaited within the group's timeout.
+void GlooBackend::wait_until_all_connected(const BackendConfig& c) {
+  if (c.size == 1) return;
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<std::size_t>(c.size));
+  for (int r = 0; r < c.size; ++r) keys.push_back("connected/" + std::to_string(r));
+  c.store->set(keys[static_cast<std::size_t>(c.rank)], Bytes{1});
+  try {
+    c.store->wait(keys, c.timeout);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(detail::concat("gloo rendezvous on rank ", c.rank, " of ", c.size,
+                                      ": connected, but not every peer finished connecting within ",
+                                      c.timeout.count() / 1000.0, " s (", e.what(), ")"));
   }
 }
 

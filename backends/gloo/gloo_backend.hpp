@@ -59,6 +59,8 @@ class GlooBackend final : public Backend {
  private:
   /// Runs `fn`, turning Gloo's exceptions into TimeoutError / CommError that name the
   /// operation (gloo_support.hpp).
+  /// Returns once every rank has built its meshes (gloo_backend.cpp says why).
+  static void wait_until_all_connected(const BackendConfig& c);
   template <typename Fn>
   void guarded(const char* op, std::uint64_t seq, Fn&& fn);
   void allreduce_impl(Tensor& t, ReduceOp op, std::uint32_t tag);

@@ -61,3 +61,22 @@ TEST_CASE("gloo: ranks that leave right after a forced halving-doubling / ring_c
     }
   }
 }
+
+// A rank whose rendezvous returns can destroy its group (or exit) at once, while a peer is
+// still finishing its side of the handshake: the peer's construction must still succeed
+// (GlooBackend waits until every rank has its meshes). 2 and 4 thread ranks, 40 groups each,
+// every rank destroying its group as soon as it is built.
+TEST_CASE("gloo: a group destroyed right after it is built does not fail a peer's rendezvous") {
+  for (int world : {2, 4}) {
+    CAPTURE(world);
+    auto store = std::make_shared<MemoryStore>();
+    for (int round = 0; round < 40; ++round) {
+      CAPTURE(round);
+      CHECK_NOTHROW(run_threads(world, [&](int rank) {
+        auto pg = make_thread_group("gloo", rank, world,
+                                    std::make_shared<PrefixStore>("g" + std::to_string(round), store),
+                                    std::chrono::seconds(20));
+      }));
+    }
+  }
+}
