@@ -300,6 +300,57 @@ void apply_epoch_cap(TrainConfig& c) {
 
 std::string model_text_of(const nlohmann::json& v);
 
+// What a config key's value must be, from its option: a flag takes true/false, a numeric
+// option a number (or its text), a list option an array of integers or their text, any
+// other option a string.
+enum class ConfigKind { Flag, Integer, Real, List, Text };
+
+ConfigKind kind_of(const CLI::Option& opt) {
+  if (opt.get_expected_max() == 0) return ConfigKind::Flag;  // a flag takes no value
+  const std::string t = opt.get_type_name();
+  if (t == "INT") return ConfigKind::Integer;
+  if (t == "FLOAT") return ConfigKind::Real;
+  if (t == "LIST") return ConfigKind::List;
+  return ConfigKind::Text;
+}
+
+const char* json_type_name(const nlohmann::json& v) {
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  if (v.is_null()) return "null";
+  return "an object";
+}
+
+// "key 'lr' is a boolean (true): expected a number, e.g. "lr": 0.1".
+void check_config_type(const std::string& k, const nlohmann::json& v, ConfigKind kind) {
+  auto bad = [&](const std::string& expected) {
+    throw ValueError("key '" + k + "' is " + json_type_name(v) + " (" + v.dump() + "): expected " + expected);
+  };
+  switch (kind) {
+    case ConfigKind::Flag:
+      if (!v.is_boolean()) bad("true or false, e.g. \"" + k + "\": true");
+      return;
+    case ConfigKind::Integer:
+      if (!v.is_number_integer() && !v.is_string()) bad("an integer, e.g. \"" + k + "\": 64");
+      return;
+    case ConfigKind::Real:
+      if (!v.is_number() && !v.is_string()) bad("a number, e.g. \"" + k + "\": 0.1");
+      return;
+    case ConfigKind::List:
+      if (v.is_string()) return;
+      if (!v.is_array()) bad("an array of step numbers, e.g. \"" + k + "\": [100, 200]");
+      for (const auto& e : v)
+        if (!e.is_number_integer()) bad("an array of integer step numbers, e.g. \"" + k + "\": [100, 200]");
+      return;
+    case ConfigKind::Text:
+      if (!v.is_string()) bad("a string, e.g. \"" + k + "\": \"...\"");
+      return;
+  }
+}
+
 // A JSON config's keys as argv-style "--key value" pairs, so one parser serves both.
 std::vector<std::string> config_args(const std::string& path, const CLI::App& app) {
   std::ifstream f(path);
@@ -322,7 +373,9 @@ std::vector<std::string> config_args(const std::string& path, const CLI::App& ap
       args.push_back(model_text_of(v));
       continue;
     }
-    if (v.is_boolean()) {
+    const ConfigKind kind = kind_of(*app.get_option_no_throw("--" + k));
+    check_config_type(k, v, kind);
+    if (kind == ConfigKind::Flag) {
       if (v.get<bool>()) args.push_back("--" + k);
       else if (k == "shuffle") args.push_back("--no-shuffle");
       continue;
@@ -330,16 +383,12 @@ std::vector<std::string> config_args(const std::string& path, const CLI::App& ap
     args.push_back("--" + k);
     if (v.is_string()) {
       args.push_back(v.get<std::string>());
-    } else if (v.is_number_integer()) {
-      args.push_back(v.dump());
     } else if (v.is_number()) {
       args.push_back(v.dump());
-    } else if (v.is_array() && k == "lr-milestones") {
+    } else {  // lr-milestones as a JSON array of step numbers
       std::string list;
-      for (const auto& e : v) list += (list.empty() ? "" : ",") + (e.is_number() ? e.dump() : "'" + e.dump() + "'");
+      for (const auto& e : v) list += (list.empty() ? "" : ",") + e.dump();
       args.push_back(list);
-    } else {
-      throw ValueError("option '" + k + "' must be a string, number or boolean, got " + v.dump());
     }
   }
   return args;
@@ -382,7 +431,7 @@ std::vector<std::string> join_negative_values(const std::vector<std::string>& ar
   for (std::size_t i = 0; i < args.size(); ++i) {
     const bool option = args[i].rfind("--", 0) == 0 && args[i].find('=') == std::string::npos;
     const CLI::Option* opt = option ? app.get_option_no_throw(args[i]) : nullptr;
-    if (opt && opt->get_type_size() != 0 && i + 1 < args.size() && args[i + 1].size() > 1 && args[i + 1][0] == '-' &&
+    if (opt && opt->get_expected_max() != 0 && i + 1 < args.size() && args[i + 1].size() > 1 && args[i + 1][0] == '-' &&
         args[i + 1][1] != '-') {
       out.push_back(args[i] + "=" + args[i + 1]);
       ++i;
