@@ -1,25 +1,21 @@
 #include "phalanx/backends/process_group.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <tuple>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/env.hpp"
 #include "phalanx/core/tensor_impl.hpp"
 #include "phalanx/core/timeline.hpp"
 
 namespace phalanx {
 
 std::chrono::milliseconds default_timeout() {
-  if (const char* s = std::getenv("PHALANX_TIMEOUT")) {
-    char* end = nullptr;
-    const double secs = std::strtod(s, &end);
-    if (end == s || *end != '\0' || !(secs > 0))
-      throw ConfigError(std::string("PHALANX_TIMEOUT='") + s +
-                        "' is not a positive number of seconds");
-    return std::chrono::milliseconds(static_cast<std::int64_t>(secs * 1000));
-  }
-  return kDefaultTimeout;
+  if (!env::text("PHALANX_TIMEOUT")) return kDefaultTimeout;
+  const double secs = env::real("PHALANX_TIMEOUT", 0, kMinTimeoutSeconds, kMaxTimeoutSeconds, "seconds");
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(secs * 1000)));
 }
 
 Backend* ProcessGroup::adopt(const BackendPtr& backend) {

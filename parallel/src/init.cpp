@@ -161,6 +161,9 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   const int rank = o.rank >= 0 ? o.rank : env.rank;
   if (rank >= world)
     throw ConfigError(detail::concat("init_process_group: rank ", rank, " is not below the world size ", world));
+  if (o.timeout.count() < 0 || o.timeout.count() > static_cast<std::int64_t>(kMaxTimeoutSeconds * 1000))
+    throw ConfigError(detail::concat("init_process_group: timeout ", o.timeout.count(), " ms is outside [",
+                                     kMinTimeoutSeconds * 1000, " ms, ", kMaxTimeoutSeconds, " s]; 0 takes PHALANX_TIMEOUT or 300 s"));
   const auto timeout = o.timeout.count() > 0 ? o.timeout : default_timeout();
   // The device, decided once; its plugin loads (or says why it cannot) before any rendezvous.
   const Device device = resolve_device(o);

@@ -134,6 +134,25 @@ TEST_CASE("bad values are clear errors") {
   CHECK_THROWS_WITH_AS(default_timeout(), doctest::Contains("PHALANX_TIMEOUT='soon'"), ConfigError);
 }
 
+TEST_CASE("one range for the operation timeout, whichever way it is given") {
+  EnvGuard env;
+  for (const char* bad : {"1e10", "1e30", "0", "-5", "0.0001", "inf", "nan", "20s"}) {
+    CAPTURE(bad);
+    ::setenv("PHALANX_TIMEOUT", bad, 1);
+    const std::string expect = std::string("PHALANX_TIMEOUT='") + bad + "' is not a number of seconds in [0.001, 1e+06]";
+    CHECK_THROWS_WITH_AS(default_timeout(), doctest::Contains(expect.c_str()), ConfigError);
+  }
+  ::setenv("PHALANX_TIMEOUT", "1e6", 1);
+  CHECK(default_timeout() == std::chrono::milliseconds(1000000000));
+  ::setenv("PHALANX_TIMEOUT", "0.001", 1);
+  CHECK(default_timeout() == std::chrono::milliseconds(1));
+  ::unsetenv("PHALANX_TIMEOUT");
+  CHECK(default_timeout() == kDefaultTimeout);
+  parallel::InitOptions o;
+  o.timeout = std::chrono::hours(24 * 365);
+  CHECK_THROWS_WITH_AS(parallel::init_process_group(o), doctest::Contains("is outside [1 ms, 1e+06 s]"), ConfigError);
+}
+
 TEST_CASE("backend priority: argument > PHALANX_BACKEND > config file > auto") {
   EnvGuard env;
   parallel::InitOptions o;

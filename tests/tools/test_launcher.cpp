@@ -83,6 +83,19 @@ TEST_CASE("kill -9 of a worker") {
   CHECK(all_gone(worker_pids(dir, 2)));
 }
 
+TEST_CASE("PHALANX_TIMEOUT out of --timeout's range: one line before anything starts, exit 2") {
+  const std::string dir = make_dir();
+  for (const char* bad : {"1e10", "1e30", "0"}) {
+    CAPTURE(bad);
+    Launch l = start({"--nproc-per-node", "2", kWorker, "sleep", dir}, dir, {{"PHALANX_TIMEOUT", bad}});
+    CHECK(finish(l, 20s) == 2);
+    const std::string out = slurp(l.out);
+    CHECK(out.find(std::string("phalanx-run: PHALANX_TIMEOUT='") + bad + "' is not a number of seconds in [0.001, 1e+06]") !=
+          std::string::npos);
+    std::remove(l.out.c_str());
+  }
+}
+
 TEST_CASE("SIGINT to the launcher stops every worker within the grace period") {
   const std::string dir = make_dir();
   Launch l = start({"--nproc-per-node", "3", "--grace-period", "2", kWorker, "sleep", dir}, dir);

@@ -2,6 +2,8 @@
 
 #include "rdzv_token.hpp"
 
+#include <phalanx/backends/default_timeout.hpp>
+
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -181,7 +183,7 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   app.add_option("--log-dir,--log_dir", o.log_dir, "write each rank's output to DIR/rank_<r>.log too");
   app.add_option("--backend", o.backend, "communication backend for the workers (PHALANX_BACKEND)");
   app.add_option("--timeout", o.timeout, "operation timeout in seconds for the workers (PHALANX_TIMEOUT)")
-      ->check(CLI::Range(0.001, 1e6));
+      ->check(CLI::Range(kMinTimeoutSeconds, kMaxTimeoutSeconds));
   auto* token_opt = app.add_option(
       "--rdzv-token,--rdzv_token", o.rdzv_token,
       "job token (default: PHALANX_RDZV_TOKEN, else random for a single node); required "
@@ -298,6 +300,12 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
     o.assign_node_rank = true;
     o.node_rank = -1;
   }
+  // PHALANX_TIMEOUT reaches every worker: checked here against the range --timeout has.
+  if (o.timeout == 0) try {
+      (void)default_timeout();
+    } catch (const std::exception& e) {
+      return fail(e.what());
+    }
   if (!o.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(o.log_dir, ec);
