@@ -16,6 +16,7 @@
 #include "launcher/launch_options.hpp"
 #include "launcher/node_rank.hpp"
 #include "launcher/rdzv_token.hpp"
+#include "launcher/stop_report.hpp"
 #include "launcher/worker_group.hpp"
 
 using namespace phalanx;
@@ -327,8 +328,13 @@ int main(int argc, char** argv) {
         }
         rounds->leave(k);
       }
-      std::fprintf(stderr, "phalanx-run: got %s, stopped all workers.\n", strsignal(r.signal_received));
-      return 128 + r.signal_received;
+      return report_stop(r, store.get(), k, o);
+    }
+    // The workers were asked to stop without this launcher (srun's or kill's signal to them)
+    // and saved: the job ends here, no restart.
+    if (r.stopped_after_save > 0 && !r.blamed && r.stopped_because.empty()) {
+      if (rounds) rounds->close(k, "its workers stopped on request after saving");
+      return report_stop(r, store.get(), k, o);
     }
 
     std::optional<WorkerFailure> blamed = r.blamed;
@@ -372,7 +378,7 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "phalanx-run: node %d's launcher got %s; the job ends.\n", rep.node,
                        strsignal(rep.interrupted));
           rounds->finish(k, take_signal);
-          return 1;
+          return r.stopped_after_save == o.nproc_per_node ? report_stop(r, store.get(), k, o) : 1;
         }
       const auto verdict = job_blame(reports);
       if (!verdict) {

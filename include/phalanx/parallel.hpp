@@ -22,5 +22,6 @@
 #include "phalanx/parallel/init.hpp"
 #include "phalanx/parallel/join.hpp"
 #include "phalanx/parallel/launch_env.hpp"
+#include "phalanx/parallel/stop.hpp"
 #include "phalanx/parallel/sync_batch_norm.hpp"
 #include "phalanx/parallel/zero_redundancy_optimizer.hpp"

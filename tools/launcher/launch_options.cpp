@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -89,6 +91,21 @@ const char* unsupported_torchrun_option(const std::string& name) {
 
 bool takes_no_value(const std::string& a) {
   return a == "-h" || a == "--help" || a == "--standalone" || a == "--no-python" || a == "--no_python";
+}
+
+/// "TERM", "SIGTERM" or "15" (TERM, INT, USR1, USR2) into sig; false with `error` otherwise.
+bool parse_term_signal(const std::string& text, int& sig, std::string& error) {
+  std::string name = text;
+  for (auto& ch : name) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (name.rfind("SIG", 0) == 0) name = name.substr(3);
+  const std::pair<const char*, int> known[] = {{"TERM", SIGTERM}, {"INT", SIGINT}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2}};
+  for (const auto& [n, s] : known)
+    if (name == n || name == std::to_string(s)) {
+      sig = s;
+      return true;
+    }
+  error = "--term-signal '" + text + "' must be TERM, INT, USR1 or USR2 (a signal the workers can catch to save)";
+  return false;
 }
 
 /// "N" or "N:N" into n; false with a one-line `error` for anything else (MIN:MAX included).
@@ -180,6 +197,14 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
       ->capture_default_str()->check(CLI::Range(0.001, 60.0));
   app.add_option("--grace-period", o.grace_period, "seconds from SIGTERM to SIGKILL when stopping workers")
       ->capture_default_str()->check(CLI::Range(0.0, 600.0));
+  app.add_option("--term-timeout,--term_timeout", o.term_timeout,
+                 "asked to stop (SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP, SIGQUIT): seconds the workers get to save "
+                 "and exit before SIGKILL")
+      ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
+  std::string term_signal;
+  app.add_option("--term-signal,--term_signal", term_signal,
+                 "the signal the workers get when the launcher is asked to stop: TERM, INT, USR1 or USR2 (default: the "
+                 "one the launcher got)");
   app.add_option("--log-dir,--log_dir", o.log_dir, "write each rank's output to DIR/rank_<r>.log too");
   app.add_option("--backend", o.backend, "communication backend for the workers (PHALANX_BACKEND)");
   app.add_option("--timeout", o.timeout, "operation timeout in seconds for the workers (PHALANX_TIMEOUT)")
@@ -229,6 +254,7 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   }
   std::string error;
   if (!parse_nnodes(nnodes, o.nnodes, error)) return fail(error);
+  if (!term_signal.empty() && !parse_term_signal(term_signal, o.term_signal, error)) return fail(error);
   if (nproc == "auto" || nproc == "cpu") {
     o.nproc_per_node = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
   } else if (nproc == "gpu" || nproc == "xpu") {

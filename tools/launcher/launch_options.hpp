@@ -16,7 +16,11 @@ struct LaunchOptions {
   int master_port = 0;  ///< 0: a free port (single node only)
   int max_restarts = 0;
   double monitor_interval = 0.1;  ///< seconds between liveness checks
-  double grace_period = 5.0;      ///< seconds between SIGTERM and SIGKILL
+  double grace_period = 5.0;      ///< after a worker failed: seconds from SIGTERM to SIGKILL for the others
+  /// Asked to stop (SIGTERM, SIGINT, SIGUSR1 ... to the launcher, or from another node):
+  /// seconds from the stop signal to SIGKILL, for the workers to save (Kubernetes' default).
+  double term_timeout = 30.0;
+  int term_signal = 0;  ///< the signal workers get when the launcher is asked to stop; 0: the one it got
   std::string log_dir;
   std::string backend;
   double timeout = 0;  ///< seconds; 0 = leave PHALANX_TIMEOUT as is

@@ -245,7 +245,7 @@ void install_signal_handlers() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) ::sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) ::sigaction(sig, &sa, nullptr);
   struct sigaction sc {};
   sc.sa_handler = on_child;
   sigemptyset(&sc.sa_mask);
@@ -368,14 +368,22 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
   int round = 0;
   Clock::time_point kill_at{};
   const auto interval = std::chrono::milliseconds(std::max(1, static_cast<int>(o.monitor_interval * 1000)));
-  auto stop_all = [&] {
+  // A failure here: SIGTERM and --grace-period. A stop asked for (a signal to the launcher,
+  // or another node's launcher stopping the round): the stop signal and --term-timeout, for
+  // the workers to save.
+  auto stop_all = [&](int sig, double seconds) {
     for (auto& other : ws)
       if (!other.exited) ++result.stopped_others;
-    signal_all(ws, SIGTERM);
+    signal_all(ws, sig);
     stopping = true;
-    kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(o.grace_period * 1000));
+    kill_at = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
   };
-  if (!result.launch_error.empty()) stop_all();  // a round that cannot start fails whole
+  auto stop_for_failure = [&] { stop_all(SIGTERM, o.grace_period); };
+  auto stop_on_request = [&](int got) {
+    const int sig = o.term_signal ? o.term_signal : (got == SIGHUP || got == SIGQUIT ? SIGTERM : got);
+    stop_all(sig, o.term_timeout);
+  };
+  if (!result.launch_error.empty()) stop_for_failure();  // a round that cannot start fails whole
   std::vector<pollfd> pfds;
   std::vector<std::pair<Worker*, Stream*>> owners;
   auto take_signal_once = [&] {
@@ -383,7 +391,7 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
     if (sig != 0 && !result.interrupted) {
       result.interrupted = true;
       result.signal_received = sig;
-      if (!stopping) stop_all();
+      if (!stopping) stop_on_request(sig);
     }
   };
   for (;; ++round) {
@@ -413,7 +421,7 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
     if (pfds[0].revents & POLLIN) take_signal_once();
     if (pfds[2].revents && !stopping) {
       result.stopped_because = a.stop_reason ? a.stop_reason() : "stopped from outside this node";
-      stop_all();
+      stop_on_request(SIGTERM);
     }
     // Reap every worker that has exited (one poll round), then relay output.
     const std::size_t first_new = failures.size();
@@ -427,6 +435,12 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
       w.exited = true;
       --alive;
       if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+      // Stopped on request after saving (parallel::kExitStoppedAfterSave): not a failure,
+      // also when the signal reached the workers and not this launcher (srun, kill).
+      if (WIFEXITED(status) && WEXITSTATUS(status) == kExitStoppedAfterSave) {
+        ++result.stopped_after_save;
+        continue;
+      }
       WorkerFailure f;
       f.node = o.node_rank;
       f.rank = w.rank;
@@ -449,12 +463,13 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
           if (f.rank == first.rank) f.is_first = true;
       }
       if (a.on_first_failure) a.on_first_failure(first);
-      stop_all();
+      stop_for_failure();
     }
     for (std::size_t i = 3; i < pfds.size(); ++i)
       if (pfds[i].revents) pump(relay, *owners[i - 3].first, *owners[i - 3].second);
     relay.flush();
     if (stopping && alive > 0 && Clock::now() >= kill_at) {
+      result.killed_at_deadline = alive;
       signal_all(ws, SIGKILL);
       kill_at = Clock::now() + std::chrono::hours(1);
     }
@@ -517,7 +532,8 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
   }
   for (auto& w : ws)
     if (w.log) std::fclose(w.log);
-  result.ok = !result.blamed && !result.interrupted && result.stopped_because.empty() && result.launch_error.empty();
+  result.ok = !result.blamed && !result.interrupted && result.stopped_because.empty() && result.launch_error.empty() &&
+              result.stopped_after_save == 0;
   return result;
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <phalanx/backends/store.hpp>
+#include <phalanx/parallel/stop.hpp>
 
 #include "blame.hpp"
 #include "launch_options.hpp"
@@ -30,16 +31,21 @@ struct Attempt {
 
 struct Outcome {
   bool ok = false;           ///< every worker exited 0 and nothing stopped them
-  bool interrupted = false;  ///< the launcher got SIGINT/SIGTERM
+  bool interrupted = false;  ///< the launcher got a stop signal (SIGTERM, SIGINT, SIGUSR1 ...)
   int signal_received = 0;
   std::string stopped_because;          ///< non-empty: stopped from outside this node (why)
   std::optional<WorkerFailure> blamed;  ///< the worker that failed first on this node
   std::vector<std::string> tail;        ///< its last output lines
   int stopped_others = 0;               ///< workers the launcher had to stop
   std::string launch_error;  ///< non-empty: a worker could not be started (no fds, no fork)
+  int stopped_after_save = 0;  ///< workers that exited kExitStoppedAfterSave (saved on a stop)
+  int killed_at_deadline = 0;  ///< workers still running at the stop's deadline (SIGKILLed)
 };
 
-/// Installs SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers that the run loop watches, makes the
+/// A worker's exit status after it saved on a stop request.
+using parallel::kExitStoppedAfterSave;
+
+/// Installs SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 handlers that the run loop watches, makes the
 /// launcher the child subreaper of its workers' descendants and raises its open-files limit
 /// to the hard limit (workers get the original limit and signal dispositions back). Once.
 void install_signal_handlers();

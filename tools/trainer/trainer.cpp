@@ -2,11 +2,12 @@
 // then the loop here, one job a function: the epoch, the forward/backward pass, the step,
 // the epoch's end (evaluation and the report/checkpoint cadence: cadence.hpp), the
 // checkpoint and the outputs. Epoch reports: epoch_report.cpp; the progress line with its
-// ETA: progress_bar.cpp; signals: stop_signals.cpp.
+// ETA: progress_bar.cpp; a stop on request (SIGTERM): parallel/stop.hpp.
 #include "trainer.hpp"
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -27,7 +28,6 @@
 #include "metrics_log.hpp"
 #include "progress_bar.hpp"
 #include "resume.hpp"
-#include "stop_signals.hpp"
 #include "svg_chart.hpp"
 #include "training_setup.hpp"
 
@@ -37,6 +37,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using samplers::Batch;
+
+// Thrown out of the loop once the checkpoint of an agreed stop is saved.
+struct StoppedOnRequest {
+  std::int64_t step;
+};
 
 // True when every gradient is finite (no gradient: nothing to check). On the CPU one
 // vectorised pass over each buffer (all_finite), with no allocation; elsewhere one
@@ -69,11 +74,11 @@ class TrainingLoop {
   TrainingLoop& operator=(const TrainingLoop&) = delete;
   /// A run stopped by an error (a non-finite loss, a lost peer, a full disk) still reports
   /// the epochs that finished, without a collective; the metrics file then writes the step
-  /// records held back when it is destroyed. Runs before the signal handlers are restored:
-  /// a signal noted before the error is raised again (ending the process) after this report.
+  /// records held back when it is destroyed.
   ~TrainingLoop();
 
-  /// The epochs left, then the final checkpoint.
+  /// The epochs left, then the final checkpoint. Throws StoppedOnRequest after the
+  /// checkpoint of an agreed stop (SIGTERM and the like) is saved.
   void train();
   /// --eval-train, --metrics, --save, --plot and the summary line. Returns the exit code.
   int finish();
@@ -89,7 +94,12 @@ class TrainingLoop {
   void end_epoch(std::int64_t epoch, std::int64_t batches);
   /// Every rank takes part (the partial epoch sums are gathered); rank 0 writes.
   void save_checkpoint(std::int64_t epoch, std::int64_t in_epoch);
-  void stop_if_signalled();
+  /// The state a checkpoint holds; every rank takes part, rank 0 gets it (nullopt elsewhere).
+  std::optional<parallel::CheckpointState> checkpoint_state(std::int64_t epoch, std::int64_t in_epoch);
+  /// Every rank agreed to stop before the step `in_epoch` + 1 of `epoch`: the checkpoint of
+  /// the steps done, verified, then StoppedOnRequest (without --checkpoint-dir: the process
+  /// dies by the signal, as without a handler).
+  [[noreturn]] void stop_on_request(std::int64_t epoch, std::int64_t in_epoch);
   double seconds() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
 
   const TrainConfig& c_;
@@ -101,7 +111,8 @@ class TrainingLoop {
   ProgressBar progress_;
   Cadence cadence_;
   EpochReporter reporter_;
-  std::optional<StopSignals> stop_signals_;
+  std::optional<parallel::StopOnSignal> stop_signals_;
+  std::optional<parallel::StopVote> vote_;
   const int uncaught_ = std::uncaught_exceptions();
   std::int64_t resumed_step_ = 0;
   std::vector<Tensor> params_;
@@ -133,6 +144,7 @@ TrainingLoop::TrainingLoop(const TrainConfig& c, TrainingSetup& s, StartPoint& s
   // Every epoch is reported as it ends under a progress bar: rank 0 draws it; the ranks agree here.
   cadence_.report_every_epoch = progress_anywhere(progress_.enabled(), *s.pg, s.dev);
   stop_signals_.emplace();
+  vote_.emplace(s.pg, s.dev);
   announce();
 }
 
@@ -169,18 +181,30 @@ void TrainingLoop::announce() const {
   std::fflush(stdout);
 }
 
-void TrainingLoop::stop_if_signalled() {
-  const int sig = stop_signal_noted();
-  if (!sig) return;
-  if (rank_ == 0)
-    std::fprintf(stderr, "phalanx-train: got %s at step %lld; reporting the finished epochs, then stopping\n", strsignal(sig),
-                 static_cast<long long>(sp_.step));
-  try {
-    reporter_.report(false);  // no collective: the other ranks are stopping too
-    metrics_.close();
-  } catch (...) {
+void TrainingLoop::stop_on_request(std::int64_t epoch, std::int64_t in_epoch) {
+  const int sig = vote_->agreed_signal();
+  const std::string name = sigabbrev_np(sig) ? std::string("SIG") + sigabbrev_np(sig) : "signal " + std::to_string(sig);
+  if (!sp_.ckdir) {
+    if (rank_ == 0)
+      std::fprintf(stderr, "phalanx-train: stopped by %s at step %lld: nothing saved (no --checkpoint-dir; give one to "
+                   "save on a stop and --resume from it)\n", name.c_str(), static_cast<long long>(sp_.step));
+    try {
+      reporter_.report(false);  // no collective: the other ranks are stopping too
+      metrics_.close();
+    } catch (...) {
+    }
+    std::fflush(nullptr);
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);  // dies by it, as without a handler
+    std::_Exit(128 + sig);
   }
-  stop_signals_->restore();  // dies by the signal
+  const auto state = checkpoint_state(epoch, in_epoch);
+  const std::string path = parallel::save_on_stop(*s_.pg, *sp_.ckdir, state ? *state : parallel::CheckpointState{}, sig);
+  metrics_.close();
+  if (rank_ == 0)
+    std::fprintf(stderr, "phalanx-train: stopped by %s after saving step %lld to %s (verified); --resume continues from "
+                 "it\n", name.c_str(), static_cast<long long>(sp_.step), path.c_str());
+  throw StoppedOnRequest{sp_.step};
 }
 
 void TrainingLoop::train() {
@@ -188,10 +212,9 @@ void TrainingLoop::train() {
   params_ = s_.model->parameters();
   micro_losses_.reserve(static_cast<std::size_t>(s_.micro_per_step));
   for (std::int64_t epoch = sp_.start_epoch; epoch < c_.epochs; ++epoch) run_epoch(epoch);
+  vote_->finish();  // the last vote: training is complete, whatever it says
   // The final checkpoint, always (unless this run resumed from the end and trained nothing).
   if (sp_.step != resumed_step_ || sp_.start_epoch < c_.epochs || sp_.resume_path.empty()) save_checkpoint(c_.epochs, 0);
-  stop_if_signalled();
-  stop_signals_->restore();  // from here on a signal acts at once, as before training
 }
 
 // A step is micro_per_step forward/backward passes: one in normal mode; in exact mode this
@@ -208,7 +231,7 @@ void TrainingLoop::run_epoch(std::int64_t epoch) {
       continue;
     }
     if (micro == 0) {
-      stop_if_signalled();
+      if (vote_->stop_now()) stop_on_request(epoch, batch_index);
       s_.opt->zero_grad();
       micro_losses_.clear();
       lr_used_ = s_.opt->param_groups()[0].lr();  // before the schedule moves it
@@ -305,6 +328,10 @@ void TrainingLoop::end_epoch(std::int64_t epoch, std::int64_t batches) {
 
 void TrainingLoop::save_checkpoint(std::int64_t epoch, std::int64_t in_epoch) {
   if (!sp_.ckdir) return;
+  if (const auto state = checkpoint_state(epoch, in_epoch)) sp_.ckdir->save(*state);
+}
+
+std::optional<parallel::CheckpointState> TrainingLoop::checkpoint_state(std::int64_t epoch, std::int64_t in_epoch) {
   reporter_.report(true);  // the curves and the metrics file hold every finished epoch
   Tensor all = zeros({world_, 2});
   if (!c_.exact) {  // exact mode: rank 0's sums are every rank's, and depend on no world size
@@ -313,7 +340,7 @@ void TrainingLoop::save_checkpoint(std::int64_t epoch, std::int64_t in_epoch) {
     all = sum_over_ranks(all, *s_.pg, s_.dev);
   }
   if (s_.zero) s_.zero->consolidate_state_dict(0);  // every rank's shard of the state, to rank 0
-  if (rank_ != 0) return;
+  if (rank_ != 0) return std::nullopt;
   metrics_.flush();  // the metrics file is never behind a checkpoint
   parallel::CheckpointState s;
   s.model = s_.net->state_dict();
@@ -338,7 +365,7 @@ void TrainingLoop::save_checkpoint(std::int64_t epoch, std::int64_t in_epoch) {
   std::vector<float> tc(train_curve.y.begin(), train_curve.y.end()), ec(test_curve.y.begin(), test_curve.y.end());
   s.user.set("train_curve", tensor(tc, {static_cast<std::int64_t>(tc.size())}));
   s.user.set("test_curve", tensor(ec, {static_cast<std::int64_t>(ec.size())}));
-  sp_.ckdir->save(s);
+  return s;
 }
 
 int TrainingLoop::finish() {
@@ -375,7 +402,12 @@ int run_training(const TrainConfig& c) {
   TrainingSetup setup = set_up_training(c);  // every check happens before training starts
   StartPoint start = find_start(c, setup);
   TrainingLoop loop(c, setup, start);
-  loop.train();
+  try {
+    loop.train();
+  } catch (const StoppedOnRequest&) {
+    parallel::destroy_process_group();
+    return parallel::kExitStoppedAfterSave;
+  }
   return loop.finish();
 }
 
