@@ -43,7 +43,8 @@ for t in $(seq 1 "$TRIALS"); do
   D="$W/t$t"
   # A random moment between 30 % and 80 % of the uninterrupted run (start-up comes first: a
   # signal there ends the job at once, before there is anything to save).
-  delay=$(echo "$ref_secs * (30 + $RANDOM % 50) / 100" | bc -l)
+  pct=$((30 + RANDOM % 50))  # drawn here: a $(...) subshell would repeat the same RANDOM
+  delay=$(echo "$ref_secs * $pct / 100" | bc -l)
   "$RUN" --nproc-per-node 2 "$TRAIN" $OPTS --checkpoint-dir "$D" --checkpoint-every 1000000 --resume > "$D.log" 2>&1 &
   launcher=$!
   sleep "$delay"

@@ -316,25 +316,25 @@ int main(int argc, char** argv) {
                    r.stopped_others);
       if (rounds) rounds->close(k, r.launch_error);
     }
-    if (r.interrupted) {
+    // A stop asked for: a signal to this launcher, workers that saved on a signal of their
+    // own (srun's, kill's), or rank 0's stop record (also when its save failed). The job ends
+    // here, with no restart; the other nodes read this node's report.
+    const auto stop_rec = read_stop_record(store.get(), k);
+    if (r.interrupted || (r.stopped_after_save > 0 && !r.blamed) || (stop_rec && !r.ok)) {
+      const int sig = r.signal_received ? r.signal_received : stop_rec && stop_rec->signal ? stop_rec->signal : SIGTERM;
       if (rounds) {
-        rounds->close(k, std::string("its launcher got ") + strsignal(r.signal_received));
+        rounds->close(k, r.interrupted ? std::string("its launcher got ") + strsignal(sig)
+                                       : std::string("its workers were asked to stop (") + strsignal(sig) + ")");
         NodeReport mine;
         mine.node = o.node_rank;
-        mine.interrupted = r.signal_received;
+        mine.interrupted = sig;
         try {
           store->set("phalanx/launch/r" + std::to_string(k) + "/report/" + std::to_string(o.node_rank), to_json(mine));
         } catch (const std::exception&) {
         }
         rounds->leave(k);
       }
-      return report_stop(r, store.get(), k, o);
-    }
-    // The workers were asked to stop without this launcher (srun's or kill's signal to them)
-    // and saved: the job ends here, no restart.
-    if (r.stopped_after_save > 0 && !r.blamed && r.stopped_because.empty()) {
-      if (rounds) rounds->close(k, "its workers stopped on request after saving");
-      return report_stop(r, store.get(), k, o);
+      return report_stop(r, stop_rec, o);
     }
 
     std::optional<WorkerFailure> blamed = r.blamed;
@@ -378,7 +378,7 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "phalanx-run: node %d's launcher got %s; the job ends.\n", rep.node,
                        strsignal(rep.interrupted));
           rounds->finish(k, take_signal);
-          return r.stopped_after_save == o.nproc_per_node ? report_stop(r, store.get(), k, o) : 1;
+          return r.stopped_after_save == o.nproc_per_node ? report_stop(r, read_stop_record(store.get(), k), o) : 1;
         }
       const auto verdict = job_blame(reports);
       if (!verdict) {

@@ -1,6 +1,7 @@
 // Stop on request: the signal handlers, the pipelined vote and the collective save.
 #include "phalanx/parallel/stop.hpp"
 
+#include <atomic>
 #include <ctime>
 #include <nlohmann/json.hpp>
 
@@ -12,13 +13,22 @@
 namespace phalanx::parallel {
 
 namespace {
-volatile std::sig_atomic_t g_stop_signal = 0;
+// Lock-free, so the handler may write it; read from any thread.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the stop flag is written by a signal handler");
+
 extern "C" void note_stop_signal(int sig) {
-  if (g_stop_signal == 0) g_stop_signal = sig;  // the first one names the stop
+  int none = 0;
+  // The first signal names the stop. The same one again means "now": its default action
+  // (a second Ctrl-C ends a run that is still finishing its step or writing its outputs).
+  if (!g_stop_signal.compare_exchange_strong(none, sig) && none == sig) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
 }
 }  // namespace
 
-std::vector<int> default_stop_signals() { return {SIGTERM, SIGINT, SIGUSR1}; }
+std::vector<int> default_stop_signals() { return {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}; }
 
 StopOnSignal::StopOnSignal(std::vector<int> signals) : signals_(std::move(signals)), old_(signals_.size()) {
   struct sigaction sa {};
@@ -32,16 +42,19 @@ void StopOnSignal::restore(bool reraise) {
   if (restored_) return;
   restored_ = true;
   for (std::size_t i = 0; i < signals_.size(); ++i) ::sigaction(signals_[i], &old_[i], nullptr);
-  if (const int sig = g_stop_signal; reraise && sig) {
+  if (const int sig = g_stop_signal.load(); reraise && sig) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);
   }
 }
 
-bool stop_requested() { return g_stop_signal != 0; }
-int stop_signal() { return g_stop_signal; }
-void request_stop(int sig) { note_stop_signal(sig); }
-void clear_stop_request() { g_stop_signal = 0; }
+bool stop_requested() { return g_stop_signal.load() != 0; }
+int stop_signal() { return g_stop_signal.load(); }
+void request_stop(int sig) {
+  int none = 0;
+  g_stop_signal.compare_exchange_strong(none, sig);
+}
+void clear_stop_request() { g_stop_signal.store(0); }
 
 StopVote::StopVote(ProcessGroupPtr pg) : StopVote(pg, local_device()) {}
 
@@ -82,13 +95,13 @@ bool StopVote::finish() {
   return read_pending();
 }
 
-void post_stop_record(std::int64_t step, const std::string& path, int sig) noexcept {
+void post_stop_record(std::int64_t step, const std::string& path, int sig, const std::string& error) noexcept {
   try {
     const auto ctx = failure_context();
     if (!ctx || !ctx->root) return;
-    const std::string v =
-        nlohmann::json{{"step", step}, {"path", path}, {"signal", sig}, {"unix", static_cast<std::int64_t>(std::time(nullptr))}}
-            .dump();
+    nlohmann::json rec{{"step", step}, {"path", path}, {"signal", sig}, {"unix", static_cast<std::int64_t>(std::time(nullptr))}};
+    if (!error.empty()) rec["error"] = error;
+    const std::string v = rec.dump();
     ctx->root->set("phalanx/r" + std::to_string(ctx->restart) + "/stopped", Bytes(v.begin(), v.end()));
   } catch (...) {
   }
@@ -101,13 +114,24 @@ std::string save_on_stop(ProcessGroup& pg, CheckpointDir& dir, const CheckpointS
       path = dir.save(state);
       (void)load_checkpoint(path, CheckpointExpect{});  // reads it back: checksum and manifest
       post_stop_record(state.step, path, sig);
-    } catch (...) {
+    } catch (const std::exception& e) {
       error = std::current_exception();
+      post_stop_record(state.step, "", sig, e.what());  // phalanx-run: a stop, not a failure to restart
     }
-  // The others wait for rank 0's file; a rank 0 that failed still comes here, so the others
-  // do not wait for the timeout (they exit with the stop status, rank 0 with its error).
-  pg.barrier()->wait();
+  // Every rank learns whether the file is there (rank 0's [saved, step]): no rank reports a
+  // save that failed, and none exits before the file is complete.
+  Tensor outcome = zeros({2}, DType::Int64);
+  if (pg.rank() == 0) {
+    outcome.data<std::int64_t>()[0] = error ? 0 : 1;
+    outcome.data<std::int64_t>()[1] = state.step;
+  }
+  Tensor travel = local_device().is_cpu() ? outcome : outcome.to(local_device());
+  pg.broadcast(travel, 0)->wait();
+  if (!travel.device().is_cpu()) outcome.copy_(travel);
   if (error) std::rethrow_exception(error);
+  if (outcome.data<std::int64_t>()[0] != 1)
+    throw IoError(detail::concat("rank 0 could not save the checkpoint of step ", outcome.data<std::int64_t>()[1],
+                                 " when the job was asked to stop (its error says why); nothing was saved"));
   return path;
 }
 

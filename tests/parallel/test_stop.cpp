@@ -78,8 +78,8 @@ TEST_CASE("StopVote: no stop noted, no stop; finish() drains the vote in flight"
   CHECK(results[1].exit_code == 0);
 }
 
-TEST_CASE("StopOnSignal: SIGTERM, SIGINT and SIGUSR1 are noted, not fatal; the old handlers come back") {
-  for (int sig : {SIGTERM, SIGINT, SIGUSR1}) {
+TEST_CASE("StopOnSignal: SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 are noted, not fatal; the old handlers come back") {
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) {
     CAPTURE(sig);
     const auto results = run_processes(1, [&](int) {
       parallel::clear_stop_request();
@@ -96,6 +96,18 @@ TEST_CASE("StopOnSignal: SIGTERM, SIGINT and SIGUSR1 are noted, not fatal; the o
     });
     CHECK(results[0].signal == sig);
   }
+}
+
+TEST_CASE("StopOnSignal: the same signal twice ends the process at once; another one is only noted") {
+  const auto results = run_processes(2, [&](int rank) {
+    parallel::clear_stop_request();
+    parallel::StopOnSignal handlers;
+    ::raise(SIGUSR1);
+    ::raise(rank == 0 ? SIGTERM : SIGUSR1);  // rank 0: another signal; rank 1: the same again
+    return parallel::stop_signal() == SIGUSR1 ? 0 : 4;
+  });
+  CHECK(results[0].exit_code == 0);
+  CHECK(results[1].signal == SIGUSR1);
 }
 
 TEST_CASE("save_on_stop: rank 0 writes a checkpoint that verifies and posts its step; every rank waits for it") {
@@ -137,5 +149,47 @@ TEST_CASE("save_on_stop: rank 0 writes a checkpoint that verifies and posts its 
   CHECK(j["step"] == 17);
   CHECK(j["path"] == dir + "/checkpoint-0000000017.npz");
   CHECK(j["signal"] == SIGTERM);
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST_CASE("save_on_stop: when rank 0 cannot save, every rank throws and the record says so") {
+  const std::string dir = "/tmp/phalanx_save_on_stop_fail_" + std::to_string(::getpid());
+  std::system(("rm -rf " + dir).c_str());
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  const auto results = run_processes(2, [&](int rank) {
+    set_rank_env(rank, 2, port);
+    ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+    auto pg = parallel::init_process_group();
+    parallel::CheckpointDir ck(dir);
+    parallel::CheckpointState s;
+    s.model.set("0.weight", ones({3, 2}));
+    s.step = 9;
+    s.world_size = 2;
+    s.global_batch = 8;
+    s.micro_batch = 4;
+    if (rank == 0) std::system(("rm -rf " + dir + " && touch " + dir).c_str());  // a file where the folder was
+    try {
+      parallel::save_on_stop(*pg, ck, s, SIGTERM);
+      return 4;  // reported a save that did not happen
+    } catch (const IoError& e) {
+      const std::string m = e.what();
+      if (rank == 1 && m.find("rank 0 could not save the checkpoint of step 9 when the job was asked to stop") ==
+                           std::string::npos)
+        return 5;
+    }
+    parallel::destroy_process_group();
+    return 0;
+  });
+  CHECK(results[0].exit_code == 0);
+  CHECK(results[1].exit_code == 0);
+  TcpStoreOptions co;
+  co.port = port;
+  TcpStore client(co);
+  const Bytes b = client.get("phalanx/r0/stopped");
+  const auto j = nlohmann::json::parse(b.begin(), b.end());
+  CHECK(j["step"] == 9);
+  CHECK(j["path"] == "");
+  CHECK(!j.value("error", std::string()).empty());
   std::system(("rm -rf " + dir).c_str());
 }

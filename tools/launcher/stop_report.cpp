@@ -27,16 +27,21 @@ std::optional<StopRecord> read_stop_record(Store* store, int restart_count) {
     r.step = j["step"].get<std::int64_t>();
     r.path = j.value("path", std::string());
     r.signal = j.value("signal", 0);
+    r.error = j.value("error", std::string());
     return r;
   } catch (const std::exception&) {
     return std::nullopt;  // the store's host (node 0's launcher) is gone
   }
 }
 
-int report_stop(const Outcome& r, Store* store, int restart_count, const LaunchOptions& o) {
-  const auto rec = read_stop_record(store, restart_count);
+int report_stop(const Outcome& r, const std::optional<StopRecord>& rec, const LaunchOptions& o) {
   const int sig = r.signal_received ? r.signal_received : rec ? rec->signal : 0;
   const std::string name = signal_name(sig);
+  if (rec && !rec->error.empty()) {
+    std::fprintf(stderr, "phalanx-run: stopped by %s, but rank 0 could not save step %lld: %s; nothing was saved.\n",
+                 name.c_str(), static_cast<long long>(rec->step), rec->error.c_str());
+    return 1;
+  }
   if (r.stopped_after_save == o.nproc_per_node) {
     if (rec)
       std::fprintf(stderr, "phalanx-run: stopped by %s after saving step %lld to %s; rerun with --resume to continue.\n",
@@ -45,6 +50,10 @@ int report_stop(const Outcome& r, Store* store, int restart_count, const LaunchO
       std::fprintf(stderr, "phalanx-run: stopped by %s; the workers saved and exited with status %d.\n", name.c_str(),
                    kExitStoppedAfterSave);
     return kExitStoppedAfterSave;
+  }
+  if (r.exited_ok == o.nproc_per_node) {
+    std::fprintf(stderr, "phalanx-run: got %s as the job finished: every worker completed and exited 0.\n", name.c_str());
+    return 0;
   }
   if (r.killed_at_deadline > 0)
     std::fprintf(stderr,

@@ -434,7 +434,10 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
       Worker& w = *it;
       w.exited = true;
       --alive;
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        ++result.exited_ok;
+        continue;
+      }
       // Stopped on request after saving (parallel::kExitStoppedAfterSave): not a failure,
       // also when the signal reached the workers and not this launcher (srun, kill).
       if (WIFEXITED(status) && WEXITSTATUS(status) == kExitStoppedAfterSave) {

@@ -40,6 +40,7 @@ struct Outcome {
   std::string launch_error;  ///< non-empty: a worker could not be started (no fds, no fork)
   int stopped_after_save = 0;  ///< workers that exited kExitStoppedAfterSave (saved on a stop)
   int killed_at_deadline = 0;  ///< workers still running at the stop's deadline (SIGKILLed)
+  int exited_ok = 0;           ///< workers that exited 0
 };
 
 /// A worker's exit status after it saved on a stop request.
