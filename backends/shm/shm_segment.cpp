@@ -204,26 +204,35 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
     const std::uint64_t ns = pid_namespace();
     sweep_dead_creators(ns);
     name_ = std::string("/") + kNamePrefix + hex64(job_hash()).substr(0, 8) + owner_part(ns, ::getpid()) + hex64(id);
+    // The segment cannot be made here: the others are told at once through the store (they
+    // wait for its name), and every rank throws BackendUnavailableError, which `auto` takes
+    // as "use gloo on this host" (parallel/src/host_topology.cpp).
+    const auto unavailable = [&](const std::string& msg) {
+      if (base_) ::munmap(base_, total_);
+      base_ = nullptr;
+      if (fd >= 0) ::close(fd);
+      if (!name_.empty() && created) ::shm_unlink(name_.c_str());
+      name_.clear();
+      try {
+        store.set("name", std::string(kUnavailableMark) + msg);
+      } catch (const std::exception&) {
+      }
+      throw BackendUnavailableError(detail::concat("shm group: rank ", rank, " of ", world, ": ", msg));
+    };
     struct statvfs vfs{};
-    if (::statvfs("/dev/shm", &vfs) == 0 && static_cast<double>(vfs.f_bavail) * vfs.f_frsize < total_) {
-      name_.clear();
-      fail(detail::concat("/dev/shm has ", static_cast<double>(vfs.f_bavail) * vfs.f_frsize / 1048576.0,
-                          " MiB free, the segment needs ", total_ / 1048576.0,
-                          " MiB: lower PHALANX_SHM_BYTES, or enlarge /dev/shm (docker: --shm-size)"));
-    }
+    if (::statvfs("/dev/shm", &vfs) == 0 && static_cast<double>(vfs.f_bavail) * vfs.f_frsize < total_)
+      unavailable(detail::concat("/dev/shm has ", static_cast<double>(vfs.f_bavail) * vfs.f_frsize / 1048576.0,
+                                 " MiB free, the segment needs ", total_ / 1048576.0,
+                                 " MiB: lower PHALANX_SHM_BYTES, or enlarge /dev/shm (docker: --shm-size)"));
     fd = ::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) {
-      const int e = errno;
-      name_.clear();
-      fail("shm_open(O_CREAT) failed: " + errno_text(e) + " (is /dev/shm mounted and writable?)");
-    }
+    if (fd < 0) unavailable("shm_open(O_CREAT) failed: " + errno_text(errno) + " (is /dev/shm mounted and writable?)");
     created = true;
-    if (::ftruncate(fd, static_cast<off_t>(total_)) != 0) fail("ftruncate failed: " + errno_text(errno));
+    if (::ftruncate(fd, static_cast<off_t>(total_)) != 0) unavailable("ftruncate failed: " + errno_text(errno));
+    void* p = ::mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) unavailable(detail::concat("mmap of ", total_, " bytes failed: ", errno_text(errno)));
+    base_ = static_cast<char*>(p);
   }
   if (created) {
-    void* p = ::mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) fail(detail::concat("mmap of ", total_, " bytes failed: ", errno_text(errno)));
-    base_ = static_cast<char*>(p);
     ::close(fd);
     fd = -1;
     // Initialised before the name is published: no rank maps a half-written header.
@@ -247,6 +256,12 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
     fail(std::string(rank != 0 && dynamic_cast<const TimeoutError*>(&e) ? "rank 0 did not publish the segment's name: "
                                                                          : "the store failed: ") + e.what());
   }
+  if (!created && name_.rfind(kUnavailableMark, 0) == 0) {
+    const std::string why = name_.substr(std::strlen(kUnavailableMark));
+    name_.clear();
+    throw BackendUnavailableError(
+        detail::concat("shm group: rank ", rank, " of ", world, ": rank 0 could not create the segment: ", why));
+  }
   if (!created) {
     fd = ::shm_open(name_.c_str(), O_RDWR, 0600);
     // A name already removed is an earlier group's under the same store prefix (destroyed,
@@ -260,6 +275,10 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
       } catch (const std::exception&) {
         break;
       }
+      if (again.rfind(kUnavailableMark, 0) == 0)
+        throw BackendUnavailableError(detail::concat("shm group: rank ", rank, " of ", world,
+                                                     ": rank 0 could not create the segment: ",
+                                                     again.substr(std::strlen(kUnavailableMark))));
       name_ = again;
       fd = ::shm_open(name_.c_str(), O_RDWR, 0600);
     }

@@ -32,6 +32,8 @@ constexpr std::uint32_t kVersion = 1;
 constexpr std::size_t kLine = 64;
 /// The prefix of every segment name (in /dev/shm without the slash).
 constexpr const char* kNamePrefix = "phalanx-shm-";
+/// Published instead of a segment's name when rank 0 cannot create one (the reason follows).
+constexpr const char* kUnavailableMark = "!unavailable: ";
 
 enum RankState : std::int32_t { kAttaching = 0, kAlive = 1, kLeft = 2, kFailed = 3 };
 

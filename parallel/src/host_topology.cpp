@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -10,6 +11,7 @@
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/hierarchical_process_group.hpp"
 #include "phalanx/backends/plugin_registry.hpp"
+#include "phalanx/backends/prefix_store.hpp"
 
 namespace phalanx::parallel {
 
@@ -69,7 +71,20 @@ HostTopology exchange_hosts(Store& store, int rank, int world, std::chrono::mill
 ProcessGroupPtr create_for_hosts(bool hierarchical, const BackendConfig& config, Store& store,
                                  const std::string& plugin_path) {
   const HostTopology t = exchange_hosts(store, config.rank, config.size, config.timeout);
-  if (t.hosts == 1 && !hierarchical) return create_process_group(t.all_shm() ? "shm" : "gloo", config, plugin_path);
+  if (t.hosts == 1 && !hierarchical) {
+    if (!t.all_shm()) return create_process_group("gloo", config, plugin_path);
+    try {
+      return create_process_group("shm", config, plugin_path);
+    } catch (const BackendUnavailableError& e) {
+      // Every rank gets this error together (rank 0 publishes it): all take gloo.
+      if (config.rank == 0)
+        std::fprintf(stderr, "phalanx: warning: auto: shared memory is unavailable (%s); using gloo on this host\n",
+                     e.what());
+      BackendConfig fallback = config;
+      fallback.store = std::make_shared<PrefixStore>("gloo_fallback", config.store);
+      return create_process_group("gloo", fallback, plugin_path);
+    }
+  }
   HierarchyOptions h;
   h.host_of_rank = t.host_of_rank;
   h.intra_backend = t.host_has_shm(config.rank) ? "shm" : "gloo";
