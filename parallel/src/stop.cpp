@@ -1,6 +1,7 @@
 // Stop on request: the signal handlers, the pipelined vote and the collective save.
 #include "phalanx/parallel/stop.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <ctime>
 #include <nlohmann/json.hpp>
@@ -58,10 +59,12 @@ void clear_stop_request() { g_stop_signal.store(0); }
 
 StopVote::StopVote(ProcessGroupPtr pg) : StopVote(pg, local_device()) {}
 
-StopVote::StopVote(ProcessGroupPtr pg, Device device) : pg_(std::move(pg)), device_(device) {
+StopVote::StopVote(ProcessGroupPtr pg, Device device, std::chrono::milliseconds interval)
+    : pg_(std::move(pg)), device_(device), interval_(interval) {
   if (!pg_) throw ValueError("StopVote: the process group is null");
-  host_ = zeros({1}, DType::Int64);
-  flag_ = device_.is_cpu() ? host_ : zeros({1}, DType::Int64, device_);
+  if (interval.count() < 0) throw ValueError("StopVote: the interval must be >= 0 ms");
+  host_ = zeros({2}, DType::Int64);
+  flag_ = device_.is_cpu() ? host_ : zeros({2}, DType::Int64, device_);
 }
 
 StopVote::~StopVote() {
@@ -77,16 +80,32 @@ bool StopVote::read_pending() {
   WorkPtr w = std::move(pending_);
   w->wait();
   if (!device_.is_cpu()) host_.copy_(flag_);
-  agreed_ = static_cast<int>(host_.data<std::int64_t>()[0]);
+  const std::int64_t* v = host_.data<std::int64_t>();
+  agreed_ = static_cast<int>(v[0]);
+  every_ = std::max<std::int64_t>(1, -v[1]);
   return agreed_ != 0;
 }
 
 bool StopVote::stop_now() {
   if (pg_->size() == 1) return (agreed_ = stop_signal()) != 0;
+  if (--until_vote_ > 0) return false;  // the same count on every rank: no collective here
+  const auto now = std::chrono::steady_clock::now();
+  // This rank's proposal: the steps that fit in the interval at its step time since the last
+  // vote (1 at the first vote, or with interval 0).
+  std::int64_t propose = 1;
+  if (pending_ && interval_.count() > 0) {
+    const double per_step = std::chrono::duration<double>(now - last_vote_).count() / static_cast<double>(every_);
+    const double fit = std::chrono::duration<double>(interval_).count() / std::max(per_step, 1e-9);
+    propose = static_cast<std::int64_t>(std::clamp(fit, 1.0, 100000.0));
+  }
   if (read_pending()) return true;
-  host_.data<std::int64_t>()[0] = stop_signal();  // the largest signal number noted wins
+  std::int64_t* v = host_.data<std::int64_t>();
+  v[0] = stop_signal();  // the largest signal number noted wins
+  v[1] = -propose;       // the smallest proposal wins
   if (!device_.is_cpu()) flag_.copy_(host_);
   pending_ = pg_->allreduce(flag_, ReduceOp::Max);
+  last_vote_ = now;
+  until_vote_ = every_;
   return false;
 }
 

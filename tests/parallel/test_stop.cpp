@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include <phalanx/phalanx.hpp>
@@ -45,7 +46,7 @@ TEST_CASE("StopVote: a stop noted on one rank stops every rank at the next step,
         const auto results = run_processes(world, [&](int rank) {
           parallel::clear_stop_request();
           auto pg = process_rank_group(backend, rank, world, port);
-          parallel::StopVote vote(pg, Device::cpu());
+          parallel::StopVote vote(pg, Device::cpu(), std::chrono::milliseconds(0));  // a vote every step
           for (int step = 0; step < 50; ++step) {
             if (rank == noter && step == 5) parallel::request_stop(SIGUSR1);
             if (vote.stop_now()) return step == 6 && vote.agreed_signal() == SIGUSR1 ? 0 : 10 + step;
@@ -60,13 +61,38 @@ TEST_CASE("StopVote: a stop noted on one rank stops every rank at the next step,
       }
 }
 
+TEST_CASE("StopVote: votes about every interval, every rank at the same steps, and stops together") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  const auto results = run_processes(3, [&](int rank) {
+    parallel::clear_stop_request();
+    auto pg = process_rank_group("gloo", rank, 3, port);
+    parallel::StopVote vote(pg, Device::cpu(), std::chrono::milliseconds(20));
+    for (int step = 0; step < 2000; ++step) {
+      // The ranks' step times differ (1 and 2 ms): the slowest rank's proposal (10) wins.
+      std::this_thread::sleep_for(std::chrono::microseconds(rank == 2 ? 2000 : 1000));
+      if (rank == 1 && step == 100) parallel::request_stop(SIGTERM);
+      if (vote.stop_now()) {
+        if (vote.steps_between_votes() < 5 || vote.steps_between_votes() > 20) return 200;
+        return step - 100;  // the same on every rank; within two intervals of the request
+      }
+      pg->allreduce(ones({4}))->wait();  // a collective of the step's own: only if the votes stay in step
+    }
+    return 201;
+  });
+  CHECK(results[0].exit_code == results[1].exit_code);
+  CHECK(results[0].exit_code == results[2].exit_code);
+  CHECK(results[0].exit_code > 0);
+  CHECK(results[0].exit_code <= 40);
+}
+
 TEST_CASE("StopVote: no stop noted, no stop; finish() drains the vote in flight") {
   TcpStoreServer server(TcpStoreOptions{});
   const int port = server.port();
   const auto results = run_processes(2, [&](int rank) {
     parallel::clear_stop_request();
     auto pg = process_rank_group("gloo", rank, 2, port);
-    parallel::StopVote vote(pg, Device::cpu());
+    parallel::StopVote vote(pg, Device::cpu(), std::chrono::milliseconds(0));
     for (int step = 0; step < 30; ++step)
       if (vote.stop_now()) return 4;
     if (rank == 1) parallel::request_stop(SIGTERM);  // after the last vote was issued: not in it
@@ -168,6 +194,7 @@ TEST_CASE("save_on_stop: when rank 0 cannot save, every rank throws and the reco
     s.world_size = 2;
     s.global_batch = 8;
     s.micro_batch = 4;
+    pg->barrier()->wait();  // every rank has its CheckpointDir
     if (rank == 0) std::system(("rm -rf " + dir + " && touch " + dir).c_str());  // a file where the folder was
     try {
       parallel::save_on_stop(*pg, ck, s, SIGTERM);

@@ -5,7 +5,7 @@
 // answer at the same step, and the job saves and exits with kExitStoppedAfterSave:
 //
 //   parallel::StopOnSignal stop_on_signal;          // installs the handlers
-//   parallel::StopVote vote(pg);                    // one per loop
+//   parallel::StopVote vote(pg);                    // one per loop (votes about every 50 ms)
 //   for (...each step...) {
 //     if (vote.stop_now()) {                        // every rank, same step
 //       parallel::save_on_stop(*pg, ckdir, state, vote.agreed_signal());
@@ -15,10 +15,11 @@
 //   }
 //   vote.finish();                                  // before the group goes away
 //
-// The vote is pipelined: the allreduce issued at one step is read at the next, so on a
-// backend that runs collectives on its own thread (gloo, nccl) it costs no wait; on one that
-// runs them inline (shm, mpi) it is one 8-byte allreduce a step (about 0.2 us alone). A stop
-// lands at most two steps after the signal (one when it comes before the step's vote).
+// The vote is pipelined (the allreduce issued at one vote is read at the next, so on a
+// backend with a worker thread it costs no wait) and taken about every 50 ms of steps, not at
+// every step (a 16-byte allreduce at each step of a 0.1 ms model would cost more than 1 %;
+// inline backends such as shm and mpi wait for it). A stop lands within about two intervals.
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <string>
@@ -64,32 +65,49 @@ void request_stop(int sig = SIGTERM);
 /// Forgets a noted request (a new job in the same process).
 void clear_stop_request();
 
-/// The collective answer to "did any rank note a stop request?", pipelined over steps.
+/// The collective answer to "did any rank note a stop request?", pipelined over steps and
+/// taken about every `interval` of wall time, not at every step: each vote also carries every
+/// rank's proposal of how many steps fit in `interval` (from its own step time), the smallest
+/// wins, and every rank counts the same number of steps to the next vote. So a fast step
+/// pays for a vote once in many steps, a slow one at every step, and a stop lands within
+/// about two intervals (or two steps, when a step is longer).
 class StopVote {
  public:
+  /// About 50 ms between votes: a stop is taken within ~0.1 s, and the vote costs a small
+  /// fraction of any step.
+  static constexpr std::chrono::milliseconds kDefaultInterval{50};
   /// `device`: where the flag travels (NCCL needs a CUDA tensor); default local_device().
+  /// `interval` 0: a vote at every step.
   explicit StopVote(ProcessGroupPtr pg);
-  StopVote(ProcessGroupPtr pg, Device device);
+  StopVote(ProcessGroupPtr pg, Device device, std::chrono::milliseconds interval = kDefaultInterval);
   ~StopVote();
   StopVote(const StopVote&) = delete;
   StopVote& operator=(const StopVote&) = delete;
-  /// Collective, at the same point of every step on every rank: reads the vote issued at the
-  /// previous call (true: some rank noted a stop by then; every rank gets true here), then
-  /// issues the next one with this rank's flag.
+  /// Collective, at the same point of every step on every rank (a collective only at the
+  /// steps of a vote): reads the vote issued at the previous vote's step (true: some rank
+  /// noted a stop by then; every rank gets true at the same step), then issues the next one
+  /// with this rank's flag and step-count proposal.
   bool stop_now();
   /// Collective: waits for the vote in flight, if any; true when it says stop.
   bool finish();
   /// After stop_now() or finish() said stop: the signal that asked (the largest number
   /// noted on any rank; a rank that noted none gets the others'). 0 before.
   int agreed_signal() const { return agreed_; }
+  /// Steps from one vote to the next, as last agreed (1 at first).
+  std::int64_t steps_between_votes() const { return every_; }
 
  private:
   bool read_pending();
   ProcessGroupPtr pg_;
   Device device_;
-  Tensor host_, flag_;  // the flag on the host, and where it travels (the same tensor on the CPU)
+  std::chrono::nanoseconds interval_;
+  // [signal, -proposed steps] on the host, and where it travels (the same tensor on the CPU):
+  // one MAX gives the largest signal and the smallest proposal.
+  Tensor host_, flag_;
   WorkPtr pending_;
   int agreed_ = 0;
+  std::int64_t every_ = 1, until_vote_ = 0;  // agreed steps between votes; steps left to the next
+  std::chrono::steady_clock::time_point last_vote_{};
 };
 
 /// Collective save after an agreed stop: rank 0 writes `state` into `dir`, reads it back
