@@ -16,7 +16,7 @@
 namespace phalanx::gloo_backend {
 
 GlooBackend::GlooBackend(const BackendConfig& c)
-    : Backend(c.rank, c.size, c.timeout), options_(GlooOptions::from_env()) {
+    : Backend(c.rank, c.size, c.timeout), options_(GlooOptions::from_env(c.ranks_on_machine > 0 ? c.ranks_on_machine : c.local_world_size)) {
   ::gloo::transport::tcp::attr attr;
   attr.hostname = c.hostname;
   try {

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/cpu_count.hpp"
+#include "phalanx/core/env.hpp"
 
 namespace phalanx::gloo_backend {
 
@@ -34,13 +36,14 @@ std::size_t sync_max_bytes_from_env() {
 
 }  // namespace
 
-GlooOptions GlooOptions::from_env() {
+GlooOptions GlooOptions::from_env(int ranks_on_machine) {
   GlooOptions o;
   o.algo = algo_from_env();
   o.sync_max_bytes = sync_max_bytes_from_env();
   if (const char* ch = std::getenv("PHALANX_GLOO_SYNC_CHUNK_BYTES")) o.sync_chunk_bytes = std::strtoull(ch, nullptr, 10);
-  const char* bp = std::getenv("PHALANX_GLOO_BUSY_POLL");
-  o.busy_poll = !(bp && std::string(bp) == "0");
+  // Spinning pairs on more ranks than cores take turns on them: every message then waits a
+  // scheduler slice (two launchers of 2 workers on 2 cores: 200x slower than blocking).
+  o.busy_poll = env::flag("PHALANX_GLOO_BUSY_POLL", ranks_on_machine <= usable_cores());
   return o;
 }
 

@@ -16,10 +16,12 @@ struct GlooOptions {
   /// every size; 0 disables that mesh).
   std::size_t sync_max_bytes = std::numeric_limits<std::size_t>::max();
   std::size_t sync_chunk_bytes = std::size_t(1) << 20;  ///< PHALANX_GLOO_SYNC_CHUNK_BYTES
-  bool busy_poll = true;  ///< PHALANX_GLOO_BUSY_POLL=0: the sync mesh blocks instead of spinning
+  bool busy_poll = true;  ///< PHALANX_GLOO_BUSY_POLL=0/1; default: spin while the machine's ranks fit its cores
 
   /// Reads the variables above; throws ConfigError for a value it cannot use.
-  static GlooOptions from_env();
+  /// `ranks_on_machine`: the job's ranks on this machine (0: unknown); more than its usable
+  /// cores and the sync mesh blocks instead of spinning, unless PHALANX_GLOO_BUSY_POLL says.
+  static GlooOptions from_env(int ranks_on_machine);
 };
 
 }  // namespace phalanx::gloo_backend

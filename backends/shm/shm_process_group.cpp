@@ -1,5 +1,6 @@
 #include "shm_process_group.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -35,7 +36,7 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
     if (!c.store) throw ConfigError("shm backend: BackendConfig::store is null (the rendezvous needs a store)");
     auto store = std::make_shared<PrefixStore>("shm", c.store);
     publish_pid(*store, c.rank);  // before anything that can fail: the others see this rank exit
-    const WaitPolicy policy = wait_policy_from_env(c.size);
+    const WaitPolicy policy = wait_policy_from_env(std::max(c.size, c.ranks_on_machine));
     seg_ = std::make_unique<Segment>(*store, c.rank, c.size, slot_bytes_from_env(),
                                      bytes_from_env("PHALANX_SHM_SMALL_BYTES", 16 * 1024),
                                      bytes_from_env("PHALANX_SHM_CHUNK_BYTES", 256 * 1024), c.timeout);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/cpu_count.hpp"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -33,14 +34,6 @@ long env_us(const char* name, long fallback) {
   if (end == s || *end || v < 0 || v > 10000000)
     throw ConfigError(std::string(name) + "='" + s + "' is not a number of microseconds in [0, 10000000]");
   return v;
-}
-
-int cpus_available() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
 }
 
 }  // namespace
@@ -71,7 +64,7 @@ std::string bind_to_share(int rank, int world) {
 }
 
 WaitPolicy wait_policy_from_env(int ranks_on_host) {
-  const bool oversubscribed = ranks_on_host > cpus_available();
+  const bool oversubscribed = ranks_on_host > usable_cores();
   WaitPolicy p;
   p.spin = std::chrono::microseconds(env_us("PHALANX_SHM_SPIN_US", oversubscribed ? 0 : 50));
   p.yield = std::chrono::microseconds(env_us("PHALANX_SHM_YIELD_US", 200));

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -33,6 +34,19 @@ std::string host_identity() {
   return id;
 }
 
+std::string machine_identity() {
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  if (!boot.empty()) return boot;
+  char name[256] = {0};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+int HostTopology::ranks_on_machine(int rank) const {
+  return static_cast<int>(std::count(machine_of_rank.begin(), machine_of_rank.end(), machine_of_rank[rank]));
+}
+
 bool HostTopology::host_has_shm(int rank) const {
   for (std::size_t r = 0; r < host_of_rank.size(); ++r)
     if (host_of_rank[r] == host_of_rank[rank] && !shm_ok[r]) return false;
@@ -46,7 +60,8 @@ bool HostTopology::all_shm() const {
 }
 
 HostTopology exchange_hosts(Store& store, int rank, int world, std::chrono::milliseconds timeout) {
-  const std::string mine = std::string(backend_available("shm") ? "1" : "0") + host_identity();
+  // "<shm ok>" + machine + "\n" + host (a boot id holds no newline)
+  const std::string mine = std::string(backend_available("shm") ? "1" : "0") + machine_identity() + "\n" + host_identity();
   store.set("host/" + std::to_string(rank), Bytes(mine.begin(), mine.end()));
   std::vector<std::string> keys;
   for (int r = 0; r < world; ++r) keys.push_back("host/" + std::to_string(r));
@@ -60,17 +75,18 @@ HostTopology exchange_hosts(Store& store, int rank, int world, std::chrono::mill
   std::set<std::string> hosts;
   for (int r = 0; r < world; ++r) {
     const std::string v = store.get_string(keys[r]);
+    const auto nl = v.find('\n');
     t.shm_ok.push_back(!v.empty() && v[0] == '1');
-    t.host_of_rank.push_back(v.empty() ? "" : v.substr(1));
+    t.machine_of_rank.push_back(nl == std::string::npos ? "" : v.substr(1, nl - 1));
+    t.host_of_rank.push_back(nl == std::string::npos ? "" : v.substr(nl + 1));
     hosts.insert(t.host_of_rank.back());
   }
   t.hosts = static_cast<int>(hosts.size());
   return t;
 }
 
-ProcessGroupPtr create_for_hosts(bool hierarchical, const BackendConfig& config, Store& store,
+ProcessGroupPtr create_for_hosts(bool hierarchical, const BackendConfig& config, const HostTopology& t,
                                  const std::string& plugin_path) {
-  const HostTopology t = exchange_hosts(store, config.rank, config.size, config.timeout);
   if (t.hosts == 1 && !hierarchical) {
     if (!t.all_shm()) return create_process_group("gloo", config, plugin_path);
     try {

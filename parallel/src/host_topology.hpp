@@ -19,10 +19,18 @@ namespace phalanx::parallel {
 /// are never taken for one host.
 std::string host_identity();
 
+/// This process's machine, whose cores it shares with every rank that has the same: the
+/// kernel's boot id (containers and network namespaces on one machine share it), else the
+/// hostname. PHALANX_HOST_ID does not change it.
+std::string machine_identity();
+
 struct HostTopology {
   std::vector<std::string> host_of_rank;  ///< every rank's host identity
   std::vector<bool> shm_ok;               ///< whether the shm plugin can run on that rank
+  std::vector<std::string> machine_of_rank;  ///< every rank's machine_identity()
   int hosts = 1;
+  /// The ranks on `rank`'s machine (every launcher's).
+  int ranks_on_machine(int rank) const;
   /// Whether every rank on `rank`'s host can use shared memory.
   bool host_has_shm(int rank) const;
   bool all_shm() const;
@@ -32,10 +40,10 @@ struct HostTopology {
 /// (prefixed) store and reads every rank's; a rank that never posts is a TimeoutError.
 HostTopology exchange_hosts(Store& store, int rank, int world, std::chrono::milliseconds timeout);
 
-/// The group `auto` builds for a CPU job (after exchange_hosts through `store`): shm or gloo
-/// on one host, the hierarchical group across hosts; `hierarchical` (named) forces the
-/// hierarchical group even on one host.
-ProcessGroupPtr create_for_hosts(bool hierarchical, const BackendConfig& config, Store& store,
+/// The group `auto` builds for a CPU job from the exchanged topology: shm or gloo on one
+/// host (gloo when shm cannot make its segment), the hierarchical group across hosts;
+/// `hierarchical` (named) forces the hierarchical group even on one host.
+ProcessGroupPtr create_for_hosts(bool hierarchical, const BackendConfig& config, const HostTopology& topology,
                                  const std::string& plugin_path);
 
 }  // namespace phalanx::parallel

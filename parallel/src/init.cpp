@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "phalanx/backends/comm_error.hpp"
@@ -267,7 +268,14 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     cfg.local_rank = env.local_rank;
     cfg.local_world_size = env.local_world_size;
     cfg.device = device;
-    ProcessGroupPtr group = by_hosts ? create_for_hosts(backend == "hierarchical", cfg, *prefixed, o.plugin_path)
+    // Every rank's host and machine (one store round): auto's choice, and how many ranks
+    // share this machine's cores whichever launcher started them (waits spin only if they fit).
+    std::optional<HostTopology> topology;
+    if (!mpi_rendezvous && (world > 1 || by_hosts)) {
+      topology = exchange_hosts(*prefixed, rank, world, timeout);
+      cfg.ranks_on_machine = topology->ranks_on_machine(rank);
+    }
+    ProcessGroupPtr group = by_hosts ? create_for_hosts(backend == "hierarchical", cfg, *topology, o.plugin_path)
                                      : create_process_group(backend, cfg, o.plugin_path);
     group->set_failure_hook(make_failure_hook(ctx));
     if (debug_detail && !mpi_rendezvous) group->set_collective_check(make_desync_check(prefixed, rank, world));

@@ -49,6 +49,9 @@ struct BackendConfig {
   int local_rank = 0;
   int local_world_size = 1;
   Device device = Device::cpu();
+  /// The job's ranks on this machine, whichever launcher started them (two launchers on one
+  /// machine count together); 0 when unknown. Waits spin only while this fits the cores.
+  int ranks_on_machine = 0;
 };
 
 

@@ -13,7 +13,7 @@
 
 /* 4: comm plugins' create returns a phalanx::Backend* (the ProcessGroup that owns it is made
  * by the loader); 3: Sim device, exact-mode kernels; 2: Storage file mappings */
-#define PHALANX_PLUGIN_ABI_VERSION 5u
+#define PHALANX_PLUGIN_ABI_VERSION 6u
 #define PHALANX_PLUGIN_ENTRY_SYMBOL "phalanx_plugin_entry"
 
 #ifdef __cplusplus
