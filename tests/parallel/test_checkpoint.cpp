@@ -344,8 +344,10 @@ TEST_CASE("a member name with control bytes is escaped in the message; a non-reg
   }
   CHECK(msg.find("unexpected member 'bad\\x") != std::string::npos);
   for (unsigned char ch : msg) CHECK((ch >= 0x20 && ch < 0x7f));
-  CHECK_THROWS_WITH_AS(load_npz("/dev/zero"), doctest::Contains("/dev/zero: not a regular file"), IoError);
+  CHECK_THROWS_WITH_AS(load_npz("/dev/zero"), doctest::Contains("/dev/zero: is a character device, not a regular file"),
+                       IoError);
   const std::string fifo = tmp_dir() + "/fifo.npz";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);  // no writer: opening must not wait for one
-  CHECK_THROWS_WITH_AS(parallel::load_checkpoint(fifo), doctest::Contains("fifo.npz: not a regular file"), IoError);
+  CHECK_THROWS_WITH_AS(parallel::load_checkpoint(fifo), doctest::Contains("fifo.npz: is a FIFO, not a regular file"),
+                       IoError);
 }
