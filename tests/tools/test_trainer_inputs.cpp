@@ -345,3 +345,17 @@ TEST_CASE("/dev/zero, a FIFO or a directory as --train-x: one line naming the fi
   CHECK(r.code == 2);
   CHECK(r.out == "phalanx-train: --config " + fifo + ": is a FIFO, not a regular file\n");
 }
+
+TEST_CASE("--metrics through a symbolic link another user planted is refused and the link's target left unchanged") {
+  if (::geteuid() != 0) return;  // a link of another user: made as root, then given away
+  const std::string link = dir() + "/planted.jsonl", victim = dir() + "/victim.txt";
+  std::ofstream(victim) << "precious";
+  std::remove(link.c_str());
+  REQUIRE(::symlink(victim.c_str(), link.c_str()) == 0);
+  REQUIRE(::lchown(link.c_str(), 12345, 12345) == 0);
+  const Result r = run(kData + " --metrics " + link);
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--metrics " + link + ": is a symbolic link of another user (uid 12345)") != std::string::npos);
+  CHECK(trainer_test::slurp(victim) == "precious");
+}
