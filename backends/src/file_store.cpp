@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/file_safety.hpp"
 
 namespace phalanx {
 
@@ -21,10 +22,14 @@ using Map = std::map<std::string, Bytes>;
 class LockedFile {
  public:
   LockedFile(const std::string& path, bool exclusive) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      throw ConfigError("file store: cannot open " + path + ": " + std::strerror(errno) +
+    // Never through a symbolic link, and only this user's regular file: the log is rewritten
+    // (repaired) in place, so a planted link would make every rank write another file.
+    try {
+      fd_ = files::open_lock_file(path, files::private_file_mode());
+    } catch (const IoError& e) {
+      throw ConfigError(std::string("file store: ") + e.what() +
                         " (the file:// path must be on a filesystem every rank can write)");
+    }
     while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
       if (errno != EINTR) {
         const int err = errno;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "phalanx/core/error.hpp"
+#include "phalanx/core/file_safety.hpp"
 #include "phalanx/core/world.hpp"
 
 namespace phalanx::timeline {
@@ -187,12 +188,19 @@ std::string metadata(int rank, int tid, const char* what, const std::string& key
 /// (a rank's part or the merged file of many ranks can be hundreds of megabytes).
 class TraceWriter {
  public:
-  TraceWriter(const std::string& path, const std::string& other)
-      : path_(path), tmp_(path + ".tmp" + std::to_string(::getpid())), f_(tmp_, std::ios::binary | std::ios::trunc) {
+  TraceWriter(const std::string& path, const std::string& other) : path_(path) {
+    try {  // a new name, never a planted file or link; opened by name only once it is ours
+      ::close(files::create_temp(path, 0666, tmp_));
+    } catch (const IoError& e) {
+      tmp_.clear();
+      open_error_ = e.what();
+      return;
+    }
+    f_.open(tmp_, std::ios::binary | std::ios::trunc);
     f_ << "{\"displayTimeUnit\":\"ns\",\"otherData\":{" << other << "},\"traceEvents\":[\n";
   }
   ~TraceWriter() {
-    if (!committed_) std::remove(tmp_.c_str());
+    if (!committed_ && !tmp_.empty()) std::remove(tmp_.c_str());
   }
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
@@ -206,6 +214,10 @@ class TraceWriter {
 
   /// Closes the document and renames it into place; false (and `error`) when a write failed.
   bool commit(std::string* error) {
+    if (!open_error_.empty()) {
+      *error = open_error_;
+      return false;
+    }
     f_ << "\n]}\n";
     f_.flush();
     if (!f_) {
@@ -222,7 +234,7 @@ class TraceWriter {
   }
 
  private:
-  std::string path_, tmp_;
+  std::string path_, tmp_, open_error_;
   std::ofstream f_;
   bool first_ = true, committed_ = false;
 };

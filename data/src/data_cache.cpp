@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "phalanx/core/error.hpp"
+#include "phalanx/core/file_safety.hpp"
 #include "phalanx/core/tensor_impl.hpp"
 
 namespace phalanx::samplers {
@@ -68,10 +69,7 @@ struct SourceKey {
 };
 
 SourceKey source_key(const std::string& path) {
-  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f.fd < 0) throw IoError(path + ": cannot open for reading (" + std::strerror(errno) + ")");
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0) throw IoError(path + ": cannot stat (" + std::strerror(errno) + ")");
+  Fd f(files::open_regular(path));  // /dev/zero or a FIFO would be read without end
   SourceKey k;
   std::vector<unsigned char> buf(1 << 20);
   for (;;) {
@@ -246,14 +244,17 @@ Tensor produce_private(DType dtype, const CacheProducer& produce) {
   return sink.finish();
 }
 
-bool make_dirs(const std::string& dir) {
-  for (std::size_t i = 1; i <= dir.size(); ++i) {
-    if (i < dir.size() && dir[i] != '/') continue;
-    const std::string part = dir.substr(0, i);
-    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return false;
+// Why the cache folder cannot be used ("" when it can): it cannot be made or written, or
+// another user could plant or swap its entries.
+std::string cache_dir_refusal(const std::string& dir) {
+  try {
+    files::make_folders(dir, files::private_folder_mode(), "data cache");
+  } catch (const IoError& e) {
+    return std::string(e.what()) + " (set PHALANX_DATA_CACHE to a writable directory, or to 'off')";
   }
-  struct stat st {};
-  return ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && ::access(dir.c_str(), W_OK) == 0;
+  if (::access(dir.c_str(), W_OK) != 0)
+    return "data cache " + dir + " is not writable (set PHALANX_DATA_CACHE to a writable directory, or to 'off')";
+  return files::folder_refusal(dir, "data cache");
 }
 
 std::string base_name(const std::string& path) {
@@ -311,9 +312,8 @@ Tensor cached_array(const std::string& source, const std::string& transform, DTy
     in.built = true;
     return produce_private(dtype, produce);
   }
-  if (!make_dirs(dir)) {
-    std::fprintf(stderr, "phalanx: data cache %s is not a writable directory; loading %s into private memory "
-                 "(set PHALANX_DATA_CACHE to a writable directory, or to 'off')\n", dir.c_str(), source.c_str());
+  if (const std::string refusal = cache_dir_refusal(dir); !refusal.empty()) {
+    std::fprintf(stderr, "phalanx: %s; loading %s into private memory\n", refusal.c_str(), source.c_str());
     in.built = true;
     return produce_private(dtype, produce);
   }
@@ -338,8 +338,15 @@ Tensor cached_array(const std::string& source, const std::string& transform, DTy
     return produce_private(dtype, produce);
   }
   // Build under an exclusive lock: the others wait here (asleep in flock), then map the entry.
-  Fd lock(::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (lock.fd < 0) throw IoError(path + ".lock: cannot open (" + std::strerror(errno) + ")");
+  int lock_fd = -1;
+  try {
+    lock_fd = files::open_lock_file(path + ".lock", files::private_file_mode());  // never through a link
+  } catch (const IoError& e) {
+    std::fprintf(stderr, "phalanx: data cache: %s; loading %s into private memory\n", e.what(), source.c_str());
+    in.built = true;
+    return produce_private(dtype, produce);
+  }
+  Fd lock(lock_fd);
   while (::flock(lock.fd, LOCK_EX) != 0)
     if (errno != EINTR) throw IoError(path + ".lock: cannot lock (" + std::strerror(errno) + ")");
   if (Tensor t = open_entry(path, key_line, dtype, state); t.defined()) {
@@ -355,12 +362,18 @@ Tensor cached_array(const std::string& source, const std::string& transform, DTy
   // Holding the lock, no one else writes this entry: temporaries left here were orphaned
   // by builders that died (killed mid-build).
   remove_prefixed(dir, name + ".tmp.", std::string(), std::string());
-  const std::string tmp = detail::concat(path, ".tmp.", ::getpid());
-  Fd out(::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  std::string tmp, create_error;
+  int out_fd = -1;
+  try {
+    out_fd = files::create_temp(path, files::private_file_mode(), tmp);  // a new file: never a planted name
+  } catch (const IoError& e) {
+    create_error = e.what();
+  }
+  Fd out(out_fd);
   {
     FileSink sink(out.fd, tmp, dtype);
     try {
-      if (out.fd < 0) throw CacheWriteError(tmp + ": cannot create (" + std::strerror(errno) + ")");
+      if (out.fd < 0) throw CacheWriteError(create_error);
       produce(sink);
       sink.finish(key_line);
     } catch (const CacheWriteError& e) {  // the disk, not the data: train from private memory

@@ -1,5 +1,6 @@
 #include "phalanx/data/idx.hpp"
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "phalanx/core/error.hpp"
+#include "phalanx/core/file_safety.hpp"
 #include "phalanx/data/data_cache.hpp"
 
 namespace phalanx::samplers {
@@ -46,10 +48,26 @@ void read_exact(gzFile f, void* buf, std::size_t n, const std::string& path, con
     throw IoError(detail::concat(path, ": truncated: expected ", n, " bytes of ", what, ", got ", got));
 }
 
+// A plain (not gzipped) file holds exactly the header and the values it promises: checked
+// before anything is read or allocated for them.
+void check_plain_size(const std::string& path, std::size_t file_size, std::size_t head, std::int64_t n,
+                      const Shape& shape) {
+  const std::size_t have = file_size > head ? file_size - head : 0;
+  if (have < static_cast<std::uint64_t>(n))
+    throw IoError(detail::concat(path, ": truncated: expected ", n, " bytes of the data, got ", have));
+  if (have > static_cast<std::uint64_t>(n))
+    throw IoError(path + ": trailing bytes after " + shape_str(shape) + " values: corrupt header?");
+}
+
 // The IDX file's values (unsigned bytes) and its shape.
 std::vector<unsigned char> read_idx_bytes(const std::string& path, Shape& shape) {
-  std::unique_ptr<gzFile_s, GzCloser> f(gzopen(path.c_str(), "rb"));  // reads plain files too
-  if (!f) throw IoError(path + ": cannot open for reading");
+  std::size_t file_size = 0;
+  const int fd = files::open_regular(path, &file_size);  // /dev/zero or a FIFO would be read without end
+  std::unique_ptr<gzFile_s, GzCloser> f(gzdopen(fd, "rb"));  // reads plain files too; closes fd
+  if (!f) {
+    ::close(fd);
+    throw IoError(path + ": cannot open for reading");
+  }
   unsigned char head[4];
   read_exact(f.get(), head, 4, path, "the header");
   if (head[0] != 0 || head[1] != 0)
@@ -75,6 +93,7 @@ std::vector<unsigned char> read_idx_bytes(const std::string& path, Shape& shape)
     nonzero *= static_cast<std::uint64_t>(d);
   }
   const std::int64_t n = numel_of(shape);
+  if (gzdirect(f.get())) check_plain_size(path, file_size, 4 + dims_raw.size(), n, shape);
   // ... and memory grows with the data actually read, never with what the header promises
   // (a 20-byte file cannot claim gigabytes).
   std::vector<unsigned char> bytes;
@@ -107,10 +126,7 @@ Tensor load_idx(const std::string& path) {
 namespace {
 std::string find_file(const std::string& dir, const std::string& stem) {
   for (const std::string& candidate : {dir + "/" + stem + ".gz", dir + "/" + stem}) {
-    if (FILE* f = std::fopen(candidate.c_str(), "rb")) {
-      std::fclose(f);
-      return candidate;
-    }
+    if (::access(candidate.c_str(), F_OK) == 0) return candidate;  // not opened: a FIFO would block
   }
   throw IoError("MNIST: neither " + dir + "/" + stem + ".gz nor " + dir + "/" + stem +
                 " exists; install Debian's dataset-fashion-mnist or pass the directory that "

@@ -9,6 +9,7 @@
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/error.hpp"
+#include "phalanx/core/file_safety.hpp"
 #include "phalanx/core/npy.hpp"
 #include "phalanx/parallel/checkpoint.hpp"
 
@@ -160,7 +161,7 @@ CheckpointManifest save_checkpoint(const std::string& path, const CheckpointStat
   m.set("manifest.exact", i64(man.exact ? 1 : 0));
   man.checksum = content_checksum(m);
   m.set("manifest.checksum", u64(man.checksum));
-  save_npz(path, m);
+  save_npz(path, m, files::private_file_mode());
   return man;
 }
 

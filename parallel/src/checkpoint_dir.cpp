@@ -13,6 +13,7 @@
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/error.hpp"
+#include "phalanx/core/file_safety.hpp"
 #include "phalanx/parallel/checkpoint.hpp"
 
 namespace phalanx::parallel {
@@ -42,21 +43,11 @@ std::string name_for(std::int64_t step, std::int64_t n) {
   return b;
 }
 
+// Any entry of that name, a dangling symbolic link included: a name this object did not
+// write is never replaced.
 bool exists(const std::string& p) {
   struct stat st;
-  return ::stat(p.c_str(), &st) == 0;
-}
-
-void make_dirs(const std::string& dir) {
-  for (std::size_t pos = 1; pos <= dir.size(); ++pos) {
-    if (pos != dir.size() && dir[pos] != '/') continue;
-    const std::string part = dir.substr(0, pos);
-    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
-      throw IoError("checkpoint folder " + dir + ": cannot create " + part + " (" + std::strerror(errno) + ")");
-  }
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    throw IoError("checkpoint folder " + dir + ": exists and is not a folder");
+  return ::lstat(p.c_str(), &st) == 0;
 }
 
 }  // namespace
@@ -65,7 +56,8 @@ CheckpointDir::CheckpointDir(std::string dir, int keep_last) : dir_(std::move(di
   if (dir_.empty()) throw ValueError("CheckpointDir: the folder name is empty");
   if (keep_last < 1) throw ValueError(detail::concat("CheckpointDir: keep_last must be >= 1, got ", keep_last));
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
-  make_dirs(dir_);
+  files::make_folders(dir_, files::private_folder_mode(), "checkpoint folder");
+  files::check_private_folder(dir_, "checkpoint folder");  // another user could swap the files read on resume
 }
 
 CheckpointDir::~CheckpointDir() {
@@ -75,8 +67,7 @@ CheckpointDir::~CheckpointDir() {
 void CheckpointDir::lock() {
   if (lock_fd_ >= 0) return;
   const std::string path = dir_ + "/.lock";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError("checkpoint folder " + dir_ + ": cannot open " + path + " (" + std::strerror(errno) + ")");
+  const int fd = files::open_lock_file(path, files::private_file_mode());  // reused, never through a link
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
     char buf[32] = {0};

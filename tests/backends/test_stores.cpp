@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -75,6 +76,32 @@ TEST_CASE("FileStore, also across processes") {
   for (auto& r : results) CHECK(r.exit_code == 0);
   std::remove(path.c_str());
   CHECK_THROWS_AS(FileStore("/nonexistent_dir/x"), ConfigError);
+}
+
+TEST_CASE("FileStore never writes through a planted symbolic link; its file is 0600") {
+  const std::string path = "/tmp/phalanx_filestore_link_" + std::to_string(::getpid()), victim = path + ".victim";
+  std::remove(path.c_str());
+  { std::FILE* f = std::fopen(victim.c_str(), "w"); std::fputs("precious", f); std::fclose(f); }
+  REQUIRE(::symlink(victim.c_str(), path.c_str()) == 0);
+  CHECK_THROWS_WITH_AS(FileStore(path, 1s), doctest::Contains((path + ": is a symbolic link").c_str()), ConfigError);
+  char buf[16] = {0};
+  std::FILE* f = std::fopen(victim.c_str(), "r");
+  REQUIRE(f != nullptr);
+  CHECK(std::fread(buf, 1, sizeof buf - 1, f) == 8);
+  std::fclose(f);
+  CHECK(std::string(buf) == "precious");
+  std::remove(path.c_str());
+  const mode_t old = ::umask(022);
+  {
+    FileStore s(path, 1s);
+    s.set("k", std::string("v"));
+  }
+  ::umask(old);
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  std::remove(path.c_str());
+  std::remove(victim.c_str());
 }
 
 TEST_CASE("PrefixStore namespaces keys") {

@@ -1,10 +1,13 @@
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
-#include <unistd.h>
 
 #include <phalanx/phalanx.hpp>
 #include <phalanx/core/tensor_impl.hpp>
@@ -204,4 +207,67 @@ TEST_CASE("layouts that cannot be mapped are read: float64, small arrays, a data
   CHECK(load_npy(tmp_path("small.npy"), &info).to_vector<float>()[999] == 992.f);
   CHECK_FALSE(info.mapped);
   for (const char* n : {"f8.npy", "f4_16.npy", "f4_64.npy", "small.npy"}) std::remove(tmp_path(n).c_str());
+}
+
+TEST_CASE("load_npy reads regular files only, and never more than the header promises") {
+  const std::string fifo = tmp_path("x.fifo"), dir = tmp_path("x_dir.npy");
+  std::remove(fifo.c_str());
+  ::rmdir(dir.c_str());
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
+  // /dev/zero was read without end, a FIFO blocked, a directory failed mid-read unnamed.
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(load_npy("/dev/zero"), "/dev/zero: is a character device, not a regular file", IoError);
+  CHECK_THROWS_WITH_AS(load_npy(fifo), (fifo + ": is a FIFO, not a regular file").c_str(), IoError);
+  CHECK_THROWS_WITH_AS(load_npy(dir), (dir + ": is a directory, not a regular file").c_str(), IoError);
+  CHECK_THROWS_WITH_AS(load_npz(dir), (dir + ": is a directory, not a regular file").c_str(), IoError);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  // 10^12 float32 promised by a 128-byte file: refused from the file's size, nothing allocated.
+  const std::string p = tmp_path("claims.npy");
+  write_bytes(p, npy_image("<f4", {1000000000000}, std::string(64, '\0'), 64));
+  CHECK_THROWS_WITH_AS(load_npy(p),
+                       (p + ": truncated data: header promises [1000000000000] of <f4 (4000000000000 bytes), file has 64").c_str(),
+                       IoError);
+  // A header longer than the file (format 2.0 allows 4 GiB): refused the same way.
+  std::string v2("\x93NUMPY\x02\x00\xff\xff\xff\x7f", 12);
+  write_bytes(p, v2 + "{'descr': '<f4'");
+  CHECK_THROWS_WITH_AS(load_npy(p), doctest::Contains("truncated npy header"), IoError);
+  // Bytes after the data are not read (and, as before, not an error).
+  write_bytes(p, npy_image("<f4", {2}, std::string(8, '\0') + "trailing", 64));
+  CHECK(load_npy(p).to_vector<float>() == std::vector<float>{0, 0});
+  std::remove(p.c_str());
+  std::remove(fifo.c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST_CASE("save_npy and save_npz never write through a planted temporary name or the target's link") {
+  const std::string p = tmp_path("planted.npy"), victim = tmp_path("victim");
+  { std::ofstream(victim) << "precious"; }
+  std::remove((p + ".tmp").c_str());
+  REQUIRE(::symlink(victim.c_str(), (p + ".tmp").c_str()) == 0);  // save_npy's fixed temporary name, once
+  save_npy(p, zeros({3}));
+  CHECK(read_all(victim) == "precious");
+  struct stat st {};
+  REQUIRE(::lstat(p.c_str(), &st) == 0);
+  CHECK(S_ISREG(st.st_mode));
+  CHECK(load_npy(p).numel() == 3);
+  // A link at the target's own name is replaced by the new file, its target untouched.
+  const std::string z = tmp_path("planted.npz");
+  std::remove(z.c_str());
+  REQUIRE(::symlink(victim.c_str(), z.c_str()) == 0);
+  TensorMap m;
+  m.set("w", zeros({2}));
+  save_npz(z, m);
+  CHECK(read_all(victim) == "precious");
+  REQUIRE(::lstat(z.c_str(), &st) == 0);
+  CHECK(S_ISREG(st.st_mode));
+  const mode_t old = ::umask(022);
+  save_npz(z, m, 0600);
+  REQUIRE(::stat(z.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  save_npz(z, m);
+  REQUIRE(::stat(z.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0644);  // 0666 less the umask, as other programs' files
+  ::umask(old);
+  for (const auto& f : {p, p + ".tmp", z, victim}) std::remove(f.c_str());
 }

@@ -1,8 +1,10 @@
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -103,4 +105,31 @@ TEST_CASE("an IDX header cannot make the reader allocate what the file does not 
   }
   CHECK_THROWS_WITH_AS(load_idx(p), doctest::Contains("corrupt compressed data"), IoError);
   std::remove(p.c_str());
+}
+
+TEST_CASE("IDX is read from regular files only, and a plain file must hold exactly what its header promises") {
+  const std::string base = "/tmp/phalanx_idx_kinds_" + std::to_string(::getpid());
+  const std::string fifo = base + ".fifo", dir = base + "_dir";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(load_idx("/dev/zero"), "/dev/zero: is a character device, not a regular file", IoError);
+  CHECK_THROWS_WITH_AS(load_idx(fifo), (fifo + ": is a FIFO, not a regular file").c_str(), IoError);
+  CHECK_THROWS_WITH_AS(load_idx(dir), (dir + ": is a directory, not a regular file").c_str(), IoError);
+  // A Fashion-MNIST folder whose file is a FIFO: named, not waited on.
+  const std::string mnist = base + "_mnist";
+  REQUIRE(::mkdir(mnist.c_str(), 0700) == 0);
+  const std::string images = mnist + "/train-images-idx3-ubyte.gz";
+  REQUIRE(::mkfifo(images.c_str(), 0600) == 0);
+  std::ofstream(mnist + "/train-labels-idx1-ubyte");
+  CHECK_THROWS_WITH_AS(load_mnist(mnist), (images + ": is a FIFO, not a regular file").c_str(), IoError);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  const std::string p = base + ".idx";
+  {
+    std::ofstream f(p, std::ios::binary);
+    const unsigned char bytes[] = {0, 0, 8, 1, 0, 0, 0, 2, 4, 5, 6};  // 2 labels promised, 3 present
+    f.write(reinterpret_cast<const char*>(bytes), sizeof bytes);
+  }
+  CHECK_THROWS_WITH_AS(load_idx(p), doctest::Contains("trailing bytes after [2] values"), IoError);
+  std::system(("rm -rf " + fifo + " " + dir + " " + mnist + " " + p).c_str());
 }

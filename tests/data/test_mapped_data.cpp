@@ -3,6 +3,7 @@
 // source changes; writes to a mapped tensor copy pages and never reach the file.
 #include <doctest/doctest.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -363,4 +364,87 @@ TEST_CASE("Fashion-MNIST from the cache equals Fashion-MNIST built in private me
     entries += n;
   }
   CHECK(entries == 3);
+}
+
+namespace {
+unsigned mode_of(const std::string& p) {
+  struct stat st {};
+  REQUIRE(::stat(p.c_str(), &st) == 0);
+  return st.st_mode & 07777;
+}
+int entries(const std::string& dir) {
+  int n = 0;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+}  // namespace
+
+TEST_CASE("cache entries are 0600 in 0700 folders; a planted .lock is not followed and its target stays") {
+  TempCache tc;
+  const mode_t old_mask = ::umask(022);
+  ::unsetenv("PHALANX_FILE_MODE");
+  const std::string src = tc.dir + "/source.bin", log = tc.dir + "/builds.log";
+  write_file(src, std::string("\x01\x02", 2));
+  CacheInfo info;
+  cached_array(src, "double", DType::Float32, doubling(src, log), &info);
+  REQUIRE(info.mapped);
+  CHECK(mode_of(tc.dir + "/cache") == 0700);
+  CHECK(mode_of(info.path) == 0600);
+  CHECK(mode_of(info.path + ".lock") == 0600);
+  // ln -s victim ENTRY.lock: the builder opened it with O_CREAT (creating a dangling link's
+  // target, as root anywhere); now the link is refused and the array built in private memory.
+  const std::string victim = tc.dir + "/victim";
+  write_file(victim, "precious");
+  REQUIRE(std::remove(info.path.c_str()) == 0);
+  REQUIRE(std::remove((info.path + ".lock").c_str()) == 0);
+  REQUIRE(::symlink(victim.c_str(), (info.path + ".lock").c_str()) == 0);
+  Tensor t = cached_array(src, "double", DType::Float32, doubling(src, log), &info);
+  CHECK_FALSE(info.mapped);
+  CHECK(t.to_vector<float>() == std::vector<float>{2, 4});
+  CHECK(slurp(victim) == "precious");
+  REQUIRE(std::remove((info.path + ".lock").c_str()) == 0);
+  std::remove(info.path.c_str());  // no entry: the next call goes for the lock
+  const std::string target = tc.dir + "/created_through_lock";
+  REQUIRE(::symlink(target.c_str(), (info.path + ".lock").c_str()) == 0);
+  cached_array(src, "double", DType::Float32, doubling(src, log), &info);
+  CHECK_FALSE(info.mapped);
+  CHECK(::access(target.c_str(), F_OK) != 0);
+  ::umask(old_mask);
+}
+
+TEST_CASE("a cache folder another user owns or may write is not used: one line why, private memory") {
+  TempCache tc;
+  const std::string src = tc.dir + "/source.bin", log = tc.dir + "/builds.log", cache = tc.dir + "/cache";
+  write_file(src, std::string("\x03", 1));
+  REQUIRE(::mkdir(cache.c_str(), 0700) == 0);
+  REQUIRE(::chmod(cache.c_str(), 0777) == 0);
+  CacheInfo info;
+  Tensor t = cached_array(src, "double", DType::Float32, doubling(src, log), &info);
+  CHECK_FALSE(info.mapped);
+  CHECK(t.to_vector<float>() == std::vector<float>{6});
+  CHECK(entries(cache) == 0);  // nothing written there
+  REQUIRE(::chmod(cache.c_str(), 01777) == 0);  // sticky: allowed (others' entries are then foreign)
+  cached_array(src, "double", DType::Float32, doubling(src, log), &info);
+  CHECK(info.mapped);
+  if (::geteuid() != 0) return;
+  const std::string theirs = tc.dir + "/theirs";
+  REQUIRE(::mkdir(theirs.c_str(), 0700) == 0);
+  REQUIRE(::chown(theirs.c_str(), 12345, 12345) == 0);
+  ::setenv("PHALANX_DATA_CACHE", theirs.c_str(), 1);
+  Tensor u = cached_array(src, "double", DType::Float32, doubling(src, log), &info);
+  CHECK_FALSE(info.mapped);
+  CHECK(u.to_vector<float>() == std::vector<float>{6});
+}
+
+TEST_CASE("a FIFO or /dev/zero as a cached source is refused at once, naming it") {
+  TempCache tc;
+  const std::string fifo = tc.dir + "/source.fifo", log = tc.dir + "/builds.log";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(cached_array(fifo, "double", DType::Float32, doubling(fifo, log)),
+                       (fifo + ": is a FIFO, not a regular file").c_str(), IoError);
+  CHECK_THROWS_WITH_AS(cached_array("/dev/zero", "double", DType::Float32, doubling("/dev/zero", log)),
+                       "/dev/zero: is a character device, not a regular file", IoError);
 }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <sstream>
 
@@ -263,9 +264,6 @@ TEST_CASE("one run per folder: a second lock is refused naming the holder's pid;
   a.save(f.state);
   CHECK(read_bytes(d + "/checkpoint-0000000008.npz.tmp") == "other writer");
   std::remove((d + "/checkpoint-0000000008.npz.tmp").c_str());
-  struct stat st;
-  REQUIRE(::stat((d + "/checkpoint-0000000008.npz").c_str(), &st) == 0);
-  CHECK((st.st_mode & 0044) != 0);  // not mkstemp's 0600 (with the usual umask)
 }
 
 TEST_CASE("walking back past damaged files; superseded files are no checkpoints; pruning spares both") {
@@ -344,8 +342,113 @@ TEST_CASE("a member name with control bytes is escaped in the message; a non-reg
   }
   CHECK(msg.find("unexpected member 'bad\\x") != std::string::npos);
   for (unsigned char ch : msg) CHECK((ch >= 0x20 && ch < 0x7f));
-  CHECK_THROWS_WITH_AS(load_npz("/dev/zero"), doctest::Contains("/dev/zero: not a regular file"), IoError);
+  CHECK_THROWS_WITH_AS(load_npz("/dev/zero"), doctest::Contains("/dev/zero: is a character device, not a regular file"),
+                       IoError);
   const std::string fifo = tmp_dir() + "/fifo.npz";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);  // no writer: opening must not wait for one
-  CHECK_THROWS_WITH_AS(parallel::load_checkpoint(fifo), doctest::Contains("fifo.npz: not a regular file"), IoError);
+  CHECK_THROWS_WITH_AS(parallel::load_checkpoint(fifo), doctest::Contains("fifo.npz: is a FIFO, not a regular file"),
+                       IoError);
+}
+
+namespace {
+// A victim file outside the folder, and a symbolic link to it planted at `link`.
+std::string plant(const std::string& link) {
+  const std::string victim = tmp_dir() + "/victim_" + std::to_string(std::hash<std::string>()(link));
+  write_bytes(victim, "precious");
+  std::remove(link.c_str());
+  REQUIRE(::symlink(victim.c_str(), link.c_str()) == 0);
+  return victim;
+}
+unsigned mode_of(const std::string& p) {
+  struct stat st {};
+  REQUIRE(::stat(p.c_str(), &st) == 0);
+  return st.st_mode & 07777;
+}
+}  // namespace
+
+TEST_CASE("a .lock planted as a symbolic link is refused and its target is left unchanged") {
+  // mkdir ck; ln -s /path/victim ck/.lock: the trainer once truncated the victim and wrote its pid there.
+  const std::string d = tmp_dir() + "/planted_lock";
+  REQUIRE(::mkdir(d.c_str(), 0700) == 0);
+  const std::string victim = plant(d + "/.lock");
+  CheckpointDir dir(d, 2);
+  CHECK_THROWS_WITH_AS(dir.lock(), doctest::Contains((d + "/.lock: is a symbolic link").c_str()), IoError);
+  CHECK(read_bytes(victim) == "precious");
+  // A dangling one does not create its target either.
+  std::remove((d + "/.lock").c_str());
+  const std::string target = tmp_dir() + "/created_through_lock";
+  REQUIRE(::symlink(target.c_str(), (d + "/.lock").c_str()) == 0);
+  CHECK_THROWS_AS(dir.lock(), IoError);
+  CHECK(::access(target.c_str(), F_OK) != 0);
+  // A hard link to another file (its only other name) likewise.
+  std::remove((d + "/.lock").c_str());
+  REQUIRE(::link(victim.c_str(), (d + "/.lock").c_str()) == 0);
+  CHECK_THROWS_WITH_AS(dir.lock(), doctest::Contains("hard links"), IoError);
+  CHECK(read_bytes(victim) == "precious");
+}
+
+TEST_CASE("planted checkpoint and temporary names do not change their targets") {
+  const std::string d = tmp_dir() + "/planted_names";
+  CheckpointDir dir(d, 5);
+  dir.lock();
+  Fixture f;
+  f.state.step = 8;
+  // The name the save would take: a link there is another's, never replaced or written through.
+  const std::string victim = plant(d + "/checkpoint-0000000008.npz");
+  // Links at temporary names a writer might try (the names are random, so at least these).
+  const std::string tmp_victim = plant(d + "/checkpoint-0000000008.1.npz.tmp");
+  const std::string pid_victim = plant(d + "/checkpoint-0000000008.1.npz.tmp." + std::to_string(::getpid()));
+  const std::string written = dir.save(f.state);
+  CHECK(written == d + "/checkpoint-0000000008.1.npz");
+  CHECK(read_bytes(victim) == "precious");
+  CHECK(read_bytes(tmp_victim) == "precious");
+  CHECK(read_bytes(pid_victim) == "precious");
+  struct stat st {};
+  REQUIRE(::lstat(written.c_str(), &st) == 0);
+  CHECK(S_ISREG(st.st_mode));
+  CHECK_NOTHROW(parallel::load_checkpoint(written));
+  // A dangling link at a step's name is taken too (not replaced): its target is never created.
+  const std::string target = tmp_dir() + "/created_through_checkpoint";
+  REQUIRE(::symlink(target.c_str(), (d + "/checkpoint-0000000009.npz").c_str()) == 0);
+  f.state.step = 9;
+  CHECK(dir.save(f.state) == d + "/checkpoint-0000000009.1.npz");
+  CHECK(::access(target.c_str(), F_OK) != 0);
+}
+
+TEST_CASE("a checkpoint folder another user owns or may write is refused; new files are 0600 in 0700 folders") {
+  const mode_t old_mask = ::umask(022);
+  const std::string open_dir = tmp_dir() + "/world_writable";
+  REQUIRE(::mkdir(open_dir.c_str(), 0700) == 0);
+  REQUIRE(::chmod(open_dir.c_str(), 0777) == 0);
+  CHECK_THROWS_WITH_AS(CheckpointDir(open_dir, 2),
+                       doctest::Contains(("checkpoint folder " + open_dir + " is writable by its group and others").c_str()), IoError);
+  REQUIRE(::chmod(open_dir.c_str(), 01777) == 0);  // sticky, as /tmp: others cannot swap this user's files
+  CHECK_NOTHROW(CheckpointDir(open_dir, 2));
+  if (::geteuid() == 0) {  // giving a folder away needs root
+    const std::string theirs = tmp_dir() + "/theirs";
+    REQUIRE(::mkdir(theirs.c_str(), 0700) == 0);
+    REQUIRE(::chown(theirs.c_str(), 12345, 12345) == 0);
+    CHECK_THROWS_WITH_AS(CheckpointDir(theirs, 2), doctest::Contains(("checkpoint folder " + theirs + " belongs to uid 12345").c_str()),
+                         IoError);
+  }
+  ::unsetenv("PHALANX_FILE_MODE");
+  const std::string d = tmp_dir() + "/private/run";
+  CheckpointDir dir(d, 2);
+  CHECK(mode_of(tmp_dir() + "/private") == 0700);
+  CHECK(mode_of(d) == 0700);
+  dir.lock();
+  CHECK(mode_of(d + "/.lock") == 0600);
+  Fixture f;
+  CHECK(mode_of(dir.save(f.state)) == 0600);
+  const std::string single = tmp_dir() + "/single.npz";
+  parallel::save_checkpoint(single, f.state);
+  CHECK(mode_of(single) == 0600);
+  // The explicit option: readable by every user (a shared result), folders 0755.
+  ::setenv("PHALANX_FILE_MODE", "0644", 1);
+  CheckpointDir shared(tmp_dir() + "/shared_run", 2);
+  CHECK(mode_of(tmp_dir() + "/shared_run") == 0755);
+  f.state.step = 99;
+  CHECK(mode_of(shared.save(f.state)) == 0644);
+  ::unsetenv("PHALANX_FILE_MODE");
+  ::umask(old_mask);
 }

@@ -3,10 +3,12 @@
 // Each case runs the real binary and reads its exit code and output.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -317,4 +319,50 @@ TEST_CASE("the remainder hint names --global-batch") {
   CHECK(r.code != 0);
   CHECK(r.out.find("world size 3 does not divide the global batch 64") != std::string::npos);
   CHECK(r.out.find("--global-batch 63 or 66") != std::string::npos);
+}
+
+TEST_CASE("/dev/zero, a FIFO or a directory as --train-x: one line naming the file and what it is, exit 2, at once") {
+  // They were read without end (RSS +230 MB/s), blocked forever, or failed unnamed.
+  const std::string fifo = dir() + "/x.fifo", folder = dir() + "/x_dir", npz_fifo = dir() + "/d.npz";
+  ::mkfifo(fifo.c_str(), 0600);
+  ::mkdir(folder.c_str(), 0700);
+  ::mkfifo(npz_fifo.c_str(), 0600);
+  const struct {
+    std::string args, line;
+  } cases[] = {
+      {"--train-x /dev/zero", "--train-x /dev/zero: is a character device, not a regular file"},
+      {"--train-x " + fifo, "--train-x " + fifo + ": is a FIFO, not a regular file"},
+      {"--train-x " + folder, "--train-x " + folder + ": is a directory, not a regular file"},
+      {"--train-x " + npz_fifo + ":x", "--train-x " + npz_fifo + ": is a FIFO, not a regular file"},
+      {"--train-x " + dir() + "/x.npy --test-x " + dir() + "/x.npy --test-y /dev/zero",
+       "--test-y /dev/zero: is a character device, not a regular file"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.args);
+    const auto t0 = std::chrono::steady_clock::now();
+    const Result r = run(c.args + " --train-y " + dir() + "/y.npy");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out == "phalanx-train: " + c.line + "\n");
+    CHECK(seconds < 1.0);
+  }
+  // A --config file likewise (a FIFO blocked the open).
+  const Result r = run("--config " + fifo);
+  CHECK(r.code == 2);
+  CHECK(r.out == "phalanx-train: --config " + fifo + ": is a FIFO, not a regular file\n");
+}
+
+TEST_CASE("--metrics through a symbolic link another user planted is refused and the link's target left unchanged") {
+  if (::geteuid() != 0) return;  // a link of another user: made as root, then given away
+  const std::string link = dir() + "/planted.jsonl", victim = dir() + "/victim.txt";
+  std::ofstream(victim) << "precious";
+  std::remove(link.c_str());
+  REQUIRE(::symlink(victim.c_str(), link.c_str()) == 0);
+  REQUIRE(::lchown(link.c_str(), 12345, 12345) == 0);
+  const Result r = run(kData + " --metrics " + link);
+  INFO(r.out);
+  CHECK(r.code != 0);
+  CHECK(r.out.find("--metrics " + link + ": is a symbolic link of another user (uid 12345)") != std::string::npos);
+  CHECK(trainer_test::slurp(victim) == "precious");
 }

@@ -21,6 +21,9 @@
 #include <memory>
 #include <thread>
 
+#include <phalanx/core/error.hpp>
+#include <phalanx/core/file_safety.hpp>
+
 #include "failure_records.hpp"
 #include "output_relay.hpp"
 
@@ -294,8 +297,16 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
     Worker& w = ws[i];
     if (!o.log_dir.empty()) {
       const std::string path = o.log_dir + "/rank_" + std::to_string(w.rank) + ".log";
-      w.log = std::fopen(path.c_str(), a.restart_count == 0 ? "we" : "ae");  // not inherited by workers
-      if (!w.log) std::fprintf(stderr, "phalanx-run: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+      try {  // never through a symbolic link (another user's, planted in a shared --log-dir); close-on-exec
+        const int fd = files::open_output(path, a.restart_count != 0);
+        w.log = ::fdopen(fd, a.restart_count == 0 ? "w" : "a");
+        if (!w.log) {
+          std::fprintf(stderr, "phalanx-run: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+          ::close(fd);
+        }
+      } catch (const IoError& e) {
+        std::fprintf(stderr, "phalanx-run: cannot write %s\n", e.what());
+      }
     }
     int out[2] = {-1, -1}, err[2] = {-1, -1};
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {

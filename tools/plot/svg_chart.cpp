@@ -1,12 +1,15 @@
 #include "svg_chart.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 
 #include <phalanx/core/error.hpp>
+#include <phalanx/core/file_safety.hpp>
 
 namespace phalanx::tools {
 
@@ -126,11 +129,17 @@ std::string render_svg(const std::vector<Series>& series, const ChartOptions& o)
 }
 
 void write_svg(const std::string& path, const std::vector<Series>& series, const ChartOptions& o) {
-  std::ofstream f(path);
-  if (!f) throw IoError(path + ": cannot write the chart");
-  f << render_svg(series, o);
-  f.close();  // the data reaches the file here: a full disk shows now, not as a 0-byte chart
-  if (!f) throw IoError(path + ": write failed (disk full?); the chart is incomplete");
+  const std::string svg = render_svg(series, o);
+  const int fd = files::open_output(path, false);  // never through a symbolic link another user planted
+  std::size_t done = 0;
+  while (done < svg.size()) {
+    const ssize_t w = ::write(fd, svg.data() + done, svg.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) break;
+    done += static_cast<std::size_t>(w);
+  }
+  // A full disk shows now, not as a 0-byte chart.
+  if (::close(fd) != 0 || done < svg.size()) throw IoError(path + ": write failed (disk full?); the chart is incomplete");
 }
 
 }  // namespace phalanx::tools

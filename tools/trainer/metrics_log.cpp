@@ -1,15 +1,19 @@
 #include "metrics_log.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include <phalanx/core/error.hpp>
+#include <phalanx/core/file_safety.hpp>
 
 namespace phalanx::trainer {
 
@@ -64,17 +68,43 @@ void append_number(std::string& s, double v) {
   }
 }
 
+// Creates the file, or truncates it (`append`: keeps it), never through a symbolic link
+// that another user planted (this run would overwrite its target); true when it is a
+// regular file (not /dev/null or a FIFO). Afterwards the stream opens it by name.
+bool prepare(const std::string& path, bool append) {
+  try {
+    const int fd = files::open_output(path, append);
+    struct stat st {};
+    const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    ::close(fd);
+    return regular;
+  } catch (const IoError& e) {
+    throw IoError(std::string("--metrics ") + e.what());
+  }
+}
+
+void write_all(int fd, const std::string& text) {
+  for (std::size_t done = 0; done < text.size();) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) throw IoError(std::string("write failed (") + std::strerror(errno) + ")");
+    done += static_cast<std::size_t>(w);
+  }
+}
+
 }  // namespace
 
 void MetricsLog::open_fresh(const std::string& path) {
   path_ = path;
-  out_.open(path, std::ios::trunc);
+  prepare(path, false);
+  out_.open(path, std::ios::app);
   if (!out_) throw IoError("--metrics " + path + ": cannot write");
 }
 
 void MetricsLog::open_resumed(const std::string& path, std::int64_t step, std::int64_t epoch) {
   path_ = path;
-  std::vector<std::string> keep;
+  if (!prepare(path, true)) return open_fresh(path);  // nothing to trim in /dev/null or a FIFO
+  std::string keep;
   {
     std::ifstream in(path);
     if (!in) return open_fresh(path);
@@ -83,19 +113,29 @@ void MetricsLog::open_resumed(const std::string& path, std::int64_t step, std::i
       nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.is_object()) continue;  // a line torn by a crash
       if (j.contains("step") && j["step"].is_number_integer()) {
-        if (j["step"].get<std::int64_t>() <= step) keep.push_back(line);
+        if (j["step"].get<std::int64_t>() <= step) keep += line + "\n";
       } else if (j.contains("train_loss") && j.contains("epoch") && j["epoch"].is_number_integer()) {
-        if (j["epoch"].get<std::int64_t>() <= epoch) keep.push_back(line);
+        if (j["epoch"].get<std::int64_t>() <= epoch) keep += line + "\n";
       }  // anything else (the final evaluation) belongs to the end of a run: dropped
     }
   }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());  // not another writer's
-  {
-    std::ofstream o(tmp, std::ios::trunc);
-    for (const auto& l : keep) o << l << "\n";
-    if (!o.flush()) throw IoError("--metrics " + path + ": cannot write " + tmp);
+  std::string tmp;
+  int fd = -1;
+  try {
+    fd = files::create_temp(path, 0666, tmp);  // a new file: never another writer's, never a planted link
+    write_all(fd, keep);
+  } catch (const IoError& e) {
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
+    }
+    throw IoError("--metrics " + path + ": cannot write " + (tmp.empty() ? "a temporary file" : tmp) + ": " + e.what());
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw IoError("--metrics " + path + ": cannot replace it");
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw IoError("--metrics " + path + ": cannot replace it");
+  }
   out_.open(path, std::ios::app);
   if (!out_) throw IoError("--metrics " + path + ": cannot write");
 }

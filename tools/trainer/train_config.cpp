@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <phalanx/core/error.hpp>
+#include <phalanx/core/file_safety.hpp>
 
 #include "model_spec.hpp"
 
@@ -353,6 +354,12 @@ void check_config_type(const std::string& k, const nlohmann::json& v, ConfigKind
 
 // A JSON config's keys as argv-style "--key value" pairs, so one parser serves both.
 std::vector<std::string> config_args(const std::string& path, const CLI::App& app) {
+  try {
+    files::check_regular(path);  // a FIFO would block the open, /dev/zero be read without end
+  } catch (const IoError& e) {
+    const std::string m = e.what();  // "PATH: why": the caller names the file already
+    throw ValueError(m.rfind(path + ": ", 0) == 0 ? m.substr(path.size() + 2) : m);
+  }
   std::ifstream f(path);
   if (!f) throw ValueError("cannot open");
   nlohmann::json j;

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include <phalanx/core/file_safety.hpp>
 #include <phalanx/phalanx.hpp>
 
 namespace phalanx::trainer {
@@ -21,7 +22,26 @@ std::shared_ptr<samplers::TensorDataset> as_images(const std::shared_ptr<sampler
                    "; save the features as [N, C, H, W] (or [N, H, W]) or use an MLP --model D-...-K");
 }
 
+// The file of a data option's value: F.npy, or F.npz of F.npz:KEY (as load_array reads it).
+std::string data_file(const std::string& spec) {
+  const auto colon = spec.rfind(".npz:");
+  return colon == std::string::npos ? spec : spec.substr(0, colon + 4);
+}
+
 }  // namespace
+
+void check_data_files(const TrainConfig& c) {
+  const std::pair<const char*, const std::string*> inputs[] = {
+      {"--train-x", &c.train_x}, {"--train-y", &c.train_y}, {"--test-x", &c.test_x}, {"--test-y", &c.test_y}};
+  for (const auto& [option, spec] : inputs) {
+    if (spec->empty()) continue;
+    try {
+      files::check_regular(data_file(*spec));
+    } catch (const IoError& e) {
+      throw IoError(std::string(option) + " " + e.what());  // e.what() starts with the file's name
+    }
+  }
+}
 
 Datasets load_data(const TrainConfig& c) {
   Datasets d;

@@ -23,4 +23,10 @@ struct Datasets {
 /// from --model cnn:...:K, else from the dataset (fashion-mnist: 10).
 Datasets load_data(const TrainConfig& config);
 
+/// Each data file named by --train-x/--train-y/--test-x/--test-y exists and is a regular
+/// file (a FIFO would block, /dev/zero be read without end, a directory fail mid-read):
+/// else an IoError naming the option, the file and what it is. Cheap: the files are opened
+/// and closed, not read.
+void check_data_files(const TrainConfig& config);
+
 }  // namespace phalanx::trainer

@@ -1,14 +1,18 @@
 // .npy format 1.0/2.0/3.0: magic, version, header length, a Python dict literal header
 // ({'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }), then raw data.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <sstream>
 
 #include "phalanx/core/creation.hpp"
+#include "phalanx/core/file_safety.hpp"
 #include "phalanx/core/npy.hpp"
 #include "phalanx/core/tensor_impl.hpp"
 
@@ -192,49 +196,96 @@ std::string serialize_npy(const Tensor& t) {
 
 Tensor load_npy(const std::string& path) { return load_npy(path, nullptr); }
 
+namespace {
+
+// Bytes per element of a dtype parse_npy reads; 0 for others (parse_npy names them).
+std::size_t descr_size(const std::string& d) {
+  if (d == "<f8" || d == "<i8" || d == "<u8") return 8;
+  if (d == "<f4" || d == "<i4") return 4;
+  if (d == "<f2") return 2;
+  if (d == "|u1" || d == "|i1") return 1;
+  return 0;
+}
+
+// Exactly n bytes at `offset` of a regular file (short only if it shrank while read).
+void read_at(int fd, char* buf, std::size_t n, std::size_t offset, const std::string& path) {
+  for (std::size_t got = 0; got < n;) {
+    const ssize_t r = ::pread(fd, buf + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) bad(path, std::string("read failed (") + std::strerror(errno) + ")");
+    if (r == 0) bad(path, "the file shrank while it was read");
+    got += static_cast<std::size_t>(r);
+  }
+}
+
+// Where the header ends, from its first bytes (the whole prefix when it is no .npy header:
+// parse_npy_header then says why).
+std::size_t header_end(const std::string& first) {
+  const auto* p = reinterpret_cast<const unsigned char*>(first.data());
+  if (first.size() < 10 || std::memcmp(p, "\x93NUMPY", 6) != 0) return first.size();
+  if (p[6] == 1) return 10 + (p[8] | (p[9] << 8));
+  if (first.size() < 12) return first.size();
+  return 12 + (p[8] | (p[9] << 8) | (p[10] << 16) | (static_cast<std::size_t>(p[11]) << 24));
+}
+
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
+
+}  // namespace
+
 Tensor load_npy(const std::string& path, NpyLoadInfo* info) {
   if (info) *info = NpyLoadInfo{};
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw IoError(path + ": cannot open for reading");
-  // The header first (it is at most a few KiB in practice; format 2.0 allows up to 4 GiB).
-  std::string head(4096, '\0');
-  f.read(&head[0], static_cast<std::streamsize>(head.size()));
-  head.resize(static_cast<std::size_t>(f.gcount()));
-  const auto* hp = reinterpret_cast<const unsigned char*>(head.data());
-  if (head.size() >= 12 && std::memcmp(hp, "\x93NUMPY", 6) == 0) {
-    const std::size_t hend = hp[6] == 1 ? 10 + (hp[8] | (hp[9] << 8)) : 0;
-    if (hend > 0 && hend <= head.size()) {
-      const NpyHeader h = parse_npy_header(hp, head.size(), path);
-      const bool f4 = h.descr == "<f4", i8 = h.descr == "<i8";
-      const std::size_t nbytes = static_cast<std::size_t>(h.numel) * 4 * (i8 ? 2 : 1);
-      if ((f4 || i8) && h.data_offset % 64 == 0 && nbytes >= kNpyMapMinBytes && npy_mmap_enabled()) {
-        f.seekg(0, std::ios::end);
-        const auto fsize = static_cast<std::size_t>(f.tellg());
-        if (fsize - h.data_offset < nbytes)
-          bad(path, "truncated data: header promises " + shape_str(h.shape) + " of " + h.descr + " (" +
-                        std::to_string(nbytes) + " bytes), file has " + std::to_string(fsize - h.data_offset));
-        auto storage = Storage::map_file(path, h.data_offset, nbytes);
-        if (info) info->mapped = true;
-        return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, h.shape, f4 ? DType::Float32 : DType::Int64));
-      }
-    }
+  std::size_t fsize = 0;
+  const FdCloser f{files::open_regular(path, &fsize)};  // /dev/zero or a FIFO would be read without end
+  // Every read is bounded by the header and the file's size: the header is checked against
+  // the size before any memory is set aside for the data.
+  std::string head(std::min<std::size_t>(fsize, 12), '\0');
+  read_at(f.fd, &head[0], head.size(), 0, path);
+  const std::size_t hend = header_end(head);
+  if (hend > fsize) bad(path, "truncated npy header");
+  head.resize(hend);
+  read_at(f.fd, &head[0], hend, 0, path);
+  const NpyHeader h = parse_npy_header(reinterpret_cast<const unsigned char*>(head.data()), head.size(), path);
+  const std::size_t nbytes = static_cast<std::size_t>(h.numel) * descr_size(h.descr);
+  const std::size_t avail = fsize - h.data_offset;
+  if (avail < nbytes)
+    bad(path, "truncated data: header promises " + shape_str(h.shape) + " of " + h.descr + " (" +
+                  std::to_string(nbytes) + " bytes), file has " + std::to_string(avail));
+  const bool f4 = h.descr == "<f4", i8 = h.descr == "<i8";
+  if ((f4 || i8) && h.data_offset % 64 == 0 && nbytes >= kNpyMapMinBytes && npy_mmap_enabled()) {
+    auto storage = Storage::map_fd(f.fd, path, h.data_offset, nbytes);
+    if (info) info->mapped = true;
+    return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, h.shape, f4 ? DType::Float32 : DType::Int64));
   }
-  f.clear();
-  f.seekg(0);
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string bytes(h.data_offset + nbytes, '\0');
+  std::memcpy(&bytes[0], head.data(), h.data_offset);
+  read_at(f.fd, &bytes[h.data_offset], nbytes, h.data_offset, path);
   return parse_npy(bytes.data(), bytes.size(), path);
 }
 
 void save_npy(const std::string& path, const Tensor& t) {
   const std::string bytes = serialize_npy(t);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) throw IoError(path + ": cannot open for writing");
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!f) throw IoError(path + ": write failed");
+  std::string tmp;
+  const int fd = files::create_temp(path, 0666, tmp);  // a new name: never a planted file or link
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) break;
+    done += static_cast<std::size_t>(w);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw IoError(path + ": rename failed");
+  const int e = errno;
+  if (::close(fd) != 0 || done < bytes.size()) {
+    ::unlink(tmp.c_str());
+    throw IoError(path + ": write failed (" + std::strerror(done < bytes.size() ? e : errno) + ")");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int re = errno;
+    ::unlink(tmp.c_str());
+    throw IoError(path + ": rename failed (" + std::strerror(re) + ")");
+  }
 }
 
 }  // namespace phalanx

@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "phalanx/core/file_safety.hpp"
 #include "phalanx/core/npy.hpp"
 
 namespace phalanx {
@@ -44,8 +45,13 @@ constexpr const char* kFileTag = "phalanx-file-crc32:";
 
 // Replaces the placeholder at the end of the file with the CRC-32 of everything before it.
 void seal(const std::string& path, const std::string& placeholder) {
-  std::FILE* fp = std::fopen(path.c_str(), "r+b");
-  if (!fp) throw IoError(path + ": cannot reopen to seal (" + std::strerror(errno) + ")");
+  const int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  std::FILE* fp = fd < 0 ? nullptr : ::fdopen(fd, "r+b");
+  if (!fp) {
+    const int e = errno;
+    if (fd >= 0) ::close(fd);
+    throw IoError(path + ": cannot reopen to seal (" + std::strerror(e) + ")");
+  }
   std::uint32_t crc = 0;
   std::string tail;
   char chunk[1 << 16];
@@ -154,27 +160,21 @@ TensorMap load_npz(const std::string& path, NpzReadInfo* info) {
   // The whole file is read once: its checksum is verified over exactly the bytes parsed.
   std::string bytes;
   {
-    // O_NONBLOCK: opening a FIFO must not wait for a writer; /dev/zero or a FIFO would then
-    // be read without end, so only a regular file is read (in blocking mode).
-    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) throw IoError(path + ": cannot open for reading (" + std::strerror(errno) + ")");
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw IoError(path + ": not a regular file");
+    std::size_t size = 0;
+    const int fd = files::open_regular(path, &size);  // /dev/zero or a FIFO would be read without end
+    bytes.resize(size);
+    std::size_t got = 0;
+    while (got < size) {  // what the file held when opened, no more
+      const ssize_t r = ::read(fd, &bytes[got], size - got);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        const int e = r < 0 ? errno : 0;
+        ::close(fd);
+        throw IoError(path + (e ? ": read failed (" + std::string(std::strerror(e)) + ")" : ": shrank while being read"));
+      }
+      got += static_cast<std::size_t>(r);
     }
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    std::FILE* fp = ::fdopen(fd, "rb");
-    if (!fp) {
-      ::close(fd);
-      throw IoError(path + ": cannot open for reading (" + std::strerror(errno) + ")");
-    }
-    char chunk[1 << 16];
-    std::size_t got;
-    while ((got = std::fread(chunk, 1, sizeof chunk, fp)) > 0) bytes.append(chunk, got);
-    const bool failed = std::ferror(fp);
-    std::fclose(fp);
-    if (failed) throw IoError(path + ": read failed");
+    ::close(fd);
   }
   const std::size_t tag = std::strlen(kFileTag);
   const bool tagged = bytes.size() > tag + 8 && bytes.compare(bytes.size() - tag - 8, tag, kFileTag) == 0;
@@ -199,18 +199,15 @@ TensorMap load_npz(const std::string& path, NpzReadInfo* info) {
   throw IoError(file_sum_error);  // the members are sound: the damage is between them
 }
 
-void save_npz(const std::string& path, const TensorMap& tensors) {
-  // A unique temporary name beside the target: two writers never share one, and a killed
-  // writer's leftover (path.tmp.XXXXXX) is recognisable (CheckpointDir::lock removes them).
-  std::string tmp = path + ".tmp.XXXXXX";
-  {
-    const int fd = ::mkstemp(&tmp[0]);
-    if (fd < 0) throw IoError(path + ": cannot create a temporary file beside it (" + std::strerror(errno) + ")");
-    const mode_t mask = ::umask(0);  // mkstemp makes 0600; the file gets the usual 0666 & ~umask
-    ::umask(mask);
-    ::fchmod(fd, 0666 & ~mask);
-    ::close(fd);
-  }
+void save_npz(const std::string& path, const TensorMap& tensors) { save_npz(path, tensors, 0666); }
+
+void save_npz(const std::string& path, const TensorMap& tensors, unsigned mode) {
+  // A new file of a unique name beside the target (never an existing name, never through a
+  // link): two writers never share one, and a killed writer's leftover (path.tmp.XXXXXX) is
+  // recognisable (CheckpointDir::lock removes them). libzip writes the archive to a file of
+  // its own and renames it onto this one, keeping this one's mode.
+  std::string tmp;
+  ::close(files::create_temp(path, mode, tmp));
   int err = 0;
   zip_t* z = zip_open(tmp.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &err);
   if (!z) {

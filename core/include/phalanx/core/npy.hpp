@@ -41,8 +41,11 @@ struct NpzReadInfo {
 TensorMap load_npz(const std::string& path, NpzReadInfo* info);
 /// Writes atomically and durably: a temporary file, fsync, renamed into place, fsync of the
 /// directory. A crash leaves either the old file or the new one, never a mix. The archive
-/// comment (ignored by numpy) holds a CRC-32 of every byte before it.
+/// comment (ignored by numpy) holds a CRC-32 of every byte before it. The temporary file is
+/// a new one (never an existing name or a symbolic link); the file gets `mode` less the
+/// umask (0666: as other programs' files; checkpoints pass files::private_file_mode()).
 void save_npz(const std::string& path, const TensorMap& tensors);
+void save_npz(const std::string& path, const TensorMap& tensors, unsigned mode);
 
 /// CRC-32 (zip/zlib polynomial); `crc` continues a running value.
 std::uint32_t crc32(const void* data, std::size_t size, std::uint32_t crc = 0);
