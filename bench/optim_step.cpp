@@ -5,7 +5,8 @@
 // moves (every array read once, the updated ones written once) at this machine's measured
 // memcpy rate (bytes read + written per second, arrays of one parameter set's size).
 // Bars (issue 31): SGD, SGD with momentum and AdamW each <= 1.2x PyTorch's time.
-// Each side: warm-up steps, then 5 runs of ITERS steps; the median run with the fastest and
+// Each side: 5 runs of ITERS steps per case (each after warm-up steps), the sides taking turns
+// round by round (the peer started once per round); the median run with the fastest and
 // slowest; the ratio of the medians.
 //
 //   bench_optim_step [--iters N] [--no-peer]
@@ -120,35 +121,45 @@ int run(int argc, char** argv) {
   std::printf("# limit: memcpy of %.2f MB (one parameter set) moves %s (read + written), median of 5 runs "
               "[slowest, fastest]\n", array_bytes / 1e6, bench::show(copy, "GB/s").c_str());
 
-  // The peer runs every case in one process (one torch import).
-  std::string peer_out;
-  if (!skip_peer) {
-    std::string cmd = "OMP_NUM_THREADS=1 " + bench::python() + " " + peer + " 784-1024-1024-10 " + std::to_string(iters);
-    for (const Case& c : kCases) cmd += std::string(" ") + c.name;
+  // The sides take turns: a round is one run of every case on our side, then one start of the
+  // peer running every case once (one torch import), so load from other processes falls on
+  // both alike. Each optimizer keeps its state across rounds; each run warms up first.
+  const std::size_t n_cases = sizeof kCases / sizeof kCases[0];
+  std::vector<std::unique_ptr<optim::Optimizer>> opts;
+  for (const Case& c : kCases) opts.push_back(make(c.name, params));
+  std::vector<std::vector<double>> ours_runs(n_cases), peer_runs(n_cases);
+  std::string cmd = "OMP_NUM_THREADS=1 " + bench::python() + " " + peer + " 784-1024-1024-10 " + std::to_string(iters) + " 1";
+  for (const Case& c : kCases) cmd += std::string(" ") + c.name;
+  bool peer_ok = !skip_peer;
+  for (int round = 0; round < 5; ++round) {
+    for (std::size_t k = 0; k < n_cases; ++k) {
+      for (std::size_t i = 0; i < params.size(); ++i) params[i].set_grad(grads[i].clone());
+      optim::Optimizer& opt = *opts[k];
+      const auto fn = std::string(kCases[k].name) == "zero_grad" ? std::function<void()>([&] { opt.zero_grad(false); })
+                                                                  : std::function<void()>([&] { opt.step(); });
+      for (int i = 0; i < std::max(5, iters / 10); ++i) fn();
+      const double t = bench::now_s();
+      for (int i = 0; i < iters; ++i) fn();
+      ours_runs[k].push_back((bench::now_s() - t) / iters * 1e6);
+    }
+    if (!peer_ok) continue;
     int rc = 0;
-    peer_out = bench::capture(cmd, &rc);
-    bench::relay_peer_environment(peer_out);
-    if (rc != 0) std::fprintf(stderr, "peer failed (%s):\n%s\n", cmd.c_str(), peer_out.c_str());
+    const std::string out = bench::capture(cmd, &rc);
+    bench::relay_peer_environment(out);
+    for (std::size_t k = 0; k < n_cases; ++k) peer_runs[k].push_back(bench::find_value(out, std::string(kCases[k].name) + ".step_us"));
+    if (rc != 0 || *std::min_element(peer_runs.back().begin(), peer_runs.back().end()) < 0) {
+      std::fprintf(stderr, "peer failed (%s):\n%s\n", cmd.c_str(), out.c_str());
+      peer_ok = false;
+      for (auto& v : peer_runs) v.clear();
+    }
   }
   std::printf("%lld parameters in %zu tensors; medians of 5 runs of %d steps, [fastest, slowest] run\n",
               static_cast<long long>(numel), params.size(), iters);
   std::printf("%-16s %12s %12s %9s %10s %9s\n", "case", "phalanx_us", "torch_us", "phx/torch", "limit_us", "phx/limit");
-  for (const Case& c : kCases) {
+  for (std::size_t k = 0; k < n_cases; ++k) {
+    const Case& c = kCases[k];
     const std::string name = c.name;
-    auto opt = make(name, params);
-    for (std::size_t i = 0; i < params.size(); ++i) params[i].set_grad(grads[i].clone());
-    const bench::Summary ours = name == "zero_grad" ? time_runs(iters, [&] { opt->zero_grad(false); })
-                                                    : time_runs(iters, [&] { opt->step(); });
-    bench::Summary theirs;
-    if (!skip_peer) {
-      const std::string k = name + ".";
-      theirs = {bench::find_value(peer_out, k + "step_us"), bench::find_value(peer_out, k + "min_us"),
-                bench::find_value(peer_out, k + "max_us"), 5};
-      if (theirs.median < 0) {
-        std::fprintf(stderr, "peer failed: no %sstep_us in its output:\n%s\n", k.c_str(), peer_out.c_str());
-        theirs = {};
-      }
-    }
+    const bench::Summary ours = bench::summarise(ours_runs[k]), theirs = bench::summarise(peer_runs[k]);
     const double limit_us = copy.ok() ? c.arrays * array_bytes / (copy.median * 1e9) * 1e6 : -1;
     const double r = theirs.ok() ? ours.median / theirs.median : -1;
     std::printf("%-16s %12.1f %12.1f %9.2f %10.1f %9.2f   %s  torch %s\n", c.name, ours.median, theirs.median, r,

@@ -2,18 +2,19 @@
 """PyTorch peer for bench/optim_step: torch.optim's step (1.13's defaults: the single-tensor
 for-loop code; foreach=None means False on 1.13) and zero_grad over the parameters of an MLP
 (784-1024-1024-10: 1.86 M parameters in 6 tensors), 1 CPU thread, with gradients set once.
-usage: torch_optim_step.py WIDTHS ITERS CASE...   (CASE: sgd, sgd_momentum, sgd_nesterov_wd,
+usage: torch_optim_step.py WIDTHS ITERS RUNS CASE...   (RUNS: bench_optim_step asks for 1 per start, the
+       sides taking turns; CASE: sgd, sgd_momentum, sgd_nesterov_wd,
        adam, adamw, adamw_amsgrad, zero_grad: 1.13's zero_grad(), which
        zeroes the gradients in place)
 prints: its environment (bench_env.py), then per case
-<case>.step_us=<median of 5 runs, microseconds per step> <case>.min_us=<fastest> <case>.max_us=<slowest>"""
+<case>.step_us=<median of RUNS runs, microseconds per step> <case>.min_us=<fastest> <case>.max_us=<slowest>"""
 import sys, time
 import torch
 import bench_env
 torch.set_num_threads(1)
 bench_env.print_environment()
 widths = [int(w) for w in sys.argv[1].split("-")]
-iters = int(sys.argv[2])
+iters, runs = int(sys.argv[2]), int(sys.argv[3])
 torch.manual_seed(0)
 layers = []
 for i in range(len(widths) - 1):
@@ -36,7 +37,7 @@ def make(case):
     raise SystemExit(f"unknown case {case}")
 
 
-for case in sys.argv[3:]:
+for case in sys.argv[4:]:
     opt = make(case)
     for p, g in zip(params, grads):
         p.grad = g.clone()
@@ -47,7 +48,7 @@ for case in sys.argv[3:]:
     with torch.no_grad():
         for _ in range(max(5, iters // 10)): fn()
         samples = []
-        for _ in range(5):
+        for _ in range(runs):
             t = time.perf_counter()
             for _ in range(iters): fn()
             samples.append((time.perf_counter() - t) / iters)
