@@ -73,8 +73,8 @@ run() {
   while IFS= read -r line; do rows+=("$line"); done < <(grep '^ROW|' "$LOGS/$name.log")
 }
 
-run bench_mlp_step 120 "$B/bench_mlp_step"
-run bench_optim_step 120 "$B/bench_optim_step"
+run bench_mlp_step 240 "$B/bench_mlp_step"
+run bench_optim_step 180 "$B/bench_optim_step"
 run bench_conv_step 150 "$B/bench_conv_step" --runs 5
 run bench_loader_throughput 90 "$B/bench_loader_throughput"
 run bench_data_memory 120 "$B/bench_data_memory"
