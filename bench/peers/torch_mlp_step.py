@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """PyTorch peer for bench/mlp_step: zero_grad + forward + backward + torch.optim.SGD step of an
 MLP, 1 CPU thread, on DEVICE (the C++ side does the same with optim::SGD).
-usage: torch_mlp_step.py WIDTHS BATCH ITERS [DEVICE]   (WIDTHS like 784-1024-1024-10; DEVICE cpu, cuda or cuda:0)
-prints: its environment (bench_env.py), then step_us=<median of 5 runs, microseconds per step>
-min_us=<fastest run> max_us=<slowest run>"""
+usage: torch_mlp_step.py WIDTHS BATCH ITERS [DEVICE [RUNS]]   (WIDTHS like 784-1024-1024-10; DEVICE cpu,
+cuda or cuda:0; RUNS 5 by default: bench_mlp_step asks for 1 per start, the sides taking turns)
+prints: its environment (bench_env.py), then step_us=<median of RUNS runs, microseconds per step>
+min_us=<fastest run> max_us=<slowest run>, then the breakdown of RUNS more runs timed phase by phase:
+zero_us= forward_us= backward_us= optimizer_us= (each the median over the runs of its mean per step;
+forward includes the loss)"""
 import sys, time
 import torch
 import bench_env
@@ -12,6 +15,7 @@ bench_env.print_environment()
 widths = [int(w) for w in sys.argv[1].split("-")]
 batch, iters = int(sys.argv[2]), int(sys.argv[3])
 device = torch.device(sys.argv[4] if len(sys.argv) > 4 else "cpu")
+runs = int(sys.argv[5]) if len(sys.argv) > 5 else 5
 torch.manual_seed(0)
 layers = []
 for i in range(len(widths) - 1):
@@ -28,10 +32,30 @@ def step():
     opt.step()
 for _ in range(max(5, iters // 10)): step()
 samples = []
-for _ in range(5):
+for _ in range(runs):
     t = time.perf_counter()
     for _ in range(iters): step()
     sync()
     samples.append((time.perf_counter() - t) / iters)
 med, lo, hi = bench_env.summary(samples)
 print(f"step_us={med * 1e6:.2f} min_us={lo * 1e6:.2f} max_us={hi * 1e6:.2f}")
+phases = {"zero": [], "forward": [], "backward": [], "optimizer": []}
+for _ in range(runs):
+    acc = dict.fromkeys(phases, 0.0)
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        t1 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        sync()
+        t2 = time.perf_counter()
+        loss.backward()
+        sync()
+        t3 = time.perf_counter()
+        opt.step()
+        sync()
+        t4 = time.perf_counter()
+        acc["zero"] += t1 - t0; acc["forward"] += t2 - t1; acc["backward"] += t3 - t2; acc["optimizer"] += t4 - t3
+    for k in phases:
+        phases[k].append(acc[k] / iters)
+print(" ".join(f"{k}_us={bench_env.summary(v)[0] * 1e6:.2f}" for k, v in phases.items()))

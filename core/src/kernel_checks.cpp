@@ -221,24 +221,53 @@ class CheckedKernels final : public DeviceKernels {
     k_.convert(src, dst);
   }
 
-  void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdUpdate& u) override {
+  void check_sgd(const char* kernel, const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
+                 const SgdUpdate& u, Call* group = nullptr) {
     const std::int64_t n = numel_of(param);
-    call("sgd_update").on("param", param).on("grad", grad).on_opt("momentum_buffer", momentum_buffer)
+    Call one = call(kernel);
+    Call& c = group ? *group : one;  // a group's entries are all on one device
+    c.on("param", param).on("grad", grad).on_opt("momentum_buffer", momentum_buffer)
         .f32("param", param).f32("grad", grad).f32_opt("momentum_buffer", momentum_buffer)
         .numel("grad", grad, n, "param's numel").numel_opt("momentum_buffer", momentum_buffer, n, "param's numel")
         .that(u.momentum == 0.f || momentum_buffer.defined(), "a momentum update needs its buffer");
+  }
+  void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdUpdate& u) override {
+    check_sgd("sgd_update", param, grad, momentum_buffer, u);
     k_.sgd_update(param, grad, momentum_buffer, u);
   }
-  void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& max_exp_avg_sq,
-                   const AdamUpdate& u) override {
+  void sgd_update_group(const std::vector<SgdGroupEntry>& params, const SgdUpdate& u) override {
+    Call c = call("sgd_update_group");
+    for (const SgdGroupEntry& e : params) {
+      c.that(e.param && e.grad && e.momentum_buffer, "every entry points at its three tensors");
+      check_sgd("sgd_update_group", *e.param, *e.grad, *e.momentum_buffer, u, &c);
+    }
+    k_.sgd_update_group(params, u);
+  }
+  void check_adam(const char* kernel, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                  const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq, const AdamUpdate& u, Call* group = nullptr) {
     const std::int64_t n = numel_of(param);
-    call("adam_update").on("param", param).on("grad", grad).on("exp_avg", exp_avg).on("exp_avg_sq", exp_avg_sq)
+    Call one = call(kernel);
+    Call& c = group ? *group : one;
+    c.on("param", param).on("grad", grad).on("exp_avg", exp_avg).on("exp_avg_sq", exp_avg_sq)
         .on_opt("max_exp_avg_sq", max_exp_avg_sq)
         .f32("param", param).f32("grad", grad).f32("exp_avg", exp_avg).f32("exp_avg_sq", exp_avg_sq)
         .numel("grad", grad, n, "param's numel").numel("exp_avg", exp_avg, n, "param's numel")
         .numel("exp_avg_sq", exp_avg_sq, n, "param's numel")
         .that(!u.amsgrad || numel_of(max_exp_avg_sq) == n, "amsgrad needs max_exp_avg_sq of param's numel");
+  }
+  void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& max_exp_avg_sq,
+                   const AdamUpdate& u) override {
+    check_adam("adam_update", param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, u);
     k_.adam_update(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, u);
+  }
+  void adam_update_group(const std::vector<AdamGroupEntry>& params) override {
+    Call c = call("adam_update_group");
+    for (const AdamGroupEntry& e : params) {
+      c.that(e.param && e.grad && e.exp_avg && e.exp_avg_sq && e.max_exp_avg_sq,
+             "every entry points at its five tensors");
+      check_adam("adam_update_group", *e.param, *e.grad, *e.exp_avg, *e.exp_avg_sq, *e.max_exp_avg_sq, e.u, &c);
+    }
+    k_.adam_update_group(params);
   }
 
   void abs_max_into(const Tensor& x, Tensor& out, std::int64_t index) override {

@@ -44,6 +44,18 @@ DeviceKernels& kernels_for(Device device) {
   return *k;
 }
 
+void DeviceKernels::sgd_update_group(const std::vector<SgdGroupEntry>& params, const SgdUpdate& u) {
+  SgdUpdate one = u;
+  for (const SgdGroupEntry& e : params) {
+    one.first_step = e.first_step;
+    sgd_update(*e.param, *e.grad, *e.momentum_buffer, one);
+  }
+}
+
+void DeviceKernels::adam_update_group(const std::vector<AdamGroupEntry>& params) {
+  for (const AdamGroupEntry& e : params) adam_update(*e.param, *e.grad, *e.exp_avg, *e.exp_avg_sq, *e.max_exp_avg_sq, e.u);
+}
+
 void register_device_kernels(DeviceType type, DeviceKernels* k) {
   table()[static_cast<int>(type)].store(with_boundary_checks(type, k), std::memory_order_release);
 }

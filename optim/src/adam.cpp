@@ -1,6 +1,7 @@
 #include "phalanx/optim/adam.hpp"
 
 #include <cmath>
+#include <vector>
 
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/creation.hpp"
@@ -31,14 +32,27 @@ AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam(std::move(params)
 void Adam::step() {
   const timeline::Span span("optimizer step", "optim");
   NoGradGuard no_grad;
+  // One kernel call per group and device (a group's parameters share one device in practice).
+  std::vector<Tensor> grads, vmaxes;
+  std::vector<AdamGroupEntry> entries;
   for (std::size_t g = 0; g < param_groups().size(); ++g) {
     ParamGroup& group = param_groups()[g];
     const double lr = group.options.at("lr"), beta1 = group.options.at("beta1"),
                  beta2 = group.options.at("beta2"), wd = group.options.at("weight_decay");
-    for (std::size_t i = 0; i < group.params.size(); ++i) {
+    const bool amsgrad = group.options.at("amsgrad") != 0.0;
+    const std::size_t n = group.params.size();
+    grads.assign(n, Tensor());
+    vmaxes.assign(n, Tensor());
+    entries.clear();
+    Device device = Device::cpu();
+    const auto flush = [&] {
+      if (!entries.empty()) kernels_for(device).adam_update_group(entries);
+      entries.clear();
+    };
+    for (std::size_t i = 0; i < n; ++i) {
       Tensor& p = group.params[i];
-      const Tensor grad = p.grad();
-      if (!grad.defined()) continue;
+      grads[i] = p.grad();
+      if (!grads[i].defined()) continue;
       ParamState& st = state_of(g, i);
       auto buffer = [&](const char* name) -> Tensor& {
         auto it = st.buffers.find(name);
@@ -46,10 +60,9 @@ void Adam::step() {
           it = st.buffers.emplace(name, zeros(p.shape(), DType::Float32, p.device())).first;
         return it->second;
       };
-      const bool amsgrad = group.options.at("amsgrad") != 0.0;
       Tensor& m = buffer("exp_avg");
       Tensor& v = buffer("exp_avg_sq");
-      Tensor vmax = amsgrad ? buffer("max_exp_avg_sq") : Tensor();
+      if (amsgrad) vmaxes[i] = buffer("max_exp_avg_sq");
       ++st.step;
       // Scalars in double, as PyTorch computes them in Python, then cast for the kernel.
       const double t = static_cast<double>(st.step);
@@ -66,8 +79,11 @@ void Adam::step() {
       u.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, t)));
       u.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t)));
       u.decay_factor = static_cast<float>(1.0 - lr * wd);
-      kernels_for(p.device()).adam_update(p, grad, m, v, vmax, u);
+      if (!entries.empty() && p.device() != device) flush();
+      device = p.device();
+      entries.push_back({&p, &grads[i], &m, &v, &vmaxes[i], u});
     }
+    flush();
   }
 }
 

@@ -1,5 +1,7 @@
 #include "phalanx/optim/sgd.hpp"
 
+#include <vector>
+
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/error.hpp"
 #include "phalanx/core/kernels.hpp"
@@ -20,6 +22,9 @@ SGD::SGD(std::vector<Tensor> params, const SGDOptions& o)
 void SGD::step() {
   const timeline::Span span("optimizer step", "optim");
   NoGradGuard no_grad;
+  // One kernel call per group and device (a group's parameters share one device in practice).
+  std::vector<Tensor> grads, bufs;
+  std::vector<SgdGroupEntry> entries;
   for (std::size_t g = 0; g < param_groups().size(); ++g) {
     ParamGroup& group = param_groups()[g];
     SgdUpdate u{};
@@ -28,24 +33,36 @@ void SGD::step() {
     u.dampening = static_cast<float>(group.options.at("dampening"));
     u.weight_decay = static_cast<float>(group.options.at("weight_decay"));
     u.nesterov = group.options.at("nesterov") != 0.0;
-    for (std::size_t i = 0; i < group.params.size(); ++i) {
+    u.first_step = false;
+    const std::size_t n = group.params.size();
+    grads.assign(n, Tensor());
+    bufs.assign(n, Tensor());
+    entries.clear();
+    Device device = Device::cpu();
+    const auto flush = [&] {
+      if (!entries.empty()) kernels_for(device).sgd_update_group(entries, u);
+      entries.clear();
+    };
+    for (std::size_t i = 0; i < n; ++i) {
       Tensor& p = group.params[i];
-      const Tensor grad = p.grad();
-      if (!grad.defined()) continue;
+      grads[i] = p.grad();
+      if (!grads[i].defined()) continue;
       ParamState& st = state_of(g, i);
-      Tensor buf;
-      u.first_step = false;
+      bool first = false;
       if (u.momentum != 0.f) {
         auto it = st.buffers.find("momentum_buffer");
         if (it == st.buffers.end()) {
           it = st.buffers.emplace("momentum_buffer", Tensor::empty(p.shape(), DType::Float32, p.device())).first;
-          u.first_step = true;
+          first = true;
         }
-        buf = it->second;
+        bufs[i] = it->second;
       }
       ++st.step;
-      kernels_for(p.device()).sgd_update(p, grad, buf, u);
+      if (!entries.empty() && p.device() != device) flush();
+      device = p.device();
+      entries.push_back({&p, &grads[i], &bufs[i], first});
     }
+    flush();
   }
 }
 

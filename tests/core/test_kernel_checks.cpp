@@ -104,3 +104,25 @@ TEST_CASE("PHALANX_CHECK: nothing is evaluated when the check holds; both values
   const std::string e = internal_error_of([] { PHALANX_CHECK_EQ(2 * 3, 7); });
   CHECK(has(e, "check failed: 2 * 3 == 7 (6 vs 7)"));
 }
+
+TEST_CASE("kernel checks: the optimizers' group entries check every entry as the per-tensor ones do") {
+  DeviceKernels& k = kernels_for(Device::cpu());
+  Tensor p = zeros({4}), g = ones({4}), short_g = ones({3}), buf = zeros({4}), none;
+  SgdUpdate u{0.1f, 0.9f, 0.f, 0.f, false, false};
+  std::string m = internal_error_of([&] { k.sgd_update_group({{&p, &g, &buf, true}, {&p, &short_g, &buf, false}}, u); });
+  CHECK(has(m, "kernel cpu.sgd_update_group: 'grad' has 3 elements, expected 4 = param's numel"));
+  m = internal_error_of([&] { k.sgd_update_group({{&p, &g, &none, false}}, u); });
+  CHECK(has(m, "kernel cpu.sgd_update_group: a momentum update needs its buffer"));
+  m = internal_error_of([&] { k.sgd_update_group({{&p, nullptr, &buf, false}}, u); });
+  CHECK(has(m, "kernel cpu.sgd_update_group: every entry points at its three tensors"));
+  m = internal_error_of([&] { k.sgd_update_group({{&p, &g, &buf, true}}, u); });
+  CHECK(m.empty());
+  CHECK(p.to_vector<float>() == std::vector<float>(4, -0.1f));  // first step: buf = g, p -= lr * buf
+  AdamUpdate a{};
+  a.amsgrad = true;
+  Tensor m1 = zeros({4}), v1 = zeros({4});
+  m = internal_error_of([&] { k.adam_update_group({{&p, &g, &m1, &v1, &none, a}}); });
+  CHECK(has(m, "kernel cpu.adam_update_group: amsgrad needs max_exp_avg_sq of param's numel"));
+  m = internal_error_of([&] { k.adam_update_group({}); });
+  CHECK(m.empty());
+}

@@ -1,6 +1,11 @@
 #include <doctest/doctest.h>
 
+#include <phalanx/core/finite.hpp>
 #include <phalanx/phalanx.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
 
 using namespace phalanx;
 
@@ -86,4 +91,32 @@ TEST_CASE("transpose materialises a permuted copy") {
   for (int k = 0; k < 4; ++k)
     for (int j = 0; j < 3; ++j)
       for (int i = 0; i < 2; ++i) CHECK(v[(k * 3 + j) * 2 + i] == i * 12 + j * 4 + k);
+}
+
+TEST_CASE("all_finite: an infinity or a NaN anywhere (vector body or tail) is found; -0, subnormals, the largest float pass") {
+  for (const std::int64_t n : {0, 1, 3, 8, 15, 16, 17, 33, 64, 100, 1031}) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) v[i] = (i % 3 == 0 ? -1.f : 1.f) * static_cast<float>(i) * 0.37f;
+    if (n > 2) {
+      v[1] = -0.f;
+      v[2] = std::numeric_limits<float>::denorm_min();
+      v[0] = -std::numeric_limits<float>::max();
+    }
+    CAPTURE(n);
+    CHECK(all_finite(v.data(), n));
+    for (std::int64_t at = 0; at < n; at += std::max<std::int64_t>(1, n / 7)) {
+      for (const float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN()}) {
+        auto w = v;
+        w[static_cast<std::size_t>(at)] = bad;
+        CAPTURE(at);
+        CHECK_FALSE(all_finite(w.data(), n));
+      }
+    }
+    if (n > 0) {  // the last element: the tail
+      auto w = v;
+      w.back() = std::numeric_limits<float>::infinity();
+      CHECK_FALSE(all_finite(w.data(), n));
+    }
+  }
 }

@@ -23,6 +23,34 @@ auto rows(const Tensor& t, std::size_t period) {
   return xt::adapt(t.data<float>(), n, xt::no_ownership(), Shape2{n / period, period});
 }
 
+// ReLU and its backward are a step's memory-bound elementwise passes ([batch, width] each,
+// L2-resident): compiled for AVX-512F, AVX2 and baseline x86-64, picked at load time (as
+// small_gemm's blocks are). A compare and a blend, no arithmetic: the same bits on each.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PHALANX_ELEMENTWISE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PHALANX_ELEMENTWISE_CLONES
+#endif
+
+/// NaN stays NaN, as in PyTorch (xt::maximum(x, 0) turned it into 0 and hid it).
+PHALANX_ELEMENTWISE_CLONES
+void relu(const float* __restrict x, float* __restrict o, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    o[i] = xi <= 0.f ? 0.f : xi;
+  }
+}
+
+/// y > 0 exactly where x > 0. As PyTorch's threshold_backward: zero where y <= 0, so a NaN y
+/// passes the gradient on.
+PHALANX_ELEMENTWISE_CLONES
+void relu_backward(const float* __restrict g, const float* __restrict y, float* __restrict o, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];  // unconditional load: lets the compiler use a blend
+    o[i] = y[i] <= 0.f ? 0.f : gi;
+  }
+}
+
 template <typename A, typename B, typename O>
 void apply_binary(BinaryOp op, const A& a, const B& b, O&& o) {
   switch (op) {
@@ -41,18 +69,7 @@ void CpuKernels::unary(UnaryOp op, const Tensor& x, Tensor& out) {
     case UnaryOp::Neg: xt::noalias(O) = -X; break;
     case UnaryOp::Exp: xt::noalias(O) = xt::exp(X); break;
     case UnaryOp::Log: xt::noalias(O) = xt::log(X); break;
-    case UnaryOp::Relu: {
-      // NaN stays NaN, as in PyTorch (xt::maximum(x, 0) turned it into 0 and hid it): one
-      // compare and a blend, which vectorises.
-      const float* __restrict xx = x.data<float>();
-      float* __restrict o = out.data<float>();
-      const std::int64_t n = x.numel();
-      for (std::int64_t i = 0; i < n; ++i) {
-        const float xi = xx[i];
-        o[i] = xi <= 0.f ? 0.f : xi;
-      }
-      break;
-    }
+    case UnaryOp::Relu: relu(x.data<float>(), out.data<float>(), x.numel()); break;
     case UnaryOp::Tanh: xt::noalias(O) = xt::tanh(X); break;
     case UnaryOp::Sigmoid: xt::noalias(O) = 1.0f / (1.0f + xt::exp(-X)); break;
     case UnaryOp::Gelu: {  // issue 16 (H12): PyTorch's exact (erf) GELU
@@ -74,19 +91,7 @@ void CpuKernels::unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& 
     case UnaryOp::Neg: xt::noalias(O) = -G; break;
     case UnaryOp::Exp: xt::noalias(O) = G * flat(y); break;
     case UnaryOp::Log: xt::noalias(O) = G / flat(x); break;
-    case UnaryOp::Relu: {
-      // Plain loop: y > 0 exactly where x > 0; branch-free with restrict so it vectorises.
-      // As PyTorch's threshold_backward: zero where y <= 0, so a NaN y passes the gradient on.
-      const float* __restrict g = grad_y.data<float>();
-      const float* __restrict yy = y.data<float>();
-      float* __restrict o = grad_x.data<float>();
-      const std::int64_t n = grad_y.numel();
-      for (std::int64_t i = 0; i < n; ++i) {
-        const float gi = g[i];  // unconditional load: lets the compiler use a blend
-        o[i] = yy[i] <= 0.f ? 0.f : gi;
-      }
-      break;
-    }
+    case UnaryOp::Relu: relu_backward(grad_y.data<float>(), y.data<float>(), grad_x.data<float>(), grad_y.numel()); break;
     case UnaryOp::Tanh: {
       auto Y = flat(y);
       xt::noalias(O) = G * (1.0f - Y * Y);

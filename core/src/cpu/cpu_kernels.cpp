@@ -83,15 +83,26 @@ void CpuKernels::gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
-void CpuKernels::sum_to_period(const Tensor& in, Tensor& out, float scale) {
-  const std::int64_t p = out.numel(), rows = in.numel() / p;
-  const float* __restrict x = in.data<float>();
-  float* __restrict o = out.data<float>();
-  std::fill(o, o + p, 0.f);
+namespace {
+/// o[j] = sum over rows of x[r * p + j], added row by row (each o[j] in the same order on every
+/// path): a Linear's bias gradient, once per layer and step. Compiled for AVX-512F, AVX2 and
+/// baseline x86-64, picked at load time (as small_gemm's blocks are).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void column_sums(const float* __restrict x, std::int64_t rows, std::int64_t p, float* __restrict o) {
+  for (std::int64_t j = 0; j < p; ++j) o[j] = 0.f;
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * p;
     for (std::int64_t j = 0; j < p; ++j) o[j] += row[j];
   }
+}
+}  // namespace
+
+void CpuKernels::sum_to_period(const Tensor& in, Tensor& out, float scale) {
+  const std::int64_t p = out.numel(), rows = in.numel() / p;
+  float* __restrict o = out.data<float>();
+  column_sums(in.data<float>(), rows, p, o);
   if (scale != 1.f)
     for (std::int64_t j = 0; j < p; ++j) o[j] *= scale;
 }

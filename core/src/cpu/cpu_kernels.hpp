@@ -87,6 +87,8 @@ class CpuKernels final : public DeviceKernels {
                   const SgdUpdate& u) override;
   void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                    Tensor& max_exp_avg_sq, const AdamUpdate& u) override;
+  void sgd_update_group(const std::vector<SgdGroupEntry>& params, const SgdUpdate& u) override;
+  void adam_update_group(const std::vector<AdamGroupEntry>& params) override;
 
  private:
   CpuAllocator allocator_;

@@ -1,19 +1,13 @@
 #pragma once
 // Whether a float32 buffer holds only finite values, in one pass of integer operations
-// (exponent bits all ones: inf or NaN) that the compiler vectorises, with no allocation.
+// (exponent bits all ones: inf or NaN), with no allocation. Host memory only.
 #include <cstdint>
-#include <cstring>
 
 namespace phalanx {
 
-inline bool all_finite(const float* p, std::int64_t n) {
-  std::uint32_t bad = 0;  // an integer OR: vectorised (a float sum may not be reordered)
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::uint32_t bits;
-    std::memcpy(&bits, p + i, 4);
-    bad |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  return bad == 0;
-}
+/// True when none of p[0..n) is an infinity or a NaN. Vectorised, with the widest of
+/// AVX-512, AVX2 or baseline x86-64 that the CPU has, picked at load time
+/// (core/src/cpu/finite.cpp).
+bool all_finite(const float* p, std::int64_t n);
 
 }  // namespace phalanx

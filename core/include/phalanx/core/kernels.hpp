@@ -5,6 +5,7 @@
 // contiguous tensors whose shapes the op has already validated.
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "phalanx/core/device.hpp"
 #include "phalanx/core/tensor.hpp"
@@ -27,6 +28,28 @@ struct AdamUpdate {
   float step_size;                         ///< lr / (1 - beta1^t), computed in double
   float bias_correction2_sqrt;             ///< sqrt(1 - beta2^t), computed in double
   float decay_factor;                      ///< 1 - lr * wd (AdamW), computed in double
+};
+
+/// One parameter of a multi-tensor SGD step (DeviceKernels::sgd_update_group): the tensors
+/// sgd_update takes and whether this parameter's momentum buffer starts from its gradient
+/// (SgdUpdate::first_step, which differs between parameters of one group).
+struct SgdGroupEntry {
+  Tensor* param;
+  const Tensor* grad;
+  Tensor* momentum_buffer;  ///< an undefined tensor when the group has no momentum
+  bool first_step;
+};
+
+/// One parameter of a multi-tensor Adam/AdamW step (DeviceKernels::adam_update_group): the
+/// tensors adam_update takes and its scalars (the step count, hence the bias corrections, is
+/// per parameter).
+struct AdamGroupEntry {
+  Tensor* param;
+  const Tensor* grad;
+  Tensor* exp_avg;
+  Tensor* exp_avg_sq;
+  Tensor* max_exp_avg_sq;  ///< an undefined tensor without amsgrad
+  AdamUpdate u;
 };
 
 /// Gelu: PyTorch's exact form x * (1 + erf(x / sqrt 2)) / 2 (issue 16, H12);
@@ -113,6 +136,14 @@ class DeviceKernels {
                           const SgdUpdate& u) = 0;
   virtual void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                            Tensor& max_exp_avg_sq, const AdamUpdate& u) = 0;
+  /// The step of every parameter of one group in one call (what the optimizers call; every
+  /// tensor on this table's device, one device per call). `u.first_step` is ignored: each
+  /// entry carries its own. The default calls sgd_update once per entry, so a table that
+  /// does not override it (CUDA, sim) gives the same results; the CPU's picks its vector
+  /// kernel once for the whole group.
+  virtual void sgd_update_group(const std::vector<SgdGroupEntry>& params, const SgdUpdate& u);
+  /// Likewise for Adam/AdamW: the default calls adam_update once per entry with its own `u`.
+  virtual void adam_update_group(const std::vector<AdamGroupEntry>& params);
 
   // exact mode (docs/exact.md): fixed-point sums that do not depend on the order of addition
   /// out[index] = max(out[index], max_i |x[i]|); out is float32; a NaN in x (or already in
