@@ -189,14 +189,18 @@ std::string metadata(int rank, int tid, const char* what, const std::string& key
 class TraceWriter {
  public:
   TraceWriter(const std::string& path, const std::string& other) : path_(path) {
-    try {  // a new name, never a planted file or link; opened by name only once it is ours
-      ::close(files::create_temp(path, 0666, tmp_));
+    int fd = -1;
+    try {  // a new name, never a planted file or link
+      fd = files::create_temp(path, 0666, tmp_);
     } catch (const IoError& e) {
       tmp_.clear();
       open_error_ = e.what();
       return;
     }
-    f_.open(tmp_, std::ios::binary | std::ios::trunc);
+    // Through the descriptor just created, not the name: another user who can write the
+    // folder could swap the name for a link in between.
+    f_.open(files::fd_path(fd), std::ios::binary | std::ios::trunc);
+    ::close(fd);
     f_ << "{\"displayTimeUnit\":\"ns\",\"otherData\":{" << other << "},\"traceEvents\":[\n";
   }
   ~TraceWriter() {

@@ -132,7 +132,13 @@ std::vector<std::string> CheckpointDir::list() const {
   if (!d) throw IoError("checkpoint folder " + dir_ + ": cannot list (" + std::strerror(errno) + ")");
   while (const dirent* e = ::readdir(d)) {
     std::int64_t step, n;
-    if (parse_name(e->d_name, step, n)) found.emplace_back(step, n, dir_ + "/" + e->d_name);
+    if (!parse_name(e->d_name, step, n)) continue;
+    // Only this user's regular files are checkpoints: never resumed from, counted or pruned
+    // otherwise (a link, or a file someone else put here).
+    const std::string path = dir_ + "/" + e->d_name;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    found.emplace_back(step, n, path);
   }
   ::closedir(d);
   std::sort(found.begin(), found.end());

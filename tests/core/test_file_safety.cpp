@@ -113,7 +113,7 @@ TEST_CASE("a lock file is reused, but never a link, a FIFO, a hard link or anoth
   CHECK_THROWS_WITH_AS(files::open_lock_file(foreign, 0600), doctest::Contains("belongs to uid 12345"), IoError);
 }
 
-TEST_CASE("a folder that another user owns or may write (without the sticky bit) is refused, saying what to do") {
+TEST_CASE("a folder that another user owns or may write (sticky or not) is refused, saying what to do") {
   const std::string d = scratch() + "/shared";
   REQUIRE(::mkdir(d.c_str(), 0700) == 0);
   CHECK(files::folder_refusal(d, "checkpoint folder").empty());
@@ -124,9 +124,9 @@ TEST_CASE("a folder that another user owns or may write (without the sticky bit)
   CHECK(why.find('\n') == std::string::npos);
   CHECK_THROWS_AS(files::check_private_folder(d, "checkpoint folder"), IoError);
   REQUIRE(::chmod(d.c_str(), 0770) == 0);
-  CHECK(files::folder_refusal(d, "x").find("writable by its group (") != std::string::npos);
-  REQUIRE(::chmod(d.c_str(), 01777) == 0);  // as /tmp: others cannot remove or rename this user's files
-  CHECK(files::folder_refusal(d, "x").empty());
+  CHECK(files::folder_refusal(d, "x").find("writable by its group, who") != std::string::npos);
+  REQUIRE(::chmod(d.c_str(), 01777) == 0);  // as /tmp: others cannot swap this user's files, but can add theirs
+  CHECK(files::folder_refusal(d, "x").find("writable by its group and others") != std::string::npos);
   if (::geteuid() != 0) return;
   REQUIRE(::chmod(d.c_str(), 0700) == 0);
   REQUIRE(::chown(d.c_str(), 12345, 12345) == 0);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 
@@ -270,4 +271,27 @@ TEST_CASE("save_npy and save_npz never write through a planted temporary name or
   CHECK((st.st_mode & 0777) == 0644);  // 0666 less the umask, as other programs' files
   ::umask(old);
   for (const auto& f : {p, p + ".tmp", z, victim}) std::remove(f.c_str());
+}
+
+TEST_CASE("an .npz member whose directory entry claims a huge size is refused before any allocation") {
+  const std::string path = tmp_path("bomb.npz");
+  TensorMap m;
+  m.set("x", zeros({64}));
+  save_npz(path, m);
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  in.close();
+  // The uncompressed size of every local (offset 22) and central (offset 24) header: 1.3 GB.
+  auto patch = [&](const std::string& sig, std::size_t at) {
+    for (std::size_t p = bytes.find(sig); p != std::string::npos; p = bytes.find(sig, p + 4)) {
+      const std::uint32_t v = 1300000000u;
+      std::memcpy(&bytes[p + at], &v, 4);
+    }
+  };
+  patch(std::string("PK\x03\x04", 4), 22);
+  patch(std::string("PK\x01\x02", 4), 24);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(load_npz(path), doctest::Contains("claims an impossible size (1300000000 bytes from"), IoError);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500));  // not a 1.3 GB zeroed buffer
 }

@@ -426,7 +426,10 @@ TEST_CASE("a cache folder another user owns or may write is not used: one line w
   CHECK_FALSE(info.mapped);
   CHECK(t.to_vector<float>() == std::vector<float>{6});
   CHECK(entries(cache) == 0);  // nothing written there
-  REQUIRE(::chmod(cache.c_str(), 01777) == 0);  // sticky: allowed (others' entries are then foreign)
+  REQUIRE(::chmod(cache.c_str(), 01777) == 0);  // sticky: refused too (others could add entries)
+  cached_array(src, "double", DType::Float32, doubling(src, log), &info);
+  CHECK_FALSE(info.mapped);
+  REQUIRE(::chmod(cache.c_str(), 0700) == 0);
   cached_array(src, "double", DType::Float32, doubling(src, log), &info);
   CHECK(info.mapped);
   if (::geteuid() != 0) return;

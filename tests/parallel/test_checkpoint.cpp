@@ -422,8 +422,19 @@ TEST_CASE("a checkpoint folder another user owns or may write is refused; new fi
   REQUIRE(::chmod(open_dir.c_str(), 0777) == 0);
   CHECK_THROWS_WITH_AS(CheckpointDir(open_dir, 2),
                        doctest::Contains(("checkpoint folder " + open_dir + " is writable by its group and others").c_str()), IoError);
-  REQUIRE(::chmod(open_dir.c_str(), 01777) == 0);  // sticky, as /tmp: others cannot swap this user's files
-  CHECK_NOTHROW(CheckpointDir(open_dir, 2));
+  // Sticky, as /tmp: others cannot swap this user's files, but they can add a newer
+  // "checkpoint" of theirs to be resumed from: refused too.
+  REQUIRE(::chmod(open_dir.c_str(), 01777) == 0);
+  CHECK_THROWS_WITH_AS(CheckpointDir(open_dir, 2),
+                       doctest::Contains(("checkpoint folder " + open_dir + " is writable by its group and others").c_str()), IoError);
+  // A link another user planted, naming a folder of this user's: refused (root's links are trusted).
+  if (::geteuid() == 0) {
+    const std::string mine = tmp_dir() + "/mine_for_link", link = tmp_dir() + "/planted_link";
+    REQUIRE(::mkdir(mine.c_str(), 0700) == 0);
+    REQUIRE(::symlink(mine.c_str(), link.c_str()) == 0);
+    REQUIRE(::lchown(link.c_str(), 12345, 12345) == 0);
+    CHECK_THROWS_WITH_AS(CheckpointDir(link, 2), doctest::Contains("is a symbolic link of uid 12345"), IoError);
+  }
   if (::geteuid() == 0) {  // giving a folder away needs root
     const std::string theirs = tmp_dir() + "/theirs";
     REQUIRE(::mkdir(theirs.c_str(), 0700) == 0);

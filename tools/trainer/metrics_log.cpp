@@ -69,15 +69,14 @@ void append_number(std::string& s, double v) {
 }
 
 // Creates the file, or truncates it (`append`: keeps it), never through a symbolic link
-// that another user planted (this run would overwrite its target); true when it is a
-// regular file (not /dev/null or a FIFO). Afterwards the stream opens it by name.
-bool prepare(const std::string& path, bool append) {
+// that another user planted (this run would overwrite its target). Returns the descriptor;
+// `regular`: whether it is a regular file (not /dev/null or a FIFO).
+int prepare(const std::string& path, bool append, bool& regular) {
   try {
     const int fd = files::open_output(path, append);
     struct stat st {};
-    const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-    ::close(fd);
-    return regular;
+    regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    return fd;
   } catch (const IoError& e) {
     throw IoError(std::string("--metrics ") + e.what());
   }
@@ -94,20 +93,29 @@ void write_all(int fd, const std::string& text) {
 
 }  // namespace
 
+// The stream opens the checked descriptor's file (never the name again: it could have been
+// swapped for a link since), then the descriptor is closed.
+void MetricsLog::open_through(int fd) {
+  out_.open(files::fd_path(fd), std::ios::app);
+  ::close(fd);
+  if (!out_) throw IoError("--metrics " + path_ + ": cannot write");
+}
+
 void MetricsLog::open_fresh(const std::string& path) {
   path_ = path;
-  prepare(path, false);
-  out_.open(path, std::ios::app);
-  if (!out_) throw IoError("--metrics " + path + ": cannot write");
+  bool regular = false;
+  open_through(prepare(path, false, regular));
 }
 
 void MetricsLog::open_resumed(const std::string& path, std::int64_t step, std::int64_t epoch) {
   path_ = path;
-  if (!prepare(path, true)) return open_fresh(path);  // nothing to trim in /dev/null or a FIFO
+  bool regular = false;
+  const int old_fd = prepare(path, true, regular);
+  if (!regular) return open_through(old_fd);  // nothing to trim in /dev/null or a FIFO
   std::string keep;
   {
-    std::ifstream in(path);
-    if (!in) return open_fresh(path);
+    std::ifstream in(files::fd_path(old_fd));
+    ::close(old_fd);
     std::string line;
     while (std::getline(in, line)) {
       nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
@@ -131,13 +139,12 @@ void MetricsLog::open_resumed(const std::string& path, std::int64_t step, std::i
     }
     throw IoError("--metrics " + path + ": cannot write " + (tmp.empty() ? "a temporary file" : tmp) + ": " + e.what());
   }
-  ::close(fd);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::close(fd);
     ::unlink(tmp.c_str());
     throw IoError("--metrics " + path + ": cannot replace it");
   }
-  out_.open(path, std::ios::app);
-  if (!out_) throw IoError("--metrics " + path + ": cannot write");
+  open_through(fd);  // the file just written, under its new name
 }
 
 void MetricsLog::step(std::int64_t step, std::int64_t epoch, double loss, double lr, double seconds) {

@@ -45,6 +45,7 @@ class MetricsLog {
 
  private:
   std::string path_;
+  void open_through(int fd);
   std::ofstream out_;
   std::deque<std::string> held_;  // step records waiting behind each epoch record held back
   std::string line_;              // one step record, formatted (reused: no allocation per step)

@@ -162,16 +162,25 @@ void make_folders(const std::string& dir, unsigned mode, const std::string& what
     throw IoError(what + " " + dir + ": exists and is not a folder");
 }
 
+std::string fd_path(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
+
 std::string folder_refusal(const std::string& dir, const std::string& what) {
   struct stat st {};
+  // The name itself first: a link another user planted (in a shared parent) would send
+  // every later write into a folder of their choosing.
+  if (::lstat(dir.c_str(), &st) != 0) return what + " " + dir + ": cannot stat" + why(errno);
+  if (S_ISLNK(st.st_mode) && st.st_uid != ::geteuid() && st.st_uid != 0)
+    return detail::concat(what, " ", dir, " is a symbolic link of uid ", st.st_uid,
+                          ", not of this user: give the folder's real path, or a folder of your own");
   if (::stat(dir.c_str(), &st) != 0) return what + " " + dir + ": cannot stat" + why(errno);
   if (st.st_uid != ::geteuid())
     return detail::concat(what, " ", dir, " belongs to uid ", st.st_uid, ", not to this user (uid ", ::geteuid(),
                           "), who could replace its files: choose a folder of your own");
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0) {
+  // Sticky or not: in a sticky shared folder others cannot swap this user's files, but they
+  // can add their own (a newer checkpoint to resume from), as ssh refuses for ~/.ssh.
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
     const char* who = (st.st_mode & S_IWOTH) == 0 ? "its group" : (st.st_mode & S_IWGRP) == 0 ? "others" : "its group and others";
-    return what + " " + dir + " is writable by " + who +
-           " (without the sticky bit), who could plant or swap its files: chmod go-w " + dir +
+    return what + " " + dir + " is writable by " + who + ", who could plant or swap its files: chmod go-w " + dir +
            ", or choose a folder of your own";
   }
   return {};

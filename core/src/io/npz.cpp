@@ -130,9 +130,17 @@ static TensorMap read_members(const std::string& bytes, const std::string& path,
       throw IoError(path + ": corrupt zip directory");
     std::string name = st.name;
     const std::string shown = detail::printable(name);  // a damaged name's bytes, escaped for a one-line message
-    // A stored member is no larger than the archive, a deflated one at most ~1032 times.
-    if (st.size > bytes.size() * 1100ull + (1u << 20))
-      throw IoError(path + ": member '" + shown + "' claims an impossible size (" + std::to_string(st.size) + " bytes)");
+    // A stored member is exactly its compressed size, a deflated one at most ~1032 times it
+    // (and nothing is larger than ~1032 times the archive): checked before the buffer is made,
+    // so a forged directory entry cannot make this allocate gigabytes.
+    const bool has_comp = (st.valid & ZIP_STAT_COMP_SIZE) && (st.valid & ZIP_STAT_COMP_METHOD);
+    const bool impossible = st.size > bytes.size() * 1100ull + (1u << 20) ||
+                            (has_comp && st.comp_method == ZIP_CM_STORE && st.size != st.comp_size) ||
+                            (has_comp && st.comp_method != ZIP_CM_STORE && st.size > st.comp_size * 1032ull + 1024);
+    if (impossible)
+      throw IoError(path + ": member '" + shown + "' claims an impossible size (" + std::to_string(st.size) + " bytes" +
+                    (has_comp ? " from " + std::to_string(st.comp_size) + " stored" : std::string()) +
+                    "): the file is damaged");
     zip_file_t* f = zip_fopen_index(z.get(), i, 0);
     if (!f) throw IoError(path + ": cannot read member '" + shown + "' (" + zip_strerror(z.get()) + ")");
     std::vector<char> buf(st.size);

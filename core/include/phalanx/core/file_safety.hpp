@@ -41,6 +41,9 @@ int create_temp(const std::string& base, unsigned mode, std::string& tmp);
 /// is refused. A character device or a FIFO with a reader is written to; a directory, a
 /// block device or a socket is refused.
 int open_output(const std::string& path, bool append, unsigned mode = 0666);
+/// "/proc/self/fd/N": opening it reopens the very file `fd` refers to, whatever its name
+/// now names (a stream checked through a descriptor, then opened, cannot be redirected).
+std::string fd_path(int fd);
 /// Opens, creating when missing, a lock file that every run reuses: never through a
 /// symbolic link, and only a regular file of this user with no other name (hard link).
 int open_lock_file(const std::string& path, unsigned mode);
