@@ -45,9 +45,18 @@ void Adam::step() {
     vmaxes.assign(n, Tensor());
     entries.clear();
     Device device = Device::cpu();
+    // A call that throws updates none of its entries: their step counts are taken back (the
+    // bias corrections depend on them); buffers created here hold zeros, as new ones would.
+    std::vector<ParamState*> taken;
     const auto flush = [&] {
-      if (!entries.empty()) kernels_for(device).adam_update_group(entries);
+      try {
+        if (!entries.empty()) kernels_for(device).adam_update_group(entries);
+      } catch (...) {
+        for (ParamState* st : taken) --st->step;
+        throw;
+      }
       entries.clear();
+      taken.clear();
     };
     for (std::size_t i = 0; i < n; ++i) {
       Tensor& p = group.params[i];
@@ -82,6 +91,7 @@ void Adam::step() {
       if (!entries.empty() && p.device() != device) flush();
       device = p.device();
       entries.push_back({&p, &grads[i], &m, &v, &vmaxes[i], u});
+      taken.push_back(&st);
     }
     flush();
   }

@@ -39,9 +39,21 @@ void SGD::step() {
     bufs.assign(n, Tensor());
     entries.clear();
     Device device = Device::cpu();
+    // A call that throws (a gradient on another device, say) updates none of its entries:
+    // their step counts and new momentum buffers are taken back, as if step() never ran.
+    std::vector<std::pair<ParamState*, bool>> taken;  // per entry: its state, buffer created here
     const auto flush = [&] {
-      if (!entries.empty()) kernels_for(device).sgd_update_group(entries, u);
+      try {
+        if (!entries.empty()) kernels_for(device).sgd_update_group(entries, u);
+      } catch (...) {
+        for (auto& [st, created] : taken) {
+          --st->step;
+          if (created) st->buffers.erase("momentum_buffer");
+        }
+        throw;
+      }
       entries.clear();
+      taken.clear();
     };
     for (std::size_t i = 0; i < n; ++i) {
       Tensor& p = group.params[i];
@@ -61,6 +73,7 @@ void SGD::step() {
       if (!entries.empty() && p.device() != device) flush();
       device = p.device();
       entries.push_back({&p, &grads[i], &bufs[i], first});
+      taken.emplace_back(&st, first);
     }
     flush();
   }

@@ -10,9 +10,9 @@
 // across elements keeps every element's operations and their order, and this file is built
 // with -ffp-contract=off (no FMA contraction: the scalar code rounds after each multiply, as
 // PyTorch's for-loop kernels and today's results do) and -fno-math-errno (sqrt needs no errno
-// test, so it vectorises; sqrtps is correctly rounded like sqrtss). PHALANX_OPTIM_SIMD=scalar
-// or avx2 caps the choice (read at each group update: tests/optim/test_optim_kernels.cpp
-// compares the three bit for bit).
+// test, so it vectorises; sqrtps is correctly rounded like sqrtss). PHALANX_OPTIM_SIMD=scalar,
+// avx2 or avx512 caps the choice, anything else is a ConfigError (read at each group update:
+// tests/optim/test_optim_kernels.cpp compares the three bit for bit).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -21,6 +21,8 @@
 #include <utility>
 
 #include "cpu/cpu_kernels.hpp"
+#include "phalanx/core/env.hpp"
+#include "phalanx/core/error.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define PHALANX_OPTIM_X86 1
@@ -153,9 +155,11 @@ int simd_level() {
 #ifdef PHALANX_OPTIM_X86
   static const int best = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
   int cap = 2;
-  if (const char* e = std::getenv("PHALANX_OPTIM_SIMD")) {
-    if (std::strcmp(e, "scalar") == 0) cap = 0;
-    if (std::strcmp(e, "avx2") == 0) cap = 1;
+  if (const auto e = env::text("PHALANX_OPTIM_SIMD")) {
+    if (*e == "scalar") cap = 0;
+    else if (*e == "avx2") cap = 1;
+    else if (*e == "avx512") cap = 2;
+    else throw ConfigError("PHALANX_OPTIM_SIMD='" + *e + "' is not scalar, avx2 or avx512; set one or unset it");
   }
   return std::min(best, cap);
 #else
