@@ -75,6 +75,10 @@ int pending_p2p_then_destroy(const std::string& backend, bool with_collective, i
   if (with_collective) {
     a = pg->allreduce(sum);  // runs on the worker, waiting for rank 0
     store->set("posted", Bytes{1});
+    // Time for the worker to take it up: on a loaded machine it could still be queued when
+    // the group goes, and a queued operation ends "destroyed before it ran" by design (rank
+    // 0 joins 500 ms after "posted", so the allreduce is still running when the group goes).
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   const auto t0 = std::chrono::steady_clock::now();
   pg.reset();
