@@ -32,6 +32,7 @@ namespace {
 
 using trainer_test::Result;
 using trainer_test::slurp;
+using trainer_test::workers_of;
 
 std::string dir() {
   static const std::string d = trainer_test::case_study_dir("phalanx_resume");
@@ -64,24 +65,6 @@ std::int64_t newest_step(const std::string& d) {
   return best;
 }
 
-// The live children of `parent` whose command line mentions phalanx-train.
-std::vector<pid_t> workers_of(pid_t parent) {
-  std::vector<pid_t> out;
-  DIR* proc = ::opendir("/proc");
-  while (const dirent* e = proc ? ::readdir(proc) : nullptr) {
-    const pid_t pid = std::atoi(e->d_name);
-    if (pid <= 0) continue;
-    const std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
-    const auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    char state;
-    int ppid;
-    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != parent || state == 'Z') continue;
-    if (slurp("/proc/" + std::to_string(pid) + "/cmdline").find("phalanx-train") != std::string::npos) out.push_back(pid);
-  }
-  if (proc) ::closedir(proc);
-  return out;
-}
 
 }  // namespace
 

@@ -29,6 +29,7 @@ namespace {
 
 using trainer_test::Result;
 using trainer_test::slurp;
+using trainer_test::workers_of;
 using Clock = std::chrono::steady_clock;
 
 std::string dir() {
@@ -83,25 +84,6 @@ std::pair<int, double> wait_for(pid_t pid, Clock::time_point since) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), secs};
 }
 
-// The launcher's children running phalanx-train.
-std::vector<pid_t> workers_of(pid_t parent) {
-  std::vector<pid_t> out;
-  DIR* proc = ::opendir("/proc");
-  while (const dirent* e = proc ? ::readdir(proc) : nullptr) {
-    const pid_t pid = std::atoi(e->d_name);
-    if (pid <= 0) continue;
-    const std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
-    const auto close = stat.rfind(')');
-    char state;
-    int ppid;
-    if (close == std::string::npos || std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2 ||
-        ppid != parent || state == 'Z')
-      continue;
-    if (slurp("/proc/" + std::to_string(pid) + "/cmdline").find("phalanx-train") != std::string::npos) out.push_back(pid);
-  }
-  if (proc) ::closedir(proc);
-  return out;
-}
 
 // Waits until the job has trained a while (its metrics file has `steps` step records).
 bool trained_steps(const std::string& metrics, std::int64_t steps, pid_t launcher) {

@@ -1,12 +1,15 @@
 #pragma once
 // Running phalanx-train from tests: the case study's data as a user brings it (.npy files
 // and PyTorch's initial weights), and a command run with its output captured.
+#include <dirent.h>
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 #include <unistd.h>
 
 #include <phalanx/phalanx.hpp>
@@ -31,6 +34,26 @@ inline std::string case_study_dir(const std::string& prefix) {
 inline std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+/// The live children of `parent` whose command line mentions phalanx-train.
+inline std::vector<pid_t> workers_of(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* proc = ::opendir("/proc");
+  while (const dirent* e = proc ? ::readdir(proc) : nullptr) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    const std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+    const auto close = stat.rfind(')');
+    char state;
+    int ppid;
+    if (close == std::string::npos || std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2 ||
+        ppid != parent || state == 'Z')
+      continue;
+    if (slurp("/proc/" + std::to_string(pid) + "/cmdline").find("phalanx-train") != std::string::npos) out.push_back(pid);
+  }
+  if (proc) ::closedir(proc);
+  return out;
 }
 
 struct Result {
