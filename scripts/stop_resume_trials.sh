@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SIGTERM to phalanx-run at a random time mid-training, N trials (default 20): each job runs
+# SIGTERM to phalanx-run at a random step mid-training, N trials (default 20): each job runs
 # under phalanx-run --nproc-per-node 2 with a --checkpoint-dir but no periodic checkpoints; a
 # trial passes when every worker exits within the grace period, the launcher exits 75 naming
 # the step it saved, that step's checkpoint verifies, and the job resumed with --resume ends
@@ -22,7 +22,7 @@ with zipfile.ZipFile(src) as z:
     for m in ("x", "y"):
         open(f"{out}/{m}.npy", "wb").write(z.read(m + ".npy"))
 PY
-EPOCHS=${PHALANX_TRIAL_EPOCHS:-16}
+EPOCHS=${PHALANX_TRIAL_EPOCHS:-48}; STEPS=$((EPOCHS * 8))
 OPTS="--train-x $W/x.npy --train-y $W/y.npy --model 64-1024-1024-10 --global-batch 64 --lr 0.05 --momentum 0.9 --warmup-steps 6 --seed 5 --epochs $EPOCHS"
 
 same_weights() {  # member bytes equal (the zip headers carry timestamps)
@@ -36,18 +36,22 @@ PY
 
 t0=$(date +%s.%N)
 "$RUN" --nproc-per-node 2 "$TRAIN" $OPTS --save "$W/ref.npz" > "$W/ref.log" 2>&1 || { cat "$W/ref.log"; exit 1; }
-ref_secs=$(echo "$(date +%s.%N) - $t0" | bc)
+ref_secs=$(echo "$(date +%s.%N) - $t0" | bc)  # printed at the end
 
 pass=0; steps=()
 for t in $(seq 1 "$TRIALS"); do
   D="$W/t$t"
-  # A random moment between 30 % and 80 % of the uninterrupted run (start-up comes first: a
-  # signal there ends the job at once, before there is anything to save).
-  pct=$((30 + RANDOM % 50))  # drawn here: a $(...) subshell would repeat the same RANDOM
-  delay=$(echo "$ref_secs * $pct / 100" | bc -l)
-  "$RUN" --nproc-per-node 2 "$TRAIN" $OPTS --checkpoint-dir "$D" --checkpoint-every 1000000 --resume > "$D.log" 2>&1 &
+  # A random step between 10 % and 80 % of the job: the signal goes when the job's --metrics
+  # file holds that many step records (a clock could land in start-up, or after the end).
+  target=$((STEPS / 10 + RANDOM % (STEPS * 7 / 10)))
+  "$RUN" --nproc-per-node 2 "$TRAIN" $OPTS --checkpoint-dir "$D" --checkpoint-every 1000000 --resume \
+    --metrics "$D.jsonl" > "$D.log" 2>&1 &
   launcher=$!
-  sleep "$delay"
+  while kill -0 "$launcher" 2>/dev/null; do
+    n=$(grep -c '"step"' "$D.jsonl" 2>/dev/null)
+    [ "${n:-0}" -ge "$target" ] && break
+    sleep 0.002
+  done
   sent=$(date +%s.%N)
   kill -TERM "$launcher" 2>/dev/null
   wait "$launcher"; code=$?
@@ -59,8 +63,8 @@ for t in $(seq 1 "$TRIALS"); do
      grep -q "resumed at step $step " "$D.resume.log" && same_weights "$W/ref.npz" "$D.npz"; then
     ok=yes; pass=$((pass + 1)); steps+=("$step")
   fi
-  printf 'trial %2d: SIGTERM after %.2f s, launcher exit %d after %.2f s, saved step %s, resumed bit-identical: %s\n' \
-    "$t" "$delay" "$code" "$secs" "${step:-none}" "$ok"
+  printf 'trial %2d: SIGTERM at step %3d, launcher exit %d after %.2f s, saved step %s, resumed bit-identical: %s\n' \
+    "$t" "$target" "$code" "$secs" "${step:-none}" "$ok"
   [ "$ok" = yes ] || { echo "--- log of trial $t:"; tail -20 "$D.log"; }
 done
 echo "stop_resume_trials: $pass of $TRIALS jobs stopped within the grace period, saved, and resumed bit-identical (saved steps: ${steps[*]:-}; uninterrupted run ${ref_secs} s)"
