@@ -11,6 +11,8 @@
 #include <cstring>
 
 #include "cpu/cpu_kernels.hpp"
+#include "cpu/simd_level.hpp"
+#include "phalanx/core/finite.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -53,47 +55,9 @@ void to_float_scalar(const std::int64_t* __restrict a, double inv_scale, double 
     for (std::int64_t i = 0; i < n; ++i) o[i] = static_cast<float>((static_cast<double>(a[i]) / scale) / count);
 }
 
-/// max |v[i]| as the bit pattern of a float: for non-negative floats the order of the bit
-/// patterns (as unsigned integers) is the order of the values, and every NaN's pattern is
-/// above +Inf's, so one integer max finds both (and vectorises, unlike a float max with a
-/// NaN test).
-inline std::uint32_t abs_max_bits(const float* v, std::int64_t n) {
-  std::uint32_t m = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::uint32_t a;
-    std::memcpy(&a, v + i, sizeof a);
-    a &= 0x7fffffffu;
-    m = a > m ? a : m;
-  }
-  return m;
-}
-
 #ifdef PHALANX_FIXED_POINT_AVX2
-__attribute__((target("avx2"))) std::uint32_t abs_max_bits_avx2(const float* v, std::int64_t n) {
-  return abs_max_bits(v, n);  // inlined here, vectorised with AVX2's unsigned max
-}
-
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
-}
-
-bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-  return yes;
-}
-
-/// 2: AVX-512, 1: AVX2, 0: scalar; the best this CPU has, capped by PHALANX_FIXED_POINT_SIMD
-/// (read at each call, a few per parameter and step: the tests switch it).
-int simd_level() {
-  int cap = 2;
-  if (const char* e = std::getenv("PHALANX_FIXED_POINT_SIMD")) {
-    if (std::strcmp(e, "scalar") == 0) cap = 0;
-    if (std::strcmp(e, "avx2") == 0) cap = 1;
-  }
-  if (cap >= 2 && has_avx512()) return 2;
-  return cap >= 1 && has_avx2() ? 1 : 0;
-}
+/// 2: AVX-512 (F and DQ), 1: AVX2, 0: scalar, capped by PHALANX_FIXED_POINT_SIMD.
+int simd_level() { return cpu::simd_level("PHALANX_FIXED_POINT_SIMD", true); }
 
 // GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized inside its own conversion intrinsics.
 #pragma GCC diagnostic push
@@ -188,11 +152,7 @@ void CpuKernels::abs_max_into(const Tensor& x, Tensor& out, std::int64_t index) 
   const float* v = x.data<float>();
   float* slot = out.data<float>() + index;
   const std::int64_t n = x.numel();
-#ifdef PHALANX_FIXED_POINT_AVX2
-  const std::uint32_t bits = simd_level() >= 1 ? abs_max_bits_avx2(v, n) : abs_max_bits(v, n);
-#else
-  const std::uint32_t bits = abs_max_bits(v, n);
-#endif
+  const std::uint32_t bits = max_abs_bits(v, n);  // finite.hpp: an integer max, vectorised
   float m;
   std::memcpy(&m, &bits, sizeof m);
   // bits above +Inf's are a NaN's; a NaN already in the slot stays.

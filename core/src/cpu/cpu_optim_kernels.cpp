@@ -21,8 +21,7 @@
 #include <utility>
 
 #include "cpu/cpu_kernels.hpp"
-#include "phalanx/core/env.hpp"
-#include "phalanx/core/error.hpp"
+#include "cpu/simd_level.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define PHALANX_OPTIM_X86 1
@@ -149,23 +148,8 @@ constexpr std::array<AdamFn, sizeof...(I)> adam_table(int level, std::index_sequ
   return {{&adam_scalar<static_cast<int>(I)>...}};
 }
 
-/// 2: AVX-512F, 1: AVX2, 0: baseline; the best this CPU has, capped by PHALANX_OPTIM_SIMD
-/// (scalar | avx2 | avx512 | unset; read at each call, once per parameter group and step).
-int simd_level() {
-#ifdef PHALANX_OPTIM_X86
-  static const int best = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
-  int cap = 2;
-  if (const auto e = env::text("PHALANX_OPTIM_SIMD")) {
-    if (*e == "scalar") cap = 0;
-    else if (*e == "avx2") cap = 1;
-    else if (*e == "avx512") cap = 2;
-    else throw ConfigError("PHALANX_OPTIM_SIMD='" + *e + "' is not scalar, avx2 or avx512; set one or unset it");
-  }
-  return std::min(best, cap);
-#else
-  return 0;
-#endif
-}
+/// 2: AVX-512F, 1: AVX2, 0: baseline, capped by PHALANX_OPTIM_SIMD (once per group and step).
+int simd_level() { return cpu::simd_level("PHALANX_OPTIM_SIMD"); }
 
 SgdFn sgd_kernel(int level, bool wd, bool momentum, bool first, bool nesterov) {
   static const std::array<SgdFn, 16> t[3] = {sgd_table(0, std::make_index_sequence<16>{}),

@@ -12,8 +12,6 @@
 
 namespace phalanx {
 
-namespace {
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
@@ -27,8 +25,6 @@ std::uint32_t max_abs_bits(const float* __restrict p, std::int64_t n) {
   }
   return m;
 }
-
-}  // namespace
 
 bool all_finite(const float* p, std::int64_t n) { return n <= 0 || max_abs_bits(p, n) < 0x7f800000u; }
 

@@ -2,6 +2,8 @@
 // a read: see phalanx/core/file_safety.hpp.
 #include "phalanx/core/file_safety.hpp"
 
+#include "phalanx/core/env.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -70,10 +72,10 @@ int open_regular(const std::string& path, std::size_t* size) {
 void check_regular(const std::string& path) { ::close(open_regular(path)); }
 
 unsigned private_file_mode() {
-  const char* v = std::getenv("PHALANX_FILE_MODE");
-  if (!v || !*v || std::strcmp(v, "0600") == 0 || std::strcmp(v, "600") == 0) return 0600;
-  if (std::strcmp(v, "0644") == 0 || std::strcmp(v, "644") == 0) return 0644;
-  throw ValueError(std::string("PHALANX_FILE_MODE=") + v +
+  const auto v = env::text("PHALANX_FILE_MODE");
+  if (!v || *v == "0600" || *v == "600") return 0600;
+  if (*v == "0644" || *v == "644") return 0644;
+  throw ValueError("PHALANX_FILE_MODE=" + *v +
                    ": expected 0600 (the default: checkpoints and cache files only this user reads) or 0644 "
                    "(every user may read them)");
 }

@@ -10,4 +10,9 @@ namespace phalanx {
 /// (core/src/cpu/finite.cpp).
 bool all_finite(const float* p, std::int64_t n);
 
+/// The largest |p[i]| as a float's bit pattern (0 for n <= 0): for non-negative floats the
+/// order of the patterns is the order of the values and every NaN's is above +Inf's, so one
+/// integer max finds both. Same dispatch as all_finite.
+std::uint32_t max_abs_bits(const float* p, std::int64_t n);
+
 }  // namespace phalanx

@@ -1,0 +1,29 @@
+#include "cpu/simd_level.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "phalanx/core/env.hpp"
+#include "phalanx/core/error.hpp"
+
+namespace phalanx::cpu {
+
+int simd_level(const char* env_name, bool needs_dq) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool avx2 = __builtin_cpu_supports("avx2"), avx512f = __builtin_cpu_supports("avx512f"),
+                    avx512dq = __builtin_cpu_supports("avx512dq");
+  const int best = avx512f && (avx512dq || !needs_dq) ? 2 : avx2 ? 1 : 0;
+#else
+  const int best = 0;
+#endif
+  int cap = 2;
+  if (const auto e = env::text(env_name)) {
+    if (*e == "scalar") cap = 0;
+    else if (*e == "avx2") cap = 1;
+    else if (*e == "avx512") cap = 2;
+    else throw ConfigError(std::string(env_name) + "='" + *e + "' is not scalar, avx2 or avx512; set one or unset it");
+  }
+  return std::min(best, cap);
+}
+
+}  // namespace phalanx::cpu
