@@ -14,12 +14,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 RUN="$ROOT/$BUILD/bin/phalanx-run"; TRAIN="$ROOT/$BUILD/bin/phalanx-train"
 [ -x "$RUN" ] && [ -x "$TRAIN" ] || { echo "two_launchers: build phalanx-run and phalanx-train in $BUILD first" >&2; exit 2; }
 W=$(mktemp -d /tmp/phalanx_two_launchers.XXXXXX); trap 'rm -rf "$W"' EXIT
-python3 - "$ROOT/examples/data/seed_case_study.npz" "$W" <<'PY'
-import sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z:
-    for m in ("x", "y"):
-        open(f"{sys.argv[2]}/{m}.npy", "wb").write(z.read(m + ".npy"))
-PY
+. "$ROOT/scripts/trial_support.sh"
+extract_case_study "$ROOT" "$W"
 OPTS="--train-x $W/x.npy --train-y $W/y.npy --model 64-32-10 --global-batch 8 --lr 0.1 --epochs $EPOCHS --seed 3"
 echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 

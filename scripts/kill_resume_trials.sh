@@ -14,28 +14,14 @@ TRAIN="$ROOT/$BUILD/bin/phalanx-train"
 W=$(mktemp -d /tmp/phalanx_kill_trials.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 
-# The case study's data as .npy files (stdlib Python only: the members are .npy already).
-python3 - "$ROOT/examples/data/seed_case_study.npz" "$W" <<'PY'
-import sys, zipfile
-src, out = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(src) as z:
-    for m in ("x", "y"):
-        open(f"{out}/{m}.npy", "wb").write(z.read(m + ".npy"))
-PY
+. "$ROOT/scripts/trial_support.sh"
+extract_case_study "$ROOT" "$W"
 "$TRAIN" --help >/dev/null 2>&1 || true
 # A model wide enough that a step takes about a millisecond: the kill then lands in the
 # middle of training, not after it (the textbook's 64-32-10 runs 96 steps in 0.1 s).
 EPOCHS=${PHALANX_TRIAL_EPOCHS:-16}; STEPS=$((EPOCHS * 8))
 OPTS="--train-x $W/x.npy --train-y $W/y.npy --model 64-1024-1024-10 --global-batch 64 --lr 0.05 --momentum 0.9 --warmup-steps 6 --seed 5 --epochs $EPOCHS"
 
-same_weights() {  # member bytes equal (the zip headers carry timestamps)
-  python3 - "$1" "$2" <<'PY'
-import sys, zipfile
-a, b = (zipfile.ZipFile(p) for p in sys.argv[1:3])
-na, nb = sorted(a.namelist()), sorted(b.namelist())
-sys.exit(0 if na == nb and all(a.read(n) == b.read(n) for n in na) else 1)
-PY
-}
 newest_step() {
   ls "$1" 2>/dev/null | sed -n 's/^checkpoint-0*\([0-9][0-9]*\)\(\.[0-9]*\)\{0,1\}\.npz$/\1/p' | sort -n | tail -1
 }

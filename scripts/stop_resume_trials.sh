@@ -15,24 +15,11 @@ TRAIN="$ROOT/$BUILD/bin/phalanx-train"
 W=$(mktemp -d /tmp/phalanx_stop_trials.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 
-python3 - "$ROOT/examples/data/seed_case_study.npz" "$W" <<'PY'
-import sys, zipfile
-src, out = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(src) as z:
-    for m in ("x", "y"):
-        open(f"{out}/{m}.npy", "wb").write(z.read(m + ".npy"))
-PY
+. "$ROOT/scripts/trial_support.sh"
+extract_case_study "$ROOT" "$W"
 EPOCHS=${PHALANX_TRIAL_EPOCHS:-48}; STEPS=$((EPOCHS * 8))
 OPTS="--train-x $W/x.npy --train-y $W/y.npy --model 64-1024-1024-10 --global-batch 64 --lr 0.05 --momentum 0.9 --warmup-steps 6 --seed 5 --epochs $EPOCHS"
 
-same_weights() {  # member bytes equal (the zip headers carry timestamps)
-  python3 - "$1" "$2" <<'PY'
-import sys, zipfile
-a, b = (zipfile.ZipFile(p) for p in sys.argv[1:3])
-na, nb = sorted(a.namelist()), sorted(b.namelist())
-sys.exit(0 if na == nb and all(a.read(n) == b.read(n) for n in na) else 1)
-PY
-}
 
 t0=$(date +%s.%N)
 "$RUN" --nproc-per-node 2 "$TRAIN" $OPTS --save "$W/ref.npz" > "$W/ref.log" 2>&1 || { cat "$W/ref.log"; exit 1; }
