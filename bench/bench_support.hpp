@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -129,6 +130,32 @@ inline double result_row(const std::string& bench, const std::string& what, cons
 inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+/// `fn`'s time per call in microseconds: a warm-up of a tenth of `iters` (at least 5 calls),
+/// then 5 runs of `iters` calls, their median with the fastest and slowest.
+inline Summary time_us(int iters, const std::function<void()>& fn) {
+  for (int i = 0; i < std::max(5, iters / 10); ++i) fn();
+  std::vector<double> samples;
+  for (int r = 0; r < 5; ++r) {
+    const double t = now_s();
+    for (int i = 0; i < iters; ++i) fn();
+    samples.push_back((now_s() - t) / iters * 1e6);
+  }
+  return summarise(samples);
+}
+
+/// The limit the memory-bound benchmarks name: memcpy of `bytes` between two buffers, its
+/// time per copy in microseconds (time_us).
+inline Summary memcpy_us(std::size_t bytes, int iters) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  return time_us(iters, [&] {
+    std::memcpy(b.data(), a.data(), bytes);
+    asm volatile("" ::"r"(b.data()) : "memory");
+  });
+}
+
+/// GB/s of `bytes` read and as many written in `us` microseconds (memcpy's rate counts both).
+inline double copy_gbs(std::size_t bytes, double us) { return 2.0 * static_cast<double>(bytes) / (us * 1e-6) / 1e9; }
 
 /// The Python that runs the peers: $PHALANX_PYTHON, else python3 on the PATH or
 /// /usr/bin/python3 (Debian's python3-torch), whichever imports torch.

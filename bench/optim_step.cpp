@@ -65,25 +65,10 @@ std::unique_ptr<optim::Optimizer> make(const std::string& c, const std::vector<T
   return std::make_unique<optim::AdamW>(ps, a);
 }
 
-bench::Summary time_runs(int iters, const std::function<void()>& fn) {
-  for (int i = 0; i < std::max(5, iters / 10); ++i) fn();
-  std::vector<double> samples;
-  for (int r = 0; r < 5; ++r) {
-    const double t = bench::now_s();
-    for (int i = 0; i < iters; ++i) fn();
-    samples.push_back((bench::now_s() - t) / iters * 1e6);
-  }
-  return bench::summarise(samples);
-}
-
 /// memcpy of `bytes` between two buffers: bytes read + written per second (median of 5 runs).
 bench::Summary memcpy_rate_gbs(std::size_t bytes, int iters) {
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  const bench::Summary us = time_runs(iters, [&] {
-    std::memcpy(b.data(), a.data(), bytes);
-    asm volatile("" ::"r"(b.data()) : "memory");
-  });
-  const auto rate = [&](double t_us) { return 2.0 * bytes / (t_us * 1e-6) / 1e9; };
+  const bench::Summary us = bench::memcpy_us(bytes, iters);
+  const auto rate = [&](double t_us) { return bench::copy_gbs(bytes, t_us); };
   return {rate(us.median), rate(us.hi), rate(us.lo), us.n};  // slowest run = lowest rate
 }
 

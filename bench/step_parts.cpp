@@ -31,16 +31,7 @@ using namespace phalanx;
 
 namespace {
 
-bench::Summary time_us(int iters, const std::function<void()>& fn) {
-  for (int i = 0; i < std::max(5, iters / 10); ++i) fn();
-  std::vector<double> samples;
-  for (int r = 0; r < 5; ++r) {
-    const double t = bench::now_s();
-    for (int i = 0; i < iters; ++i) fn();
-    samples.push_back((bench::now_s() - t) / iters * 1e6);
-  }
-  return bench::summarise(samples);
-}
+using bench::time_us;
 
 /// memcpy's rate on `bytes` (read + written bytes per second, GB/s) and its time.
 struct Copy {
@@ -48,12 +39,8 @@ struct Copy {
   bench::Summary us;
 };
 Copy memcpy_rate(std::size_t bytes, int iters) {
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  const bench::Summary us = time_us(iters, [&] {
-    std::memcpy(b.data(), a.data(), bytes);
-    asm volatile("" ::"r"(b.data()) : "memory");
-  });
-  return {2.0 * bytes / (us.median * 1e-6) / 1e9, us};
+  const bench::Summary us = bench::memcpy_us(bytes, iters);
+  return {bench::copy_gbs(bytes, us.median), us};
 }
 
 }  // namespace
