@@ -117,6 +117,30 @@ TEST_CASE("reshape and transpose") {
   gradcheck([](auto& in) { return transpose(in[0], 0, 2); }, {away_from_zero({2, 3, 4}, 4)});
 }
 
+TEST_CASE("narrow: values, views, gradients and range errors") {
+  const Tensor x = arange(24).reshape({2, 3, 4});
+  // x[:, 1:3, :] and x[..., 2:4] as PyTorch slices them
+  CHECK(narrow(x, 1, 1, 2).to_vector<float>() ==
+        std::vector<float>{4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19, 20, 21, 22, 23});
+  CHECK(narrow(x, -1, 2, 2).to_vector<float>() == std::vector<float>{2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23});
+  CHECK(narrow(x, 2, -1, 1).shape() == Shape{2, 3, 1});
+  // one block of memory (dim 0): a view of the same storage
+  const Tensor rows = narrow(x, 0, 1, 1);
+  CHECK(rows.impl()->storage() == x.impl()->storage());
+  CHECK(rows.to_vector<float>().front() == 12);
+  CHECK(narrow(x, 1, 3, 0).numel() == 0);
+  CHECK_THROWS_WITH_AS(narrow(x, 1, 2, 2), doctest::Contains("out of range"), ShapeError);
+  CHECK_THROWS_AS(narrow(x, 3, 0, 1), std::exception);
+  for (int dim = 0; dim < 3; ++dim) {
+    CAPTURE(dim);
+    gradcheck([dim](auto& in) { return mul(narrow(in[0], dim, 1, 1), narrow(in[0], dim, 0, 1)); },
+              {away_from_zero({2, 3, 4}, 11 + dim)});
+  }
+  // two narrows of one input add their gradients
+  gradcheck([](auto& in) { return add(narrow(in[0], 1, 0, 2), narrow(in[0], 1, 2, 2)); },
+            {away_from_zero({3, 4}, 17)});
+}
+
 TEST_CASE("log_softmax over each dimension") {
   for (const auto& s : kShapes)
     for (std::int64_t d = 0; d < static_cast<std::int64_t>(s.size()); ++d) {

@@ -57,6 +57,11 @@ Tensor mean(const Tensor& x, std::int64_t dim, bool keepdim = false);
 
 Tensor reshape(const Tensor& x, const Shape& shape);
 Tensor transpose(const Tensor& x, std::int64_t d0, std::int64_t d1);
+/// torch.narrow: elements [start, start + length) of dimension `dim` (negative counts from the
+/// end). A view sharing x's storage when the slice is one block in memory (dim 0, or every
+/// dimension before `dim` of size 1), otherwise a copy: do not write into the result in place.
+/// Splits packed inputs: `narrow(x, 1, 0, 16)` is PyTorch's `x[:, :16]`.
+Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t length);
 
 Tensor log_softmax(const Tensor& x, std::int64_t dim = -1);
 /// Like torch.nn.functional.cross_entropy: logits [N, C], integer targets [N] in [0, C).
