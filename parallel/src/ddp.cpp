@@ -18,7 +18,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
       pg_(pg ? std::move(pg) : (require_world_initialized("DDP"), default_process_group())),
       options_(options) {
   if (!module_) throw ValueError("DDP: the module is null");
-  if (!(options_.bucket_cap_mb > 0) || !(options_.first_bucket_mb > 0))
+  if (!(options_.bucket_cap_mb() > 0) || !(options_.first_bucket_mb() > 0))
     throw ValueError("DDP: bucket sizes must be positive");
   register_module("", module_);  // same parameter names and state_dict as the plain model
   // One device for the whole model (any world size, so the error does not depend on it);
@@ -34,7 +34,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
       for (auto& [n, c] : m->named_children()) stack.push_back(c.get());
     }
   }
-  if (options_.exact.enabled) {
+  if (options_.exact().enabled) {
     // Exact mode on every world size, one included: the fixed-point sum is what makes the
     // bits independent of the world size.
     for (auto& [n, b] : module_->named_buffers())
@@ -73,9 +73,9 @@ Tensor DistributedDataParallel::forward(const Tensor& x) {
     Tensor out = module_->forward(x);
     if (grad_mode_enabled() && out.requires_grad()) {
       // One forward and backward is one micro-batch; the mean of its loss weighs it 1/K.
-      if (x.dim() < 1 || x.size(0) != options_.exact.micro_batch)
+      if (x.dim() < 1 || x.size(0) != options_.exact().micro_batch)
         throw ShapeError(detail::concat("DDP exact mode: the input has ", x.dim() < 1 ? 0 : x.size(0),
-                                        " samples, the micro-batch is ", options_.exact.micro_batch,
+                                        " samples, the micro-batch is ", options_.exact().micro_batch,
                                         "; feed exactly one micro-batch per forward (pad or drop a short last batch)"));
       exact_->arm(out);
     }
@@ -92,7 +92,7 @@ Tensor DistributedDataParallel::forward(const Tensor& x) {
     has_input_ = x.dim() >= 1;
     notified = Join::notify_join_context(*this);
   }
-  if (reducer_ && options_.broadcast_buffers && !buffers_.empty())
+  if (reducer_ && options_.broadcast_buffers() && !buffers_.empty())
     broadcast_coalesced(*pg_, buffers_, join ? find_common_rank(*pg_, device_, true) : 0);
   if (join) {
     const bool grad = grad_mode_enabled();
@@ -120,7 +120,7 @@ void DistributedDataParallel::join_main_hook() {
   if (exact_)
     throw ConfigError("DDP: Join cannot shadow exact mode's reductions; give every rank the same number of "
                       "micro-batches (exact mode's sampler does) or turn exact mode off");
-  if (reducer_ && options_.broadcast_buffers && !buffers_.empty())
+  if (reducer_ && options_.broadcast_buffers() && !buffers_.empty())
     broadcast_coalesced(*pg_, buffers_, find_common_rank(*pg_, device_, false));
   Tensor flags = zeros({3}, DType::Float32, device_);
   pg_->allreduce(flags, ReduceOp::Sum)->wait();

@@ -20,28 +20,10 @@
 #include "phalanx/backends/process_group.hpp"
 #include "phalanx/core/nn/module.hpp"
 #include "phalanx/parallel/comm_hook.hpp"
+#include "phalanx/parallel/ddp_options.hpp"
 #include "phalanx/parallel/join.hpp"
 
 namespace phalanx::parallel {
-
-/// Exact mode (docs/exact.md): the same bits on any number of workers. The global batch is
-/// split into micro-batches of a fixed size; each rank runs forward and backward once per
-/// micro-batch it owns (micro_batches_per_rank() of them per step), and the backward of the
-/// last one leaves in every .grad() the mean over the global batch, summed in 64-bit fixed
-/// point so that the order of addition (hence the world size) does not matter.
-struct ExactMode {
-  bool enabled = false;
-  std::int64_t global_batch = 0;  ///< samples per optimizer step, all ranks together
-  std::int64_t micro_batch = 0;   ///< samples per forward/backward; divides global_batch
-};
-
-struct DDPOptions {
-  double bucket_cap_mb = 25.0;      ///< bucket size after the first
-  double first_bucket_mb = 1.0;     ///< the first bucket (the last layers) is small so it starts early
-  bool find_unused_parameters = false;  ///< walk the graph each forward; unused parameters count as ready
-  bool broadcast_buffers = true;    ///< broadcast buffers from rank 0 before each forward
-  ExactMode exact;                  ///< bit-exact across world sizes (off by default)
-};
 
 class Reducer;
 class ExactReducer;
