@@ -150,3 +150,42 @@ TEST_CASE("a DDP prints its module as PyTorch does, `(module): ...`, and keeps t
   CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
   CHECK(ddp.state_dict().contains("0.weight"));
 }
+
+namespace {
+/// TwoTower with a SyncBatchNorm after the sum: collectives in every training forward.
+class TwoTowerSyncBN : public TwoTower {
+ public:
+  explicit TwoTowerSyncBN(ProcessGroupPtr pg) {
+    bn = register_module("bn", std::make_shared<parallel::SyncBatchNorm>(5, 1e-5, 0.1, true, true, std::move(pg)));
+  }
+  Tensor forward(const Tensor& x1, const Tensor& x2) { return bn->forward(TwoTower::forward(x1, x2)); }
+  std::shared_ptr<parallel::SyncBatchNorm> bn;
+};
+}  // namespace
+
+TEST_CASE("under Join, a joined rank whose last forward took several inputs refuses to shadow SyncBatchNorm") {
+  const TwoInputs d = make_inputs(32);
+  std::vector<std::string> errors(2);
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(2, [&](int rank) {
+    // A short timeout: the rank still training then stops waiting for the refusing one.
+    auto pg = make_thread_group("gloo", rank, 2, store, std::chrono::seconds(3));
+    DDP ddp(std::make_shared<TwoTowerSyncBN>(pg), pg);
+    try {
+      parallel::Join join({&ddp});
+      for (int s = 0; s < 1 + rank; ++s) {  // rank 0 runs out of inputs first
+        const std::int64_t lo = 8 * (2 * s + rank), hi = lo + 8;
+        const Tensor x1 = d.x1.narrow_rows(lo, hi), x2 = d.x2.narrow_rows(lo, hi), y = d.y.narrow_rows(lo, hi);
+        cross_entropy(ddp.forward<TwoTowerSyncBN>(x1, x2), y).backward();
+      }
+      join.finish();
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(rank)] = e.what();
+    }
+  });
+  CHECK(errors[0] ==
+        "DDP under Join: this rank's last forward took several inputs (forward<M>(...)), so it cannot shadow the "
+        "collectives in the others' forward (SyncBatchNorm) with an empty batch; give every rank the same number "
+        "of batches, or use a model without forward collectives");
+  CHECK(!errors[1].empty());  // the rank still training does not wait forever
+}
