@@ -82,7 +82,7 @@ void DistributedDataParallel::abandon_forward() {
 void DistributedDataParallel::before_forward(const Tensor* first, bool single) {
   notified_.reset();
   flags_work_.reset();
-  forward_samples_ = first != nullptr && first->dim() >= 1 ? first->size(0) : -1;
+  forward_samples_ = first != nullptr && first->defined() && first->dim() >= 1 ? first->size(0) : -1;
   const bool join = join_config().enable;
   if (exact_) {
     if (join)
