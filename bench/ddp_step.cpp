@@ -172,11 +172,11 @@ MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb
     std::shared_ptr<parallel::DDP> ddp;
     if (world > 1) {
       parallel::DDPOptions o;
-      o.bucket_cap_mb = bucket_mb;
+      o.bucket_cap_mb(bucket_mb);
       ddp = std::make_shared<parallel::DDP>(model, pg, o);
       model = ddp;
     }
-    optim::SGD opt(model->parameters(), optim::SGDOptions{0.01, 0.9});
+    optim::SGD opt(model->parameters(), optim::SGDOptions(0.01).momentum(0.9));
     Tensor x = randn({128, 784}, &g), y = randint(10, {128}, &g);
     double hidden = 0;
     auto step = [&] {
@@ -212,7 +212,7 @@ Ceiling ceiling_run(int steps) {
     set_num_threads(1);
     Generator g(0);
     nn::ModulePtr model = nn::mlp({784, 1024, 1024, 10}, "relu", &g);
-    optim::SGD opt(model->parameters(), optim::SGDOptions{0.01, 0.9});
+    optim::SGD opt(model->parameters(), optim::SGDOptions(0.01).momentum(0.9));
     Tensor x = randn({128, 784}, &g), y = randint(10, {128}, &g);
     auto step = [&] {
       opt.zero_grad();

@@ -66,16 +66,16 @@ int main(int argc, char** argv) {
       Generator g(0);
       parallel::DDPOptions o;
       if (exact) {
-        o.exact.enabled = true;
-        o.exact.global_batch = global;
-        o.exact.micro_batch = micro;
-        if (cap_mb > 0) o.bucket_cap_mb = o.first_bucket_mb = cap_mb;
+        o.exact().enabled = true;
+        o.exact().global_batch = global;
+        o.exact().micro_batch = micro;
+        if (cap_mb > 0) o.bucket_cap_mb(cap_mb).first_bucket_mb(cap_mb);
       }
       return std::make_shared<parallel::DDP>(nn::mlp({784, 1024, 1024, 10}, "relu", &g), pg, o);
     };
     auto normal = make(false), exact = make(true);
-    optim::SGD opt_n(normal->parameters(), optim::SGDOptions{0.01, 0.9});
-    optim::SGD opt_e(exact->parameters(), optim::SGDOptions{0.01, 0.9});
+    optim::SGD opt_n(normal->parameters(), optim::SGDOptions(0.01).momentum(0.9));
+    optim::SGD opt_e(exact->parameters(), optim::SGDOptions(0.01).momentum(0.9));
     Generator g(1 + rank);
     const std::int64_t local = global / world;
     Tensor x = randn({local, 784}, &g), y = randint(10, {local}, &g);
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
     };
     Generator g0(0);
     auto plain = nn::mlp({784, 1024, 1024, 10}, "relu", &g0);
-    optim::SGD opt_p(plain->parameters(), optim::SGDOptions{0.01, 0.9});
+    optim::SGD opt_p(plain->parameters(), optim::SGDOptions(0.01).momentum(0.9));
     auto plain_one = [&] {
       opt_p.zero_grad();
       cross_entropy(plain->forward(x), y).backward();

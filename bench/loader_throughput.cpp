@@ -34,7 +34,7 @@ struct Fed {
   DataLoader loader;
   Batch b;
   Fed(const std::vector<std::int64_t>& widths, const DatasetPtr& ds)
-      : model((manual_seed(0), nn::mlp(widths))), opt(model->parameters(), optim::SGDOptions{0.01, 0.9}),
+      : model((manual_seed(0), nn::mlp(widths))), opt(model->parameters(), optim::SGDOptions(0.01).momentum(0.9)),
         loader(ds, {128}) {
     loader.start_epoch();
     step_us(2);  // warm-up
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   std::printf("load Fashion-MNIST train (60000 x 784, gzip IDX): %.2f s\n", bench::now_s() - t0);
   auto sampler = std::make_shared<DistributedSampler>(ds->size());
   DataLoaderOptions o0{128}, o2{128};
-  o2.prefetch = 2;
+  o2.prefetch(2);
   DataLoader l0(ds, o0, sampler), l2(ds, o2, sampler);
   Fed small({784, 256, 10}, ds), big({784, 1024, 1024, 10}, ds);
   std::vector<double> v0, v2, vs, vb;

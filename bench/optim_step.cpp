@@ -50,19 +50,13 @@ const Case kCases[] = {
 
 std::unique_ptr<optim::Optimizer> make(const std::string& c, const std::vector<Tensor>& ps) {
   if (c == "sgd" || c == "zero_grad") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.01});
-  if (c == "sgd_momentum") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.01, 0.9});
+  if (c == "sgd_momentum") return std::make_unique<optim::SGD>(ps, optim::SGDOptions(0.01).momentum(0.9));
   if (c == "sgd_nesterov_wd") {
-    optim::SGDOptions o{0.01, 0.9, 0.0, 1e-4};
-    o.nesterov = true;
-    return std::make_unique<optim::SGD>(ps, o);
+    return std::make_unique<optim::SGD>(ps, optim::SGDOptions(0.01).momentum(0.9).weight_decay(1e-4).nesterov(true));
   }
-  optim::AdamOptions a;
-  a.lr = 1e-3;
-  if (c == "adam") return std::make_unique<optim::Adam>(ps, a);
-  a.weight_decay = 1e-2;
-  if (c == "adamw") return std::make_unique<optim::AdamW>(ps, a);
-  a.amsgrad = true;
-  return std::make_unique<optim::AdamW>(ps, a);
+  if (c == "adam") return std::make_unique<optim::Adam>(ps, optim::AdamOptions(1e-3));
+  if (c == "adamw") return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions(1e-3).weight_decay(1e-2));
+  return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions(1e-3).weight_decay(1e-2).amsgrad(true));
 }
 
 /// memcpy of `bytes` between two buffers: bytes read + written per second (median of 5 runs).

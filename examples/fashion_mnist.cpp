@@ -49,13 +49,11 @@ int run(int argc, char** argv) {
 
   Generator g(42);
   auto model = std::make_shared<parallel::DDP>(nn::mlp({784, 256, 10}, "relu", &g), pg);  // [2]
-  auto sampler = std::make_shared<DistributedSampler>(train_set->size(), DistributedSamplerOptions{-1, -1, true, 7});  // [3]
-  DataLoaderOptions lo{plan.per_rank_batch};
-  lo.prefetch = 2;
-  DataLoader loader(train_set, lo, sampler);
-  DistributedSamplerOptions eval_opts{-1, -1, false, 0};
+  auto sampler = std::make_shared<DistributedSampler>(train_set->size(), DistributedSamplerOptions().seed(7));  // [3]
+  DataLoader loader(train_set, DataLoaderOptions(plan.per_rank_batch).prefetch(2), sampler);
+  auto eval_opts = DistributedSamplerOptions().shuffle(false);
   DataLoader test_loader(test_set, {1000}, std::make_shared<DistributedSampler>(test_set->size(), eval_opts));
-  optim::SGD opt(model->parameters(), optim::SGDOptions{plan.lr, 0.9});
+  optim::SGD opt(model->parameters(), optim::SGDOptions(plan.lr).momentum(0.9));
   optim::CosineAnnealingLR schedule(opt, epochs * loader.num_batches());
   if (rank == 0) std::printf("Fashion-MNIST, %d worker(s): %s\n", world, plan.describe().c_str());
 

@@ -100,17 +100,14 @@ int run(int argc, char** argv) {
   std::shared_ptr<nn::Module> net = make_cnn(&g);
   if (sync_bn) net = parallel::convert_sync_batchnorm(net, pg);  // [1]
   auto model = std::make_shared<parallel::DDP>(net, pg);
-  auto sampler = std::make_shared<DistributedSampler>(train_set->size(), DistributedSamplerOptions{-1, -1, true, 7});
-  DataLoaderOptions lo{plan.per_rank_batch};
-  lo.prefetch = 0;  // the data is in memory; a thread per worker would only compete for the cores
-  lo.drop_last = true;  // every step a full batch (BatchNorm on a last batch of 32 of 60 000 adds nothing)
-  DataLoader loader(train_set, lo, sampler);
-  DistributedSamplerOptions eval_opts{-1, -1, false, 0};
-  DataLoaderOptions eval_lo{500};
-  DataLoader test_loader(test_set, eval_lo, std::make_shared<DistributedSampler>(test_set->size(), eval_opts));
-  optim::AdamOptions ao;
-  ao.lr = plan.lr;
-  optim::Adam opt(model->parameters(), ao);
+  auto sampler = std::make_shared<DistributedSampler>(train_set->size(), DistributedSamplerOptions().seed(7));
+  // No prefetch (the default 0): the data is in memory; a thread per worker would only compete
+  // for the cores. drop_last: every step a full batch (BatchNorm on a last batch of 32 of
+  // 60 000 adds nothing).
+  DataLoader loader(train_set, DataLoaderOptions(plan.per_rank_batch).drop_last(true), sampler);
+  auto eval_opts = DistributedSamplerOptions().shuffle(false);
+  DataLoader test_loader(test_set, DataLoaderOptions(500), std::make_shared<DistributedSampler>(test_set->size(), eval_opts));
+  optim::Adam opt(model->parameters(), optim::AdamOptions(plan.lr));
   optim::CosineAnnealingLR schedule(opt, epochs * loader.num_batches());
   if (rank == 0)
     std::printf("Fashion-MNIST CNN, %d worker(s), %s: %s\n", world, sync_bn ? "SyncBatchNorm" : "BatchNorm (per worker)",

@@ -91,7 +91,7 @@ Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg, Device d
   net->load_state_dict(data.init);                              // the textbook's initial weights
   net->to(dev);
   parallel::DDPOptions ddp_options;
-  if (micro > 0) ddp_options.exact = {true, c.global_batch, micro};  // exact mode
+  if (micro > 0) ddp_options.exact({true, c.global_batch, micro});  // exact mode
   auto model = std::make_shared<parallel::DDP>(net, pg, ddp_options);  // [2] wrap the model
   // [3] shard the data: each worker a slice of every global batch; in exact mode each
   // worker its micro-batches of every global batch (the same micro-batches for any W).
@@ -106,11 +106,8 @@ Run train(const Data& data, const Config& c, const ProcessGroupPtr& pg, Device d
     mo.shuffle = false;
     sampler = micro_sampler = std::make_shared<samplers::MicroBatchSampler>(n, mo);
   } else {
-    samplers::DistributedSamplerOptions so;
-    so.num_replicas = world;
-    so.rank = rank;
-    so.shuffle = false;
-    sampler = std::make_shared<samplers::DistributedSampler>(n, so);
+    sampler = std::make_shared<samplers::DistributedSampler>(
+        n, samplers::DistributedSamplerOptions().num_replicas(world).rank(rank).shuffle(false));
   }
   auto dataset = std::make_shared<samplers::TensorDataset>(data.x, data.y);
   samplers::DataLoader loader(dataset, {micro > 0 ? micro : plan.per_rank_batch}, sampler);

@@ -7,9 +7,9 @@ namespace phalanx::samplers {
 DataLoader::DataLoader(DatasetPtr dataset, const DataLoaderOptions& options, SamplerPtr sampler)
     : dataset_(std::move(dataset)), options_(options), sampler_(std::move(sampler)) {
   if (!dataset_) throw ValueError("DataLoader: dataset is null");
-  if (options_.batch_size < 1)
-    throw ValueError(detail::concat("DataLoader: batch size must be >= 1, got ", options_.batch_size));
-  if (options_.prefetch < 0) throw ValueError("DataLoader: prefetch must be >= 0");
+  if (options_.batch_size() < 1)
+    throw ValueError(detail::concat("DataLoader: batch size must be >= 1, got ", options_.batch_size()));
+  if (options_.prefetch() < 0) throw ValueError("DataLoader: prefetch must be >= 0");
   if (!sampler_) sampler_ = std::make_shared<SequentialSampler>(dataset_->size());
 }
 
@@ -24,13 +24,13 @@ DataLoader::~DataLoader() {
 }
 
 std::int64_t DataLoader::num_batches() const {
-  const std::int64_t n = sampler_->size(), b = options_.batch_size;
-  return options_.drop_last ? n / b : (n + b - 1) / b;
+  const std::int64_t n = sampler_->size(), b = options_.batch_size();
+  return options_.drop_last() ? n / b : (n + b - 1) / b;
 }
 
 Batch DataLoader::collate(std::int64_t b) const {
-  const std::int64_t begin = b * options_.batch_size;
-  const std::int64_t count = std::min<std::int64_t>(options_.batch_size,
+  const std::int64_t begin = b * options_.batch_size();
+  const std::int64_t count = std::min<std::int64_t>(options_.batch_size(),
                                                     static_cast<std::int64_t>(order_.size()) - begin);
   Shape xs = dataset_->feature_shape(), ys = dataset_->label_shape();
   xs.insert(xs.begin(), count);
@@ -49,7 +49,7 @@ void DataLoader::worker_loop() {
     served = generation_;
     for (std::int64_t b = 0; b < batches_; ++b) {
       cv_.wait(lock, [&] {
-        return quit_ || generation_ != served || (!pause_ && static_cast<int>(ready_.size()) < options_.prefetch);
+        return quit_ || generation_ != served || (!pause_ && static_cast<int>(ready_.size()) < options_.prefetch());
       });
       if (quit_) return;
       if (generation_ != served) break;  // a new epoch started: this one is dropped
@@ -89,13 +89,13 @@ void DataLoader::start_epoch() {
     ++generation_;  // the new epoch, its order in place
     pause_ = false;
   }
-  if (options_.prefetch > 0 && !worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  if (options_.prefetch() > 0 && !worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   cv_.notify_all();
 }
 
 bool DataLoader::next(Batch& out) {
   if (cursor_ >= batches_) return false;
-  if (options_.prefetch == 0) {
+  if (options_.prefetch() == 0) {
     out = collate(cursor_++);
     return true;
   }

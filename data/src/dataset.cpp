@@ -54,6 +54,55 @@ void TensorDataset::gather(const std::int64_t* idx, std::int64_t count, Tensor& 
   }
 }
 
+const MapDataset::Layout& MapDataset::layout() const {
+  std::call_once(layout_once_, [this] {
+    if (size() < 1) throw ValueError("MapDataset: the dataset is empty (size() is 0); it needs at least one example");
+    const Example e = get(0);
+    if (!e.x.defined() || !e.y.defined())
+      throw ValueError("MapDataset: example 0 has an undefined features or label tensor; get(i) must return both");
+    layout_ = Layout{e.x.shape(), e.y.shape(), e.x.dtype(), e.y.dtype()};
+  });
+  return layout_;
+}
+
+Shape MapDataset::feature_shape() const { return layout().x_shape; }
+Shape MapDataset::label_shape() const { return layout().y_shape; }
+DType MapDataset::label_dtype() const { return layout().y_dtype; }
+
+namespace {
+// Copies one example's tensor into row `row` of `batch`, after checking it against example 0.
+void put_row(const Tensor& t, const char* what, std::int64_t index, const Shape& shape0, DType dtype0,
+             Tensor& batch, std::int64_t row) {
+  if (!t.defined())
+    throw ValueError(detail::concat("MapDataset: example ", index, " has an undefined ", what,
+                                    " tensor; get(i) must return both features and label"));
+  if (t.shape() != shape0)
+    throw ValueError(detail::concat("MapDataset: example ", index, " has ", what, " of shape ", shape_str(t.shape()),
+                                    ", example 0 ", shape_str(shape0), "; every example must have example 0's shapes"));
+  if (t.dtype() != dtype0 || batch.dtype() != dtype0)
+    throw ValueError(detail::concat("MapDataset: example ", index, " has ", what, " of dtype ", dtype_name(t.dtype()),
+                                    ", example 0 ", dtype_name(dtype0), ", the batch ", dtype_name(batch.dtype()),
+                                    "; every example must have the batch's dtype (features float32)"));
+  if (!(t.device() == Device::cpu()))
+    throw ValueError(detail::concat("MapDataset: example ", index, " has ", what, " on ", t.device().str(),
+                                    "; get(i) must return CPU tensors (the DataLoader batches on the CPU)"));
+  const std::size_t bytes = t.nbytes();
+  std::memcpy(static_cast<char*>(batch.raw_data()) + static_cast<std::size_t>(row) * bytes, t.raw_data(), bytes);
+}
+}  // namespace
+
+void MapDataset::gather(const std::int64_t* idx, std::int64_t count, Tensor& x, Tensor& y) const {
+  const Layout& l = layout();
+  const std::int64_t n = size();
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::int64_t k = idx[i];
+    if (k < 0 || k >= n) throw ValueError(detail::concat("dataset index ", k, " is outside [0, ", n, ")"));
+    const Example e = get(k);
+    put_row(e.x, "features", k, l.x_shape, l.x_dtype, x, i);
+    put_row(e.y, "label", k, l.y_shape, l.y_dtype, y, i);
+  }
+}
+
 namespace {
 
 // The dtype an .npy file stores, as NumPy names it, read from its header (only on the error

@@ -17,6 +17,7 @@
 #include "phalanx/parallel/comm_hook.hpp"
 #include "phalanx/parallel/consistency.hpp"
 #include "phalanx/parallel/ddp.hpp"
+#include "phalanx/parallel/ddp_options.hpp"
 #include "phalanx/parallel/exact.hpp"
 #include "phalanx/parallel/failure.hpp"
 #include "phalanx/parallel/init.hpp"

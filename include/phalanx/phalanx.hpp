@@ -1,5 +1,6 @@
 #pragma once
 // Umbrella header: everything a training program needs.
+#include "phalanx/core/arg.hpp"
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/error.hpp"
@@ -10,6 +11,7 @@
 #include "phalanx/core/tensor.hpp"
 #include "phalanx/core/tensor_map.hpp"
 #include "phalanx/core/threads.hpp"
+#include "phalanx/core/type_name.hpp"
 #include "phalanx/core/nn/activation.hpp"
 #include "phalanx/core/nn/batchnorm.hpp"
 #include "phalanx/core/nn/clip_grad.hpp"

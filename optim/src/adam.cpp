@@ -12,22 +12,25 @@
 namespace phalanx::optim {
 
 namespace {
-Options adam_options(const AdamOptions& o) {
-  return {{"lr", o.lr},
-          {"beta1", o.beta1},
-          {"beta2", o.beta2},
-          {"eps", o.eps},
-          {"weight_decay", o.weight_decay},
-          {"amsgrad", o.amsgrad ? 1.0 : 0.0}};
+template <typename O>  // AdamOptions or AdamWOptions: the same fields
+Options adam_options(const O& o) {
+  return {{"lr", o.lr()},
+          {"beta1", o.beta1()},
+          {"beta2", o.beta2()},
+          {"eps", o.eps()},
+          {"weight_decay", o.weight_decay()},
+          {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
 }
 }  // namespace
 
-Adam::Adam(std::vector<Tensor> params, const AdamOptions& o) : Adam(std::move(params), o, false) {}
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& o)
+    : Adam(std::move(params), adam_options(o), false) {}
 
-Adam::Adam(std::vector<Tensor> params, const AdamOptions& o, bool decoupled)
-    : Optimizer(std::move(params), adam_options(o)), decoupled_(decoupled) {}
+Adam::Adam(std::vector<Tensor> params, Options defaults, bool decoupled)
+    : Optimizer(std::move(params), std::move(defaults)), decoupled_(decoupled) {}
 
-AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam(std::move(params), o, true) {}
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& o)
+    : Adam(std::move(params), adam_options(o), true) {}
 
 void Adam::step() {
   const timeline::Span span("optimizer step", "optim");

@@ -10,12 +10,12 @@
 namespace phalanx::optim {
 
 SGD::SGD(std::vector<Tensor> params, const SGDOptions& o)
-    : Optimizer(std::move(params), {{"lr", o.lr},
-                                    {"momentum", o.momentum},
-                                    {"dampening", o.dampening},
-                                    {"weight_decay", o.weight_decay},
-                                    {"nesterov", o.nesterov ? 1.0 : 0.0}}) {
-  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+    : Optimizer(std::move(params), {{"lr", o.lr()},
+                                    {"momentum", o.momentum()},
+                                    {"dampening", o.dampening()},
+                                    {"weight_decay", o.weight_decay()},
+                                    {"nesterov", o.nesterov() ? 1.0 : 0.0}}) {
+  if (o.nesterov() && (o.momentum() <= 0 || o.dampening() != 0))
     throw ValueError("SGD: Nesterov momentum requires a momentum > 0 and zero dampening");
 }
 

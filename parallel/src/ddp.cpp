@@ -1,5 +1,7 @@
 #include "phalanx/parallel/ddp.hpp"
 
+#include <algorithm>
+
 #include "model_sync.hpp"
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/autograd.hpp"
@@ -18,7 +20,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
       pg_(pg ? std::move(pg) : (require_world_initialized("DDP"), default_process_group())),
       options_(options) {
   if (!module_) throw ValueError("DDP: the module is null");
-  if (!(options_.bucket_cap_mb > 0) || !(options_.first_bucket_mb > 0))
+  if (!(options_.bucket_cap_mb() > 0) || !(options_.first_bucket_mb() > 0))
     throw ValueError("DDP: bucket sizes must be positive");
   register_module("", module_);  // same parameter names and state_dict as the plain model
   // One device for the whole model (any world size, so the error does not depend on it);
@@ -34,7 +36,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
       for (auto& [n, c] : m->named_children()) stack.push_back(c.get());
     }
   }
-  if (options_.exact.enabled) {
+  if (options_.exact().enabled) {
     // Exact mode on every world size, one included: the fixed-point sum is what makes the
     // bits independent of the world size.
     for (auto& [n, b] : module_->named_buffers())
@@ -64,47 +66,69 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
 
 DistributedDataParallel::~DistributedDataParallel() = default;
 
-Tensor DistributedDataParallel::forward(const Tensor& x) {
-  const timeline::Span span("forward", "ddp");  // the buffers' broadcast and Join's messages included
+Tensor DistributedDataParallel::forward(const Tensor& x) { return forward<nn::Module>(x); }
+
+void DistributedDataParallel::wrong_module_type(const std::string& wanted) const {
+  const std::string have = short_type_name(typeid(*module_));
+  throw ValueError("DDP forward<" + wanted + ">: the wrapped module is a " + have + ", not a " + wanted +
+                   "; call forward<" + have + ">(...) or wrap a " + wanted);
+}
+
+void DistributedDataParallel::abandon_forward() {
+  notified_.reset();
+  flags_work_.reset();
+}
+
+void DistributedDataParallel::before_forward(const Tensor* first, bool single) {
+  notified_.reset();
+  flags_work_.reset();
+  forward_samples_ = first != nullptr && first->defined() && first->dim() >= 1 ? first->size(0) : -1;
+  const bool join = join_config().enable;
   if (exact_) {
-    if (join_config().enable)
+    if (join)
       throw ConfigError("DDP: Join cannot shadow exact mode's reductions; give every rank the same number of "
                         "micro-batches (exact mode's sampler does) or turn exact mode off");
-    Tensor out = module_->forward(x);
-    if (grad_mode_enabled() && out.requires_grad()) {
-      // One forward and backward is one micro-batch; the mean of its loss weighs it 1/K.
-      if (x.dim() < 1 || x.size(0) != options_.exact.micro_batch)
-        throw ShapeError(detail::concat("DDP exact mode: the input has ", x.dim() < 1 ? 0 : x.size(0),
-                                        " samples, the micro-batch is ", options_.exact.micro_batch,
-                                        "; feed exactly one micro-batch per forward (pad or drop a short last batch)"));
-      exact_->arm(out);
-    }
-    return out;
+    return;
   }
-  const bool join = join_config().enable;
-  if (!reducer_ && !join) return module_->forward(x);
-  WorkPtr notified, flags_work;
+  if (!reducer_ && !join) return;
   if (join) {
     // As PyTorch's forward under Join: "still training" (Join's count), the buffers from the
     // highest rank still training, then what the joined ranks must shadow in this iteration.
-    last_input_shape_ = x.shape();
-    last_input_dtype_ = x.dtype();
-    has_input_ = x.dim() >= 1;
-    notified = Join::notify_join_context(*this);
+    several_inputs_ = !single;
+    if (single) {
+      last_input_shape_ = first->shape();
+      last_input_dtype_ = first->dtype();
+    }
+    has_input_ = single && first->dim() >= 1;
+    notified_ = Join::notify_join_context(*this);
   }
-  if (reducer_ && options_.broadcast_buffers && !buffers_.empty())
+  if (reducer_ && options_.broadcast_buffers() && !buffers_.empty())
     broadcast_coalesced(*pg_, buffers_, join ? find_common_rank(*pg_, device_, true) : 0);
   if (join) {
     const bool grad = grad_mode_enabled();
-    flags_work = pg_->allreduce(
+    flags_work_ = pg_->allreduce(
         tensor(std::vector<float>{grad && (!reducer_ || reducer_->sync()) ? 1.f : 0.f, grad ? 1.f : 0.f,
                                   forward_collectives() ? 1.f : 0.f},
                {3})
             .to(device_),
         ReduceOp::Sum);
   }
-  Tensor out = module_->forward(x);
+}
+
+Tensor DistributedDataParallel::after_forward(const Tensor& out) {
+  if (exact_) {
+    if (grad_mode_enabled() && out.requires_grad()) {
+      // One forward and backward is one micro-batch; the mean of its loss weighs it 1/K.
+      if (forward_samples_ != options_.exact().micro_batch)
+        throw ShapeError(detail::concat("DDP exact mode: the input has ", std::max<std::int64_t>(forward_samples_, 0),
+                                        " samples, the micro-batch is ", options_.exact().micro_batch,
+                                        "; feed exactly one micro-batch per forward (pad or drop a short last batch)"));
+      exact_->arm(out);
+    }
+    return out;
+  }
   if (reducer_ && grad_mode_enabled() && out.requires_grad()) reducer_->arm(out);
+  WorkPtr notified = std::move(notified_), flags_work = std::move(flags_work_);
   if (notified) notified->wait();
   if (flags_work) flags_work->wait();
   return out;
@@ -120,7 +144,7 @@ void DistributedDataParallel::join_main_hook() {
   if (exact_)
     throw ConfigError("DDP: Join cannot shadow exact mode's reductions; give every rank the same number of "
                       "micro-batches (exact mode's sampler does) or turn exact mode off");
-  if (reducer_ && options_.broadcast_buffers && !buffers_.empty())
+  if (reducer_ && options_.broadcast_buffers() && !buffers_.empty())
     broadcast_coalesced(*pg_, buffers_, find_common_rank(*pg_, device_, false));
   Tensor flags = zeros({3}, DType::Float32, device_);
   pg_->allreduce(flags, ReduceOp::Sum)->wait();
@@ -129,6 +153,10 @@ void DistributedDataParallel::join_main_hook() {
   if (forward) {
     // Collectives inside the forward (SyncBatchNorm) and its backward: run the model on an
     // empty batch, so they (and the gradient buckets, zeros) go out in the others' order.
+    if (several_inputs_)
+      throw ConfigError("DDP under Join: this rank's last forward took several inputs (forward<M>(...)), so it "
+                        "cannot shadow the collectives in the others' forward (SyncBatchNorm) with an empty batch; "
+                        "give every rank the same number of batches, or use a model without forward collectives");
     if (!has_input_)
       throw ConfigError("DDP under Join: this rank joined before its first forward, so it cannot shadow the "
                         "collectives in the others' forward (SyncBatchNorm); give every rank at least one batch");

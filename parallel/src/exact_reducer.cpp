@@ -140,7 +140,7 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
                            const DDPOptions& o)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
-  const ExactPlan plan = exact_plan(o.exact, pg->size());
+  const ExactPlan plan = exact_plan(o.exact(), pg->size());
   s.pg = std::move(pg);
   s.micro_batches = plan.micro_batches;
   s.per_rank = per_rank_ = plan.per_rank;
@@ -187,7 +187,7 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
   // gradients), the first bucket closing at first_bucket_mb of float32 gradients, the
   // others at bucket_cap_mb, so the maxima of the last layers travel while backward goes on.
   const auto cap_bytes = [&](std::size_t bucket) {
-    return static_cast<std::int64_t>((bucket == 0 ? o.first_bucket_mb : o.bucket_cap_mb) * 1024 * 1024);
+    return static_cast<std::int64_t>((bucket == 0 ? o.first_bucket_mb() : o.bucket_cap_mb()) * 1024 * 1024);
   };
   std::vector<std::vector<std::size_t>> layout(1);
   std::int64_t bytes = 0;

@@ -14,7 +14,7 @@ namespace phalanx::parallel {
 using Clock = std::chrono::steady_clock;
 
 Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroupPtr pg, const DDPOptions& o)
-    : pg_(std::move(pg)), hook_(allreduce_hook()), find_unused_(o.find_unused_parameters) {
+    : pg_(std::move(pg)), hook_(allreduce_hook()), find_unused_(o.find_unused_parameters()) {
   for (auto& [name, p] : named) {
     if (!p.requires_grad()) continue;
     if (p.dtype() != DType::Float32) throw TypeError("DDP: parameter '" + name + "' is not float32");
@@ -32,7 +32,7 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroup
   // first closes at first_bucket_mb, the others at bucket_cap_mb; a parameter larger than
   // the cap gets a bucket of its own.
   const auto cap_bytes = [&](std::size_t bucket) {
-    return static_cast<std::int64_t>((bucket == 0 ? o.first_bucket_mb : o.bucket_cap_mb) * 1024 * 1024);
+    return static_cast<std::int64_t>((bucket == 0 ? o.first_bucket_mb() : o.bucket_cap_mb()) * 1024 * 1024);
   };
   std::vector<std::vector<std::size_t>> layout(1);
   std::int64_t bytes = 0;

@@ -7,13 +7,13 @@
 namespace phalanx::samplers {
 
 DistributedSampler::DistributedSampler(std::int64_t n, const DistributedSamplerOptions& o)
-    : n_(n), shuffle_(o.shuffle), drop_last_(o.drop_last), seed_(o.seed) {
+    : n_(n), shuffle_(o.shuffle()), drop_last_(o.drop_last()), seed_(o.seed()) {
   // Defaulting to the world of one when the launcher started several workers would make
   // each worker read the whole dataset alone.
-  if (o.num_replicas == -1 || o.rank == -1) require_world_initialized("DistributedSampler");
+  if (o.num_replicas() == -1 || o.rank() == -1) require_world_initialized("DistributedSampler");
   const WorldInfo world = default_world();
-  num_replicas_ = o.num_replicas == -1 ? world.size : o.num_replicas;
-  rank_ = o.rank == -1 ? world.rank : o.rank;
+  num_replicas_ = o.num_replicas() == -1 ? world.size : o.num_replicas();
+  rank_ = o.rank() == -1 ? world.rank : o.rank();
   if (num_replicas_ < 1)
     throw ValueError(detail::concat("DistributedSampler: num_replicas must be >= 1, got ", num_replicas_));
   if (rank_ < 0 || rank_ >= num_replicas_)

@@ -37,12 +37,7 @@ MicroBatchSampler::MicroBatchSampler(std::int64_t n, const MicroBatchSamplerOpti
 
 std::vector<std::int64_t> MicroBatchSampler::epoch_order() const {
   // The order itself is DistributedSampler's for one replica (the same shuffle rule).
-  DistributedSamplerOptions one;
-  one.num_replicas = 1;
-  one.rank = 0;
-  one.shuffle = shuffle_;
-  one.seed = seed_;
-  DistributedSampler base(n_, one);
+  DistributedSampler base(n_, DistributedSamplerOptions().num_replicas(1).rank(0).shuffle(shuffle_).seed(seed_));
   base.set_epoch(epoch_);
   std::vector<std::int64_t> order = base.epoch_order();
   const std::int64_t total = steps_ * global_;

@@ -50,3 +50,38 @@ TEST_CASE("printing: int64 tensors, device and dtype suffixes, grad_fn, undefine
   CHECK(printed(Tensor()) == "tensor(undefined)");
   CHECK(tensor(std::vector<float>{1.f}, {1}).str() == "Tensor[1] float32 cpu");  // str() stays the short description
 }
+
+namespace {
+/// A module with two inputs and nothing but its own forward: the defaults of describe()
+/// and forward(const Tensor&) apply.
+struct PairSum : nn::Module {
+  Tensor forward(const Tensor& a, const Tensor& b) { return a + b; }
+};
+}  // namespace
+
+TEST_CASE("printing modules as PyTorch: Linear's bias=True/False, nesting, the class name by default") {
+  Generator g(0);
+  CHECK(nn::Linear(64, 32, true, &g).describe() == "Linear(in_features=64, out_features=32, bias=True)");
+  CHECK(nn::Linear(64, 32, false, &g).describe() == "Linear(in_features=64, out_features=32, bias=False)");
+  CHECK(nn::mlp({4, 3, 2}, "relu", &g)->str() ==
+        "Sequential(\n"
+        "  (0): Linear(in_features=4, out_features=3, bias=True)\n"
+        "  (1): ReLU()\n"
+        "  (2): Linear(in_features=3, out_features=2, bias=True)\n"
+        ")");
+  PairSum pair;
+  CHECK(pair.describe() == "PairSum");  // demangled, without namespaces
+  CHECK(pair.str() == "PairSum");
+  CHECK(short_type_name(typeid(nn::Sequential)) == "Sequential");
+  CHECK(short_type_name<std::pair<nn::Linear, int>>() == "pair<Linear, int>");
+}
+
+TEST_CASE("a module without forward(const Tensor&) says which forward to call") {
+  PairSum pair;
+  nn::Module& m = pair;
+  CHECK_THROWS_WITH_AS(m.forward(ones({2})),
+                       "PairSum has no forward(const Tensor&): call its own forward(...), or "
+                       "ddp->forward<PairSum>(inputs...) under DDP",
+                       ValueError);
+  CHECK(pair.forward(ones({2}), ones({2})).to_vector<float>() == std::vector<float>{2.f, 2.f});
+}

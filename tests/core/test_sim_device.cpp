@@ -230,12 +230,10 @@ TEST_CASE("sim: an MLP trained with SGD (momentum) and AdamW equals the CPU run 
     for (const Tensor& p : net->parameters()) CHECK(p.device() == kSim);
     std::unique_ptr<optim::Optimizer> os, oc;
     if (which == 0) {
-      os = std::make_unique<optim::SGD>(net->parameters(), optim::SGDOptions{0.1, 0.9, 0, 0.01, true});
-      oc = std::make_unique<optim::SGD>(ref->parameters(), optim::SGDOptions{0.1, 0.9, 0, 0.01, true});
+      os = std::make_unique<optim::SGD>(net->parameters(), optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01).nesterov(true));
+      oc = std::make_unique<optim::SGD>(ref->parameters(), optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01).nesterov(true));
     } else {
-      optim::AdamOptions a;
-      a.weight_decay = 0.1;
-      a.amsgrad = true;
+      const auto a = optim::AdamWOptions().weight_decay(0.1).amsgrad(true);
       os = std::make_unique<optim::AdamW>(net->parameters(), a);
       oc = std::make_unique<optim::AdamW>(ref->parameters(), a);
     }

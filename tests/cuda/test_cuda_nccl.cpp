@@ -131,9 +131,9 @@ TEST_CASE("nccl: DDP on CUDA over NCCL (world of one) equals one process") {
   net->to(kGpu);
   plain->to(kGpu);
   parallel::DDP model(net, pg);
-  optim::SGD opt(model.parameters(), optim::SGDOptions{0.1, 0.9});
-  optim::SGD plain_opt(plain->parameters(), optim::SGDOptions{0.1, 0.9});
-  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions{0.1, 0.9});
+  optim::SGD opt(model.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD plain_opt(plain->parameters(), optim::SGDOptions(0.1).momentum(0.9));
+  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions(0.1).momentum(0.9));
   Tensor x = randn({128, 784}, &g), y = randint(10, {128}, &g);
   Tensor xg = x.to(kGpu), yg = y.to(kGpu);
   for (int s = 0; s < 5; ++s) {

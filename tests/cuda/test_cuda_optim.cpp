@@ -34,15 +34,15 @@ void same_steps(const std::function<std::unique_ptr<optim::Optimizer>(Tensor)>& 
 
 TEST_CASE("cuda: SGD variants match the CPU") {
   const optim::SGDOptions variants[] = {
-      {0.1, 0.0, 0.0, 0.0, false},   // plain
-      {0.1, 0.9, 0.0, 0.0, false},   // momentum
-      {0.1, 0.9, 0.3, 0.0, false},   // dampening
-      {0.1, 0.9, 0.0, 0.01, true},   // Nesterov, weight decay
-      {0.05, 0.0, 0.0, 0.1, false},  // weight decay only
+      optim::SGDOptions(0.1),                                     // plain
+      optim::SGDOptions(0.1).momentum(0.9),                       // momentum
+      optim::SGDOptions(0.1).momentum(0.9).dampening(0.3),        // dampening
+      optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01).nesterov(true),  // Nesterov, weight decay
+      optim::SGDOptions(0.05).weight_decay(0.1),                  // weight decay only
   };
   for (const auto& o : variants) {
-    CAPTURE(o.momentum);
-    CAPTURE(o.nesterov);
+    CAPTURE(o.momentum());
+    CAPTURE(o.nesterov());
     same_steps([&](Tensor p) { return std::make_unique<optim::SGD>(std::vector<Tensor>{p}, o); });
   }
 }
@@ -52,13 +52,12 @@ TEST_CASE("cuda: Adam and AdamW (AMSGrad on and off) match the CPU") {
     for (bool amsgrad : {false, true}) {
       CAPTURE(decoupled);
       CAPTURE(amsgrad);
-      optim::AdamOptions a;
-      a.lr = 1e-2;
-      a.weight_decay = 0.1;
-      a.amsgrad = amsgrad;
       same_steps([&](Tensor p) -> std::unique_ptr<optim::Optimizer> {
-        if (decoupled) return std::make_unique<optim::AdamW>(std::vector<Tensor>{p}, a);
-        return std::make_unique<optim::Adam>(std::vector<Tensor>{p}, a);
+        if (decoupled)
+          return std::make_unique<optim::AdamW>(std::vector<Tensor>{p},
+                                                optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(amsgrad));
+        return std::make_unique<optim::Adam>(std::vector<Tensor>{p},
+                                             optim::AdamOptions(1e-2).weight_decay(0.1).amsgrad(amsgrad));
       });
     }
 }

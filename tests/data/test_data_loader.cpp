@@ -35,7 +35,7 @@ TEST_CASE("batches follow the sampler order, collated contiguously") {
     }
   }
   CHECK(seen == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
-  DataLoader dropping(ds, {4, true});
+  DataLoader dropping(ds, DataLoaderOptions(4).drop_last(true));
   int batches = 0;
   for (Batch& b : dropping) {
     CHECK(b.y.numel() == 4);
@@ -49,7 +49,7 @@ TEST_CASE("prefetching keeps the order, epoch after epoch") {
   auto sampler = std::make_shared<RandomSampler>(50, 3);
   DataLoader plain(ds, {7}, sampler);
   DataLoaderOptions po{7};
-  po.prefetch = 3;
+  po.prefetch(3);
   DataLoader ahead(ds, po, sampler);
   for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
     sampler->set_epoch(epoch);
@@ -94,7 +94,7 @@ TEST_CASE("prefetching: an epoch left early, then whole epochs, in the sampler's
   for (int prefetch : {1, 2, 5}) {
     CAPTURE(prefetch);
     DataLoaderOptions po{3};
-    po.prefetch = prefetch;
+    po.prefetch(prefetch);
     DataLoader ahead(ds, po, sampler);
     for (std::int64_t epoch = 0; epoch < 40; ++epoch) {
       sampler->set_epoch(epoch);
@@ -114,7 +114,7 @@ TEST_CASE("prefetching: a batch that fails is thrown after the batches before it
   auto ds = toy(20);
   auto sampler = std::make_shared<FaultySampler>(20, 13, std::vector<std::int64_t>{1});
   DataLoaderOptions po{4};
-  po.prefetch = 2;
+  po.prefetch(2);
   DataLoader loader(ds, po, sampler);
   CHECK(labels_of(loader).size() == 20);
   sampler->set_epoch(1);
@@ -131,9 +131,9 @@ TEST_CASE("prefetching: a batch that fails is thrown after the batches before it
 TEST_CASE("DistributedSampler in a DataLoader gives each rank its shard") {
   auto ds = toy(12);
   DistributedSamplerOptions o;
-  o.num_replicas = 3;
-  o.rank = 1;
-  o.shuffle = false;
+  o.num_replicas(3);
+  o.rank(1);
+  o.shuffle(false);
   DataLoader loader(ds, {2}, std::make_shared<DistributedSampler>(12, o));
   std::vector<std::int64_t> seen;
   for (Batch& b : loader) for (auto v : b.y.to_vector<std::int64_t>()) seen.push_back(v);

@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   Generator g(1);
   auto net = nn::mlp({2, 3, 2}, "relu", &g);
-  optim::SGD opt(net->parameters(), optim::SGDOptions{0.1, 0.9});
+  optim::SGD opt(net->parameters(), optim::SGDOptions(0.1).momentum(0.9));
   optim::StepLR sched(opt, 2);
   cross_entropy(net->forward(randn({2, 2}, &g)), tensor(std::vector<std::int64_t>{0, 1}, {2})).backward();
   opt.step();

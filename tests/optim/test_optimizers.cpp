@@ -76,12 +76,9 @@ TEST_CASE("parameter groups take their own options; parameters without grad are 
 TEST_CASE("bad options and parameters are clear errors") {
   Tensor a = ones({2}).requires_grad_();
   CHECK_THROWS_AS(optim::SGD({a}, optim::SGDOptions{-0.1}), ValueError);
-  optim::SGDOptions nest{0.1};
-  nest.nesterov = true;
-  CHECK_THROWS_WITH_AS(optim::SGD({a}, nest), doctest::Contains("Nesterov"), ValueError);
-  optim::AdamOptions bad;
-  bad.beta1 = 1.0;
-  CHECK_THROWS_AS(optim::Adam({a}, bad), ValueError);
+  CHECK_THROWS_WITH_AS(optim::SGD({a}, optim::SGDOptions(0.1).nesterov(true)), doctest::Contains("Nesterov"),
+                       ValueError);
+  CHECK_THROWS_AS(optim::Adam({a}, optim::AdamOptions().beta1(1.0)), ValueError);
   CHECK_THROWS_AS(optim::SGD({}, optim::SGDOptions{}), ValueError);
   CHECK_THROWS_AS(optim::SGD({a, a}, optim::SGDOptions{}), ValueError);
   optim::SGD opt({a}, optim::SGDOptions{});

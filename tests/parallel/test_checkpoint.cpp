@@ -44,7 +44,7 @@ struct Fixture {
   Fixture(std::vector<std::int64_t> widths = {6, 5, 3}) {
     Generator g(7);
     net = nn::mlp(widths, "relu", &g);
-    opt = std::make_unique<optim::SGD>(net->parameters(), optim::SGDOptions{0.1, 0.9});
+    opt = std::make_unique<optim::SGD>(net->parameters(), optim::SGDOptions(0.1).momentum(0.9));
     Tensor loss = cross_entropy(net->forward(randn({4, widths.front()}, &g)), tensor(std::vector<std::int64_t>{0, 1, 2, 0}, {4}));
     loss.backward();
     opt->step();  // momentum buffers exist

@@ -70,7 +70,7 @@ TEST_CASE("W = 2, 3, 4 workers on a global batch equal one process on it (SGD mo
         CHECK_NOTHROW(run_threads(W, [&](int rank) {
           auto pg = make_thread_group("gloo", rank, W, std::make_shared<PrefixStore>("ddp", store));
           DDPOptions o;
-          if (model_kind != "mlp") o.bucket_cap_mb = o.first_bucket_mb = 512.0 / (1 << 20);  // 512 B
+          if (model_kind != "mlp") o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));  // 512 B
           DDP ddp(make_model(model_kind), pg, o);
           if (model_kind != "mlp") {
             const auto layout = ddp.bucket_layout();
@@ -79,9 +79,9 @@ TEST_CASE("W = 2, 3, 4 workers on a global batch equal one process on it (SGD mo
           }
           auto opt = make_opt(opt_kind, ddp.parameters());
           DistributedSamplerOptions so;
-          so.num_replicas = W;
-          so.rank = rank;
-          so.shuffle = false;
+          so.num_replicas(W);
+          so.rank(rank);
+          so.shuffle(false);
           DistributedSampler sampler(96, so);
           // 1e-5 everywhere but AdamW on the tanh model with many parameters: there a few weights
           // whose gradient sums nearly cancel carry rounding noise (of the order 1e-9), and
@@ -116,9 +116,9 @@ TEST_CASE("W = 2, 3 workers equal one process on a model of large products (PHAL
       DDP ddp(make_model("wide"), pg);
       auto opt = make_opt("sgd", ddp.parameters());
       DistributedSamplerOptions so;
-      so.num_replicas = W;
-      so.rank = rank;
-      so.shuffle = false;
+      so.num_replicas(W);
+      so.rank(rank);
+      so.shuffle(false);
       DistributedSampler sampler(96, so);
       check_close(train(ddp, *opt, d, &sampler, B / W, 10), want, 1e-5, rank);
     }));
@@ -135,7 +135,7 @@ TEST_CASE("no_sync: k accumulation steps equal one step on k times the batch") {
   run_threads(W, [&](int rank) {
     auto pg = make_thread_group("gloo", rank, W, store);
     DDP ddp(make_model("mlp"), pg);
-    optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.1).momentum(0.9));
     no_sync_steps(ddp, opt, d, rank, W, k, micro, 2);
     std::vector<Tensor> got;
     for (auto& p : ddp.parameters()) got.push_back(p);
@@ -162,7 +162,7 @@ TEST_CASE("unused parameters: a clear error without find_unused_parameters, corr
   run_threads(2, [&](int rank) {
     auto pg = make_thread_group("gloo", rank, 2, std::make_shared<PrefixStore>("u2", store));
     DDPOptions o;
-    o.find_unused_parameters = true;
+    o.find_unused_parameters(true);
     auto model = std::make_shared<TwoHeads>();
     DDP ddp(model, pg, o);
     // rank 1 uses head b, rank 0 head a: each head's gradient is the mean of one rank's
@@ -207,8 +207,8 @@ TEST_CASE("fp16 and bf16 compression hooks stay within their precision") {
       auto pg = make_thread_group("gloo", rank, 2, std::make_shared<PrefixStore>(hook, store));
       DDP ddp(make_model("mlp"), pg);
       ddp.register_comm_hook(hook == "fp16" ? parallel::fp16_compress_hook() : parallel::bf16_compress_hook());
-      optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
-      DistributedSamplerOptions so{2, rank, false};
+      optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.1).momentum(0.9));
+      auto so = DistributedSamplerOptions().num_replicas(2).rank(rank).shuffle(false);
       DistributedSampler s(32, so);
       // fp16 keeps 11 significant bits, bf16 8: after 5 steps the weights differ by about
       // lr * steps * 2^-bits relative
@@ -287,7 +287,7 @@ class Tied : public nn::Module {
 TEST_CASE("a parameter reached along two paths accumulates both (gradients written into buckets)") {
   const Data d = make_data(32, 16, 5);
   auto ref = std::make_shared<Tied>();
-  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions{0.1, 0.9});
+  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions(0.1).momentum(0.9));
   for (int s = 0; s < 3; ++s) {
     ref_opt.zero_grad();
     cross_entropy(ref->forward(d.x), d.y).backward();
@@ -297,7 +297,7 @@ TEST_CASE("a parameter reached along two paths accumulates both (gradients writt
   run_threads(2, [&](int rank) {
     auto pg = make_thread_group("gloo", rank, 2, store);
     DDP ddp(std::make_shared<Tied>(), pg);
-    optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.1).momentum(0.9));
     Tensor xb = d.x.narrow_rows(rank * 16, rank * 16 + 16), yb = d.y.narrow_rows(rank * 16, rank * 16 + 16);
     for (int s = 0; s < 3; ++s) {
       opt.zero_grad();
@@ -317,7 +317,7 @@ TEST_CASE("an exception in the middle of a backward does not wedge the reducer: 
   run_threads(2, [&](int rank) {
     auto pg = make_thread_group("gloo", rank, 2, store);
     DDPOptions o;
-    o.first_bucket_mb = o.bucket_cap_mb = 0.0005;  // ~128 floats: several buckets, some launched before the throw
+    o.first_bucket_mb(0.0005).bucket_cap_mb(0.0005);  // ~128 floats: several buckets, some launched before the throw
     auto model = many_small_one_large();
     DDP ddp(model, pg, o);
     REQUIRE_RANK(rank, ddp.bucket_layout().size() > 2, "several buckets");
@@ -359,7 +359,7 @@ TEST_CASE("only one rank's backward fails part-way: every rank's step fails, and
     run_threads(2, [&](int rank) {
       auto pg = make_thread_group("gloo", rank, 2, store, std::chrono::seconds(20));
       DDPOptions o;
-      o.first_bucket_mb = o.bucket_cap_mb = 0.0005;
+      o.first_bucket_mb(0.0005).bucket_cap_mb(0.0005);
       auto model = many_small_one_large();
       DDP ddp(model, pg, o);
       bool fail = rank == 0;

@@ -83,9 +83,9 @@ double run_world(int world, double tol, bool broadcast_buffers = true) {
     }
     net->load_state_dict(init);
     parallel::DDPOptions options;
-    options.broadcast_buffers = broadcast_buffers;
+    options.broadcast_buffers(broadcast_buffers);
     auto ddp = std::make_shared<parallel::DDP>(net, pg, options);
-    optim::SGD opt(ddp->parameters(), optim::SGDOptions{lr, momentum});
+    optim::SGD opt(ddp->parameters(), optim::SGDOptions(lr).momentum(momentum));
     std::vector<float> losses;
     ddp->train();
     for (std::int64_t s = 0; s < steps; ++s) {

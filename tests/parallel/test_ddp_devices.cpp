@@ -90,7 +90,7 @@ const Scenario kScenarios[] = {
 
 Params run_scenario(const Scenario& s, const Data& d, const ProcessGroupPtr& pg, int rank, int W, Device dev) {
   DDPOptions o;
-  if (s.small_buckets) o.bucket_cap_mb = o.first_bucket_mb = 512.0 / (1 << 20);  // 512 B
+  if (s.small_buckets) o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));  // 512 B
   auto model = make_model(s.model, rank);
   model->to(dev);
   DDP ddp(model, pg, o);
@@ -98,9 +98,9 @@ Params run_scenario(const Scenario& s, const Data& d, const ProcessGroupPtr& pg,
   if (s.hook == "fp16") ddp.register_comm_hook(parallel::fp16_compress_hook());
   auto opt = make_opt(s.opt, ddp.parameters());
   DistributedSamplerOptions so;
-  so.num_replicas = W;
-  so.rank = rank;
-  so.shuffle = false;
+  so.num_replicas(W);
+  so.rank(rank);
+  so.shuffle(false);
   DistributedSampler sampler(s.samples, so);
   return train(ddp, *opt, d, &sampler, s.global_batch / W, s.steps, dev);
 }
@@ -119,7 +119,7 @@ Params run_no_sync(const Data& d, const ProcessGroupPtr& pg, int rank, int W, De
   auto model = make_model("mlp", rank);
   model->to(dev);
   DDP ddp(model, pg);
-  optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+  optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.1).momentum(0.9));
   no_sync_steps(ddp, opt, d, rank, W, k, micro, 2, dev);
   return host_params(ddp.parameters());
 }
@@ -135,7 +135,7 @@ Params no_sync_reference(const Data& d, int W) {
 /// the gradients of both heads.
 Params run_unused(const Data& d, const ProcessGroupPtr& pg, int rank, Device dev) {
   DDPOptions o;
-  o.find_unused_parameters = true;
+  o.find_unused_parameters(true);
   auto model = std::make_shared<TwoHeads>();
   model->to(dev);
   DDP ddp(model, pg, o);

@@ -393,8 +393,8 @@ TEST_CASE("a world larger than one without a group: DDP and DistributedSampler n
     CHECK_THROWS_WITH_AS(parallel::DDP(nn::mlp({4, 3})), doctest::Contains("init_process_group() first"), ValueError);
     // Explicit replicas and rank, or an explicit group, are the user's choice.
     samplers::DistributedSamplerOptions so;
-    so.num_replicas = 2;
-    so.rank = 1;
+    so.num_replicas(2);
+    so.rank(1);
     CHECK(samplers::DistributedSampler(100, so).num_replicas() == 2);
     CHECK_NOTHROW(parallel::DDP(nn::mlp({4, 3}), make_world_of_one()));
     ::unsetenv(var);

@@ -74,10 +74,10 @@ std::vector<char> bytes_of(const std::vector<Tensor>& ps) {
 
 DDPOptions exact_options() {
   DDPOptions o;
-  o.exact.enabled = true;
-  o.exact.global_batch = kGlobal;
-  o.exact.micro_batch = kMicro;
-  o.bucket_cap_mb = o.first_bucket_mb = 512.0 / (1 << 20);  // 512 B of gradients: 4 buckets
+  o.exact().enabled = true;
+  o.exact().global_batch = kGlobal;
+  o.exact().micro_batch = kMicro;
+  o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));  // 512 B of gradients: 4 buckets
   return o;
 }
 
@@ -245,10 +245,10 @@ TEST_CASE("exact mode: sums in cache-sized chunks (CPU, shared memory) give the 
   auto train = [&](ProcessGroupPtr pg, bool small_buckets) {
     Generator g(11);
     DDPOptions o = exact_options();
-    if (!small_buckets) o.bucket_cap_mb = o.first_bucket_mb = 25;
+    if (!small_buckets) o.bucket_cap_mb(25).first_bucket_mb(25);
     DDP ddp(nn::mlp({kFeatures, 2500, kClasses}, "relu", &g), pg, o);
     if (ddp.bucket_layout().size() != (small_buckets ? 3u : 1u)) throw std::runtime_error("bucket layout");
-    optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.1).momentum(0.9));
     for (int t = 0; t < 2; ++t) {
       for (std::int64_t m : my_micro_batches(t, pg->rank(), pg->size())) {
         Tensor xb, yb;
@@ -283,11 +283,11 @@ TEST_CASE("exact mode: ranks whose own settings differ (shm inline on one rank o
   auto train = [&](ProcessGroupPtr pg, Device device) {
     Generator g(11);
     DDPOptions o = exact_options();
-    o.bucket_cap_mb = o.first_bucket_mb = 25;  // one bucket of 55005 elements: two chunks
+    o.bucket_cap_mb(25).first_bucket_mb(25);  // one bucket of 55005 elements: two chunks
     auto model = nn::mlp({kFeatures, 2500, kClasses}, "relu", &g);
     model->to(device);
     DDP ddp(model, pg, o);
-    optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.1).momentum(0.9));
     for (int t = 0; t < 2; ++t) {
       for (std::int64_t m : my_micro_batches(t, pg->rank(), pg->size())) {
         Tensor xb, yb;
@@ -343,7 +343,7 @@ TEST_CASE("exact mode: .grad() is undefined between micro-batches and the global
   const Data d = make_data();
   auto pg = make_world_of_one();
   DDPOptions o = exact_options();
-  o.exact.global_batch = 4;  // two micro-batches of 2
+  o.exact().global_batch = 4;  // two micro-batches of 2
   auto model = make_model();
   DDP ddp(model, pg, o);
   Tensor xb, yb;
@@ -380,10 +380,10 @@ std::vector<char> train_two_heads(int W, int rank, ProcessGroupPtr pg) {
   const Data d = make_data();
   auto model = std::make_shared<TwoHeads>();
   DDPOptions o = exact_options();
-  o.bucket_cap_mb = o.first_bucket_mb = 16.0 / (1 << 20);  // a bucket per parameter: an unused
+  o.bucket_cap_mb(16.0 / (1 << 20)).first_bucket_mb(16.0 / (1 << 20));  // a bucket per parameter: an unused
   DDP ddp(model, pg, o);                                   // head's buckets hold up the others
   if (ddp.bucket_layout().size() != 4) throw std::runtime_error("expected 4 buckets");
-  optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+  optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.1).momentum(0.9));
   for (int t = 0; t < 3; ++t) {
     for (std::int64_t m : my_micro_batches(t, rank, W)) {
       model->use_b = m % 3 == 0;  // head b only in some micro-batches, whoever runs them
@@ -443,10 +443,10 @@ TEST_CASE("exact_mean: index order, the same bits on any W, and its errors") {
 TEST_CASE("exact mode: clear errors for sizes, hooks, no_sync, buffers, input size, backward without forward") {
   auto one = make_world_of_one();
   DDPOptions o = exact_options();
-  o.exact.micro_batch = 5;
+  o.exact().micro_batch = 5;
   CHECK_THROWS_WITH_AS(DDP(make_model(), one, o), doctest::Contains("micro-batch (5) does not divide the global batch (24)"),
                        ConfigError);
-  o.exact.micro_batch = 0;
+  o.exact().micro_batch = 0;
   CHECK_THROWS_AS(DDP(make_model(), one, o), ConfigError);
   auto store = std::make_shared<MemoryStore>();
   run_threads(5, [&](int rank) {
@@ -745,7 +745,7 @@ TEST_CASE("normal mode: two runs with the same world size, seed and data give th
       auto pg = make_thread_group("gloo", rank, 2, std::make_shared<PrefixStore>(tag, store));
       const Data d = make_data();
       DDPOptions o;
-      o.bucket_cap_mb = o.first_bucket_mb = 1024.0 / (1 << 20);
+      o.bucket_cap_mb(1024.0 / (1 << 20)).first_bucket_mb(1024.0 / (1 << 20));
       DDP ddp(make_model(), pg, o);
       auto opt = make_opt("adamw", ddp.parameters());
       for (int t = 0; t < 4; ++t) {
@@ -845,7 +845,7 @@ TEST_CASE("exact mode at the extremes: FLT_MAX, denormals, ties, -0, an all-zero
                          : make_thread_group(backend, rank, W, store);
         Generator g(5);
         DDPOptions o;
-        o.exact = {true, kSteps6, 1};
+        o.exact({true, kSteps6, 1});
         DDP ddp(nn::mlp({kCols, 1}, "tanh", &g), pg, o);
         for (const auto& rows : steps) got[rank].push_back(linear_step(ddp, rows, rank, W));
       });

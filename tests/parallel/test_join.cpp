@@ -59,7 +59,7 @@ TEST_CASE("Join with DDP on uneven inputs equals PyTorch 1.13's Join (W = 2, 3; 
       CHECK_NOTHROW(run_threads(W, [&](int rank) {
         auto pg = group(rank, W, store, "join");
         DDP ddp(join_model(), pg);
-        optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+        optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.1).momentum(0.9));
         std::vector<float> losses;
         auto loop = [&] {
           for (auto& [x, y] : batches_of(rank)) {
@@ -157,7 +157,7 @@ TEST_CASE("Join: a rank with no batch at all shadows every iteration; ranks end 
   CHECK_NOTHROW(run_threads(W, [&](int rank) {
     auto pg = group(rank, W, store, "joinnone");
     DDP ddp(join_model(), pg);
-    optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.1).momentum(0.9));
     parallel::Join join({&ddp});
     if (rank == 1)
       for (auto& [x, y] : batches_of(rank)) {

@@ -170,7 +170,7 @@ TEST_CASE("Join with DDP and SyncBatchNorm on uneven inputs: the joined rank sha
     return std::pair{rows(x, lo, lo + B), rows(y, lo, lo + B)};
   };
   auto ref = make();
-  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions{0.1, 0.9});
+  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions(0.1).momentum(0.9));
   for (int s = 0; s < 3; ++s) {
     ref_opt.zero_grad();
     if (s < 2) {
@@ -194,7 +194,7 @@ TEST_CASE("Join with DDP and SyncBatchNorm on uneven inputs: the joined rank sha
   CHECK_NOTHROW(run_threads(W, [&](int rank) {
     auto pg = group(rank, W, store, "sbnjoin");
     DDP ddp(parallel::convert_sync_batchnorm(make(), pg), pg);
-    optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.1).momentum(0.9));
     parallel::Join join({&ddp});
     for (int s = 0; s < 2 + rank; ++s) {
       auto [xb, yb] = batch(rank, s);
@@ -228,7 +228,7 @@ TEST_CASE("Join with DDP on a CNN with SyncBatchNorm2d, W = 3, rank r has 1 + r 
     m->push_back(std::make_shared<nn::Flatten>());
     m->push_back(std::make_shared<nn::Linear>(4 * 3 * 3, 5, true, &g));
     DDP ddp(parallel::convert_sync_batchnorm(m, pg), pg);
-    optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.05, 0.9});
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.05).momentum(0.9));
     Generator data(20 + rank);
     parallel::Join::run({&ddp}, [&] {
       for (int s = 0; s < 1 + rank; ++s) {

@@ -75,8 +75,8 @@ std::vector<ProcResult> train_two_ranks(const std::string& file, int crash_rank 
     o.timeout = 20s;
     auto pg = parallel::init_process_group(o);
     parallel::DDPOptions opts;
-    opts.first_bucket_mb = 0.01;
-    opts.bucket_cap_mb = 0.05;
+    opts.first_bucket_mb(0.01);
+    opts.bucket_cap_mb(0.05);
     parallel::DDP ddp(model(), pg, opts);
     REQUIRE_RANK(rank, ddp.bucket_layout().size() >= 3, ddp.bucket_layout().size());
     auto opt = make_opt("sgd", ddp.parameters());

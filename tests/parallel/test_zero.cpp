@@ -22,12 +22,9 @@ std::shared_ptr<nn::Module> model(std::vector<std::int64_t> sizes = {16, 32, 32,
 
 parallel::OptimizerFactory factory(const std::string& kind) {
   return [kind](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
-    if (kind == "sgd") return std::make_unique<optim::SGD>(std::move(ps), optim::SGDOptions{0.05, 0.9, 0, 1e-3});
-    optim::AdamOptions a;
-    a.lr = 1e-2;
-    a.weight_decay = 0.05;
-    if (kind == "adam") return std::make_unique<optim::Adam>(std::move(ps), a);
-    return std::make_unique<optim::AdamW>(std::move(ps), a);
+    if (kind == "sgd") return std::make_unique<optim::SGD>(std::move(ps), optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3));
+    if (kind == "adam") return std::make_unique<optim::Adam>(std::move(ps), optim::AdamOptions(1e-2).weight_decay(0.05));
+    return std::make_unique<optim::AdamW>(std::move(ps), optim::AdamWOptions(1e-2).weight_decay(0.05));
   };
 }
 

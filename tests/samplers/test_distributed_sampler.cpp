@@ -10,13 +10,8 @@ using namespace phalanx::samplers;
 
 namespace {
 DistributedSampler make(std::int64_t n, int w, int r, bool shuffle, bool drop, std::uint64_t seed = 0) {
-  DistributedSamplerOptions o;
-  o.num_replicas = w;
-  o.rank = r;
-  o.shuffle = shuffle;
-  o.drop_last = drop;
-  o.seed = seed;
-  return DistributedSampler(n, o);
+  return DistributedSampler(
+      n, DistributedSamplerOptions().num_replicas(w).rank(r).shuffle(shuffle).drop_last(drop).seed(seed));
 }
 }  // namespace
 

@@ -79,12 +79,7 @@ TEST_CASE("the union over ranks of their micro-batches is the one-worker assignm
 TEST_CASE("the padded order: DistributedSampler's order, repeated from its start or cut to a multiple of B") {
   for (bool shuffle : {false, true})
     for (std::int64_t epoch : {0, 1, 5}) {
-      DistributedSamplerOptions d;
-      d.num_replicas = 1;
-      d.rank = 0;
-      d.shuffle = shuffle;
-      d.seed = 7;
-      DistributedSampler base(10, d);
+      DistributedSampler base(10, DistributedSamplerOptions().num_replicas(1).rank(0).shuffle(shuffle).seed(7));
       base.set_epoch(epoch);
       const auto order = base.epoch_order();
       REQUIRE(order.size() == 10);

@@ -95,11 +95,8 @@ inline void no_sync_steps(parallel::DDP& ddp, optim::Optimizer& opt, const Data&
 
 /// "sgd": SGD with momentum; anything else: AdamW with weight decay.
 inline std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind, const std::vector<Tensor>& ps) {
-  if (kind == "sgd") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1, 0.9});
-  optim::AdamOptions a;
-  a.lr = 1e-2;
-  a.weight_decay = 0.05;
-  return std::make_unique<optim::AdamW>(ps, a);
+  if (kind == "sgd") return std::make_unique<optim::SGD>(ps, optim::SGDOptions(0.1).momentum(0.9));
+  return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions(1e-2).weight_decay(0.05));
 }
 
 }  // namespace phalanx::test

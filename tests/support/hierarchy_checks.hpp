@@ -20,7 +20,7 @@ inline void check_ddp_equals_one_process(const ProcessGroupPtr& pg) {
     return nn::mlp({16, 32, 32, 5}, "relu", &mg);
   };
   auto train = [&](nn::Module& model, samplers::Sampler& sampler, std::int64_t batch) {
-    optim::SGD opt(model.parameters(), optim::SGDOptions{0.1, 0.9});
+    optim::SGD opt(model.parameters(), optim::SGDOptions(0.1).momentum(0.9));
     std::shared_ptr<samplers::Sampler> s(&sampler, [](samplers::Sampler*) {});
     samplers::DataLoader loader(std::make_shared<samplers::TensorDataset>(x, y), {batch}, s);
     int step = 0;
@@ -38,11 +38,7 @@ inline void check_ddp_equals_one_process(const ProcessGroupPtr& pg) {
   samplers::SequentialSampler all(96);
   train(*one, all, 24);
   parallel::DDP ddp(make_model(), pg);
-  samplers::DistributedSamplerOptions so;
-  so.num_replicas = W;
-  so.rank = rank;
-  so.shuffle = false;
-  samplers::DistributedSampler mine(96, so);
+  samplers::DistributedSampler mine(96, samplers::DistributedSamplerOptions().num_replicas(W).rank(rank).shuffle(false));
   train(ddp, mine, 24 / W);
   const auto want = one->parameters();
   const auto got = ddp.parameters();

@@ -18,26 +18,16 @@ inline const char* const kOptimCases[] = {"sgd",  "sgd_momentum", "sgd_nesterov"
 
 inline std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, std::vector<Tensor> ps) {
   if (name == "sgd") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1});
-  if (name == "sgd_momentum") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1, 0.9});
+  if (name == "sgd_momentum") return std::make_unique<optim::SGD>(ps, optim::SGDOptions(0.1).momentum(0.9));
   if (name == "sgd_nesterov") {
-    optim::SGDOptions o{0.05, 0.9};
-    o.nesterov = true;
-    return std::make_unique<optim::SGD>(ps, o);
+    return std::make_unique<optim::SGD>(ps, optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
   }
-  if (name == "sgd_wd_dampening") return std::make_unique<optim::SGD>(ps, optim::SGDOptions{0.1, 0.8, 0.1, 1e-2});
-  optim::AdamOptions a;
-  a.lr = 1e-2;
-  if (name == "adam") return std::make_unique<optim::Adam>(ps, a);
-  if (name == "adam_wd") {
-    a.beta1 = 0.8;
-    a.beta2 = 0.99;
-    a.weight_decay = 0.1;
-    return std::make_unique<optim::Adam>(ps, a);
-  }
-  a.weight_decay = 0.1;
-  if (name == "adamw") return std::make_unique<optim::AdamW>(ps, a);
-  a.amsgrad = true;
-  return std::make_unique<optim::AdamW>(ps, a);
+  if (name == "sgd_wd_dampening") return std::make_unique<optim::SGD>(ps, optim::SGDOptions(0.1).momentum(0.8).dampening(0.1).weight_decay(1e-2));
+  if (name == "adam") return std::make_unique<optim::Adam>(ps, optim::AdamOptions(1e-2));
+  if (name == "adam_wd")
+    return std::make_unique<optim::Adam>(ps, optim::AdamOptions(1e-2).betas(0.8, 0.99).weight_decay(0.1));
+  if (name == "adamw") return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions(1e-2).weight_decay(0.1));
+  return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true));
 }
 
 }  // namespace phalanx::test

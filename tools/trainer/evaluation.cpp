@@ -15,12 +15,9 @@ Tensor sum_over_ranks(const Tensor& host, ProcessGroup& pg, Device device) {
 
 std::pair<double, double> evaluate(nn::Module& model, const std::shared_ptr<TensorDataset>& ds, ProcessGroup& pg) {
   NoGradGuard no_grad;
-  samplers::DistributedSamplerOptions so;
-  so.shuffle = false;
-  so.num_replicas = pg.size();
-  so.rank = pg.rank();
   // Without padding duplicates: drop_last=false pads, so count only this rank's real samples.
-  DistributedSampler sampler(ds->size(), so);
+  DistributedSampler sampler(
+      ds->size(), samplers::DistributedSamplerOptions().shuffle(false).num_replicas(pg.size()).rank(pg.rank()));
   auto idx = sampler.indices();
   Tensor stats = zeros({3}, DType::Float32);
   float* s = stats.data<float>();

@@ -88,14 +88,12 @@ void check_writable(const char* option, const std::string& path) {
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& ps, double lr) {
   if (c.optimizer == "sgd") {
-    optim::SGDOptions o{lr, c.momentum, 0.0, c.weight_decay, c.nesterov};
-    return std::make_unique<optim::SGD>(ps, o);
+    return std::make_unique<optim::SGD>(
+        ps, optim::SGDOptions(lr).momentum(c.momentum).weight_decay(c.weight_decay).nesterov(c.nesterov));
   }
-  optim::AdamOptions o;
-  o.lr = lr;
-  o.weight_decay = c.weight_decay;
-  if (c.optimizer == "adam") return std::make_unique<optim::Adam>(ps, o);
-  return std::make_unique<optim::AdamW>(ps, o);
+  if (c.optimizer == "adam")
+    return std::make_unique<optim::Adam>(ps, optim::AdamOptions(lr).weight_decay(c.weight_decay));
+  return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions(lr).weight_decay(c.weight_decay));
 }
 
 TrainingSetup set_up_training(const TrainConfig& c) {
@@ -172,9 +170,7 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   // and buffers), whose training statistics are those of the global batch.
   if (c.sync_bn) net = parallel::convert_sync_batchnorm(net, pg);
   net->to(s.dev);
-  parallel::DDPOptions ddp_options;
-  ddp_options.exact = exact_mode;
-  s.model = std::make_shared<parallel::DDP>(net, pg, ddp_options);
+  s.model = std::make_shared<parallel::DDP>(net, pg, parallel::DDPOptions().exact(exact_mode));
   auto& model = s.model;
   // --zero: each rank keeps the optimizer state of its shard of the parameters only
   // (ZeroRedundancyOptimizer over the same optimizer); the weights stay replicated.
@@ -198,20 +194,17 @@ TrainingSetup set_up_training(const TrainConfig& c) {
     mo.drop_last = c.drop_last;
     s.sampler = s.micro_sampler = std::make_shared<MicroBatchSampler>(n, mo);
   } else {
-    samplers::DistributedSamplerOptions dso;
-    dso.shuffle = c.shuffle;
-    dso.seed = c.seed;
-    dso.drop_last = c.drop_last;
-    s.sampler = std::make_shared<DistributedSampler>(n, dso);
+    s.sampler = std::make_shared<DistributedSampler>(
+        n, samplers::DistributedSamplerOptions().shuffle(c.shuffle).seed(c.seed).drop_last(c.drop_last));
   }
   s.micro_per_step = c.exact ? s.xplan.per_rank : 1;  // forward/backward passes a step
   samplers::DataLoaderOptions lo{c.exact ? c.micro_batch : plan.per_rank_batch};
-  lo.drop_last = c.drop_last && !c.exact;  // exact mode: the sampler hands out whole micro-batches
+  lo.drop_last(c.drop_last && !c.exact);  // exact mode: the sampler hands out whole micro-batches
   // No prefetch thread: the data is in memory (or mapped), and a batch's gather is a few
   // row copies, cheaper than handing it over between threads. A thread per worker would also
   // compete with the workers for the cores (with 2 workers on 2 cores it cost ~40 us a step:
   // docs/benchmarks.md).
-  lo.prefetch = 0;
+  lo.prefetch(0);
   s.loader = std::make_unique<samplers::DataLoader>(data.train, lo, s.sampler);
   s.steps_per_epoch = c.exact ? s.micro_sampler->steps_per_epoch() : s.loader->num_batches();
   s.schedule = make_schedule(c, *s.opt, plan.scale, s.steps_per_epoch * c.epochs);

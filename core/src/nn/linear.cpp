@@ -32,7 +32,7 @@ Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 
 std::string Linear::describe() const {
   return detail::concat("Linear(in_features=", in_features, ", out_features=", out_features,
-                        ", bias=", bias.defined() ? "true" : "false", ")");
+                        ", bias=", bias.defined() ? "True" : "False", ")");
 }
 
 }  // namespace phalanx::nn

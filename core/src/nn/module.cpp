@@ -4,8 +4,17 @@
 
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/error.hpp"
+#include "phalanx/core/type_name.hpp"
 
 namespace phalanx::nn {
+
+Tensor Module::forward(const Tensor&) {
+  const std::string name = short_type_name(typeid(*this));
+  throw ValueError(name + " has no forward(const Tensor&): call its own forward(...), or ddp->forward<" + name +
+                   ">(inputs...) under DDP");
+}
+
+std::string Module::describe() const { return short_type_name(typeid(*this)); }
 
 Tensor& Module::register_parameter(const std::string& name, Tensor t) {
   if (t.defined() && !t.requires_grad()) t.requires_grad_(true);
@@ -117,7 +126,9 @@ std::string Module::str() const {
       indented += c;
       if (c == '\n') indented += "  ";
     }
-    out += "  (" + name + "): " + indented + "\n";
+    // An unnamed child is a wrapper's inner module (DDP keeps the plain model's state_dict
+    // names that way); PyTorch's wrappers print it as their `module` attribute.
+    out += "  (" + (name.empty() ? std::string("module") : name) + "): " + indented + "\n";
   }
   return out + ")";
 }

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "phalanx/core/arg.hpp"
 #include "phalanx/data/dataset.hpp"
 #include "phalanx/samplers/sampler.hpp"
 
@@ -22,14 +23,16 @@ struct Batch {
   Tensor x, y;
 };
 
+/// Chainable, as libtorch's: `DataLoaderOptions(64).drop_last(true)`.
 struct DataLoaderOptions {
-  std::int64_t batch_size = 1;
-  bool drop_last = false;
+  /* implicit */ DataLoaderOptions(std::int64_t batch_size = 1) : batch_size_(batch_size) {}
+  PHALANX_ARG(std::int64_t, batch_size);
+  PHALANX_ARG(bool, drop_last) = false;
   /// Batches prepared ahead on a background thread (0: none). Worth it only when a batch
   /// costs more to gather than to hand over between threads (tens of microseconds: data
   /// decoded or read per batch); for data in memory or mapped, 0 is faster, and the thread
   /// competes with the workers when there are no spare cores (docs/benchmarks.md).
-  int prefetch = 0;
+  PHALANX_ARG(int, prefetch) = 0;
 };
 
 class DataLoader {

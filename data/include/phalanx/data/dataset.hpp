@@ -3,6 +3,7 @@
 // preallocated tensors (no per-sample allocation).
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "phalanx/core/tensor.hpp"
@@ -22,6 +23,46 @@ class Dataset {
 };
 
 using DatasetPtr = std::shared_ptr<Dataset>;
+
+/// One sample of a map-style dataset: features and label (a scalar int64 tensor for a class
+/// index).
+struct Example {
+  Tensor x, y;
+};
+
+/// PyTorch's map-style dataset: implement get(i) and size(); the DataLoader batches the
+/// examples (with any sampler). Every example must have example 0's shapes and dtypes
+/// (features float32, as the DataLoader's batches; tensors on the CPU):
+///
+///   struct Squares : samplers::MapDataset {
+///     std::int64_t size() const override { return 100; }
+///     samplers::Example get(std::int64_t i) const override {  // features [1], label a class index
+///       return {full({1}, static_cast<double>(i)), full({}, static_cast<double>(i % 2), DType::Int64)};
+///     }
+///   };
+///
+/// gather() writes each example straight into its row of the batch tensors; get() may be
+/// called from the DataLoader's prefetch thread, so it must be safe to call concurrently
+/// with itself when prefetch > 0.
+class MapDataset : public Dataset {
+ public:
+  virtual Example get(std::int64_t index) const = 0;
+  /// From example 0, read once.
+  Shape feature_shape() const override;
+  Shape label_shape() const override;
+  DType label_dtype() const override;
+  /// ValueError naming the index and both shapes (or dtypes) for an example unlike example 0.
+  void gather(const std::int64_t* idx, std::int64_t count, Tensor& x, Tensor& y) const override;
+
+ private:
+  struct Layout {
+    Shape x_shape, y_shape;
+    DType x_dtype = DType::Float32, y_dtype = DType::Int64;
+  };
+  const Layout& layout() const;
+  mutable std::once_flag layout_once_;
+  mutable Layout layout_;
+};
 
 /// In-memory features [N, ...] and labels [N, ...]. With num_classes > 0, integer labels
 /// are checked to be in [0, num_classes).

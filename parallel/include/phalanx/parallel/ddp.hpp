@@ -15,33 +15,19 @@
 // the end of backward waits for every bucket.
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "phalanx/backends/process_group.hpp"
 #include "phalanx/core/nn/module.hpp"
+#include "phalanx/core/timeline.hpp"
+#include "phalanx/core/type_name.hpp"
 #include "phalanx/parallel/comm_hook.hpp"
+#include "phalanx/parallel/ddp_options.hpp"
 #include "phalanx/parallel/join.hpp"
 
 namespace phalanx::parallel {
-
-/// Exact mode (docs/exact.md): the same bits on any number of workers. The global batch is
-/// split into micro-batches of a fixed size; each rank runs forward and backward once per
-/// micro-batch it owns (micro_batches_per_rank() of them per step), and the backward of the
-/// last one leaves in every .grad() the mean over the global batch, summed in 64-bit fixed
-/// point so that the order of addition (hence the world size) does not matter.
-struct ExactMode {
-  bool enabled = false;
-  std::int64_t global_batch = 0;  ///< samples per optimizer step, all ranks together
-  std::int64_t micro_batch = 0;   ///< samples per forward/backward; divides global_batch
-};
-
-struct DDPOptions {
-  double bucket_cap_mb = 25.0;      ///< bucket size after the first
-  double first_bucket_mb = 1.0;     ///< the first bucket (the last layers) is small so it starts early
-  bool find_unused_parameters = false;  ///< walk the graph each forward; unused parameters count as ready
-  bool broadcast_buffers = true;    ///< broadcast buffers from rank 0 before each forward
-  ExactMode exact;                  ///< bit-exact across world sizes (off by default)
-};
 
 class Reducer;
 class ExactReducer;
@@ -53,6 +39,28 @@ class DistributedDataParallel : public nn::Module, public Joinable {
   ~DistributedDataParallel() override;
 
   Tensor forward(const Tensor& x) override;
+  /// Any forward signature: the wrapped module's own forward(args...) (several inputs, say),
+  /// with everything forward(const Tensor&) does around it (buffer broadcast, Join,
+  /// find_unused_parameters, exact mode's checks). The wrapped module must be an M
+  /// (ValueError naming both types otherwise):
+  ///   Tensor out = ddp->forward<TwoTower>(image, text);
+  /// Exact mode counts the samples of the first tensor argument. Under Join, a forward of
+  /// several inputs cannot be shadowed with an empty batch: a model with forward collectives
+  /// (SyncBatchNorm) then refuses on the joined rank (ConfigError).
+  template <typename M, typename... Args>
+  Tensor forward(Args&&... args) {
+    M* m = dynamic_cast<M*>(module_.get());
+    if (m == nullptr) wrong_module_type(short_type_name<M>());
+    const timeline::Span span("forward", "ddp");  // the buffers' broadcast and Join's messages included
+    const Tensor* first = first_tensor(args...);
+    before_forward(first, sizeof...(Args) == 1 && first != nullptr);
+    try {
+      return after_forward(m->forward(std::forward<Args>(args)...));
+    } catch (...) {
+      abandon_forward();
+      throw;
+    }
+  }
   std::string describe() const override { return "DistributedDataParallel"; }
 
   nn::Module& module() { return *module_; }
@@ -101,6 +109,22 @@ class DistributedDataParallel : public nn::Module, public Joinable {
   ProcessGroup& join_process_group() override { return *pg_; }
 
  private:
+  // The two halves of every forward, around the module's call. before_forward: exact mode's
+  // and Join's checks, Join's messages, the buffers' broadcast; `first` is the first tensor
+  // argument (nullptr: none), `single` whether it is the only argument (Join's shadow forward
+  // then runs on an empty batch shaped like it). after_forward: exact mode's per-micro-batch
+  // check, arms the reducer on `out` (find_unused_parameters walks the graph from it), waits
+  // for Join's messages.
+  void before_forward(const Tensor* first, bool single);
+  Tensor after_forward(const Tensor& out);
+  void abandon_forward();  // the module's forward threw: drop what before_forward started
+  [[noreturn]] void wrong_module_type(const std::string& wanted) const;
+  static const Tensor* first_tensor() { return nullptr; }
+  template <typename A, typename... Rest>
+  static const Tensor* first_tensor(const A& a, const Rest&... rest) {
+    if constexpr (std::is_same_v<std::decay_t<A>, Tensor>) return &a;
+    else return first_tensor(rest...);
+  }
   bool forward_collectives() const;
   nn::ModulePtr module_;
   ProcessGroupPtr pg_;
@@ -113,6 +137,10 @@ class DistributedDataParallel : public nn::Module, public Joinable {
   Shape last_input_shape_;                  // under Join: the joined rank's empty batch
   DType last_input_dtype_ = DType::Float32;
   bool has_input_ = false;
+  bool several_inputs_ = false;             // under Join: the last forward took several (no shadow shape)
+  // Between before_forward and after_forward.
+  WorkPtr notified_, flags_work_;
+  std::int64_t forward_samples_ = -1;       // the first tensor argument's size(0), -1: none
 };
 
 using DDP = DistributedDataParallel;

@@ -1,16 +1,19 @@
 #pragma once
+#include "phalanx/core/arg.hpp"
 #include "phalanx/samplers/sampler.hpp"
 
 namespace phalanx::samplers {
 
+/// Chainable, as libtorch's: `DistributedSamplerOptions().shuffle(false).seed(7)`.
 struct DistributedSamplerOptions {
+  DistributedSamplerOptions() = default;
   /// -1: the default world's size (1 before init_process_group; with -1 here or for rank,
   /// a launch environment of WORLD_SIZE > 1 without an initialised group is an error)
-  int num_replicas = -1;
-  int rank = -1;          ///< -1: the default world's rank
-  bool shuffle = true;
-  std::uint64_t seed = 0;
-  bool drop_last = false;
+  PHALANX_ARG(int, num_replicas) = -1;
+  PHALANX_ARG(int, rank) = -1;          ///< -1: the default world's rank
+  PHALANX_ARG(bool, shuffle) = true;
+  PHALANX_ARG(std::uint64_t, seed) = 0;
+  PHALANX_ARG(bool, drop_last) = false;
 };
 
 /// PyTorch's DistributedSampler, index arithmetic for index arithmetic:

@@ -13,10 +13,15 @@ namespace phalanx::nn {
 class Module {
  public:
   virtual ~Module() = default;
-  virtual Tensor forward(const Tensor& x) = 0;
+  /// The one-input forward. A module whose forward takes other arguments (several inputs)
+  /// just declares its own forward(...) and calls it directly, or under DDP through
+  /// ddp->forward<ItsClass>(inputs...); this default then throws ValueError naming it.
+  virtual Tensor forward(const Tensor& x);
   Tensor operator()(const Tensor& x) { return forward(x); }
-  /// Class name for messages ("Linear(in_features=64, out_features=10)").
-  virtual std::string describe() const = 0;
+  /// One line for printing and messages: the class name without namespaces by default
+  /// ("TwoTower"); built-in layers add their arguments, as PyTorch's extra_repr
+  /// ("Linear(in_features=64, out_features=10, bias=True)").
+  virtual std::string describe() const;
 
   /// Parameters in registration order, depth first, with dotted names.
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
