@@ -46,3 +46,11 @@ message("${out}${err}")
 if(NOT rc EQUAL 0 OR NOT out MATCHES "on backend 'storecomm': allreduce sum = 3")
   message(FATAL_ERROR "the custom backend example failed (${rc})")
 endif()
+
+# The whole-loop example as a user builds it: its own project against the installed package,
+# its checks run with the installed launcher.
+run(${CMAKE_COMMAND} -S ${EXAMPLES_DIR}/custom_loop -B ${WORK_DIR}/custom_loop
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/custom_loop)
+run(${CMAKE_COMMAND} -DLAUNCHER=${WORK_DIR}/prefix/bin/phalanx-run -DPROGRAM=${WORK_DIR}/custom_loop/custom_loop
+    -DWORK_DIR=${WORK_DIR}/custom_loop_checks -P ${EXAMPLES_DIR}/custom_loop/run_checks.cmake)
