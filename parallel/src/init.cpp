@@ -75,8 +75,12 @@ void finish_at_exit(int status, void*) {
   s.watcher.reset();
   // Closing the group now (when no operation is running) tells shm peers at once and lets
   // the store host linger below; one still running stays, and closes with the process.
+  // MPI and NCCL are left to their own exit paths (MPI's on_exit handler finalizes).
   auto ctx = failure_context();
-  if (s.group.use_count() == 1 && s.group->stop_threads(std::chrono::milliseconds(200))) s.group.reset();
+  const std::string name = s.group->backend_name();
+  if (name != "mpi" && name != "nccl" && s.group.use_count() == 1 &&
+      s.group->stop_threads(std::chrono::milliseconds(200)))
+    s.group.reset();
   if (!s.group && ctx) ctx->linger_for_finish(kFinishLinger);
 }
 
