@@ -56,8 +56,9 @@ struct alignas(kLine) RankLine {
   std::atomic<std::uint64_t> sig[2];   ///< the signature of the op posting step s, at sig[s & 1]
   std::atomic<std::int32_t> state;     ///< RankState
   std::int32_t pid;
-  /// The collectives this rank completed, written once when it leaves (before state
-  /// becomes kLeft): a peer still waiting names the count in its PeerFinishedError.
+  /// The collectives this rank ran (begun; on a clean end all completed), written once when
+  /// it leaves (before state becomes kLeft): a peer still waiting names the count in its
+  /// PeerFinishedError.
   std::atomic<std::uint64_t> ops;
 };
 

@@ -67,8 +67,12 @@ bool post_finished(State& s) {
 /// destroy_process_group()): status 0 is a clean end like destroy_process_group(); any
 /// other status, a signal or an uncaught exception (std::terminate, no exit handlers) is
 /// left to look like the death it is.
+/// The process that created the default group: a child it forked (a helper that calls
+/// exit(0)) inherits the handler and the group's memory, but is not this rank.
+std::atomic<pid_t> g_group_pid{0};
+
 void finish_at_exit(int status, void*) {
-  if (status != 0) return;
+  if (status != 0 || ::getpid() != g_group_pid.load()) return;
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu, std::try_to_lock);
   if (!lock.owns_lock() || !post_finished(s)) return;
@@ -88,6 +92,7 @@ void install_exit_hook() {
 #if defined(__GLIBC__)
   // on_exit, not atexit: the handler needs the exit status. Installed after the first group
   // exists, so it runs before the static destructors of the plugin that group loaded.
+  g_group_pid = ::getpid();
   static std::atomic<bool> installed{false};
   if (!installed.exchange(true)) ::on_exit(&finish_at_exit, nullptr);
 #endif
