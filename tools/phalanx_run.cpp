@@ -79,10 +79,18 @@ void print_failure(const std::string& lead, const WorkerFailure& f, const std::v
   const std::string detail = own_words ? " (it said: " + f.message + ")" : "";
   std::fprintf(stderr, "phalanx-run: %srank %d%s (pid %d) %s%s", lead.c_str(), f.rank, where.c_str(), f.pid,
                describe_exit(f).c_str(), detail.c_str());
-  if (stopped >= 0)
-    std::fprintf(stderr, "; stopped the other %d of %d worker(s) on this node.\n", stopped, local_world);
-  else
+  // The others that were still running were stopped; the rest had ended on their own
+  // (a rank that finished its batches before a peer with more failed: uneven inputs).
+  const int others = local_world - 1, ended = others - stopped;
+  if (stopped < 0 || others <= 0)
     std::fprintf(stderr, ".\n");
+  else if (stopped == 0)
+    std::fprintf(stderr, "; the other worker%s on this node had already ended.\n", others == 1 ? "" : "s");
+  else if (ended > 0)
+    std::fprintf(stderr, "; stopped the %d other worker(s) still running on this node (%d had already ended).\n",
+                 stopped, ended);
+  else
+    std::fprintf(stderr, "; stopped the other %d of %d worker(s) on this node.\n", stopped, local_world);
   print_tail(f.rank, tail);
 }
 

@@ -47,6 +47,7 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
     Op o = begin("create", 0, make_sig(OpCode::Barrier, SigFields{}, 0));
     step(o);
     next_round();
+    collectives_ = 0;  // the creation barrier is not the user's
     if (c.size > 1) binding_ = bind_to_share(c.rank, c.size);
   } catch (...) {
     // The others stop waiting for this rank at once (not at their timeout).
@@ -60,7 +61,7 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
 
 ShmProcessGroup::~ShmProcessGroup() {
   // The group stopped its threads before destroying this backend.
-  if (sync_) sync_->mark_left();
+  if (sync_) sync_->mark_left(collectives_);
 }
 
 void ShmProcessGroup::on_abort() noexcept {
@@ -71,6 +72,7 @@ ShmProcessGroup::Op ShmProcessGroup::begin(const char* name, std::uint64_t seq, 
   if (busy_.exchange(true, std::memory_order_acquire))
     throw CommError(describe(name, seq) + ": another thread is running an operation of this group right now; "
                     "issue a group's operations from one thread at a time (or set PHALANX_SHM_INLINE=0)");
+  ++collectives_;
   return Op(name, seq, sig, &busy_);
 }
 

@@ -82,6 +82,9 @@ class ShmProcessGroup final : public Backend {
   std::unique_ptr<Sync> sync_;
   std::uint64_t step_ = 0;   ///< the last step this rank posted
   std::uint64_t round_ = 0;  ///< rounds run so far (selects the slot half)
+  /// Collectives begun (the caller's thread or the worker, one at a time): published in
+  /// this rank's line when the group is destroyed, for peers that still wait.
+  mutable std::uint64_t collectives_ = 0;
   std::size_t small_max_;    ///< allreduce up to this many bytes: one round, every rank reduces it all
   std::size_t chunk_bytes_;  ///< larger ones: rounds of this many bytes, each rank reducing 1/W of each
   std::string binding_;      ///< where bind_to_share put the creating thread

@@ -28,7 +28,7 @@ class Store;
 namespace phalanx::shm {
 
 constexpr std::uint64_t kMagic = 0x50484c5853484d31ull;  // "PHLXSHM1"
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;  // 2: RankLine::ops
 constexpr std::size_t kLine = 64;
 /// The prefix of every segment name (in /dev/shm without the slash).
 constexpr const char* kNamePrefix = "phalanx-shm-";
@@ -56,6 +56,10 @@ struct alignas(kLine) RankLine {
   std::atomic<std::uint64_t> sig[2];   ///< the signature of the op posting step s, at sig[s & 1]
   std::atomic<std::int32_t> state;     ///< RankState
   std::int32_t pid;
+  /// The collectives this rank ran (begun; on a clean end all completed), written once when
+  /// it leaves (before state becomes kLeft): a peer still waiting names the count in its
+  /// PeerFinishedError.
+  std::atomic<std::uint64_t> ops;
 };
 
 struct alignas(kLine) ChannelCtl {

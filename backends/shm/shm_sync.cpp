@@ -120,9 +120,13 @@ void Sync::mark_failed() noexcept {
   wake();
 }
 
-void Sync::mark_left() noexcept {
+void Sync::mark_left(std::uint64_t collectives) noexcept {
   RankLine& me = seg_.line(rank_);
-  if (me.state.load() == kAlive) me.state.store(kLeft, std::memory_order_seq_cst);
+  if (me.state.load() == kAlive) {
+    // Published by the state store below (a peer reads ops after it saw kLeft).
+    me.ops.store(collectives, std::memory_order_relaxed);
+    me.state.store(kLeft, std::memory_order_seq_cst);
+  }
   wake();
 }
 
@@ -151,9 +155,8 @@ void Sync::fail_peer(int q, int why, const std::function<std::string()>& ctx) {
   if (why == 1)
     throw CommError(ctx() + ": " + who + " died (it exited or was killed) while this rank waited for it; "
                     "the job cannot continue: restart it");
-  if (why == 2)
-    throw CommError(ctx() + ": " + who + " destroyed its process group (or exited) before taking part; "
-                    "every rank must issue the same collectives");
+  if (why == 2)  // a clean end: the ranks ran different numbers of steps
+    throw PeerFinishedError(detail::peer_finished_message(ctx(), q, seg_.line(q).ops.load(std::memory_order_acquire)));
   throw CommError(ctx() + ": " + who + " failed (its own error says why) and will not take part");
 }
 

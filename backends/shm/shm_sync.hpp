@@ -125,8 +125,9 @@ class Sync {
   bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
   /// Tells the peers this rank failed (they stop waiting for it).
   void mark_failed() noexcept;
-  /// Tells the peers this rank destroyed its group.
-  void mark_left() noexcept;
+  /// Tells the peers this rank destroyed its group after `collectives` collectives (a
+  /// peer still waiting for it gets a PeerFinishedError naming the count).
+  void mark_left(std::uint64_t collectives) noexcept;
 
  private:
   template <class Ready, class Need>
@@ -144,7 +145,7 @@ class Sync {
       if (!ready()) fail_timeout(stuck, ctx);
     }
   }
-  /// 0: fine; 1: died; 2: left the group; 3: failed.
+  /// 0: fine; 1: died; 2: left the group (finished cleanly); 3: failed.
   int peer_problem(int q) const;
   [[noreturn]] void fail_peer(int q, int why, const std::function<std::string()>& ctx);
   [[noreturn]] void fail_timeout(int q, const std::function<std::string()>& ctx);

@@ -95,6 +95,7 @@ void HierarchicalBackend::step(const WorkPtr& work, Level level, const char* op,
     const std::string msg = describe(op, seq) + ": " + where + " failed: " + e.what();
     if (dynamic_cast<const DesyncError*>(&e)) throw DesyncError(msg);
     if (dynamic_cast<const PeerFailedError*>(&e)) throw PeerFailedError(msg);
+    if (dynamic_cast<const PeerFinishedError*>(&e)) throw PeerFinishedError(msg);
     if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(msg);
     throw CommError(msg);
   }

@@ -46,6 +46,8 @@ int scale_exponent(float max, int k) {
     throw;
   } catch (const PeerFailedError&) {
     throw;
+  } catch (const PeerFinishedError& e) {
+    throw PeerFinishedError(context + e.what());
   } catch (const TimeoutError& e) {
     throw TimeoutError(context + e.what());
   } catch (const DesyncError& e) {

@@ -92,6 +92,53 @@ void FailureContext::post(std::string message, bool secondary, std::string kind)
   }
 }
 
+void FailureContext::post_finished(std::uint64_t collectives) noexcept {
+  if (posted || store_gone) return;
+  try {
+    nlohmann::json j;
+    j["rank"] = rank;
+    j["collectives"] = collectives;
+    j["unix_ns"] = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+    const std::string json = j.dump();
+    const Bytes value(json.begin(), json.end());
+    root->set(finished_key(std::to_string(rank)), value);
+    root->compare_set(finished_key("first"), {}, value);
+    root->add(finished_key("count"), 1);
+  } catch (const std::exception&) {
+    store_gone = true;
+  }
+}
+
+std::optional<std::pair<int, std::uint64_t>> FailureContext::peer_finished() const {
+  const std::string k = finished_key("first");
+  if (!root->check({k})) return std::nullopt;
+  const Bytes b = root->get(k);
+  const nlohmann::json j = nlohmann::json::parse(b.begin(), b.end(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("rank") || !j["rank"].is_number_integer()) return std::nullopt;
+  const int r = j["rank"].get<int>();
+  if (r == rank) return std::nullopt;
+  const std::uint64_t n = j.contains("collectives") && j["collectives"].is_number_unsigned()
+                              ? j["collectives"].get<std::uint64_t>() : 0;
+  return std::make_pair(r, n);
+}
+
+void FailureContext::linger_for_finish(std::chrono::milliseconds limit) noexcept {
+  if (!hosts_store || world <= 1 || store_gone || posted) return;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  try {
+    while (root->add(finished_key("count"), 0) < world && !root->check({key("first")})) {
+      if (std::chrono::steady_clock::now() >= deadline) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  } catch (const std::exception&) {
+    return;
+  }
+  // A survivor posted its failure (having read this rank's record): the others may still
+  // need to read it.
+  linger_for_readers(limit);
+}
+
 std::exception_ptr peer_failed_error(const FailureRecord& r, const std::string& noticed) {
   const std::string what = detail::concat("rank ", r.rank, " failed: ", r.message, noticed.empty() ? "" : " (",
                                           noticed, noticed.empty() ? "" : ")");
@@ -126,6 +173,8 @@ bool is_secondary_failure(const std::exception_ptr& error) {
     std::rethrow_exception(error);
   } catch (const DesyncError&) {
     return false;  // both sides of a desync are at fault; each is a primary failure
+  } catch (const PeerFinishedError&) {
+    return false;  // the peer ended cleanly: this rank's error is the one that says why
   } catch (const CommError&) {
     return true;  // a lost connection, a timeout, a peer's posted failure
   } catch (...) {
@@ -135,10 +184,28 @@ bool is_secondary_failure(const std::exception_ptr& error) {
 
 ProcessGroup::FailureHook make_failure_hook(std::shared_ptr<FailureContext> ctx, std::chrono::milliseconds grace) {
   return [ctx, grace](std::exception_ptr error, const std::string& what) -> std::exception_ptr {
-    const bool secondary = is_secondary_failure(error);
+    bool secondary = is_secondary_failure(error);
     std::exception_ptr better;
-    if (secondary) {
-      // Remembered: the rank's own report_failure(message) later is a consequence too.
+    if (!secondary) {
+      // A backend that saw the clean end itself (shm): a failure posted meanwhile still wins.
+      try {
+        std::rethrow_exception(error);
+      } catch (const PeerFinishedError&) {
+        try {
+          if (!ctx->store_gone)
+            if (auto first = ctx->peer_first_failure()) {
+              better = peer_failed_error(*first, "noticed by " + what);
+              ctx->acknowledge();
+              secondary = true;
+            }
+        } catch (const std::exception&) {
+          ctx->store_gone = true;
+        }
+      } catch (...) {
+      }
+    } else {
+      // Remembered: the rank's own report_failure(message) later is a consequence too
+      // (cleared below when the cause turns out to be a peer's clean end).
       ctx->peer_failed = true;
       // A peer that failed posts its record before it exits, so by the time its connection
       // closes here the record is usually there; wait briefly in case it is on its way.
@@ -148,6 +215,15 @@ ProcessGroup::FailureHook make_failure_hook(std::shared_ptr<FailureContext> ctx,
           if (auto first = ctx->peer_first_failure()) {
             better = peer_failed_error(*first, "noticed by " + what);
             ctx->acknowledge();
+            break;
+          }
+          // No failure, but a peer ended cleanly (it posts before its connections close):
+          // the lost peer is uneven inputs, and this rank's error says so (a primary one).
+          if (auto fin = ctx->peer_finished()) {
+            better = std::make_exception_ptr(
+                PeerFinishedError(detail::peer_finished_message(what, fin->first, fin->second)));
+            secondary = false;
+            ctx->peer_failed = false;
             break;
           }
         } catch (const std::exception&) {

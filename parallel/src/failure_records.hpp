@@ -3,6 +3,12 @@
 // docs/errors.md): `phalanx/r<k>/failure/<rank>` holds a rank's failure as JSON
 // {"rank", "message", "secondary", "unix_ns"}; `phalanx/r<k>/failure/first` the first
 // primary (not secondary) failure, set once. <k> is PHALANX_RESTART_COUNT.
+//
+// Clean ends travel the same way: a rank that destroys its default group (or exits 0 with
+// it alive) first posts `phalanx/r<k>/finished/<rank>` {"rank", "collectives", "unix_ns"},
+// sets `finished/first` once and counts itself in `finished/count`. A survivor whose
+// collective then fails for a lost peer finds it and throws PeerFinishedError (uneven
+// inputs: docs/ddp.md) instead of a bare "connection closed" or "died".
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -10,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "phalanx/backends/process_group.hpp"
 #include "phalanx/backends/store.hpp"
@@ -49,6 +56,19 @@ struct FailureContext {
   std::string key(const std::string& leaf) const {
     return "phalanx/r" + std::to_string(restart) + "/failure/" + leaf;
   }
+  std::string finished_key(const std::string& leaf) const {
+    return "phalanx/r" + std::to_string(restart) + "/finished/" + leaf;
+  }
+  /// Posts finished/<rank>, finished/first (once) and counts finished/count: this rank
+  /// ends cleanly after `collectives` operations. Never throws; nothing when this rank
+  /// already posted a failure or the store is gone.
+  void post_finished(std::uint64_t collectives) noexcept;
+  /// Another rank's finished/first (rank, collectives) when it posted one (no waiting).
+  std::optional<std::pair<int, std::uint64_t>> peer_finished() const;
+  /// On the store-hosting process, after its own finished record: keeps the store up until
+  /// every rank finished or one posted a failure (it read this rank's record first), at
+  /// most `limit`, so a survivor still in a collective learns why.
+  void linger_for_finish(std::chrono::milliseconds limit) noexcept;
   /// failure/first when another rank posted it (no waiting); nullopt otherwise.
   std::optional<FailureRecord> peer_first_failure() const;
   /// Posts failure/<rank> and, for a primary failure, failure/first. Never throws (a
@@ -79,7 +99,8 @@ ProcessGroup::FailureHook make_failure_hook(std::shared_ptr<FailureContext> ctx,
                                             std::chrono::milliseconds grace = std::chrono::milliseconds(500));
 
 /// True when `error` means this rank failed because of another rank (CommError other than
-/// a desync, or a PeerFailedError).
+/// a desync or a PeerFinishedError, or a PeerFailedError). A PeerFinishedError is a
+/// primary failure: it names the cause (uneven inputs); the finished rank did not fail.
 bool is_secondary_failure(const std::exception_ptr& error);
 std::string one_line(std::string s);
 /// "desync" for a DesyncError, else empty: FailureRecord::kind.

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -45,6 +46,56 @@ State& state() {
   // process whose sockets closed first.
   static State* s = new State;
   return *s;
+}
+
+/// How long the store-hosting rank keeps the store up after it finished cleanly, for peers
+/// still in a collective to read its finished record (they usually need milliseconds).
+constexpr std::chrono::milliseconds kFinishLinger{1500};
+
+/// A clean end of the default group (s.mu held): posts this rank's finished record before
+/// the group's connections close, so a peer still in a collective gets a PeerFinishedError
+/// (uneven inputs) rather than a lost connection. Nothing after a failure or an abort.
+/// Returns whether it posted.
+bool post_finished(State& s) {
+  auto ctx = failure_context();
+  if (!ctx || !s.group || s.group->size() <= 1 || s.group->is_aborted() || ctx->posted) return false;
+  ctx->post_finished(s.group->sequence_number());
+  return true;
+}
+
+/// exit(status) with the default group alive (a main that returns without
+/// destroy_process_group()): status 0 is a clean end like destroy_process_group(); any
+/// other status, a signal or an uncaught exception (std::terminate, no exit handlers) is
+/// left to look like the death it is.
+/// The process that created the default group: a child it forked (a helper that calls
+/// exit(0)) inherits the handler and the group's memory, but is not this rank.
+std::atomic<pid_t> g_group_pid{0};
+
+void finish_at_exit(int status, void*) {
+  if (status != 0 || ::getpid() != g_group_pid.load()) return;
+  State& s = state();
+  std::unique_lock<std::mutex> lock(s.mu, std::try_to_lock);
+  if (!lock.owns_lock() || !post_finished(s)) return;
+  s.watcher.reset();
+  // Closing the group now (when no operation is running) tells shm peers at once and lets
+  // the store host linger below; one still running stays, and closes with the process.
+  // MPI and NCCL are left to their own exit paths (MPI's on_exit handler finalizes).
+  auto ctx = failure_context();
+  const std::string name = s.group->backend_name();
+  if (name != "mpi" && name != "nccl" && s.group.use_count() == 1 &&
+      s.group->stop_threads(std::chrono::milliseconds(200)))
+    s.group.reset();
+  if (!s.group && ctx) ctx->linger_for_finish(kFinishLinger);
+}
+
+void install_exit_hook() {
+#if defined(__GLIBC__)
+  // on_exit, not atexit: the handler needs the exit status. Installed after the first group
+  // exists, so it runs before the static destructors of the plugin that group loaded.
+  g_group_pid = ::getpid();
+  static std::atomic<bool> installed{false};
+  if (!installed.exchange(true)) ::on_exit(&finish_at_exit, nullptr);
+#endif
 }
 
 std::string env_or(const char* name, const std::string& fallback) {
@@ -292,6 +343,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   s.has_device = true;
   set_default_world({rank, world, true});
   undo.armed = false;
+  install_exit_hook();
   return s.group;
 }
 
@@ -299,7 +351,10 @@ void destroy_process_group() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.watcher.reset();  // first: it must not abort a group that is going away
+  const auto ctx = failure_context();
+  const bool finished = post_finished(s);  // before the connections close
   s.group.reset();
+  if (finished) ctx->linger_for_finish(kFinishLinger);
   set_failure_context(nullptr);
   s.store.reset();
   s.server.reset();

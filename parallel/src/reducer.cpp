@@ -115,6 +115,8 @@ namespace {
     std::rethrow_exception(error);
   } catch (const PeerFailedError&) {
     throw;  // "rank R failed: <its message> (...)" already says everything
+  } catch (const PeerFinishedError& e) {
+    throw PeerFinishedError(context + e.what());
   } catch (const TimeoutError& e) {
     throw TimeoutError(context + e.what());
   } catch (const DesyncError& e) {

@@ -173,3 +173,39 @@ TEST_CASE("Join: a rank with no batch at all shadows every iteration; ranks end 
   CHECK(shadowed[1] == 0);
   for (std::size_t i = 0; i < finals[0].size(); ++i) CHECK(max_rel_err(finals[1][i], finals[0][i]) == 0.0);
 }
+
+TEST_CASE("DDP on uneven inputs without Join: the rank left running gets a PeerFinishedError naming Join, fast") {
+  // Rank 1 runs out after 3 batches and destroys its group; rank 0 goes on to a 4th.
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  const auto results = run_processes(2, [&](int rank) {
+    set_rank_env(rank, 2, port, "gloo");
+    ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+    parallel::InitOptions o;
+    o.timeout = std::chrono::seconds(20);  // the end must be seen long before this
+    parallel::init_process_group(o);
+    DDP ddp(join_model());
+    const auto batches = batches_of(2);  // 4 batches (BASE + 2), the same on both ranks
+    const int steps = rank == 0 ? 4 : 3;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      for (int i = 0; i < steps; ++i) {
+        ddp.zero_grad();
+        mse_loss(ddp.forward(batches[i].first), batches[i].second).backward();
+      }
+    } catch (const PeerFinishedError& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::fprintf(stderr, "rank %d (%.3f s in): %s\n", rank, s, e.what());
+      const std::string what = e.what();
+      if (rank != 0 || what.find("rank 1 finished") == std::string::npos ||
+          what.find("parallel::Join") == std::string::npos)
+        return 4;
+      return s < 10.0 ? 0 : 5;
+    }
+    if (rank == 0) return 6;  // the 4th step cannot complete
+    parallel::destroy_process_group();
+    return 0;
+  }, std::chrono::seconds(60));
+  CHECK(results[0].exit_code == 0);
+  CHECK(results[1].exit_code == 0);
+}

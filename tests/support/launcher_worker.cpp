@@ -11,6 +11,8 @@
 //   print-crash SIG DIR print two lines, then die by SIG (abort or segv)
 //   progress DIR        rank 0 draws a '\r' progress bar (40 redraws, 25 ms apart), ends it
 //                       with a newline and prints "bar done"; PHALANX_PROGRESS is recorded
+//   uneven DIR          uneven inputs: rank 1 runs 3 more allreduces and returns 0 from main
+//                       (its group alive); the others allreduce on, print their error, exit 1
 //   kill-node1-once DIR on the first attempt, the first rank of node 1 (RANK == LOCAL_WORLD_SIZE)
 //                       kills itself with SIGKILL after one allreduce; then everyone succeeds
 #include <signal.h>
@@ -99,6 +101,19 @@ int main(int argc, char** argv) {
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "rank %d lost a peer: %s\n", rank, e.what());
+      return 1;
+    }
+  }
+  if (mode == "uneven") {
+    if (rank == 1) {
+      for (int i = 0; i < 3; ++i) pg->allreduce(t)->wait();
+      std::printf("rank 1 ran out of batches\n");
+      return 0;
+    }
+    try {
+      for (;;) pg->allreduce(t)->wait();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
       return 1;
     }
   }

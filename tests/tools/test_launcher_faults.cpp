@@ -90,6 +90,19 @@ TEST_CASE("live output: a line shows before the worker exits") {
   CHECK(finish(l, 20s) == 128 + SIGINT);
 }
 
+TEST_CASE("uneven inputs: a rank that finished cleanly is not blamed; the summary says the others had ended") {
+  const std::string dir = make_dir();
+  const int rc = finish(start({"--nproc-per-node", "2", kWorker, "uneven", dir}, dir), 60s);
+  const std::string out = slurp(dir + "/launcher.out");
+  INFO(out);
+  CHECK(rc == 1);
+  CHECK(out.find("phalanx-run: rank 0 (pid ") != std::string::npos);
+  CHECK(out.find("rank 1 finished") != std::string::npos);
+  CHECK(out.find("parallel::Join") != std::string::npos);
+  CHECK(out.find("the other worker on this node had already ended") != std::string::npos);
+  CHECK(out.find("stopped the other 0") == std::string::npos);
+}
+
 TEST_CASE("a crashing worker's last lines are in the failure summary") {
   for (const std::string how : {"abort", "segv"}) {
     CAPTURE(how);
