@@ -140,7 +140,7 @@ TEST_CASE("bad values are one-line errors before any training") {
   std::vector<Case> cases = {
       {"--train-x /nonexistent.npy --train-y " + d + "/y.npy", "/nonexistent.npy: cannot open"},
       {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --model 32-10", "features per sample but --model starts with 32"},
-      {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --model 64-5", "outside [0, 5)"},
+      {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --model 64-5", "--model 64-5 ends in 5 outputs but the labels have "},
       {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --frobnicate", "--frobnicate"},
       {"--train-x " + d + "/x.npy", "--train-x needs --train-y"},
       {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --lr 0.1 --base-lr 0.1 --base-batch 64", "either --lr or --base-lr"},
