@@ -142,8 +142,8 @@ void ckpt_internal::require_step_set(std::int64_t step) {
     throw ConfigError("CheckpointState.step is not set: set it to the optimizer steps taken so far, so each save gets "
                       "its own file");
   if (step < 0)
-    throw ConfigError(detail::concat("CheckpointState.step is ", step, ": set it to the optimizer steps taken so "
-                                              "far (>= 0), so each save gets its own file"));
+    throw ConfigError(detail::concat("CheckpointState.step is ", step,
+                                     ": set it to the optimizer steps taken so far (>= 0), so each save gets its own file"));
 }
 
 CheckpointManifest save_checkpoint(const std::string& path, const CheckpointState& s) {
