@@ -21,6 +21,10 @@ int main(int argc, char** argv) {
   phalanx::set_num_threads(1);
   try {
     return phalanx::trainer::run_training(config);
+  } catch (const phalanx::trainer::DataUsageError& e) {  // the data does not fit the options: a usage error
+    phalanx::parallel::report_failure(std::current_exception());
+    std::fprintf(stderr, "phalanx-train: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     phalanx::parallel::report_failure(std::current_exception());  // the others fail fast, naming this one
     std::fprintf(stderr, "phalanx-train: %s\n", e.what());

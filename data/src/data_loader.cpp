@@ -1,6 +1,7 @@
 #include "phalanx/data/data_loader.hpp"
 
 #include "phalanx/core/error.hpp"
+#include "phalanx/core/timeline.hpp"
 
 namespace phalanx::samplers {
 
@@ -29,6 +30,7 @@ std::int64_t DataLoader::num_batches() const {
 }
 
 Batch DataLoader::collate(std::int64_t b) const {
+  timeline::Span span("load batch", "data", timeline::Arg{"batch", b});
   const std::int64_t begin = b * options_.batch_size();
   const std::int64_t count = std::min<std::int64_t>(options_.batch_size(),
                                                     static_cast<std::int64_t>(order_.size()) - begin);
@@ -47,6 +49,7 @@ void DataLoader::worker_loop() {
     cv_.wait(lock, [&] { return quit_ || generation_ != served; });
     if (quit_) return;
     served = generation_;
+    timeline::name_this_thread("data loader prefetch");  // each epoch: the timeline may start later
     for (std::int64_t b = 0; b < batches_; ++b) {
       cv_.wait(lock, [&] {
         return quit_ || generation_ != served || (!pause_ && static_cast<int>(ready_.size()) < options_.prefetch());
@@ -81,6 +84,8 @@ void DataLoader::start_epoch() {
     std::unique_lock<std::mutex> lock(mu_);
     pause_ = true;  // the worker starts no batch of the old epoch ...
     cv_.wait(lock, [&] { return !busy_; });  // ... and finishes the one it is collating
+    sampler_->pass_started();  // a forgotten set_epoch warns here, once
+    pass_epoch_ = sampler_->epoch();
     order_ = sampler_->indices();
     batches_ = num_batches();
     cursor_ = 0;
@@ -97,15 +102,20 @@ bool DataLoader::next(Batch& out) {
   if (cursor_ >= batches_) return false;
   if (options_.prefetch() == 0) {
     out = collate(cursor_++);
+    if (cursor_ == batches_) sampler_->pass_completed(pass_epoch_);
     return true;
   }
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !ready_.empty() || error_; });
+  if (ready_.empty() && !error_) {  // only a real wait is an event
+    timeline::Span span("wait for batch", "data", timeline::Arg{"batch", cursor_});
+    cv_.wait(lock, [&] { return !ready_.empty() || error_; });
+  }
   if (ready_.empty() && error_) std::rethrow_exception(error_);
   out = std::move(ready_.front());
   ready_.pop_front();
   ++cursor_;
   lock.unlock();
+  if (cursor_ == batches_) sampler_->pass_completed(pass_epoch_);
   cv_.notify_all();
   return true;
 }

@@ -28,4 +28,5 @@
 #include "phalanx/optim.hpp"
 #include "phalanx/samplers.hpp"
 #include "phalanx/parallel.hpp"
+#include "phalanx/core/warning.hpp"
 #include "phalanx/core/world.hpp"

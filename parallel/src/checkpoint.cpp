@@ -11,7 +11,9 @@
 #include "phalanx/core/error.hpp"
 #include "phalanx/core/file_safety.hpp"
 #include "phalanx/core/npy.hpp"
+#include "phalanx/core/world.hpp"
 #include "phalanx/parallel/checkpoint.hpp"
+#include "checkpoint_internal.hpp"
 
 namespace phalanx::parallel {
 
@@ -87,6 +89,27 @@ std::string first_difference(const TensorMap& stored, const TensorMap& current) 
   return "same entries";
 }
 
+// The content checksum over (name, tensor) items in order, "manifest.checksum" left out.
+template <class Items>
+std::uint64_t checksum_of(const Items& items) {
+  Hasher h;
+  for (const auto& [k, v] : items) {
+    if (k == "manifest.checksum") continue;
+    h.meta(k, v);
+    const Tensor host = v.to(Device::cpu());
+    h.bytes(host.raw_data(), host.nbytes());
+  }
+  return h.h;
+}
+
+// The trained state's members: model, optimizer and scheduler (what one step changes).
+bool is_trained_member(const std::string& k) {
+  return k.rfind("model.", 0) == 0 || k.rfind("optim.", 0) == 0 || k.rfind("sched.", 0) == 0;
+}
+
+LoadedCheckpoint verify(const std::string& path, const TensorMap& m, const NpzReadInfo& info,
+                        const CheckpointExpect& expect);
+
 }  // namespace
 
 std::string CheckpointManifest::written_at() const {
@@ -112,18 +135,22 @@ std::uint64_t optimizer_fingerprint(const TensorMap& optimizer_state) {
   return h.h;
 }
 
-std::uint64_t content_checksum(const TensorMap& members) {
-  Hasher h;
-  for (const auto& [k, v] : members) {
-    if (k == "manifest.checksum") continue;
-    h.meta(k, v);
-    const Tensor host = v.to(Device::cpu());
-    h.bytes(host.raw_data(), host.nbytes());
-  }
-  return h.h;
+std::uint64_t content_checksum(const TensorMap& members) { return checksum_of(members); }
+
+void ckpt_internal::require_step_set(std::int64_t step) {
+  if (step == -1)
+    throw ConfigError("CheckpointState.step is not set: set it to the optimizer steps taken so far, so each save gets "
+                      "its own file");
+  if (step < 0)
+    throw ConfigError(detail::concat("CheckpointState.step is ", step,
+                                     ": set it to the optimizer steps taken so far (>= 0), so each save gets its own file"));
 }
 
 CheckpointManifest save_checkpoint(const std::string& path, const CheckpointState& s) {
+  ckpt_internal::require_step_set(s.step);
+  if (s.world_size < 0)
+    throw ConfigError(detail::concat("CheckpointState.world_size is ", s.world_size,
+                                     ": set it to the number of workers, or leave it 0 for the default world's size"));
   TensorMap m;
   for (const auto& [k, v] : s.model) m.set("model." + k, v);
   for (const auto& [k, v] : s.optimizer) m.set("optim." + k, v);
@@ -140,7 +167,7 @@ CheckpointManifest save_checkpoint(const std::string& path, const CheckpointStat
   for (const auto& [k, v] : s.config) m.set("config." + k, text_tensor(v));
   m.set("pos.step_in_epoch", i64(s.step_in_epoch));
   CheckpointManifest man;
-  man.world_size = s.world_size;
+  man.world_size = s.world_size > 0 ? s.world_size : default_world().size;
   man.global_batch = s.global_batch;
   man.micro_batch = s.micro_batch;
   man.step = s.step;
@@ -168,6 +195,46 @@ CheckpointManifest save_checkpoint(const std::string& path, const CheckpointStat
 LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointExpect& expect) {
   NpzReadInfo info;
   const TensorMap m = load_npz(path, &info);  // verifies the file's and each member's CRC-32
+  return verify(path, m, info, expect);
+}
+
+StepFileMatch compare_trained_state(const std::string& path, const CheckpointState& state) {
+  TensorMap m;
+  LoadedCheckpoint stored;
+  try {
+    NpzReadInfo info;
+    m = load_npz(path, &info);
+    CheckpointExpect any;
+    any.world_size = kAnyWorld;
+    stored = verify(path, m, info, any);
+  } catch (const IoError&) {
+    return StepFileMatch::damaged;
+  }
+  // The file's members in its order, with `state`'s trained tensors in place of its own: the
+  // stored checksum covers them, so it is reproduced exactly when they are the same.
+  std::vector<std::pair<std::string, Tensor>> fresh;
+  for (const auto& [k, v] : state.model) fresh.emplace_back("model." + k, v);
+  for (const auto& [k, v] : state.optimizer) fresh.emplace_back("optim." + k, v);
+  for (const auto& [k, v] : state.scheduler) fresh.emplace_back("sched." + k, v);
+  std::vector<std::pair<std::string, Tensor>> mixed;
+  mixed.reserve(m.size());
+  std::size_t next = 0;
+  for (const auto& [k, v] : m) {
+    if (!is_trained_member(k)) {
+      mixed.emplace_back(k, v);
+      continue;
+    }
+    if (next == fresh.size() || fresh[next].first != k) return StepFileMatch::different;
+    mixed.push_back(std::move(fresh[next++]));
+  }
+  if (next != fresh.size()) return StepFileMatch::different;
+  return checksum_of(mixed) == stored.manifest.checksum ? StepFileMatch::same : StepFileMatch::different;
+}
+
+namespace {
+
+LoadedCheckpoint verify(const std::string& path, const TensorMap& m, const NpzReadInfo& info,
+                        const CheckpointExpect& expect) {
   const std::string what = "checkpoint " + path;
   if (!info.file_checksum)
     throw IoError(what + ": no file checksum at its end (damaged, or not written by Phalanx's save_checkpoint)");
@@ -268,21 +335,26 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointExpect
                                 : what + " was written in normal mode and this run is in exact mode: resume without "
                                          "--exact (only a checkpoint written in exact mode resumes in it)");
   const bool exact = man.exact && expect.exact == 1;
+  // 0: the default world, the one this process trains in (a caller that forgets to say).
+  const std::int64_t world = expect.world_size == 0 ? default_world().size : expect.world_size;
   check("global batch", man.global_batch, expect.global_batch, "resume with the same --global-batch");
   if (exact) {
     // Exact mode: the state is the same on every world size; any W that divides the
     // micro-batches of a step computes the same steps.
     check("micro-batch", man.micro_batch, expect.micro_batch, "resume with the same --micro-batch");
     const std::int64_t per_step = man.micro_batch > 0 ? man.global_batch / man.micro_batch : 0;
-    if (expect.world_size > 0 && (per_step < 1 || per_step % expect.world_size != 0))
+    if (world > 0 && (per_step < 1 || per_step % world != 0))
       throw ConfigError(detail::concat(what, " was written in exact mode with ", per_step,
                                        " micro-batches a step (global batch ", man.global_batch, " / micro-batch ",
-                                       man.micro_batch, "), which ", expect.world_size,
+                                       man.micro_batch, "), which ", world,
                                        " workers do not divide: resume on a number of workers that divides ", per_step));
   } else {
-    check("world size", man.world_size, expect.world_size,
-          "resume with the same number of workers (only a checkpoint written in exact mode, --exact, resumes on "
-          "another)");
+    check("world size", man.world_size, world,
+          expect.world_size == 0
+              ? "resume with the same number of workers (only a checkpoint written in exact mode, --exact, resumes "
+                "on another; CheckpointExpect::world_size = kAnyWorld skips this check)"
+              : "resume with the same number of workers (only a checkpoint written in exact mode, --exact, resumes on "
+                "another)");
     check("micro-batch", man.micro_batch, expect.micro_batch, "resume with the same per-worker batch");
   }
   if (expect.model && fingerprint(*expect.model) != man.model_fingerprint)
@@ -307,5 +379,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointExpect
     }
   return out;
 }
+
+}  // namespace
 
 }  // namespace phalanx::parallel

@@ -15,6 +15,7 @@
 #include "phalanx/core/error.hpp"
 #include "phalanx/core/file_safety.hpp"
 #include "phalanx/parallel/checkpoint.hpp"
+#include "checkpoint_internal.hpp"
 
 namespace phalanx::parallel {
 
@@ -154,20 +155,40 @@ std::optional<std::string> CheckpointDir::latest() const {
 }
 
 std::string CheckpointDir::save(const CheckpointState& state) {
+  ckpt_internal::require_step_set(state.step);
+  auto has = [](const std::vector<std::string>& v, const std::string& p) {
+    return std::find(v.begin(), v.end(), p) != v.end();
+  };
+  // One step, one trained state: a save that reuses a step with other weights means the
+  // caller's step does not advance, and each save would silently replace the last. Only on
+  // a step that already has files does this cost anything (a read of each of them).
+  std::string reuse;  // this object's own file of the step, holding the same state
+  for (const auto& f : list()) {
+    std::int64_t s, n;
+    if (!parse_name(f.substr(dir_.size() + 1), s, n) || s != state.step) continue;
+    switch (compare_trained_state(f, state)) {
+      case StepFileMatch::damaged:  // kept as it is for inspection; never replaced
+        break;
+      case StepFileMatch::different:
+        throw ConfigError(detail::concat(
+            "checkpoint folder ", dir_, ": ", f, " already holds step ", state.step,
+            " with different weights: two saves at one step with different weights mean the step is not advancing; "
+            "set CheckpointState.step to the optimizer steps taken so far",
+            has(written_, f) ? "" : " (if that file is another run's: resume from it, or give this run an empty folder)"));
+      case StepFileMatch::same:
+        if (reuse.empty() && has(written_, f)) reuse = f;
+        break;
+    }
+  }
   // A file of this step that this object did not write (a damaged one kept for inspection,
   // or another run's) is never replaced: the new one gets the next free suffix.
-  std::string path;
-  for (std::int64_t n = 0;; ++n) {
-    path = dir_ + "/" + name_for(state.step, n);
-    if (!exists(path) || std::find(written_.begin(), written_.end(), path) != written_.end()) break;
-  }
+  std::string path = reuse;
+  for (std::int64_t n = 0; path.empty(); ++n)
+    if (!exists(dir_ + "/" + name_for(state.step, n))) path = dir_ + "/" + name_for(state.step, n);
   save_checkpoint(path, state);
   if (std::find(written_.begin(), written_.end(), path) == written_.end()) written_.push_back(path);
   // Only now, with a newer one complete, the oldest beyond keep_last go; files passed over as
   // damaged are neither counted nor removed, and the file resumed from stays.
-  auto has = [](const std::vector<std::string>& v, const std::string& p) {
-    return std::find(v.begin(), v.end(), p) != v.end();
-  };
   std::vector<std::string> all;
   for (auto& f : list())
     if (!has(damaged_, f)) all.push_back(f);

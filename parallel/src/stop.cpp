@@ -131,7 +131,9 @@ std::string save_on_stop(ProcessGroup& pg, CheckpointDir& dir, const CheckpointS
   std::exception_ptr error;
   if (pg.rank() == 0) try {
       path = dir.save(state);
-      (void)load_checkpoint(path, CheckpointExpect{});  // reads it back: checksum and manifest
+      CheckpointExpect any;
+      any.world_size = kAnyWorld;  // the state's own world, which the caller set
+      (void)load_checkpoint(path, any);  // reads it back: checksum and manifest
       post_stop_record(state.step, path, sig);
     } catch (const std::exception& e) {
       error = std::current_exception();

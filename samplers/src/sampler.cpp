@@ -1,10 +1,38 @@
 #include "phalanx/samplers/sampler.hpp"
 
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <string>
+#include <typeinfo>
+
 #include "phalanx/core/error.hpp"
+#include "phalanx/core/warning.hpp"
 #include "phalanx/core/generator.hpp"
 #include "phalanx/samplers/shuffle.hpp"
 
 namespace phalanx::samplers {
+
+namespace {
+
+// "phalanx::samplers::DistributedSampler" -> "DistributedSampler": the class a user wrote.
+std::string class_name(const std::type_info& t) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+  std::string name = status == 0 && d ? d : t.name();
+  std::free(d);
+  const auto colon = name.rfind("::");
+  return colon == std::string::npos ? name : name.substr(colon + 2);
+}
+
+}  // namespace
+
+void Sampler::pass_started() {
+  if (!shuffles() || passes_.complete_epoch.load(std::memory_order_relaxed) != epoch_) return;
+  if (passes_.warned.exchange(true)) return;  // once per sampler
+  warn(class_name(typeid(*this)) + " starts a second pass at epoch " + std::to_string(epoch_) +
+       " with the same order: call sampler->set_epoch(epoch) (or loader.set_epoch(epoch)) before each epoch");
+}
 
 std::vector<std::int64_t> shuffled_order(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <limits>
 
 #include <phalanx/phalanx.hpp>
@@ -187,4 +188,139 @@ TEST_CASE("load_npy_dataset: .npz members, non-finite features, float labels") {
                        TypeError);
   std::remove(fz.c_str());
   std::remove(fy.c_str());
+}
+
+namespace {
+
+// Runs `f` with stderr (fd 2) sent to a file; returns what was written.
+template <class F>
+std::string stderr_of(F&& f) {
+  const std::string path = "/tmp/phalanx_stderr_" + std::to_string(::getpid()) + ".txt";
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  std::FILE* file = std::fopen(path.c_str(), "w");
+  REQUIRE(file);
+  ::dup2(::fileno(file), 2);
+  try {
+    f();
+  } catch (...) {
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    std::fclose(file);
+    throw;
+  }
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::fclose(file);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(path.c_str());
+  return text;
+}
+
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+void drain(DataLoader& loader) {
+  for (Batch& b : loader) (void)b;
+}
+
+DistributedSamplerOptions one_replica(bool shuffle) {
+  return DistributedSamplerOptions().num_replicas(1).rank(0).shuffle(shuffle);
+}
+
+const char* const kSecondPass =
+    "phalanx: warning: DistributedSampler starts a second pass at epoch 0 with the same order: call "
+    "sampler->set_epoch(epoch) (or loader.set_epoch(epoch)) before each epoch\n";
+
+}  // namespace
+
+TEST_CASE("a forgotten set_epoch: a shuffling sampler's second pass at one epoch warns once, through one loader or new ones") {
+  auto ds = toy(12);
+  for (int prefetch : {0, 2}) {
+    CAPTURE(prefetch);
+    // The same loader iterated again, three epochs without set_epoch: one line.
+    auto sampler = std::make_shared<DistributedSampler>(12, one_replica(true));
+    const auto o = DataLoaderOptions(4).prefetch(prefetch);
+    DataLoader loader(ds, o, sampler);
+    const std::string same_loader = stderr_of([&] {
+      for (int epoch = 0; epoch < 3; ++epoch) drain(loader);
+    });
+    CHECK(same_loader == kSecondPass);
+    // A new loader each epoch on one sampler: caught too.
+    auto shared = std::make_shared<DistributedSampler>(12, one_replica(true));
+    const std::string new_loaders = stderr_of([&] {
+      for (int epoch = 0; epoch < 3; ++epoch) {
+        DataLoader each(ds, o, shared);
+        drain(each);
+      }
+    });
+    CHECK(count_of(new_loaders, "starts a second pass at epoch 0") == 1);
+    // The real class name.
+    auto random = std::make_shared<RandomSampler>(12);
+    DataLoader r(ds, o, random);
+    const std::string named = stderr_of([&] {
+      drain(r);
+      drain(r);
+    });
+    CHECK(named.find("phalanx: warning: RandomSampler starts a second pass at epoch 0") == 0);
+  }
+}
+
+TEST_CASE("no warning with set_epoch, without shuffling, or for two loaders reading one epoch at once") {
+  auto ds = toy(12);
+  const std::string quiet = stderr_of([&] {
+    // set_epoch before each epoch (through the loader or the sampler).
+    auto sampler = std::make_shared<DistributedSampler>(12, one_replica(true));
+    DataLoader loader(ds, {4}, sampler);
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      loader.set_epoch(epoch);
+      drain(loader);
+    }
+    sampler->set_epoch(3);
+    drain(loader);
+    sampler->set_epoch(3);  // an explicit repeat of an epoch is the caller's choice
+    drain(loader);
+    // Not shuffling: every epoch's order is the same anyway.
+    auto plain = std::make_shared<DistributedSampler>(12, one_replica(false));
+    DataLoader p(ds, {4}, plain);
+    for (int epoch = 0; epoch < 3; ++epoch) drain(p);
+    DataLoader seq(ds, {4});
+    for (int epoch = 0; epoch < 3; ++epoch) drain(seq);
+    // Two live loaders over one sampler, reading epoch 0 at the same time (interleaved).
+    auto shared = std::make_shared<RandomSampler>(12);
+    DataLoader a(ds, {4}, shared), b(ds, {4}, shared);
+    a.start_epoch();
+    b.start_epoch();
+    Batch x;
+    while (a.next(x) | b.next(x)) {
+    }
+    // An incomplete pass (a break) is not a pass: starting over is not warned about.
+    auto partial = std::make_shared<RandomSampler>(12, 5);
+    DataLoader c(ds, {4}, partial);
+    c.start_epoch();
+    c.next(x);
+    drain(c);
+  });
+  CHECK(quiet.empty());
+  CHECK_FALSE(DistributedSampler(12, one_replica(false)).shuffles());
+  CHECK(DistributedSampler(12, one_replica(true)).shuffles());
+  CHECK(RandomSampler(4).shuffles());
+  CHECK_FALSE(SequentialSampler(4).shuffles());
+}
+
+TEST_CASE("warn_once writes one line per key") {
+  const std::string text = stderr_of([] {
+    for (int i = 0; i < 3; ++i) {
+      warn_once("test key a", "first thing: do this");
+      warn_once("test key b", "second thing");
+    }
+    warn("every time");
+  });
+  CHECK(text == "phalanx: warning: first thing: do this\nphalanx: warning: second thing\nphalanx: warning: every time\n");
 }

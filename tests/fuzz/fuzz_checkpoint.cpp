@@ -70,7 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       in.write(data, size);
     }
     phalanx::parallel::CheckpointExpect expect;
-    if (mode & 4) expect.world_size = 2;
+    expect.world_size = mode & 4 ? 2 : phalanx::parallel::kAnyWorld;
     if (mode & 8) expect.global_batch = 64;
     const auto ck = phalanx::parallel::load_checkpoint(in.path(), expect);
     phalanx::fuzz::require(ck.state.step >= 0 && ck.state.epoch >= 0 && ck.state.step_in_epoch >= 0 &&

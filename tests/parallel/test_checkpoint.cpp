@@ -53,7 +53,7 @@ struct Fixture {
     state.step = 17;
     state.epoch = 2;
     state.step_in_epoch = 5;
-    state.world_size = 2;
+    state.world_size = 1;  // this test process's default world
     state.global_batch = 64;
     state.micro_batch = 32;
     Generator r(3);
@@ -64,13 +64,29 @@ struct Fixture {
   }
 };
 
+// A deep copy of a state dict with its first float value changed (state dicts share the parameters).
+TensorMap nudged(const TensorMap& m, float by = 1.f) {
+  TensorMap out;
+  bool done = false;
+  for (const auto& [k, v] : m) {
+    Tensor c = v.clone();
+    if (!done && c.dtype() == DType::Float32 && c.numel() > 0) c.data<float>()[0] += by, done = true;
+    out.set(k, c);
+  }
+  REQUIRE(done);
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("a checkpoint round-trips every part exactly, with its manifest") {
   Fixture f;
+  f.state.world_size = 2;
   const std::string p = tmp_dir() + "/rt.npz";
   const auto written = parallel::save_checkpoint(p, f.state);
-  const auto loaded = parallel::load_checkpoint(p);
+  CheckpointExpect any;
+  any.world_size = parallel::kAnyWorld;
+  const auto loaded = parallel::load_checkpoint(p, any);
   const CheckpointState& s = loaded.state;
   CHECK(s.step == 17);
   CHECK(s.epoch == 2);
@@ -160,7 +176,7 @@ TEST_CASE("the manifest is checked against the current run, showing both values"
   parallel::save_checkpoint(p, f.state);
   CheckpointExpect e;
   e.world_size = 4;
-  CHECK_THROWS_WITH_AS(parallel::load_checkpoint(p, e), doctest::Contains("written with world size 2, this run has 4"),
+  CHECK_THROWS_WITH_AS(parallel::load_checkpoint(p, e), doctest::Contains("written with world size 1, this run has 4"),
                        ConfigError);
   e = {};
   e.global_batch = 128;
@@ -178,7 +194,7 @@ TEST_CASE("the manifest is checked against the current run, showing both values"
   CHECK_THROWS_WITH_AS(parallel::load_checkpoint(p, e), doctest::Contains("another optimizer's state"), ConfigError);
   // The matching expectation loads.
   e = {};
-  e.world_size = 2;
+  e.world_size = 1;
   e.global_batch = 64;
   e.micro_batch = 32;
   const TensorMap model = f.net->state_dict(), opt = f.opt->state_dict();
@@ -462,4 +478,112 @@ TEST_CASE("a checkpoint folder another user owns or may write is refused; new fi
   CHECK(mode_of(shared.save(f.state)) == 0644);
   ::unsetenv("PHALANX_FILE_MODE");
   ::umask(old_mask);
+}
+
+TEST_CASE("a save needs a step: an unset step is refused by save_checkpoint and CheckpointDir::save") {
+  Fixture f;
+  f.state.step = CheckpointState{}.step;  // the default: unset
+  const std::string d = tmp_dir() + "/unset_step";
+  CheckpointDir dir(d, 2);
+  const char* msg = "CheckpointState.step is not set: set it to the optimizer steps taken so far, so each save gets its own file";
+  CHECK_THROWS_WITH_AS(dir.save(f.state), doctest::Contains(msg), ConfigError);
+  CHECK_THROWS_WITH_AS(parallel::save_checkpoint(d + "/x.npz", f.state), doctest::Contains(msg), ConfigError);
+  CHECK(dir.list().empty());
+}
+
+TEST_CASE("one step, one trained state: other weights at a saved step are refused, the same state is saved again") {
+  const std::string d = tmp_dir() + "/one_step";
+  Fixture f;
+  f.state.step = 0;
+  CheckpointDir dir(d, 3);
+  const std::string first = dir.save(f.state);
+  CHECK(first == d + "/checkpoint-0000000000.npz");
+  const std::string before = read_bytes(first);
+  // The same trained state again (another position, RNG state, scalars, user tensors): this
+  // object's own file is replaced by the newer record.
+  f.state.epoch = 3;
+  f.state.step_in_epoch = 0;
+  f.state.scalars["loss_sum"] = 9;
+  f.state.user.set("curve", tensor(std::vector<float>{1.5f, 1.25f, 1.f}, {3}));
+  CHECK(dir.save(f.state) == first);
+  CHECK(parallel::load_checkpoint(first).state.epoch == 3);
+  CHECK(dir.list().size() == 1);
+  // Other weights at step 0: the step is not advancing. The file stays as it was.
+  const std::string kept = read_bytes(first);
+  CheckpointState other = f.state;
+  other.model = nudged(f.state.model);
+  const std::string refused = first + " already holds step 0 with different weights: two saves at one step with "
+                                      "different weights mean the step is not advancing; set CheckpointState.step";
+  CHECK_THROWS_WITH_AS(dir.save(other), doctest::Contains(refused.c_str()), ConfigError);
+  CHECK(read_bytes(first) == kept);
+  CHECK(dir.list().size() == 1);
+  // So does another optimizer state (the same weights).
+  CheckpointState opt_only = f.state;
+  opt_only.optimizer = nudged(f.state.optimizer);
+  CHECK_THROWS_AS(dir.save(opt_only), ConfigError);
+  // Another object (a restarted run) saving the same state: the file stands, the save takes
+  // the next suffix; other weights are refused, naming the way out for another run's file.
+  CheckpointDir again(d, 3);
+  CHECK(again.save(f.state) == d + "/checkpoint-0000000000.1.npz");
+  CHECK(read_bytes(first) == kept);
+  CHECK_THROWS_WITH_AS(again.save(other), doctest::Contains("give this run an empty folder"), ConfigError);
+  // An advancing step takes the other weights.
+  other.step = 1;
+  CHECK(again.save(other) == d + "/checkpoint-0000000001.npz");
+  CHECK(read_bytes(d + "/checkpoint-0000000000.npz") == kept);
+  CHECK(before != kept);  // the first save was replaced by the same state's newer record
+}
+
+TEST_CASE("a damaged file at the step neither blocks the save nor is touched; superseded files do not block") {
+  const std::string d = tmp_dir() + "/damaged_step";
+  Fixture f;
+  f.state.step = 4;
+  CheckpointDir dir(d, 3);
+  const std::string p = dir.save(f.state);
+  std::string bytes = read_bytes(p);
+  bytes[bytes.size() / 2] ^= 8;
+  write_bytes(p, bytes);
+  // Other weights at the step: the damaged file holds no valid checkpoint of it.
+  f.state.model = nudged(f.state.model);
+  CHECK(dir.save(f.state) == d + "/checkpoint-0000000004.1.npz");  // even by the object that wrote it
+  CHECK(read_bytes(p) == bytes);
+  CHECK_NOTHROW(parallel::load_checkpoint(d + "/checkpoint-0000000004.1.npz"));
+  // A superseded file of step 5 is no checkpoint: other weights at step 5 are saved.
+  f.state.step = 5;
+  dir.save(f.state);
+  REQUIRE(dir.supersede_after(4).size() == 1);
+  f.state.model = nudged(f.state.model);
+  CHECK(dir.save(f.state) == d + "/checkpoint-0000000005.npz");
+}
+
+TEST_CASE("the world size: recorded from the default world when unset, checked against it on load") {
+  const std::string p = tmp_dir() + "/world.npz";
+  Fixture f;
+  f.state.world_size = 0;  // the default: the default world's size
+  set_default_world({0, 2});
+  CHECK(parallel::save_checkpoint(p, f.state).world_size == 2);
+  CheckpointExpect any;
+  any.world_size = parallel::kAnyWorld;
+  CHECK(parallel::load_checkpoint(p, any).state.world_size == 2);
+  CHECK(parallel::load_checkpoint(p).state.world_size == 2);  // the default expectation: the default world, 2
+  set_default_world({0, 1});
+  CHECK_THROWS_WITH_AS(parallel::load_checkpoint(p),
+                       doctest::Contains("was written with world size 2, this run has 1: resume with the same number of "
+                                         "workers"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(parallel::load_checkpoint(p), doctest::Contains("kAnyWorld"), ConfigError);
+  CHECK_NOTHROW(parallel::load_checkpoint(p, any));
+  CHECK(CheckpointExpect{}.world_size == 0);
+  CHECK(CheckpointState{}.world_size == 0);
+  // The folder's walk applies the same default.
+  const std::string d = tmp_dir() + "/world_dir";
+  {
+    CheckpointDir dir(d, 2);
+    set_default_world({0, 2});
+    dir.save(f.state);
+    set_default_world({0, 1});
+  }
+  CheckpointDir dir(d, 2);
+  CHECK_THROWS_AS(dir.load_newest({}, nullptr), ConfigError);
+  CHECK(dir.load_newest(any, nullptr).has_value());
 }

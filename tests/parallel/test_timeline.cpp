@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "phalanx/core/timeline.hpp"
 #include "support/ddp_fixtures.hpp"
@@ -310,4 +311,58 @@ TEST_CASE("timeline::start: a file in a folder that does not exist is a one-line
                        doctest::Contains("does not exist or is not writable"), ConfigError);
   CHECK_THROWS_WITH_AS(timeline::start(""), doctest::Contains("names no file"), ConfigError);
   CHECK_FALSE(timeline::enabled());
+}
+
+namespace {
+
+// A dataset whose batches take a while to gather: the consumer of a prefetching loader waits.
+class SlowDataset : public samplers::Dataset {
+ public:
+  std::int64_t size() const override { return 8; }
+  Shape feature_shape() const override { return {2}; }
+  void gather(const std::int64_t* idx, std::int64_t count, Tensor& x, Tensor& y) const override {
+    std::this_thread::sleep_for(5ms);
+    for (std::int64_t i = 0; i < count; ++i) {
+      x.data<float>()[2 * i] = x.data<float>()[2 * i + 1] = static_cast<float>(idx[i]);
+      y.data<std::int64_t>()[i] = idx[i] % 2;
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the timeline shows the input pipeline (load batch, wait for batch) and gradient clipping") {
+  TempDir dir;
+  const std::string file = dir.path + "/pipeline.json";
+  const auto results = run_processes(1, [&](int) {
+    timeline::start(file);
+    auto ds = std::make_shared<SlowDataset>();
+    samplers::DataLoader ahead(ds, samplers::DataLoaderOptions(2).prefetch(2));
+    for (samplers::Batch& b : ahead) (void)b;
+    samplers::DataLoader inline_loader(ds, {4});
+    for (samplers::Batch& b : inline_loader) (void)b;
+    Generator g(1);
+    auto net = nn::mlp({2, 3, 2}, "relu", &g);
+    cross_entropy(net->forward(randn({4, 2}, &g)), tensor(std::vector<std::int64_t>{0, 1, 0, 1}, {4})).backward();
+    nn::clip_grad_norm_(net->parameters(), 1.0);
+    nn::clip_grad_value_(net->parameters(), 0.5);
+    timeline::finish();
+    return 0;
+  }, 60s);
+  REQUIRE(results[0].exit_code == 0);
+  const std::vector<Ev> all = read_events(file);
+  const auto loads = select(all, 0, "data", "load batch");
+  const auto waits = select(all, 0, "data", "wait for batch");
+  CHECK(loads.size() == 4 + 2);  // 4 batches prefetched, 2 collated inline
+  REQUIRE(!waits.empty());
+  // The prefetched batches are loaded on the prefetch thread, named; the wait is the consumer's.
+  int prefetch_tid = -1;
+  for (const auto& e : all)
+    if (e.ph == "M" && e.name == "thread_name" && e.args.value("name", std::string()) == "data loader prefetch")
+      prefetch_tid = e.tid;
+  REQUIRE(prefetch_tid >= 0);
+  CHECK(std::count_if(loads.begin(), loads.end(), [&](const Ev& e) { return e.tid == prefetch_tid; }) == 4);
+  for (const auto& w : waits) CHECK(w.tid != prefetch_tid);
+  CHECK(select(all, 0, "optim", "clip grad norm").size() == 1);
+  CHECK(select(all, 0, "optim", "clip grad value").size() == 1);
 }

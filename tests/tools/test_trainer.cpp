@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -140,7 +141,7 @@ TEST_CASE("bad values are one-line errors before any training") {
   std::vector<Case> cases = {
       {"--train-x /nonexistent.npy --train-y " + d + "/y.npy", "/nonexistent.npy: cannot open"},
       {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --model 32-10", "features per sample but --model starts with 32"},
-      {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --model 64-5", "outside [0, 5)"},
+      {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --model 64-5", "--model 64-5 ends in 5 outputs but the labels have "},
       {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --frobnicate", "--frobnicate"},
       {"--train-x " + d + "/x.npy", "--train-x needs --train-y"},
       {"--train-x " + d + "/x.npy --train-y " + d + "/y.npy --lr 0.1 --base-lr 0.1 --base-batch 64", "either --lr or --base-lr"},
@@ -349,4 +350,24 @@ TEST_CASE("SIGINT while training without --checkpoint-dir: the finished epochs a
   CHECK(std::count(text.begin(), text.end(), '\n') >= steps);
   CHECK(text.find("epoch " + std::to_string(steps) + ": train loss ") != std::string::npos);
   CHECK(text.find("epoch " + std::to_string(steps + 1) + ": train loss ") == std::string::npos);
+}
+
+TEST_CASE("PHALANX_TIMELINE: the trainer's evaluation pass shows as validation, its input as load batch") {
+  const std::string trace = dir() + "/trainer_timeline.json";
+  std::remove(trace.c_str());
+  const auto t = trainer_test::run_command("PHALANX_TIMELINE=" + trace + " " + PHALANX_TRAIN + " --global-batch 64 "
+                                           "--epochs 2 --test-x " + dir() + "/x.npy --test-y " + dir() + "/y.npy" + kData,
+                                           dir() + "/timeline_out.txt");
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  std::ifstream f(trace);
+  REQUIRE(f.good());
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  std::map<std::string, int> count;
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.at("ph") == "X") ++count[e.at("cat").get<std::string>() + "/" + e.at("name").get<std::string>()];
+  CHECK(count["eval/validation"] == 2);  // one per epoch
+  CHECK(count["data/load batch"] == 2 * 8);  // 512 samples in batches of 64, two epochs
+  CHECK(count["optim/optimizer step"] == 2 * 8);
+  std::remove(trace.c_str());
 }

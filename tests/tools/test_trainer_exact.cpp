@@ -245,6 +245,7 @@ TEST_CASE("load_checkpoint: exact mode lets the world size change to any divisor
   const std::string p = the_case().dir + "/lib.npz";
   parallel::CheckpointState s;
   s.model.set("w", zeros({2}));
+  s.step = 0;
   s.world_size = 4;
   s.global_batch = 24;
   s.micro_batch = 2;  // 12 micro-batches a step

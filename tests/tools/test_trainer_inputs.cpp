@@ -366,3 +366,42 @@ TEST_CASE("--metrics through a symbolic link another user planted is refused and
   CHECK(r.out.find("--metrics " + link + ": is a symbolic link of another user (uid 12345)") != std::string::npos);
   CHECK(trainer_test::slurp(victim) == "precious");
 }
+
+TEST_CASE("an MLP's last width must be the number of classes: --classes for labels that do not show every class") {
+  // The case study's labels are 0..9: 10 classes.
+  check_usage_error("--model 64-32", {"--model 64-32 ends in 32 outputs but the labels have 10 classes (0..9): make the "
+                                      "last width 10, e.g. --model 64-32-10, or pass --classes 32 if some classes have "
+                                      "no labels in this data"});
+  check_usage_error("--model 64-5", {"--model 64-5 ends in 5 outputs but the labels have 10 classes (0..9): make the last "
+                                     "width 10, e.g. --model 64-5-10"});
+  check_usage_error("--model 64-32-10 --classes 12",
+                    {"--model 64-32-10 ends in 10 outputs but --classes is 12: make the last width 12"});
+  check_usage_error("--model 64-10 --classes 8", {"row ", " has the label 9 but --classes is 8 (labels 0..7): pass --classes 10 or more"});
+  check_usage_error("--model 32-10", {"the data has [64] features per sample but --model starts with 32 inputs: make the "
+                                      "first width 64, e.g. --model 64-10"});
+  check_usage_error("--model cnn:4:3 --classes 5", {"--classes 5 and --model cnn:4:3 (3 classes) disagree"});
+  check_usage_error("--classes 0", {"--classes"});
+  // Labels that never show class 10 and 11: --classes 12 and a model ending in 12 train.
+  const TensorMap f = load_npz(kNpz);
+  auto y = f.at("y").to_vector<std::int64_t>();
+  const std::string y_path = dir() + "/y_first_rows.npy";
+  save_npy(y_path, tensor(y, {static_cast<std::int64_t>(y.size())}));
+  const Result ok = run(" --train-x " + kNpz + ":x --train-y " + y_path + " --model 64-12 --classes 12");
+  INFO(ok.out);
+  CHECK(ok.code == 0);
+  CHECK(ok.out.find("train loss") != std::string::npos);
+  // A negative label: the file and the row.
+  y[7] = -1;
+  save_npy(y_path, tensor(y, {static_cast<std::int64_t>(y.size())}));
+  const Result neg = run(" --train-x " + kNpz + ":x --train-y " + y_path + " --model 64-10");
+  INFO(neg.out);
+  CHECK(neg.code == 2);
+  CHECK(neg.out.find(y_path + ": row 7 has the label -1: class labels are 0, 1, ..., classes - 1") != std::string::npos);
+  // The test set's labels count too: a label 10 there makes 11 classes.
+  y[7] = 10;
+  save_npy(y_path, tensor(y, {static_cast<std::int64_t>(y.size())}));
+  const Result test_set = run(kData + " --test-x " + kNpz + ":x --test-y " + y_path + " --model 64-10");
+  INFO(test_set.out);
+  CHECK(test_set.code == 2);
+  CHECK(test_set.out.find("the labels have 11 classes (0..10)") != std::string::npos);
+}

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "phalanx/core/timeline.hpp"
+
 namespace phalanx::trainer {
 
 using samplers::DistributedSampler;
@@ -14,6 +16,7 @@ Tensor sum_over_ranks(const Tensor& host, ProcessGroup& pg, Device device) {
 }
 
 std::pair<double, double> evaluate(nn::Module& model, const std::shared_ptr<TensorDataset>& ds, ProcessGroup& pg) {
+  timeline::Span span("validation", "eval", timeline::Arg{"samples", ds->size()});
   NoGradGuard no_grad;
   // Without padding duplicates: drop_last=false pads, so count only this rank's real samples.
   DistributedSampler sampler(

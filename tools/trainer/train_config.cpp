@@ -132,7 +132,7 @@ void check_model_size(const std::string& text, const std::vector<std::int64_t>& 
 struct RawOptions {
   std::string model = "64-32-10", config;
   std::string lr, momentum, weight_decay, global_batch, base_lr, base_batch, warmup_steps, epochs, seed;
-  std::string checkpoint_every, keep_checkpoints, lr_step_size, lr_milestones, lr_gamma, micro_batch;
+  std::string checkpoint_every, keep_checkpoints, lr_step_size, lr_milestones, lr_gamma, micro_batch, classes;
   bool no_shuffle = false, shuffle = false, no_data_check = false;
 };
 
@@ -152,6 +152,8 @@ void add_options(CLI::App& app, TrainConfig& c, RawOptions& r) {
   app.add_flag("--no-data-check", r.no_data_check, "skip the scan of the features for NaN/inf (for huge data)");
   app.add_option("--model", r.model, "an MLP's layer widths, e.g. 784-256-10, or a CNN: cnn:32-64[:CLASSES] (conv blocks "
                                      "Conv3x3-BatchNorm-activation-MaxPool2, then Linear)")->capture_default_str();
+  integer("--classes", r.classes, "the number of classes, >= 1, when the labels do not show every class (the model "
+                                  "must end in it)", "the largest label + 1");
   app.add_flag("--sync-bn", c.sync_bn, "CNN: BatchNorm statistics over the global batch (SyncBatchNorm) instead of each worker's");
   app.add_flag("--zero", c.zero, "shard the optimizer state over the workers (ZeroRedundancyOptimizer, ZeRO stage 1)");
   app.add_option("--activation", c.activation, "relu or tanh")->check(CLI::IsMember({"relu", "tanh"}))->capture_default_str();
@@ -227,6 +229,13 @@ void apply_numbers(const CLI::App& app, const RawOptions& r, TrainConfig& c) {
     check_model_size(r.model, c.model);
     c.cnn_channels.clear();
     c.cnn_classes = 0;
+  }
+  if (given("--classes")) {
+    c.classes = positive("--classes", r.classes);
+    if (c.is_cnn() && c.cnn_classes == 0) c.cnn_classes = c.classes;  // cnn:32-64 --classes 10 = cnn:32-64:10
+    if (c.is_cnn() && c.cnn_classes != c.classes)
+      throw ValueError(detail::concat("--classes ", c.classes, " and --model ", r.model, " (", c.cnn_classes,
+                                      " classes) disagree: give the number of classes once"));
   }
   if (r.no_shuffle) c.shuffle = false;
   if (r.no_data_check) c.check_data = false;

@@ -17,6 +17,9 @@ struct TrainConfig {
   std::vector<std::int64_t> model{64, 32, 10};  ///< an MLP's layer widths (empty for a CNN)
   std::vector<std::int64_t> cnn_channels;       ///< --model cnn:C1-C2...: conv channels (empty for an MLP)
   std::int64_t cnn_classes = 0;                 ///< cnn:...:K; 0 = the dataset's
+  /// --classes C: the number of classes, for labels that do not show every class (0: the
+  /// largest label + 1). The model's last width (a CNN's K) must be C.
+  std::int64_t classes = 0;
   bool sync_bn = false;  ///< --sync-bn: BatchNorm -> parallel::SyncBatchNorm (statistics over the global batch)
   bool zero = false;     ///< --zero: the optimizer state sharded over the ranks (ZeroRedundancyOptimizer)
   bool is_cnn() const { return !cnn_channels.empty(); }

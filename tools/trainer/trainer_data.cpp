@@ -1,9 +1,14 @@
 #include "trainer_data.hpp"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include <phalanx/core/file_safety.hpp>
 #include <phalanx/phalanx.hpp>
+
+#include "text_format.hpp"
 
 namespace phalanx::trainer {
 
@@ -28,6 +33,31 @@ std::string data_file(const std::string& spec) {
   return colon == std::string::npos ? spec : spec.substr(0, colon + 4);
 }
 
+// An MLP's labels are only checked to be integers >= 0 while loading (their count is found
+// afterwards): any bound this large.
+constexpr std::int64_t kAnyClass = std::numeric_limits<std::int64_t>::max();
+
+// "TensorDataset: label[5] = -1 is outside [0, K)" -> a negative label's message.
+[[noreturn]] void throw_negative_label(const ValueError& e, const std::string& file) {
+  long long row = -1, label = 0;
+  const char* at = std::strstr(e.what(), "label[");
+  if (!at || std::sscanf(at, "label[%lld] = %lld", &row, &label) != 2) throw e;
+  throw DataUsageError(detail::concat(file, ": row ", row, " has the label ", label,
+                                      ": class labels are 0, 1, ..., classes - 1"));
+}
+
+// The largest label of a set, and the first row holding a label >= `limit` (-1: none).
+std::pair<std::int64_t, std::int64_t> scan_labels(const samplers::TensorDataset& ds, std::int64_t limit) {
+  const Tensor& y = ds.labels();
+  const std::int64_t* p = y.data<std::int64_t>();
+  std::int64_t largest = -1, first_over = -1;
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    largest = std::max(largest, p[i]);
+    if (first_over < 0 && p[i] >= limit) first_over = i;
+  }
+  return {largest, first_over};
+}
+
 }  // namespace
 
 void check_data_files(const TrainConfig& c) {
@@ -42,6 +72,47 @@ void check_data_files(const TrainConfig& c) {
     }
   }
 }
+
+namespace {
+
+// An MLP's classes: --classes, else the largest label + 1 over the training and test sets.
+// The model must end in that many outputs: a model ending in more trains silently on
+// classes no label has (and its accuracy counts them), one ending in fewer fails mid-epoch.
+std::int64_t mlp_classes(const TrainConfig& c, const Datasets& d) {
+  const std::int64_t outputs = c.model.back();
+  const std::int64_t limit = c.classes > 0 ? c.classes : kAnyClass;
+  std::int64_t largest = -1;
+  for (const auto* ds : {&d.train, &d.test}) {
+    if (!*ds) continue;
+    if ((*ds)->label_dtype() != DType::Int64) throw TypeError("labels must be integer class indices");
+    const auto [top, over] = scan_labels(**ds, limit);
+    largest = std::max(largest, top);
+    if (over >= 0) {
+      const std::string file = !c.dataset.empty() ? c.dataset : ds == &d.train ? c.train_y : c.test_y;
+      const std::int64_t label = (*ds)->labels().data<std::int64_t>()[over];
+      throw DataUsageError(detail::concat(file, ": row ", over, " has the label ", label, " but --classes is ", c.classes,
+                                          " (labels 0..", c.classes - 1, "): pass --classes ", label + 1,
+                                          " or more, or fix the labels"));
+    }
+  }
+  const std::int64_t classes = c.classes > 0 ? c.classes : largest + 1;
+  if (outputs != classes) {
+    std::vector<std::int64_t> fixed = c.model;
+    fixed.push_back(classes);
+    const std::string counted =
+        c.classes > 0 ? detail::concat("--classes is ", classes)
+                      : detail::concat("the labels have ", classes, " classes (0..", classes - 1, ")");
+    throw DataUsageError(detail::concat(
+        "--model ", c.model_text, " ends in ", outputs, " outputs but ", counted, ": make the last width ", classes,
+        ", e.g. --model ", widths_str(fixed),
+        c.classes == 0 && outputs > classes
+            ? detail::concat(", or pass --classes ", outputs, " if some classes have no labels in this data")
+            : std::string()));
+  }
+  return classes;
+}
+
+}  // namespace
 
 Datasets load_data(const TrainConfig& c) {
   Datasets d;
@@ -67,21 +138,25 @@ Datasets load_data(const TrainConfig& c) {
       throw ValueError("--model " + c.model_text + " with --train-x needs the number of classes: --model " + c.model_text +
                        ":K");
     samplers::NpyDatasetOptions o;
-    o.num_classes = classes;
+    o.num_classes = c.is_cnn() ? classes : kAnyClass;  // an MLP's classes are counted below
     o.check_finite = c.check_data;  // --no-data-check skips the scan
+    const std::string* labels_file = &c.train_y;
     try {
       d.train = samplers::load_npy_dataset(c.train_x, c.train_y, o);
+      labels_file = &c.test_y;
       if (!c.test_x.empty()) d.test = samplers::load_npy_dataset(c.test_x, c.test_y, o);
     } catch (const ValueError& e) {
       if (!std::strstr(e.what(), " is outside [0, ")) throw;
-      throw ValueError(std::string(e.what()) + (c.is_cnn() ? ": the classes are --model cnn:...:K"
-                                                            : ": --model must end with the number of classes"));
+      if (!c.is_cnn()) throw_negative_label(e, *labels_file);
+      throw DataUsageError(std::string(e.what()) + (c.classes > 0 ? ": --classes must exceed every label"
+                                                                   : ": the classes are --model cnn:...:K"));
     }
     if (c.is_cnn()) {
       d.train = as_images(d.train, c.train_x, c);
       if (d.test) d.test = as_images(d.test, c.test_x, c);
     }
   }
+  if (!c.is_cnn()) classes = mlp_classes(c, d);
   d.classes = classes;
   d.input = d.train->feature_shape();
   // One step would see at most the whole set; a larger batch would only skew the linear
@@ -89,13 +164,24 @@ Datasets load_data(const TrainConfig& c) {
   if (c.global_batch > d.train->size())
     throw ValueError(detail::concat("--global-batch ", c.global_batch, " is larger than the training set (",
                                     d.train->size(), " samples); use --global-batch ", d.train->size(), " or less"));
-  const std::string class_fix = c.is_cnn() ? ": the classes are --model cnn:...:K" : ": --model must end with the number of classes";
+  const std::string class_fix = c.classes > 0  ? ": --classes must exceed every label"
+                                : c.is_cnn() ? ": the classes are --model cnn:...:K"
+                                             : ": --model must end with the number of classes";
   for (const auto* ds : {&d.train, &d.test}) {
     if (!*ds) continue;
     if (!c.is_cnn() && (*ds)->feature_shape() != Shape{c.model.front()})
-      throw ShapeError(detail::concat("the data has ", shape_str((*ds)->feature_shape()), " features per sample but --model starts with ",
-                                      c.model.front(), " inputs",
-                                      c.dataset.empty() ? "" : " (fashion-mnist: --model 784-...-10, or a CNN: --model cnn:32-64)"));
+      throw DataUsageError(detail::concat(
+          "the data has ", shape_str((*ds)->feature_shape()), " features per sample but --model starts with ",
+          c.model.front(), " inputs",
+          c.dataset.empty() ? "" : " (fashion-mnist: --model 784-...-10, or a CNN: --model cnn:32-64)",
+          (*ds)->feature_shape().size() == 1
+              ? detail::concat(": make the first width ", (*ds)->feature_shape()[0], ", e.g. --model ",
+                               widths_str([&] {
+                                 auto w = c.model;
+                                 w.front() = (*ds)->feature_shape()[0];
+                                 return w;
+                               }()))
+              : std::string(": an MLP takes flat features [N, D]")));
     if (c.is_cnn() && (*ds)->feature_shape() != d.input)
       throw ShapeError("the test set's images are " + shape_str((*ds)->feature_shape()) + " but the training set's are " +
                        shape_str(d.input));
@@ -103,7 +189,7 @@ Datasets load_data(const TrainConfig& c) {
     try {
       samplers::TensorDataset check((*ds)->features(), (*ds)->labels(), classes);  // validates every label
     } catch (const ValueError& e) {
-      throw ValueError(std::string(e.what()) + class_fix);
+      throw DataUsageError(std::string(e.what()) + class_fix);
     }
   }
   return d;

@@ -9,6 +9,13 @@
 
 namespace phalanx::trainer {
 
+/// A data file that does not fit the options (--model's widths, --classes): a usage error,
+/// like a bad option (phalanx-train exits 2 with its one line).
+class DataUsageError : public ValueError {
+ public:
+  using ValueError::ValueError;
+};
+
 struct Datasets {
   std::shared_ptr<samplers::TensorDataset> train, test;
   Shape input;                ///< one sample's features: [D] (an MLP) or [C, H, W] (a CNN)
@@ -20,7 +27,9 @@ struct Datasets {
 /// label range) or, unless --no-data-check, holds a NaN/inf (naming the file and row).
 /// For a CNN the input shape comes from the data: fashion-mnist is [1, 28, 28]; .npy
 /// features [N, C, H, W] give [C, H, W] and [N, H, W] give [1, H, W]; the classes come
-/// from --model cnn:...:K, else from the dataset (fashion-mnist: 10).
+/// from --model cnn:...:K (or --classes), else from the dataset (fashion-mnist: 10). An
+/// MLP's classes are --classes, else the largest label + 1 (train and test sets); its last
+/// width must be that number, its first the data's features (else DataUsageError).
 Datasets load_data(const TrainConfig& config);
 
 /// Each data file named by --train-x/--train-y/--test-x/--test-y exists and is a regular

@@ -7,6 +7,7 @@
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/kernels.hpp"
 #include "phalanx/core/ops.hpp"
+#include "phalanx/core/timeline.hpp"
 
 namespace phalanx::nn {
 
@@ -26,6 +27,7 @@ std::vector<Tensor> grads_of(const std::vector<Tensor>& params, const char* op) 
 }  // namespace
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {
+  timeline::Span span("clip grad norm", "optim");
   const bool inf = std::isinf(norm_type) && norm_type > 0;
   if (!inf && !(norm_type > 0))
     throw ValueError(detail::concat("clip_grad_norm_: norm_type must be > 0 or infinity, got ", norm_type));
@@ -65,6 +67,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
 }
 
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
+  timeline::Span span("clip grad value", "optim");
   if (!(clip_value >= 0))
     throw ValueError(detail::concat("clip_grad_value_: clip_value must be >= 0, got ", clip_value));
   const float v = static_cast<float>(clip_value);

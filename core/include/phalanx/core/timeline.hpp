@@ -1,7 +1,7 @@
 #pragma once
 // The timeline (docs/timeline.md): PHALANX_TIMELINE=FILE makes every rank record forward,
-// backward, each gradient bucket's launch and completion, the optimizer step and every
-// collective with its size, and the job writes ONE Chrome-trace JSON to FILE (ranks as rows,
+// backward, each gradient bucket's launch and completion, the optimizer step, gradient
+// clipping, the DataLoader's batches (load, wait) and every collective with its size, and the job writes ONE Chrome-trace JSON to FILE (ranks as rows,
 // "pid" = rank; threads as sub-rows, "tid"), which Perfetto and chrome://tracing open.
 //
 // Off by default, and free then: every event site costs one relaxed atomic load and one

@@ -87,6 +87,7 @@ class DataLoader {
   SamplerPtr sampler_;
   std::vector<std::int64_t> order_;
   std::int64_t batches_ = 0, cursor_ = 0;
+  std::int64_t pass_epoch_ = 0;  // the sampler's epoch when this pass started
 
   // prefetching: the worker serves epoch `generation_`, which changes (under mu_) only once
   // the new order is in place; start_epoch pauses it and waits until it is not collating

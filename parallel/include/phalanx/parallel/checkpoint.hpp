@@ -26,12 +26,18 @@ namespace phalanx::parallel {
 /// The file format's version, stored in every manifest; a newer one is refused.
 inline constexpr std::int64_t kCheckpointFormat = 1;
 
+/// CheckpointExpect::world_size that skips the world-size check (a tool inspecting a file
+/// written by a job of any size).
+inline constexpr std::int64_t kAnyWorld = -1;
+
 /// Everything a run needs to continue exactly where it stopped.
 struct CheckpointState {
   TensorMap model;      ///< the model's state_dict
   TensorMap optimizer;  ///< the optimizer's state_dict (its rates included)
   TensorMap scheduler;  ///< an LR scheduler's state_dict (empty: none)
-  std::int64_t step = 0;           ///< optimizer steps taken in all
+  /// Optimizer steps taken in all. Must be set (-1: unset, refused by every save): a folder
+  /// names its files by it, and a second save at one step must hold the same trained state.
+  std::int64_t step = -1;
   std::int64_t epoch = 0;          ///< the epoch in progress (0-based)
   std::int64_t step_in_epoch = 0;  ///< steps of that epoch already taken (the sampler position)
   std::map<std::string, Generator::State> generators;  ///< named RNG states
@@ -40,8 +46,9 @@ struct CheckpointState {
   /// The settings a resume must keep ("lr" -> "0.1", ...), stored as config.<name> and
   /// compared with CheckpointExpect::config on load.
   std::map<std::string, std::string> config;
-  // The run's shape, checked on load:
-  std::int64_t world_size = 1, global_batch = 0, micro_batch = 0;
+  // The run's shape, checked on load. world_size 0: the default world's size at save time
+  // (phalanx/core/world.hpp, set by parallel::init_process_group).
+  std::int64_t world_size = 0, global_batch = 0, micro_batch = 0;
   /// Written in exact mode (micro_batch is then exact mode's micro-batch, and the state does
   /// not depend on the world size: it resumes on any world size dividing global/micro).
   bool exact = false;
@@ -60,7 +67,10 @@ struct CheckpointManifest {
 
 /// What the current run expects; -1 or nullptr = not checked.
 struct CheckpointExpect {
-  std::int64_t world_size = -1, global_batch = -1, micro_batch = -1;
+  /// 0: the default world's size when loading (phalanx/core/world.hpp); kAnyWorld: not
+  /// checked; > 0: that size.
+  std::int64_t world_size = 0;
+  std::int64_t global_batch = -1, micro_batch = -1;
   /// 1: this run is in exact mode, 0: it is not, -1: not checked. The file's mode must be this
   /// run's. Only exact mode on both sides lets the world size differ: it must then divide the
   /// file's micro-batches per step (global_batch / micro_batch).
@@ -86,7 +96,7 @@ std::uint64_t optimizer_fingerprint(const TensorMap& optimizer_state);
 std::uint64_t content_checksum(const TensorMap& members);
 
 /// Writes `state` to `path` atomically (temporary file, fsync, rename, fsync of the folder).
-/// Returns the manifest written.
+/// Returns the manifest written. Throws ConfigError when state.step is unset (< 0).
 CheckpointManifest save_checkpoint(const std::string& path, const CheckpointState& state);
 
 /// Reads and verifies `path`: every member's CRC-32, the content checksum, the format
@@ -94,6 +104,19 @@ CheckpointManifest save_checkpoint(const std::string& path, const CheckpointStat
 /// (written by another kind of run), one line naming the file and the stored and current
 /// values. Never modifies the file.
 LoadedCheckpoint load_checkpoint(const std::string& path, const CheckpointExpect& expect = {});
+
+/// How a checkpoint file compares with a state (CheckpointDir::save's same-step check).
+enum class StepFileMatch {
+  same,       ///< it verifies and holds the same model, optimizer and scheduler tensors
+  different,  ///< it verifies and holds other trained tensors
+  damaged,    ///< it does not load (load_checkpoint would throw IoError)
+};
+/// Reads and verifies `path` (as load_checkpoint, any world size), then compares its model,
+/// optimizer and scheduler members with `state`'s by the manifest's content checksum: the
+/// file's checksum recomputed with `state`'s tensors in place of its own must be the stored
+/// one. Position, RNG states, scalars, settings and user tensors are not compared. Costs one
+/// read and verification of the file and one hash of `state`'s tensors.
+StepFileMatch compare_trained_state(const std::string& path, const CheckpointState& state);
 
 /// A file load_newest() passed over, and why.
 struct SkippedCheckpoint {
@@ -104,8 +127,9 @@ struct SkippedCheckpoint {
 /// `keep_last` stay: older ones are removed only after a newer one is complete. A file this
 /// object did not write is never overwritten (a same-step save gets a ".<n>" suffix), so a
 /// damaged checkpoint stays as it was for inspection; damaged (skipped) files and the file
-/// resumed from are never counted nor removed by the pruning. Only one process may save into
-/// a folder: lock() makes sure of it.
+/// resumed from are never counted nor removed by the pruning. One step holds one trained
+/// state: save() refuses other weights under a step that already has a valid checkpoint.
+/// Only one process may save into a folder: lock() makes sure of it.
 class CheckpointDir {
  public:
   /// Creates the folder (and its parents) when missing. keep_last >= 1.
@@ -117,7 +141,12 @@ class CheckpointDir {
   /// process that saves; throws ConfigError naming the holder's pid when another run has it.
   /// Then removes temporary files a killed writer left (checkpoint-*.tmp.*).
   void lock();
-  /// Saves, then prunes. Returns the path written.
+  /// Saves, then prunes. Returns the path written. Throws ConfigError when state.step is
+  /// unset, or when a valid checkpoint of that step (any suffix) holds a different trained
+  /// state (compare_trained_state): two saves at one step with other weights mean the step
+  /// is not advancing. The same trained state again is saved as before: it replaces this
+  /// object's own file of the step (the newer position and RNG states win), else takes the
+  /// next suffix. Damaged files of the step neither block nor are replaced.
   std::string save(const CheckpointState& state);
   /// The newest checkpoint file by its name (step, then suffix); nullopt when there is none.
   std::optional<std::string> latest() const;

@@ -29,6 +29,7 @@ class DistributedSampler : public Sampler {
   DistributedSampler(std::int64_t dataset_size, const DistributedSamplerOptions& options = {});
   std::vector<std::int64_t> indices() const override;
   std::int64_t size() const override { return num_samples_; }
+  bool shuffles() const override { return shuffle_; }
   std::int64_t total_size() const { return num_samples_ * num_replicas_; }
   int num_replicas() const { return num_replicas_; }
   int rank() const { return rank_; }

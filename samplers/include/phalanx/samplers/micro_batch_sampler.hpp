@@ -39,6 +39,7 @@ class MicroBatchSampler : public Sampler {
   /// This rank's samples of the epoch: for each step, its K micro-batches in order.
   std::vector<std::int64_t> indices() const override;
   std::int64_t size() const override { return steps_ * per_rank_ * micro_; }
+  bool shuffles() const override { return shuffle_; }
 
   /// The padded epoch order (every rank computes the same, whatever W is).
   std::vector<std::int64_t> epoch_order() const;
