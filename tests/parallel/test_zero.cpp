@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <type_traits>
 
 #include "support/gradcheck.hpp"
 #include "support/multirank.hpp"
@@ -173,6 +174,12 @@ TEST_CASE("all_reduce_scalar: sum, avg, max of a double; exact int64; Avg of an 
     REQUIRE_RANK(rank, parallel::all_reduce_scalar(-rank * 2.0, ReduceOp::Max, pg, cpu) == 0.0, "max");
     const std::int64_t big = (std::int64_t{1} << 53) + 1;  // not a double
     REQUIRE_RANK(rank, parallel::all_reduce_scalar(big + rank, ReduceOp::Sum, pg, cpu) == 3 * big + 3, "int64 sum");
+    // an int counter and a size_t count take the exact integer path (no ambiguity)
+    const int correct = rank + 1;
+    const std::size_t seen = 10;
+    REQUIRE_RANK(rank, parallel::all_reduce_scalar(correct, ReduceOp::Sum, pg, cpu) == 6, "int sum");
+    REQUIRE_RANK(rank, parallel::all_reduce_scalar(seen, ReduceOp::Max, pg, cpu) == 10, "size_t max");
+    static_assert(std::is_same_v<decltype(parallel::all_reduce_scalar(correct)), std::int64_t>);
     bool refused = false;
     try {
       parallel::all_reduce_scalar(std::int64_t{1}, ReduceOp::Avg, pg, cpu);
