@@ -14,6 +14,12 @@ DistributedSampler::DistributedSampler(std::int64_t n, const DistributedSamplerO
   const WorldInfo world = default_world();
   num_replicas_ = o.num_replicas() == -1 ? world.size : o.num_replicas();
   rank_ = o.rank() == -1 ? world.rank : o.rank();
+  // num_replicas given, rank taken from a world of another size: the ranks would read the
+  // wrong shards silently (num_replicas(4) on 2 workers: half the data is never seen).
+  if (o.num_replicas() != -1 && o.rank() == -1 && num_replicas_ != world.size)
+    throw ConfigError(detail::concat("DistributedSampler: num_replicas ", num_replicas_,
+                                     " was given but rank was not, and the world has ", world.size,
+                                     " rank(s): set both num_replicas and rank, or neither"));
   if (num_replicas_ < 1)
     throw ValueError(detail::concat("DistributedSampler: num_replicas must be >= 1, got ", num_replicas_));
   if (rank_ < 0 || rank_ >= num_replicas_)

@@ -120,5 +120,10 @@ TEST_CASE("defaults come from the default world (a world of one before init)") {
   DistributedSampler t(10, DistributedSamplerOptions{});
   CHECK(t.num_replicas() == 2);
   CHECK(t.rank() == 1);
+  // num_replicas given without rank, unlike the world: half the data would never be read
+  CHECK_THROWS_WITH_AS(DistributedSampler(10, DistributedSamplerOptions().num_replicas(4)),
+                       doctest::Contains("set both num_replicas and rank, or neither"), ConfigError);
+  CHECK(DistributedSampler(10, DistributedSamplerOptions().num_replicas(2)).rank() == 1);  // agrees: fine
+  CHECK(DistributedSampler(10, DistributedSamplerOptions().num_replicas(4).rank(3)).rank() == 3);
   set_default_world({0, 1});
 }
