@@ -37,7 +37,7 @@ Batch DataLoader::collate(std::int64_t b) const {
   Shape xs = dataset_->feature_shape(), ys = dataset_->label_shape();
   xs.insert(xs.begin(), count);
   ys.insert(ys.begin(), count);
-  Batch out{Tensor::empty(xs), Tensor::empty(ys, dataset_->label_dtype())};
+  Batch out{Tensor::empty(xs, dataset_->feature_dtype()), Tensor::empty(ys, dataset_->label_dtype())};
   dataset_->gather(order_.data() + begin, count, out.x, out.y);
   return out;
 }

@@ -67,6 +67,7 @@ const MapDataset::Layout& MapDataset::layout() const {
 
 Shape MapDataset::feature_shape() const { return layout().x_shape; }
 Shape MapDataset::label_shape() const { return layout().y_shape; }
+DType MapDataset::feature_dtype() const { return layout().x_dtype; }
 DType MapDataset::label_dtype() const { return layout().y_dtype; }
 
 namespace {
@@ -79,10 +80,13 @@ void put_row(const Tensor& t, const char* what, std::int64_t index, const Shape&
   if (t.shape() != shape0)
     throw ValueError(detail::concat("MapDataset: example ", index, " has ", what, " of shape ", shape_str(t.shape()),
                                     ", example 0 ", shape_str(shape0), "; every example must have example 0's shapes"));
-  if (t.dtype() != dtype0 || batch.dtype() != dtype0)
+  if (t.dtype() != dtype0)
     throw ValueError(detail::concat("MapDataset: example ", index, " has ", what, " of dtype ", dtype_name(t.dtype()),
-                                    ", example 0 ", dtype_name(dtype0), ", the batch ", dtype_name(batch.dtype()),
-                                    "; every example must have the batch's dtype (features float32)"));
+                                    ", example 0 ", dtype_name(dtype0), "; every example must have example 0's dtypes"));
+  if (batch.dtype() != dtype0 || batch.nbytes() < static_cast<std::size_t>(row + 1) * t.nbytes())
+    throw InternalError(detail::concat("MapDataset: the batch's ", what, " (", dtype_name(batch.dtype()), " ",
+                                       shape_str(batch.shape()), ") does not fit example ", index,
+                                       "; allocate it from feature_shape()/feature_dtype()"));
   if (!(t.device() == Device::cpu()))
     throw ValueError(detail::concat("MapDataset: example ", index, " has ", what, " on ", t.device().str(),
                                     "; get(i) must return CPU tensors (the DataLoader batches on the CPU)"));

@@ -97,3 +97,29 @@ TEST_CASE("a MapDataset example unlike example 0 is an error naming the index an
   CHECK_THROWS_WITH_AS(mixed.next(b), doctest::Contains("MapDataset: example 2 has label of dtype float32, example 0 int64"),
                        ValueError);
 }
+
+TEST_CASE("int64 features (token ids) batch as int64, from a MapDataset and from a TensorDataset") {
+  struct Tokens : MapDataset {
+    std::int64_t size() const override { return 5; }
+    Example get(std::int64_t i) const override {
+      Tensor x = Tensor::empty({3}, DType::Int64);
+      for (std::int64_t k = 0; k < 3; ++k) x.data<std::int64_t>()[k] = 10 * i + k;
+      return {x, full({}, static_cast<double>(i), DType::Int64)};
+    }
+  };
+  auto tokens = std::make_shared<Tokens>();
+  CHECK(tokens->feature_dtype() == DType::Int64);
+  Tensor all = Tensor::empty({5, 3}, DType::Int64);
+  for (std::int64_t k = 0; k < 15; ++k) all.data<std::int64_t>()[k] = 10 * (k / 3) + k % 3;
+  auto flat = std::make_shared<TensorDataset>(all, arange(5, DType::Int64));
+  CHECK(flat->feature_dtype() == DType::Int64);
+  for (const DatasetPtr& ds : {DatasetPtr(tokens), DatasetPtr(flat)}) {
+    DataLoader loader(ds, DataLoaderOptions(2));
+    std::vector<std::int64_t> seen;
+    for (Batch& b : loader) {
+      CHECK(b.x.dtype() == DType::Int64);
+      for (std::int64_t k = 0; k < b.x.numel(); ++k) seen.push_back(b.x.data<std::int64_t>()[k]);
+    }
+    CHECK(seen == std::vector<std::int64_t>{0, 1, 2, 10, 11, 12, 20, 21, 22, 30, 31, 32, 40, 41, 42});
+  }
+}

@@ -17,6 +17,8 @@ class Dataset {
   /// Shape of one sample's features, and of one label ({} for a class index).
   virtual Shape feature_shape() const = 0;
   virtual Shape label_shape() const { return {}; }
+  /// The features' dtype (token ids for an Embedding are int64); the DataLoader's x has it.
+  virtual DType feature_dtype() const { return DType::Float32; }
   virtual DType label_dtype() const { return DType::Int64; }
   /// Writes samples idx[0..count) into rows 0..count) of x and y (already allocated).
   virtual void gather(const std::int64_t* idx, std::int64_t count, Tensor& x, Tensor& y) const = 0;
@@ -50,6 +52,7 @@ class MapDataset : public Dataset {
   /// From example 0, read once.
   Shape feature_shape() const override;
   Shape label_shape() const override;
+  DType feature_dtype() const override;
   DType label_dtype() const override;
   /// ValueError naming the index and both shapes (or dtypes) for an example unlike example 0.
   void gather(const std::int64_t* idx, std::int64_t count, Tensor& x, Tensor& y) const override;
@@ -72,6 +75,7 @@ class TensorDataset : public Dataset {
   std::int64_t size() const override { return n_; }
   Shape feature_shape() const override;
   Shape label_shape() const override;
+  DType feature_dtype() const override { return features_.dtype(); }
   DType label_dtype() const override { return labels_.dtype(); }
   void gather(const std::int64_t* idx, std::int64_t count, Tensor& x, Tensor& y) const override;
   const Tensor& features() const { return features_; }
