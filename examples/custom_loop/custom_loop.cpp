@@ -111,7 +111,7 @@ Validation validate(parallel::DDP& model, samplers::DataLoader& loader, std::int
     real_left -= m;
     if (m == 0) continue;
     // the module itself, not DDP's forward: no gradients, nothing to reduce
-    auto& net = static_cast<WideAndDeep&>(model.module());
+    auto& net = model.module<WideAndDeep>();
     const Tensor logits = narrow(net.forward(signal_of(b.x), meta_of(b.x)), 0, 0, m);
     const Tensor y = narrow(b.y, 0, 0, m);
     loss_sum += cross_entropy(logits, y, Reduction::Sum).item();

@@ -70,8 +70,9 @@ Tensor DistributedDataParallel::forward(const Tensor& x) { return forward<nn::Mo
 
 void DistributedDataParallel::wrong_module_type(const std::string& wanted) const {
   const std::string have = short_type_name(typeid(*module_));
-  throw ValueError("DDP forward<" + wanted + ">: the wrapped module is a " + have + ", not a " + wanted +
-                   "; call forward<" + have + ">(...) or wrap a " + wanted);
+  throw ValueError("DDP forward<" + wanted + "> / module<" + wanted + ">: the wrapped module is " + have +
+                   ", not " + wanted + "; use forward<" + have + ">(...) and module<" + have + ">(), or wrap a " +
+                   wanted);
 }
 
 void DistributedDataParallel::abandon_forward() {

@@ -120,9 +120,13 @@ TEST_CASE("forward<M> with the wrong M, and forward(x) on a module without one, 
   DDP ddp(std::make_shared<TwoTower>(), make_world_of_one());
   const Tensor x = zeros({2, 8});
   CHECK_THROWS_WITH_AS(ddp.forward<nn::Sequential>(x),
-                       "DDP forward<Sequential>: the wrapped module is a TwoTower, not a Sequential; call "
-                       "forward<TwoTower>(...) or wrap a Sequential",
+                       "DDP forward<Sequential> / module<Sequential>: the wrapped module is TwoTower, not "
+                       "Sequential; use forward<TwoTower>(...) and module<TwoTower>(), or wrap a Sequential",
                        ValueError);
+  CHECK_THROWS_AS(ddp.module<nn::Sequential>(), ValueError);
+  CHECK(&ddp.module<TwoTower>() == &ddp.module());
+  const DDP& as_const = ddp;
+  CHECK(&as_const.module() == &ddp.module());
   CHECK_THROWS_WITH_AS(ddp.forward(x),
                        "TwoTower has no forward(const Tensor&): call its own forward(...), or "
                        "ddp->forward<TwoTower>(inputs...) under DDP",

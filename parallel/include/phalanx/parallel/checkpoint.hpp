@@ -133,7 +133,7 @@ struct SkippedCheckpoint {
 class CheckpointDir {
  public:
   /// Creates the folder (and its parents) when missing. keep_last >= 1.
-  CheckpointDir(std::string dir, int keep_last = 3);
+  explicit CheckpointDir(std::string dir, int keep_last = 3);
   ~CheckpointDir();
   CheckpointDir(const CheckpointDir&) = delete;
   CheckpointDir& operator=(const CheckpointDir&) = delete;

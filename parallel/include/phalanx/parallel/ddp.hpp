@@ -35,20 +35,24 @@ class ExactReducer;
 class DistributedDataParallel : public nn::Module, public Joinable {
  public:
   /// Throws ConfigError on every rank when the models differ across ranks.
-  DistributedDataParallel(nn::ModulePtr module, ProcessGroupPtr pg = nullptr, DDPOptions options = {});
+  explicit DistributedDataParallel(nn::ModulePtr module, ProcessGroupPtr pg = nullptr, DDPOptions options = {});
   ~DistributedDataParallel() override;
 
   Tensor forward(const Tensor& x) override;
-  /// Any forward signature: the wrapped module's own forward(args...) (several inputs, say),
+  /// Any argument list: the wrapped module's own forward(args...) (several inputs, say),
   /// with everything forward(const Tensor&) does around it (buffer broadcast, Join,
   /// find_unused_parameters, exact mode's checks). The wrapped module must be an M
   /// (ValueError naming both types otherwise):
   ///   Tensor out = ddp->forward<TwoTower>(image, text);
   /// Exact mode counts the samples of the first tensor argument. Under Join, a forward of
   /// several inputs cannot be shadowed with an empty batch: a model with forward collectives
-  /// (SyncBatchNorm) then refuses on the joined rank (ConfigError).
+  /// (SyncBatchNorm) then refuses on the joined rank (ConfigError). M::forward must return
+  /// one Tensor (the output DDP walks for find_unused_parameters); a module with several
+  /// outputs returns them through one tensor, or runs its heads outside DDP's forward.
   template <typename M, typename... Args>
   Tensor forward(Args&&... args) {
+    static_assert(std::is_convertible_v<decltype(std::declval<M&>().forward(std::forward<Args>(args)...)), Tensor>,
+                  "DDP::forward<M>(args...): M::forward(args...) must return a Tensor");
     M* m = dynamic_cast<M*>(module_.get());
     if (m == nullptr) wrong_module_type(short_type_name<M>());
     const timeline::Span span("forward", "ddp");  // the buffers' broadcast and Join's messages included
@@ -64,8 +68,17 @@ class DistributedDataParallel : public nn::Module, public Joinable {
   std::string describe() const override { return "DistributedDataParallel"; }
 
   nn::Module& module() { return *module_; }
-  const nn::ModulePtr& module_ptr() const { return module_; }
+  const nn::Module& module() const { return *module_; }
+  /// The wrapped module as the M it is (ValueError naming both types otherwise), e.g. to call
+  /// its own forward outside DDP in a validation pass: ddp->module<TwoTower>().forward(a, b).
+  template <typename M>
+  M& module() {
+    M* m = dynamic_cast<M*>(module_.get());
+    if (m == nullptr) wrong_module_type(short_type_name<M>());
+    return *m;
+  }  const nn::ModulePtr& module_ptr() const { return module_; }
   ProcessGroup& process_group() { return *pg_; }
+  const ProcessGroup& process_group() const { return *pg_; }
   const DDPOptions& options() const { return options_; }
 
   /// Replaces the communication hook (before the first backward).

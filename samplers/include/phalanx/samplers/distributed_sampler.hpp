@@ -26,7 +26,7 @@ struct DistributedSamplerOptions {
 /// whatever W is.
 class DistributedSampler : public Sampler {
  public:
-  DistributedSampler(std::int64_t dataset_size, const DistributedSamplerOptions& options = {});
+  explicit DistributedSampler(std::int64_t dataset_size, const DistributedSamplerOptions& options = {});
   std::vector<std::int64_t> indices() const override;
   std::int64_t size() const override { return num_samples_; }
   bool shuffles() const override { return shuffle_; }
