@@ -56,6 +56,15 @@ TEST_CASE("state_dict round trip and strict loading") {
   TensorMap extra = a->state_dict();
   extra.set("9.weight", zeros({1}));
   CHECK_THROWS_WITH_AS(b->load_state_dict(extra), doctest::Contains("unexpected: 9.weight"), ValueError);
+  // a state dict saved from a model wrapped in PyTorch's DDP: "module." before every key
+  TensorMap from_torch_ddp;
+  for (const auto& [name, t] : a->state_dict()) from_torch_ddp.set("module." + name, t);
+  CHECK_THROWS_WITH_AS(b->load_state_dict(from_torch_ddp),
+                       doctest::Contains("every key starts with 'module.' (saved from a model wrapped in PyTorch's "
+                                         "DDP): load nn::strip_prefix(state, \"module.\") instead"),
+                       ValueError);
+  b->load_state_dict(nn::strip_prefix(from_torch_ddp, "module."));
+  CHECK(nn::strip_prefix(from_torch_ddp, "module.").size() == 4);
 }
 
 TEST_CASE("train/eval reaches children; zero_grad clears or zeroes") {

@@ -16,13 +16,13 @@ Tensor Module::forward(const Tensor&) {
 
 std::string Module::describe() const { return short_type_name(typeid(*this)); }
 
-Tensor& Module::register_parameter(const std::string& name, Tensor t) {
+Tensor Module::register_parameter(const std::string& name, Tensor t) {
   if (t.defined() && !t.requires_grad()) t.requires_grad_(true);
   params_.emplace_back(name, t);
   return params_.back().second;
 }
 
-Tensor& Module::register_buffer(const std::string& name, Tensor t) {
+Tensor Module::register_buffer(const std::string& name, Tensor t) {
   buffers_.emplace_back(name, t);
   return buffers_.back().second;
 }
@@ -85,15 +85,30 @@ void Module::load_state_dict(const TensorMap& state, bool strict) {
     std::string unexpected;
     for (const auto& [name, t] : state)
       if (!expected.count(name)) unexpected += (unexpected.empty() ? "" : ", ") + name;
-    if (!missing.empty() || !unexpected.empty())
+    if (!missing.empty() || !unexpected.empty()) {
+      // PyTorch's DDP saves its model's keys as "module.<name>"; Phalanx's DDP keeps the plain
+      // names, so such a file loads once the prefix is gone.
+      bool all_prefixed = state.size() > 0;
+      for (const auto& [name, t] : state) all_prefixed = all_prefixed && name.rfind("module.", 0) == 0;
+      const std::string hint =
+          all_prefixed ? "; every key starts with 'module.' (saved from a model wrapped in PyTorch's DDP): "
+                         "load nn::strip_prefix(state, \"module.\") instead"
+                       : "; pass strict=false to load a subset";
       throw ValueError("load_state_dict: keys do not match the model (missing: " +
                        (missing.empty() ? std::string("none") : missing) + "; unexpected: " +
-                       (unexpected.empty() ? std::string("none") : unexpected) +
-                       "); pass strict=false to load a subset");
+                       (unexpected.empty() ? std::string("none") : unexpected) + ")" + hint);
+    }
   }
   NoGradGuard no_grad;
   for (auto& [name, t] : entries)
     if (const Tensor* src = state.find(name)) Tensor(t).copy_(*src);
+}
+
+TensorMap strip_prefix(const TensorMap& state, const std::string& prefix) {
+  TensorMap out;
+  for (const auto& [name, t] : state)
+    out.set(name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name, t);
+  return out;
 }
 
 void Module::train(bool on) {

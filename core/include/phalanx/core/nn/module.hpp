@@ -48,8 +48,10 @@ class Module {
   std::string str() const;
 
  protected:
-  Tensor& register_parameter(const std::string& name, Tensor t);
-  Tensor& register_buffer(const std::string& name, Tensor t);
+  /// Returns a handle to the registered tensor (it aliases the stored one, as every Tensor copy
+  /// does; a reference into the list would dangle at the next registration).
+  Tensor register_parameter(const std::string& name, Tensor t);
+  Tensor register_buffer(const std::string& name, Tensor t);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     children_.emplace_back(name, m);
@@ -66,5 +68,10 @@ class Module {
 };
 
 using ModulePtr = std::shared_ptr<Module>;
+
+/// The state dict with `prefix` taken off every key that starts with it (PyTorch's
+/// consume_prefix_in_state_dict_if_present): a file saved from a model wrapped in PyTorch's
+/// DDP has "module.0.weight" where Phalanx's models (DDP-wrapped or not) say "0.weight".
+TensorMap strip_prefix(const TensorMap& state, const std::string& prefix);
 
 }  // namespace phalanx::nn
