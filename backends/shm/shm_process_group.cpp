@@ -103,7 +103,9 @@ void ShmProcessGroup::fail_signature(const Op& o, int q, std::uint64_t theirs) {
   sync_->mark_failed();
   throw CommError(describe(o.name, o.seq) + ": rank " + std::to_string(q) + " called " + sig_str(theirs) +
                   " where this rank called " + sig_str(o.sig) +
-                  "; every rank must issue the same collectives with the same sizes, dtypes, reduce ops and roots, in the same order");
+                  "; every rank must issue the same collectives with the same sizes, dtypes, reduce ops and roots, in the "
+                  "same order (ranks that ran different numbers of steps: give each the same number of batches, "
+                  "as DistributedSampler does, or use parallel::Join for uneven inputs)");
 }
 
 }  // namespace phalanx::shm
