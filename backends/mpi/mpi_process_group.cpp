@@ -12,6 +12,7 @@
 #include "mpi_runtime.hpp"
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/host_staging.hpp"
+#include "phalanx/core/env.hpp"
 #include "phalanx/core/half.hpp"
 #include "phalanx/core/kernels.hpp"
 #include "phalanx/core/tensor_impl.hpp"
@@ -31,18 +32,13 @@ void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
 
 /// PHALANX_MPI_THREADS: "single" or "serialized"; unset: single, unless async.
 int wanted_level(bool async) {
-  const char* s = std::getenv("PHALANX_MPI_THREADS");
-  const std::string v = s ? s : "";
+  const std::string v = env::choice("PHALANX_MPI_THREADS", "", {"single", "serialized"});
   if (v.empty()) return async ? MPI_THREAD_SERIALIZED : MPI_THREAD_SINGLE;
   if (v == "serialized") return MPI_THREAD_SERIALIZED;
-  if (v == "single") {
-    if (async)
-      throw ConfigError("PHALANX_MPI_THREADS=single with PHALANX_MPI_ASYNC=1: the worker thread calls MPI, which "
-                        "needs serialized; unset one of them");
-    return MPI_THREAD_SINGLE;
-  }
-  throw ConfigError("PHALANX_MPI_THREADS='" + v + "' is not single (every MPI call on the thread that created the "
-                    "group, the default) or serialized (any thread, one at a time; slower calls)");
+  if (async)  // single
+    throw ConfigError("PHALANX_MPI_THREADS=single with PHALANX_MPI_ASYNC=1: the worker thread calls MPI, which "
+                      "needs serialized; unset one of them");
+  return MPI_THREAD_SINGLE;
 }
 
 /// Buffers of sends that MPI could neither complete nor cancel when their group was
@@ -55,11 +51,7 @@ void keep_until_exit(const Tensor& t) {
 }
 
 bool async_from_env() {
-  const char* s = std::getenv("PHALANX_MPI_ASYNC");
-  if (!s || !*s || std::string(s) == "0") return false;
-  if (std::string(s) == "1") return true;
-  throw ConfigError(std::string("PHALANX_MPI_ASYNC='") + s + "' is not 0 (operations on the caller's thread, the "
-                    "default) or 1 (on the group's worker thread)");
+  return env::flag("PHALANX_MPI_ASYNC", false);
 }
 
 [[noreturn]] __attribute__((noinline, cold)) void too_many_elements(std::int64_t n, const char* op) {

@@ -2,30 +2,22 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/prefix_store.hpp"
+#include "phalanx/core/env.hpp"
 #include "shm_signature.hpp"
 
 namespace phalanx::shm {
 
 namespace {
 
-bool inline_from_env() {
-  const char* s = std::getenv("PHALANX_SHM_INLINE");
-  if (!s || !*s || std::string(s) == "1") return true;
-  if (std::string(s) == "0") return false;
-  throw ConfigError(std::string("PHALANX_SHM_INLINE='") + s + "' is not 0 (worker thread) or 1 (caller's thread)");
-}
+bool inline_from_env() { return env::flag("PHALANX_SHM_INLINE", true); }
 
 std::size_t bytes_from_env(const char* name, std::size_t fallback) {
-  const char* s = std::getenv(name);
-  if (!s || !*s) return fallback;
-  char* end = nullptr;
-  const long long v = std::strtoll(s, &end, 10);
-  if (end == s || *end || v < 0) throw ConfigError(std::string(name) + "='" + s + "' is not a byte count");
-  return static_cast<std::size_t>(v);
+  return env::bytes(name, fallback, 0, std::numeric_limits<std::size_t>::max());
 }
 
 }  // namespace

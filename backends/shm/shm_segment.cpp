@@ -20,6 +20,7 @@
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/store.hpp"
+#include "phalanx/core/env.hpp"
 
 namespace phalanx::shm {
 
@@ -35,9 +36,9 @@ std::string hex64(std::uint64_t v) {
 
 /// FNV-1a of the job token: the job in the name without the token itself.
 std::uint64_t job_hash() {
-  const char* t = std::getenv("PHALANX_RDZV_TOKEN");
+  const std::string t = env::text("PHALANX_RDZV_TOKEN").value_or("");
   std::uint64_t h = 1469598103934665603ull;
-  for (const char* p = t ? t : ""; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
+  for (const char* p = t.c_str(); *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
   return h;
 }
 
@@ -150,21 +151,7 @@ void publish_pid(Store& store, int rank) {
 }
 
 std::uint64_t slot_bytes_from_env() {
-  const char* s = std::getenv("PHALANX_SHM_BYTES");
-  if (!s || !*s) return 4u << 20;
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  double mult = 1;
-  const std::string suffix = end ? end : "";
-  if (suffix == "K" || suffix == "KiB") mult = 1024;
-  else if (suffix == "M" || suffix == "MiB") mult = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty()) mult = -1;
-  const double bytes = v * mult;
-  if (end == s || mult < 0 || !(bytes >= 64 * 1024) || bytes > (1ull << 34))
-    throw ConfigError(std::string("PHALANX_SHM_BYTES='") + s +
-                      "' is not a staging size per rank between 64K and 16G (bytes, or with K/M/G)");
-  return round_up(static_cast<std::uint64_t>(bytes), 8192);
+  return round_up(env::bytes("PHALANX_SHM_BYTES", 4u << 20, 64 * 1024, 1ull << 34, "a staging size per rank"), 8192);
 }
 
 void Segment::compute_layout() {

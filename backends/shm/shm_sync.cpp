@@ -17,6 +17,7 @@
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/cpu_count.hpp"
+#include "phalanx/core/env.hpp"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -27,23 +28,13 @@ namespace phalanx::shm {
 namespace {
 
 long env_us(const char* name, long fallback) {
-  const char* s = std::getenv(name);
-  if (!s || !*s) return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (end == s || *end || v < 0 || v > 10000000)
-    throw ConfigError(std::string(name) + "='" + s + "' is not a number of microseconds in [0, 10000000]");
-  return v;
+  return static_cast<long>(env::integer(name, fallback, 0, 10000000, "a number of microseconds"));
 }
 
 }  // namespace
 
 std::string bind_to_share(int rank, int world) {
-  const char* env = std::getenv("PHALANX_SHM_BIND");
-  const std::string mode = env ? env : "";
-  if (mode == "0") return "off (PHALANX_SHM_BIND=0)";
-  if (!mode.empty() && mode != "1")
-    throw ConfigError("PHALANX_SHM_BIND='" + mode + "' is not 0 (leave threads where they are) or 1 (bind each rank)");
+  if (!env::flag("PHALANX_SHM_BIND", true)) return "off (PHALANX_SHM_BIND=0)";
   cpu_set_t mask;
   CPU_ZERO(&mask);
   if (::sched_getaffinity(0, sizeof mask, &mask) != 0) return "off (sched_getaffinity failed)";
@@ -75,8 +66,7 @@ Sync::Sync(Segment& seg, int rank, WaitPolicy policy, std::chrono::milliseconds 
     : seg_(seg), rank_(rank), policy_(policy), pidfds_(seg.world(), -1), timeout_(timeout) {
   // PHALANX_SHM_PIDFD=0: liveness by kill(pid, 0) and /proc only (what runs where pidfd_open
   // is refused; the tests use it to cover that path).
-  const char* use = std::getenv("PHALANX_SHM_PIDFD");
-  const bool pidfd = !(use && std::string(use) == "0");
+  const bool pidfd = env::flag("PHALANX_SHM_PIDFD", true);
   for (int q = 0; q < seg.world(); ++q) {
     if (q == rank) continue;
     const int pid = seg.line(q).pid;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "phalanx/backends/store.hpp"
+#include "phalanx/core/env.hpp"
 
 namespace phalanx::tcpstore {
 
@@ -17,8 +18,7 @@ constexpr std::uint32_t kMaxFrame = 64u << 20;  // larger frames are refused
 /// The job token when the options name none: PHALANX_RDZV_TOKEN, or "" (no token).
 inline std::string token_or_env(const std::string& token) {
   if (!token.empty()) return token;
-  const char* t = std::getenv("PHALANX_RDZV_TOKEN");
-  return t ? t : "";
+  return env::text("PHALANX_RDZV_TOKEN").value_or("");
 }
 
 /// Builds a frame: [u32 length][payload].

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "phalanx/core/env.hpp"
 #include "phalanx/core/error.hpp"
 
 #ifndef PHALANX_INSTALL_LIBDIR
@@ -58,8 +59,8 @@ std::vector<std::string> plugin_search_path(const std::string& explicit_path) {
     dirs.push_back(d);
   };
   add(explicit_path);  // a file or a directory; empty is skipped
-  if (const char* env = std::getenv("PHALANX_PLUGIN_PATH")) {
-    std::stringstream ss(env);
+  if (const auto env = env::path("PHALANX_PLUGIN_PATH")) {
+    std::stringstream ss(*env);
     std::string d;
     while (std::getline(ss, d, ':')) add(d);
   }

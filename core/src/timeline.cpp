@@ -19,6 +19,7 @@
 #include <sstream>
 #include <vector>
 
+#include "phalanx/core/env.hpp"
 #include "phalanx/core/error.hpp"
 #include "phalanx/core/file_safety.hpp"
 #include "phalanx/core/world.hpp"
@@ -381,16 +382,8 @@ void try_merge(const std::string& path, int world, int rank, std::int64_t start_
 
 /// PHALANX_TIMELINE_MAX_EVENTS: a positive whole number (strict), else the default.
 std::uint64_t max_events_from_env() {
-  const char* v = std::getenv("PHALANX_TIMELINE_MAX_EVENTS");
-  if (!v || !*v) return kDefaultMaxEvents;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (*v < '0' || *v > '9' || *end != '\0' || errno != 0 || n < 1 || n > (1ULL << 40))
-    throw ConfigError(std::string("PHALANX_TIMELINE_MAX_EVENTS='") + v +
-                      "' is not a positive whole number of events per rank; unset it (1000000, about 80 MB) "
-                      "or give one such as 5000000");
-  return n;
+  return static_cast<std::uint64_t>(env::integer("PHALANX_TIMELINE_MAX_EVENTS", kDefaultMaxEvents, 1,
+                                                 std::int64_t(1) << 40, "a positive whole number of events per rank"));
 }
 
 int env_int(const char* name, int fallback) {
@@ -405,10 +398,10 @@ void finish_at_exit() { finish(); }
 
 struct EnvStart {
   EnvStart() {
-    const char* v = std::getenv("PHALANX_TIMELINE");
-    if (!v || !*v) return;
     try {
-      start(v);
+      const auto v = env::path("PHALANX_TIMELINE");
+      if (!v) return;
+      start(*v);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "phalanx: %s; the timeline is off\n", e.what());
     }

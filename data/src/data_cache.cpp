@@ -16,6 +16,7 @@
 #include <sstream>
 #include <vector>
 
+#include "phalanx/core/env.hpp"
 #include "phalanx/core/error.hpp"
 #include "phalanx/core/file_safety.hpp"
 #include "phalanx/core/tensor_impl.hpp"
@@ -293,8 +294,7 @@ void warn_foreign(const std::string& path, const std::string& source) {
 }  // namespace
 
 std::string data_cache_dir() {
-  if (const char* d = std::getenv("PHALANX_DATA_CACHE"); d && *d)
-    return std::strcmp(d, "off") == 0 ? std::string() : std::string(d);
+  if (const auto d = env::path("PHALANX_DATA_CACHE")) return *d == "off" ? std::string() : *d;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/phalanx";
   if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/phalanx";
   return {};

@@ -13,16 +13,15 @@
 #include <cstring>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/env.hpp"
 #include "phalanx/core/error.hpp"
 
 namespace phalanx::parallel {
 
 namespace {
 
-const char* get(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : nullptr;
-}
+/// The variable's text, "" when unset.
+std::string get(const char* name) { return env::text(name).value_or(""); }
 
 std::string strip_brackets(const std::string& h) {
   return h.size() >= 2 && h.front() == '[' && h.back() == ']' ? h.substr(1, h.size() - 2) : h;
@@ -167,7 +166,7 @@ std::string advertise_address(const AdvertiseInputs& in) {
   const std::string job = detail::concat("this job spans hosts (WORLD_SIZE ", in.world_size, ", LOCAL_WORLD_SIZE ",
                                          in.local_world_size, ", MASTER_ADDR ", master, ")");
   // 2. Given by hand.
-  if (const char* h = get("PHALANX_HOSTNAME")) {
+  if (const std::string h = get("PHALANX_HOSTNAME"); !h.empty()) {
     if (spans_hosts && resolves_to_loopback(h)) {
       const std::string routed = route_source_address(master, in.master_port);
       throw ConfigError(detail::concat(
@@ -179,8 +178,8 @@ std::string advertise_address(const AdvertiseInputs& in) {
     return h;
   }
   // 3. An interface named by hand.
-  const char* var = get("PHALANX_SOCKET_IFNAME") ? "PHALANX_SOCKET_IFNAME" : "GLOO_SOCKET_IFNAME";
-  if (const char* ifname = get(var)) {
+  const char* var = !get("PHALANX_SOCKET_IFNAME").empty() ? "PHALANX_SOCKET_IFNAME" : "GLOO_SOCKET_IFNAME";
+  if (const std::string ifname = get(var); !ifname.empty()) {
     std::string name = ifname;
     name = name.substr(0, name.find(','));
     in6_addr a6{};

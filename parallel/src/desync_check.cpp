@@ -3,16 +3,13 @@
 #include <cstdlib>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/env.hpp"
 
 namespace phalanx::parallel {
 
 bool debug_detail_enabled() {
-  const char* v = std::getenv("PHALANX_DEBUG");
-  if (!v || !*v) return false;
-  const std::string s = v;
-  if (s == "detail" || s == "DETAIL") return true;
-  if (s == "off" || s == "OFF") return false;
-  throw ConfigError("PHALANX_DEBUG='" + s + "' is not one of detail, off");
+  const std::string s = env::choice("PHALANX_DEBUG", "off", {"detail", "off", "DETAIL", "OFF"});
+  return s == "detail" || s == "DETAIL";
 }
 
 ProcessGroup::CollectiveCheck make_desync_check(StorePtr store, int rank, int world) {

@@ -13,11 +13,12 @@
 #include "phalanx/backends/hierarchical_process_group.hpp"
 #include "phalanx/backends/plugin_registry.hpp"
 #include "phalanx/backends/prefix_store.hpp"
+#include "phalanx/core/env.hpp"
 
 namespace phalanx::parallel {
 
 std::string host_identity() {
-  if (const char* id = std::getenv("PHALANX_HOST_ID"); id && *id) return id;
+  if (const auto id = env::text("PHALANX_HOST_ID")) return *id;
   char name[256] = {0};
   ::gethostname(name, sizeof name - 1);
   std::string boot;

@@ -16,6 +16,7 @@
 #include "phalanx/backends/prefix_store.hpp"
 #include "phalanx/backends/tcp_store.hpp"
 #include "phalanx/backends/world_of_one.hpp"
+#include "phalanx/core/env.hpp"
 #include "phalanx/core/kernels.hpp"
 #include "phalanx/core/timeline.hpp"
 #include "phalanx/core/world.hpp"
@@ -99,8 +100,7 @@ void install_exit_hook() {
 }
 
 std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : fallback;
+  return env::text(name).value_or(fallback);
 }
 
 nlohmann::json read_config(const InitOptions& o) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/env.hpp"
 #include "phalanx/core/error.hpp"
 
 namespace phalanx::parallel {
@@ -77,8 +78,8 @@ LaunchEnv read_launch_env() {
                                      e.local_world_size));
   if (const char* a = get("MASTER_ADDR")) e.master_addr = a;
   if (const char* p = get("MASTER_PORT")) e.master_port = parse_int("MASTER_PORT", p, 1, 65535);
-  if (const char* r = get("PHALANX_RESTART_COUNT")) e.restart_count = parse_int("PHALANX_RESTART_COUNT", r, 0, kMax);
-  if (const char* h = get("PHALANX_STORE_HOSTED")) e.store_hosted = std::string(h) == "1";
+  e.restart_count = static_cast<int>(env::integer("PHALANX_RESTART_COUNT", e.restart_count, 0, kMax));
+  e.store_hosted = env::flag("PHALANX_STORE_HOSTED", e.store_hosted);
   return e;
 }
 

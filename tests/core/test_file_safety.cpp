@@ -149,7 +149,8 @@ TEST_CASE("folders are made 0700 and files 0600; PHALANX_FILE_MODE=0644 shares t
   CHECK(files::private_file_mode() == 0644);
   CHECK(files::private_folder_mode() == 0755);
   ::setenv("PHALANX_FILE_MODE", "0777", 1);
-  CHECK_THROWS_WITH_AS(files::private_file_mode(), doctest::Contains("PHALANX_FILE_MODE=0777: expected 0600"), ValueError);
+  CHECK_THROWS_WITH_AS(files::private_file_mode(),
+                       doctest::Contains("PHALANX_FILE_MODE='0777' is not one of 0600, 0644, 600, 644"), ConfigError);
   ::unsetenv("PHALANX_FILE_MODE");
 }
 

@@ -52,7 +52,7 @@ TEST_CASE("gemm env child: reports what blas_info() and a large matmul say") {
 }
 
 TEST_CASE("PHALANX_GEMM: an unknown value is a one-line ConfigError naming it; the known ones work") {
-  const std::string want = "PHALANX_GEMM='bogus' is not one of auto, blas, own";
+  const std::string want = "PHALANX_GEMM='bogus' is not one of auto, blas, own; set it to such a value or unset it";
   const std::string bad = child_output("bogus");
   INFO(bad);
   CHECK(bad.find("INFO_ERROR|" + want + "|\n") != std::string::npos);

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <string>
 
+#include <phalanx/core/env.hpp>
+
 namespace phalanx::trainer {
 
 namespace {
@@ -30,8 +32,7 @@ void ProgressBar::start_epoch(std::int64_t epoch, std::int64_t skipped) {
 
 bool ProgressBar::wanted(int rank) {
   if (rank != 0) return false;
-  if (const char* e = std::getenv("PHALANX_PROGRESS")) return std::string(e) == "1";
-  return ::isatty(1) != 0;
+  return env::flag("PHALANX_PROGRESS", ::isatty(1) != 0);
 }
 
 void ProgressBar::update(std::int64_t done, double loss) {

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "phalanx/core/env.hpp"
+
 namespace phalanx {
 
 namespace {
@@ -14,7 +16,9 @@ constexpr std::size_t kAlign = 64;  // a cache line: full-width SIMD loads, no f
 // (activations, gradients), and glibc answers large requests with mmap/munmap and
 // consolidation. Blocks are kept per exact (rounded) size up to a byte budget.
 CpuBlockCache::CpuBlockCache() {
-  if (const char* mb = std::getenv("PHALANX_CPU_CACHE_MB")) budget_ = std::strtoull(mb, nullptr, 10) << 20;
+  // A whole number of MiB, as the name says: "1g" is refused, not read as 1.
+  budget_ = static_cast<std::size_t>(env::integer("PHALANX_CPU_CACHE_MB", std::int64_t(budget_ >> 20), 0,
+                                                 std::int64_t(1) << 24, "a whole number of MiB")) << 20;
 }
 CpuBlockCache::~CpuBlockCache() { release_all(); }
 

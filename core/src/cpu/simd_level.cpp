@@ -17,12 +17,9 @@ int simd_level(const char* env_name, bool needs_dq) {
   const int best = 0;
 #endif
   int cap = 2;
-  if (const auto e = env::text(env_name)) {
-    if (*e == "scalar") cap = 0;
-    else if (*e == "avx2") cap = 1;
-    else if (*e == "avx512") cap = 2;
-    else throw ConfigError(std::string(env_name) + "='" + *e + "' is not scalar, avx2 or avx512; set one or unset it");
-  }
+  const std::string e = env::choice(env_name, "avx512", {"scalar", "avx2", "avx512"});
+  if (e == "scalar") cap = 0;
+  else if (e == "avx2") cap = 1;
   return std::min(best, cap);
 }
 

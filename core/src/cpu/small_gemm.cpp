@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "phalanx/core/env.hpp"
 #include "phalanx/core/error.hpp"
 
 namespace phalanx::cpu {
@@ -62,10 +63,7 @@ struct Policy {
 };
 Policy decide() {
   Policy p;
-  const char* env = std::getenv("PHALANX_GEMM");
-  const std::string mode = env && *env ? env : "auto";
-  if (mode != "auto" && mode != "blas" && mode != "own")
-    throw ConfigError("PHALANX_GEMM='" + mode + "' is not one of auto, blas, own");
+  const std::string mode = env::choice("PHALANX_GEMM", "auto", {"auto", "blas", "own"});
   if (mode == "own") {
     p.own_for_all = true;
     p.text = "own kernel for every size (PHALANX_GEMM=own)";

@@ -72,12 +72,8 @@ int open_regular(const std::string& path, std::size_t* size) {
 void check_regular(const std::string& path) { ::close(open_regular(path)); }
 
 unsigned private_file_mode() {
-  const auto v = env::text("PHALANX_FILE_MODE");
-  if (!v || *v == "0600" || *v == "600") return 0600;
-  if (*v == "0644" || *v == "644") return 0644;
-  throw ValueError("PHALANX_FILE_MODE=" + *v +
-                   ": expected 0600 (the default: checkpoints and cache files only this user reads) or 0644 "
-                   "(every user may read them)");
+  const std::string v = env::choice("PHALANX_FILE_MODE", "0600", {"0600", "0644", "600", "644"});
+  return v == "0644" || v == "644" ? 0644 : 0600;
 }
 
 unsigned private_folder_mode() { return private_file_mode() == 0644 ? 0755 : 0700; }

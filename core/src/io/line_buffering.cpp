@@ -6,14 +6,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+
+#include "phalanx/core/env.hpp"
 
 namespace phalanx {
 namespace {
 
 struct LineBufferedStdout {
   LineBufferedStdout() {
-    const char* v = std::getenv("PHALANX_LINE_BUFFERED");
-    if (v && std::strcmp(v, "1") == 0) std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
+    try {  // at load time: a bad value cannot be thrown to anyone
+      if (env::flag("PHALANX_LINE_BUFFERED", false)) std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "phalanx: %s; stdout keeps its buffering\n", e.what());
+    }
   }
 };
 

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "phalanx/core/creation.hpp"
+#include "phalanx/core/env.hpp"
 #include "phalanx/core/file_safety.hpp"
 #include "phalanx/core/npy.hpp"
 #include "phalanx/core/tensor_impl.hpp"
@@ -20,12 +21,9 @@ namespace phalanx {
 
 namespace {
 
-// PHALANX_MMAP=0 (or "off") reads every .npy into private memory: a snapshot that a later
-// in-place rewrite of the file (np.save over the same path) cannot change or fault.
-bool npy_mmap_enabled() {
-  const char* v = std::getenv("PHALANX_MMAP");
-  return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0));
-}
+// PHALANX_MMAP=0 (or off, false, no) reads every .npy into private memory: a snapshot that a
+// later in-place rewrite of the file (np.save over the same path) cannot change or fault.
+bool npy_mmap_enabled() { return env::flag("PHALANX_MMAP", true); }
 
 [[noreturn]] void bad(const std::string& what, const std::string& why) {
   throw IoError(what + ": " + why);

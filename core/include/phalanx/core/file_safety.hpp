@@ -24,7 +24,7 @@ int open_regular(const std::string& path, std::size_t* size = nullptr);
 void check_regular(const std::string& path);
 
 /// The mode of new checkpoint and cache files: 0600, or 0644 with PHALANX_FILE_MODE=0644
-/// (any other value is a ValueError naming the variable).
+/// (any other value is a ConfigError naming the variable).
 unsigned private_file_mode();
 /// The mode of the folders made for them: 0700 (0755 with PHALANX_FILE_MODE=0644).
 unsigned private_folder_mode();
