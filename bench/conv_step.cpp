@@ -1,6 +1,6 @@
 // Forward + backward of the example CNN's convolutions and pools, Phalanx and PyTorch 1.13 in
 // the same run, one thread (OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1)), batch 64.
-// Issue 16's bar: the CNN's step <= 1.3x PyTorch's. Each side: 3 warm-up steps, then RUNS
+// The bar: the CNN's step <= 1.3x PyTorch's. Each side: 3 warm-up steps, then RUNS
 // runs of ITERS steps, the two sides taking turns run by run (the peer is started once per
 // run); the median run (and the fastest and slowest) per step; the ratio is of the medians.
 //

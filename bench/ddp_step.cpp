@@ -2,10 +2,10 @@
 // over TCP ("gloo") beside PyTorch DDP (gloo) in the same run, each the median of N runs
 // (default 5, `--runs N`) with its spread (issues 7 and 14):
 //   1. the textbook's demo (Linear 64->10, 512 samples, batch 32 per worker, SGD lr 0.05):
-//      time per step (issue 14's bar: <= 10 us on shared memory; PyTorch DDP ~1600 us);
+//      time per step (the bar: <= 10 us on shared memory; PyTorch DDP ~1600 us);
 //   2. MLP 784-1024-1024-10, 128 samples per worker, SGD momentum: 2 workers' samples/s against
-//      one worker's (issue 14's bar: >= 1.8x on shared memory) and against the ceiling, two
-//      independent one-worker processes at once (issue 31's bar: >= 0.95 of it; one process
+//      one worker's (the bar: >= 1.8x on shared memory) and against the ceiling, two
+//      independent one-worker processes at once (the bar: >= 0.95 of it; one process
 //      alone has the whole machine, two share caches and memory bandwidth as DDP's workers
 //      do); how much allreduce is hidden;
 //   3. a bucket-size sweep (1, 5, 25, 100 MiB) on the MLP, 2 workers, the default backend.

@@ -1,4 +1,4 @@
-// Exact mode's cost (issue 15's bar): MLP 784-1024-1024-10, global batch 256, 2 workers,
+// Exact mode's cost (its bar): MLP 784-1024-1024-10, global batch 256, 2 workers,
 // SGD momentum. The normal DDP step (128 samples per worker, one forward and backward) and
 // the exact step (micro-batch 64: two forwards and backwards per worker, fixed-point sums)
 // in the same run, on the same process group, alternating step by step; a run is `steps`

@@ -2,12 +2,11 @@
 // PyTorch in the same run, on the same device: both sides zero the gradients, run forward,
 // cross-entropy and backward, and step an SGD optimizer (optim::SGD here, torch.optim.SGD
 // there). Bars: on the CPU, single thread, 784-1024-1024-10 at batch 128 within 0.95x of
-// PyTorch's time (issue 31; issue 2's was 1.15x) and the textbook's 64-32-10 at batch 64 at
-// least 5x faster; on CUDA
-// (issue 13), 784-1024-1024-10 within 1.2x of PyTorch CUDA. Each side: warm-up steps, then 5
+// PyTorch's time (an earlier bar was 1.15x) and the textbook's 64-32-10 at batch 64 at
+// least 5x faster; on CUDA, 784-1024-1024-10 within 1.2x of PyTorch CUDA. Each side: warm-up steps, then 5
 // runs of ITERS steps, the sides taking turns run by run (the peer started once per run); the
 // median run with the fastest and slowest; the ratio of the medians. After each step run, a
-// run timed phase by phase (issue 31: zero_grad, forward with the loss, backward, optimizer
+// run timed phase by phase (zero_grad, forward with the loss, backward, optimizer
 // step); the breakdown is the median of each phase's mean per step.
 //
 //   bench_mlp_step [--device cpu|cuda|cuda:N] [--no-peer]

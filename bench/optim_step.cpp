@@ -1,10 +1,10 @@
-// The optimizer step alone (issue 31): optim::SGD / Adam / AdamW's step and zero_grad over the
+// The optimizer step alone: optim::SGD / Adam / AdamW's step and zero_grad over the
 // parameters of the MLP 784-1024-1024-10 (1.86 M parameters in 6 tensors), Phalanx and
 // PyTorch 1.13's torch.optim (its 1.13 default, the single-tensor for-loop code) in the same
 // run, one thread each, gradients set once. The limit beside them: the bytes each update
 // moves (every array read once, the updated ones written once) at this machine's measured
 // memcpy rate (bytes read + written per second, arrays of one parameter set's size).
-// Bars (issue 31): SGD, SGD with momentum and AdamW each <= 1.2x PyTorch's time.
+// Bars: SGD, SGD with momentum and AdamW each <= 1.2x PyTorch's time.
 // Each side: 5 runs of ITERS steps per case (each after warm-up steps), the sides taking turns
 // round by round (the peer started once per round); the median run with the fastest and
 // slowest; the ratio of the medians.

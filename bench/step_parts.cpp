@@ -1,4 +1,4 @@
-// The memory-bound parts of the MLP 784-1024-1024-10 step at batch 128 (issue 31), each
+// The memory-bound parts of the MLP 784-1024-1024-10 step at batch 128, each
 // against this machine's measured memcpy rate at the same working-set size: the kernel's
 // bytes moved (read + written, as memcpy's rate counts them) over its time, beside memcpy's
 // bytes per second on a buffer of the same size. One thread; medians of 5 runs of ITERS

@@ -1,4 +1,4 @@
-// phalanx-train against the library's own DDP loop, in the same run (issue 18's bar: the
+// phalanx-train against the library's own DDP loop, in the same run (the bar: the
 // trainer's time per step <= 1.2x the loop's). The textbook's demo on 2 workers under
 // phalanx-run: MLP 64-32-10 on examples/data/seed_case_study.npz, global batch 256, SGD at
 // one rate, the same backend, shuffled by the DistributedSampler. Both sides time every step

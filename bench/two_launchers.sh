@@ -5,7 +5,7 @@
 # the ratio to the one-launcher step. The textbook's MLP 64-32-10, global batch 8 (64 steps
 # an epoch), SGD. Each two-launcher case runs with the default waits (they block when the
 # machine's ranks outnumber its cores) and with PHALANX_GLOO_BUSY_POLL=1 (always spin: the
-# behaviour before), so the effect of the choice shows in one run. Issue 23's bar: within 5x.
+# behaviour before), so the effect of the choice shows in one run. The bar: within 5x.
 #
 #   bench/two_launchers.sh [BUILD_DIR] [RUNS] [EPOCHS]
 set -u

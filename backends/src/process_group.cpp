@@ -151,7 +151,7 @@ WorkPtr ProcessGroup::enqueue(const char* op, std::function<void(std::uint64_t)>
     return work;
   }
   Item item{work, std::move(fn), std::move(signature)};
-  if (inline_ops_) {  // not reached: submit() runs an open inline group's operations itself
+  if (inline_ops_) {  // not reached: call() runs an open inline group's operations itself
     lock.unlock();
     run_item(item);
     return work;
@@ -169,7 +169,7 @@ void ProcessGroup::worker_loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_ || queue_.empty()) {  // shutdown() fails what is left
+      if (stopping_ || queue_.empty()) {  // the destructor fails what is left
         worker_exited_ = true;
         exit_cv_.notify_all();
         return;
@@ -186,7 +186,7 @@ void ProcessGroup::worker_loop() {
 
 void ProcessGroup::run_item(Item& item) { run_op<false>(item.work, item.fn, item.signature); }
 
-// kUnshared: the Work is not visible to any other thread yet (submit()'s inline path:
+// kUnshared: the Work is not visible to any other thread yet (call()'s inline path:
 // abort() does not see inline operations), so success needs no lock nor notify.
 template <bool kUnshared, class Fn>
 void ProcessGroup::run_op(const WorkPtr& work, Fn& fn, const std::string& signature) {

@@ -564,7 +564,7 @@ void CudaKernels::adam_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, 
   after_launch("adam kernel");
 }
 
-// ---- normalisation, embedding, argmax, clamp (issue 16, H12) ----
+// ---- normalisation, embedding, argmax, clamp ----
 namespace {
 constexpr int kNormThreads = 256;
 /// Block-wide sum of one double per thread (kNormThreads threads); every thread gets the total.
@@ -747,7 +747,7 @@ void CudaKernels::clamp(const Tensor& x, float lo, float hi, Tensor& out) {
 }
 // ---- end normalisation, embedding, argmax, clamp ----
 
-// ---- convolution and pooling (issue 16, H11): the CPU's windows (cpu_conv.cpp) ----
+// ---- convolution and pooling: the CPU's windows (cpu_conv.cpp) ----
 namespace {
 __global__ void im2col_k(const float* x, Window2d g, float* col, std::int64_t n) {
   const std::int64_t L = g.oh * g.ow;

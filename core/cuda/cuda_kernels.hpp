@@ -47,7 +47,7 @@ class CudaKernels final : public DeviceKernels {
   void abs_max_into(const Tensor& x, Tensor& out, std::int64_t index) override;
   void fixed_point_accumulate(const Tensor& x, double scale, Tensor& acc) override;
   void fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) override;
-  // ---- normalisation, embedding, argmax, clamp (issue 16, H12) ----
+  // ---- normalisation, embedding, argmax, clamp ----
   void batch_norm_stats(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, Tensor& mean,
                         Tensor& var) override;
   void batch_norm_elemt(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, const Tensor& mean,
@@ -63,7 +63,7 @@ class CudaKernels final : public DeviceKernels {
   void argmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override;
   void clamp(const Tensor& x, float lo, float hi, Tensor& out) override;
   // ---- end normalisation, embedding, argmax, clamp ----
-  // ---- convolution and pooling (issue 16, H11) ----
+  // ---- convolution and pooling ----
   void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) override;
   void col2im(const Tensor& col, std::int64_t image, const Window2d& g, Tensor& grad_x) override;
   void max_pool2d(const Tensor& x, const Window2d& g, Tensor& out, Tensor& indices) override;

@@ -1,4 +1,4 @@
-// conv2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d and their modules (issue 16):
+// conv2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d and their modules:
 // finite differences, parity with PyTorch 1.13 (tests/fixtures/conv_parity.npz, made by
 // scripts/fixtures/conv.py), the sim device equal to the CPU bit for bit, errors, modules.
 #include <doctest/doctest.h>

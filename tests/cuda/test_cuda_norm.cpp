@@ -1,4 +1,4 @@
-// Issue 16 (H12): batch_norm (training, eval, with running stats), layer_norm, embedding, gelu,
+// batch_norm (training, eval, with running stats), layer_norm, embedding, gelu,
 // softmax, argmax, clamp and clip_grad_norm_ on CUDA equal the CPU path within float tolerance.
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-// CPU kernels of convolution and pooling (issue 16): im2col/col2im for the GEMM-based
+// CPU kernels of convolution and pooling: im2col/col2im for the GEMM-based
 // convolution (core/src/ops/conv.cpp runs the GEMMs), and direct pooling loops with
 // PyTorch 1.13's window, index and divisor rules.
 #include <algorithm>

@@ -72,7 +72,7 @@ void CpuKernels::unary(UnaryOp op, const Tensor& x, Tensor& out) {
     case UnaryOp::Relu: relu(x.data<float>(), out.data<float>(), x.numel()); break;
     case UnaryOp::Tanh: xt::noalias(O) = xt::tanh(X); break;
     case UnaryOp::Sigmoid: xt::noalias(O) = 1.0f / (1.0f + xt::exp(-X)); break;
-    case UnaryOp::Gelu: {  // issue 16 (H12): PyTorch's exact (erf) GELU
+    case UnaryOp::Gelu: {  // PyTorch's exact (erf) GELU
       const float* xx = x.data<float>();
       float* o = out.data<float>();
       for (std::int64_t i = 0, n = x.numel(); i < n; ++i)

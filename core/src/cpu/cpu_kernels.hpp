@@ -49,7 +49,7 @@ class CpuKernels final : public DeviceKernels {
   void abs_max_into(const Tensor& x, Tensor& out, std::int64_t index) override;
   void fixed_point_accumulate(const Tensor& x, double scale, Tensor& acc) override;
   void fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) override;
-  // ---- convolution and pooling (issue 16, H11; cpu_conv.cpp) ----
+  // ---- convolution and pooling (cpu_conv.cpp) ----
   void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) override;
   void col2im(const Tensor& col, std::int64_t image, const Window2d& g, Tensor& grad_x) override;
   void max_pool2d(const Tensor& x, const Window2d& g, Tensor& out, Tensor& indices) override;
@@ -63,7 +63,7 @@ class CpuKernels final : public DeviceKernels {
   void add_channel_bias(const Tensor& bias, std::int64_t outer, std::int64_t inner, Tensor& out) override;
   void channel_sum(const Tensor& g, std::int64_t outer, std::int64_t inner, Tensor& out) override;
   // ---- end convolution and pooling ----
-  // ---- normalisation, embedding, argmax, clamp (issue 16, H12; cpu_norm.cpp) ----
+  // ---- normalisation, embedding, argmax, clamp (cpu_norm.cpp) ----
   void batch_norm_stats(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, Tensor& mean,
                         Tensor& var) override;
   void batch_norm_elemt(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner,

@@ -1,5 +1,5 @@
 // CPU kernels for normalisation (per-channel statistics over [outer, c, inner]), embedding
-// gather/scatter-add, argmax and clamp (issue 16). Plain loops; sums in double.
+// gather/scatter-add, argmax and clamp. Plain loops; sums in double.
 #include <cmath>
 #include <cstring>
 

@@ -193,7 +193,7 @@ Tensor log(const Tensor& x) { return unary(UnaryOp::Log, x); }
 Tensor relu(const Tensor& x) { return unary(UnaryOp::Relu, x); }
 Tensor tanh(const Tensor& x) { return unary(UnaryOp::Tanh, x); }
 Tensor sigmoid(const Tensor& x) { return unary(UnaryOp::Sigmoid, x); }
-Tensor gelu(const Tensor& x) { return unary(UnaryOp::Gelu, x); }  // issue 16 (H12)
+Tensor gelu(const Tensor& x) { return unary(UnaryOp::Gelu, x); }
 
 Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Add, a, b, "add"); }
 Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::Sub, a, b, "sub"); }

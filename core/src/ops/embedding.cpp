@@ -1,4 +1,4 @@
-// Embedding lookup (issue 16): a row gather forward, a scatter-add into a dense gradient backward.
+// Embedding lookup: a row gather forward, a scatter-add into a dense gradient backward.
 #include "ops/op_support.hpp"
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/ops.hpp"

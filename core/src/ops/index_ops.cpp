@@ -1,4 +1,4 @@
-// argmax and clamp (issue 16): outside autograd (integer results / gradient clipping).
+// argmax and clamp: outside autograd (integer results / gradient clipping).
 #include "ops/op_support.hpp"
 #include "phalanx/core/ops.hpp"
 

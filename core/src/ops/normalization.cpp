@@ -1,4 +1,4 @@
-// Batch and layer normalisation (issue 16): per-channel statistics over x viewed as
+// Batch and layer normalisation: per-channel statistics over x viewed as
 // [outer, C, inner], through the device table's batch_norm_* kernels. LayerNorm is the same
 // normalisation with the rows as channels (outer = 1), then the affine map by suffix broadcast.
 #include "ops/op_support.hpp"

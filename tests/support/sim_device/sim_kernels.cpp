@@ -167,7 +167,7 @@ class SimKernels final : public DeviceKernels {
     cpu().fixed_point_to_float(host_view(acc, "fixed_point_to_float"), scale, count, o);
   }
 
-  // ---- normalisation, embedding, argmax, clamp (issue 16, H12) ----
+  // ---- normalisation, embedding, argmax, clamp ----
   void batch_norm_stats(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, Tensor& mean,
                         Tensor& var) override {
     Tensor m = host_view(mean, "batch_norm_stats"), v = host_view(var, "batch_norm_stats");
@@ -215,7 +215,7 @@ class SimKernels final : public DeviceKernels {
   }
   // ---- end normalisation, embedding, argmax, clamp ----
 
-  // ---- convolution and pooling (issue 16, H11) ----
+  // ---- convolution and pooling ----
   void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) override {
     Tensor o = host_view(col, "im2col");
     cpu().im2col(host_view(x, "im2col"), image, g, o);

@@ -181,7 +181,7 @@ class ProcessGroup final {
   std::uint64_t collective_index_ = 0;  // worker thread only
   std::condition_variable exit_cv_;
   bool worker_exited_ = false, completer_exited_ = false;
-  std::atomic<std::uint64_t> next_seq_{0};  // written under mu_, or by submit()'s inline path
+  std::atomic<std::uint64_t> next_seq_{0};  // written under mu_, or by call()'s inline path
   bool stopping_ = false;
   // abort_error_, stopping_ or broken_ is set (stored under mu_ after them; never cleared):
   // the inline path reads it instead of taking mu_.

@@ -52,12 +52,12 @@ struct AdamGroupEntry {
   AdamUpdate u;
 };
 
-/// Gelu: PyTorch's exact form x * (1 + erf(x / sqrt 2)) / 2 (issue 16, H12);
+/// Gelu: PyTorch's exact form x * (1 + erf(x / sqrt 2)) / 2;
 /// Rsqrt: 1 / sqrt(x), correctly rounded sqrt then division (not an approximate rsqrt).
 enum class UnaryOp : std::uint8_t { Neg, Exp, Log, Relu, Tanh, Sigmoid, Gelu, Rsqrt };
 enum class BinaryOp : std::uint8_t { Add, Sub, Mul, Div };
 
-// ---- convolution and pooling geometry (issue 16, H11) ----
+// ---- convolution and pooling geometry ----
 /// The windows of a 2-D convolution or pooling over NCHW input: n images of c channels
 /// h x w, output oh x ow, kernel kh x kw, stride sh/sw, zero padding ph/pw, dilation dh/dw.
 struct Window2d {
@@ -155,7 +155,7 @@ class DeviceKernels {
   /// out[i] = float((double(acc[i]) / scale) / count): acc int64, out float32, same numel.
   virtual void fixed_point_to_float(const Tensor& acc, double scale, double count, Tensor& out) = 0;
 
-  // ---- convolution and pooling (issue 16, H11; CPU: core/src/cpu/cpu_conv.cpp) ----
+  // ---- convolution and pooling (CPU: core/src/cpu/cpu_conv.cpp) ----
   /// col[(ci * kh + i) * kw + j, oy * ow + ox] = x[image, ci, oy*sh - ph + i*dh, ox*sw - pw + j*dw]
   /// (0 in the padding): col is [c * kh * kw, oh * ow], x is [n, c, h, w].
   virtual void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) = 0;
@@ -182,7 +182,7 @@ class DeviceKernels {
   virtual void channel_sum(const Tensor& g, std::int64_t outer, std::int64_t inner, Tensor& out) = 0;
   // ---- end convolution and pooling ----
 
-  // ---- normalisation, embedding, argmax, clamp (issue 16, H12; CPU: cpu_norm.cpp) ----
+  // ---- normalisation, embedding, argmax, clamp (CPU: cpu_norm.cpp) ----
   // x is viewed as [outer, c, inner] and statistics are per channel c (BatchNorm: outer = N,
   // inner = H * W; LayerNorm: outer = 1, c = rows, inner = the normalised size).
   /// mean[c] and the biased variance var[c] over outer and inner, accumulated in double.

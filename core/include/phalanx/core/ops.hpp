@@ -30,7 +30,7 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 /// y = x W^T + b: x [N, in], weight [out, in], bias [out] (may be undefined). One GEMM.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
-// ---- convolution and pooling (issue 16, H11): NCHW float32, PyTorch 1.13's semantics ----
+// ---- convolution and pooling: NCHW float32, PyTorch 1.13's semantics ----
 /// A (height, width) pair; one number means both.
 struct Size2 {
   Size2(std::int64_t v) : h(v), w(v) {}  // NOLINT: implicit, as PyTorch's int-or-tuple
@@ -72,7 +72,7 @@ class Generator;
 /// Zeroes each element with probability p and scales the rest by 1/(1-p) (training only).
 Tensor dropout(const Tensor& x, float p, bool training, Generator* gen = nullptr);
 
-// ---- normalisation, embedding, argmax, gelu, softmax (issue 16, H12): PyTorch 1.13's semantics ----
+// ---- normalisation, embedding, argmax, gelu, softmax: PyTorch 1.13's semantics ----
 /// torch.nn.functional.gelu(approximate='none'): x * (1 + erf(x / sqrt 2)) / 2.
 Tensor gelu(const Tensor& x);
 /// torch.softmax over `dim` (exp of log_softmax; differentiable).
