@@ -112,6 +112,13 @@ void ProcessGroup::abort(std::exception_ptr error) {
   be_->on_abort();
 }
 
+bool ProcessGroup::operation_in_flight() const {
+  if (inline_active_.load(std::memory_order_acquire)) return true;
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return true;  // an exit handler must not wait for another thread
+  return running_ != nullptr || !queue_.empty() || completing_ != nullptr || !completions_.empty();
+}
+
 bool ProcessGroup::is_aborted() const {
   std::lock_guard<std::mutex> lock(mu_);
   return abort_error_ != nullptr;
@@ -295,7 +302,9 @@ WorkPtr ProcessGroup::run_inline(const char* op, Fn& fn, const std::string& sign
       spare.op = op;
     }
     WorkPtr work = spare.work;  // copy-constructed (inline), not assigned
+    inline_active_.store(true, std::memory_order_relaxed);
     run_op<true>(work, fn, signature);
+    inline_active_.store(false, std::memory_order_release);
     return work;
   }
 }

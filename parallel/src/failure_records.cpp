@@ -145,6 +145,11 @@ std::exception_ptr peer_failed_error(const FailureRecord& r, const std::string& 
   // Both sides of a desync find it; whichever posts first must not turn the other's into a
   // different kind of error.
   if (r.kind == "desync") return std::make_exception_ptr(DesyncError(what));
+  // The first survivor found that a peer ended cleanly (uneven inputs): every survivor gets
+  // the same kind of error, whoever noticed first.
+  if (r.kind == "finished")
+    return std::make_exception_ptr(PeerFinishedError(detail::concat(
+        r.message, " (reported by rank ", r.rank, noticed.empty() ? "" : "; noticed by ", noticed, ")")));
   return std::make_exception_ptr(PeerFailedError(what));
 }
 
@@ -153,6 +158,8 @@ std::string failure_kind(const std::exception_ptr& error) {
     std::rethrow_exception(error);
   } catch (const DesyncError&) {
     return "desync";
+  } catch (const PeerFinishedError&) {
+    return "finished";
   } catch (...) {
     return {};
   }
@@ -234,7 +241,7 @@ ProcessGroup::FailureHook make_failure_hook(std::shared_ptr<FailureContext> ctx,
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     }
-    ctx->post(detail::message_of(better ? better : error), secondary, failure_kind(error));
+    ctx->post(detail::message_of(better ? better : error), secondary, failure_kind(better ? better : error));
     return better;
   };
 }

@@ -28,8 +28,8 @@ struct FailureRecord {
   std::string message;     ///< one line
   bool secondary = false;  ///< this rank failed because another failed or vanished
   std::int64_t unix_ns = 0;
-  /// "desync" for a PHALANX_DEBUG=detail desync (a peer's copy stays a DesyncError); else
-  /// empty (not written). Readers ignore fields they do not know.
+  /// "desync" for a PHALANX_DEBUG=detail desync, "finished" for a PeerFinishedError (a peer's
+  /// copy stays of that type); else empty (not written). Readers ignore fields they do not know.
   std::string kind;
 };
 
@@ -103,7 +103,7 @@ ProcessGroup::FailureHook make_failure_hook(std::shared_ptr<FailureContext> ctx,
 /// primary failure: it names the cause (uneven inputs); the finished rank did not fail.
 bool is_secondary_failure(const std::exception_ptr& error);
 std::string one_line(std::string s);
-/// "desync" for a DesyncError, else empty: FailureRecord::kind.
+/// "desync" for a DesyncError, "finished" for a PeerFinishedError, else empty: FailureRecord::kind.
 std::string failure_kind(const std::exception_ptr& error);
 
 }  // namespace phalanx::parallel

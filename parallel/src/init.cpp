@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <atomic>
 #include <mutex>
@@ -55,11 +56,14 @@ constexpr std::chrono::milliseconds kFinishLinger{1500};
 
 /// A clean end of the default group (s.mu held): posts this rank's finished record before
 /// the group's connections close, so a peer still in a collective gets a PeerFinishedError
-/// (uneven inputs) rather than a lost connection. Nothing after a failure or an abort.
-/// Returns whether it posted.
+/// (uneven inputs) rather than a lost connection. Nothing after a failure or an abort, nor
+/// while an operation of the group is still running or queued (an exit(0) from a signal
+/// handler or another thread in the middle of a step is no clean end: peers read it as the
+/// death it is). Returns whether it posted.
 bool post_finished(State& s) {
   auto ctx = failure_context();
   if (!ctx || !s.group || s.group->size() <= 1 || s.group->is_aborted() || ctx->posted) return false;
+  if (s.group->operation_in_flight()) return false;
   ctx->post_finished(s.group->sequence_number());
   return true;
 }
@@ -76,6 +80,8 @@ void finish_at_exit(int status, void*) {
   if (status != 0 || ::getpid() != g_group_pid.load()) return;
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu, std::try_to_lock);
+  // An operation still running (exit(0) from a signal handler or another thread): neither
+  // post nor touch the group, which that operation still uses; it closes with the process.
   if (!lock.owns_lock() || !post_finished(s)) return;
   s.watcher.reset();
   // Closing the group now (when no operation is running) tells shm peers at once and lets
@@ -352,6 +358,12 @@ void destroy_process_group() {
   std::lock_guard<std::mutex> lock(s.mu);
   s.watcher.reset();  // first: it must not abort a group that is going away
   const auto ctx = failure_context();
+  // Destroyed while an exception is being handled (catch (...) { destroy_process_group(); }):
+  // this rank is leaving because something failed, not because its data ran out. Abort the
+  // group so shared-memory peers read a failure, and post no finished record (Gloo peers then
+  // see a lost connection, as for a crash). report_failure(message) before this says why.
+  if (std::current_exception() && s.group && s.group->size() > 1)
+    s.group->abort(std::make_exception_ptr(CommError("the process group was destroyed while an error was handled")));
   const bool finished = post_finished(s);  // before the connections close
   s.group.reset();
   if (finished) ctx->linger_for_finish(kFinishLinger);

@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <stdexcept>
+#include <thread>
 
 #include "support/multirank.hpp"
 
@@ -35,7 +37,10 @@ std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
 
-enum class End { Destroy, Exit0, Exit3, Kill };
+/// DestroyInCatch: destroy_process_group() inside a catch block (the rank leaves because of
+/// an error); ExitFromThread: another thread calls exit(0) while the main thread is inside a
+/// collective. Neither is a clean end.
+enum class End { Destroy, Exit0, Exit3, Kill, DestroyInCatch, ExitFromThread };
 
 /// Rank `finisher` runs `few` allreduces then ends as `how`; the other runs one more and
 /// returns 0 when its error is the expected kind (PeerFinishedError for a clean end, another
@@ -61,6 +66,28 @@ std::vector<ProcResult> run_uneven(const std::string& backend, End how, Shared* 
     auto pg = parallel::init_process_group(o);
     Tensor t = ones({256});
     for (int i = 0; i < few; ++i) pg->allreduce(t)->wait();
+    if (rank == finisher && how == End::ExitFromThread) {
+      std::thread([sh] {
+        std::this_thread::sleep_for(300ms);
+        sh->peer_left_ns = now_ns();
+        std::fflush(stderr);
+        std::exit(0);
+      }).detach();
+      pg->allreduce(t)->wait();  // the survivor joins after 1 s: still running at the exit
+      return 9;
+    }
+    if (rank != finisher && how == End::ExitFromThread) {
+      // The finisher posted its part of allreduce #3 before it exited, so that one may still
+      // complete here; #4 finds it gone. SIGPIPE ignored, as phalanx-run does for its workers
+      // (a write to the dead peer's socket must fail, not kill).
+      ::signal(SIGPIPE, SIG_IGN);
+      std::this_thread::sleep_for(1s);
+      try {
+        pg->allreduce(t)->wait();
+      } catch (const CommError&) {
+        // seen below with the next one's error
+      }
+    }
     if (rank == finisher) {
       std::this_thread::sleep_for(300ms);  // the other is waiting in allreduce #3 by then
       pg.reset();
@@ -71,6 +98,14 @@ std::vector<ProcResult> run_uneven(const std::string& backend, End how, Shared* 
         case End::Exit0: std::exit(0);
         case End::Exit3: std::exit(3);
         case End::Kill: ::raise(SIGKILL);
+        case End::DestroyInCatch:
+          try {
+            throw std::runtime_error("data loader: corrupt shard 7");
+          } catch (const std::exception&) {
+            parallel::destroy_process_group();
+          }
+          return 1;
+        case End::ExitFromThread: break;
       }
       return 9;
     }
@@ -165,4 +200,25 @@ TEST_CASE("shm without init_process_group: a destroyed group is a PeerFinishedEr
   CHECK(seen.find("barrier #2 on rank 1 of 2 (shm): rank 0 finished") != std::string::npos);
   CHECK(seen.find("after 2 collectives while this rank is in barrier #2") != std::string::npos);
   CHECK(seen.find("parallel::Join") != std::string::npos);
+}
+
+TEST_CASE("a rank that leaves in an error handler, or exits 0 mid-collective, is no clean end") {
+  // destroy_process_group() while an exception is handled: a failure on shm, a lost
+  // connection on gloo; never "finished ... Join".
+  Shared* sh = shared_page();
+  auto r = run_uneven("shm", End::DestroyInCatch, sh, 1, false, "failed");
+  CHECK(r[1].exit_code == 1);
+  CHECK(r[0].exit_code == 0);
+  r = run_uneven("gloo", End::DestroyInCatch, sh, 1, false, "closed its connection");
+  CHECK(r[1].exit_code == 1);
+  CHECK(r[0].exit_code == 0);
+  // exit(0) from another thread while this rank's main thread waits in allreduce #3: the
+  // exit handler sees the operation in flight and posts nothing; the survivor reads a death.
+  r = run_uneven("shm", End::ExitFromThread, sh, 1, false, "died");
+  CHECK(r[1].exit_code == 0);
+  CHECK(r[0].exit_code == 0);
+  r = run_uneven("gloo", End::ExitFromThread, sh, 1, false, "closed its connection");
+  CHECK(r[1].exit_code == 0);
+  CHECK(r[0].exit_code == 0);
+  ::munmap(sh, sizeof(Shared));
 }

@@ -463,3 +463,24 @@ TEST_CASE("the failure watcher: retries store errors with backoff, stops after i
   std::this_thread::sleep_for(200ms);
   CHECK(quiet->checks == after);
 }
+
+TEST_CASE("a posted PeerFinishedError reaches the other survivors as a PeerFinishedError") {
+  // With 3 or more ranks the first survivor posts the finished peer as the job's failure; the
+  // others read that record and must get the same type (uneven inputs), not PeerFailedError.
+  parallel::FailureRecord r;
+  r.rank = 0;
+  r.message = "allreduce #3 on rank 0 of 3 (gloo): rank 1 finished ... parallel::Join for uneven inputs";
+  r.kind = parallel::failure_kind(std::make_exception_ptr(PeerFinishedError(r.message)));
+  CHECK(r.kind == "finished");
+  bool finished = false;
+  try {
+    std::rethrow_exception(parallel::peer_failed_error(r, "allreduce #3 on rank 2"));
+  } catch (const PeerFinishedError& e) {
+    finished = std::string(e.what()).find("parallel::Join") != std::string::npos &&
+               std::string(e.what()).find("reported by rank 0; noticed by allreduce #3 on rank 2") != std::string::npos;
+  } catch (...) {
+  }
+  CHECK(finished);
+  r.kind.clear();  // any other failure stays a PeerFailedError
+  CHECK_THROWS_AS(std::rethrow_exception(parallel::peer_failed_error(r, "")), PeerFailedError);
+}

@@ -98,6 +98,10 @@ class ProcessGroup final {
 
   /// How many operations have been issued.
   std::uint64_t sequence_number() const;
+  /// Whether an operation is running (on the worker or inline on a caller's thread) or
+  /// queued right now. For exit handlers deciding whether this rank ended cleanly; true
+  /// when it cannot tell without blocking.
+  bool operation_in_flight() const;
 
   /// Ends the group from any thread (parallel::init_process_group's failure watcher calls it
   /// when another rank posts its failure): the running operation, everything queued and
@@ -201,6 +205,9 @@ class ProcessGroup final {
   // polled completions (Backend::defer_polled): ended by their waiters
   std::function<bool()> pending_poll_;           // set by defer_polled during a run_* hook
   std::vector<std::weak_ptr<Work>> polled_;      // under mu_: failed and detached by ~ProcessGroup
+  // An inline operation is running on a caller's thread (plain stores around it, no
+  // read-modify-write: a group's inline operations come from one thread at a time).
+  std::atomic<bool> inline_active_{false};
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
