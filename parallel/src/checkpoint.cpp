@@ -167,6 +167,11 @@ CheckpointManifest save_checkpoint(const std::string& path, const CheckpointStat
   for (const auto& [k, v] : s.config) m.set("config." + k, text_tensor(v));
   m.set("pos.step_in_epoch", i64(s.step_in_epoch));
   CheckpointManifest man;
+  if (s.world_size <= 0 && !default_world().initialized && launch_world_size() > 1)
+    throw ConfigError(detail::concat(
+        "checkpoint ", path, ": CheckpointState.world_size is not set and no process group is alive to take it "
+        "from (the launch environment says ", launch_world_size(), " workers): save before "
+        "destroy_process_group(), or set world_size"));
   man.world_size = s.world_size > 0 ? s.world_size : default_world().size;
   man.global_batch = s.global_batch;
   man.micro_batch = s.micro_batch;
@@ -210,17 +215,19 @@ StepFileMatch compare_trained_state(const std::string& path, const CheckpointSta
   } catch (const IoError&) {
     return StepFileMatch::damaged;
   }
-  // The file's members in its order, with `state`'s trained tensors in place of its own: the
-  // stored checksum covers them, so it is reproduced exactly when they are the same.
+  // The file's members in its order, with `state`'s model and optimizer tensors in place of
+  // its own: the stored checksum covers them, so it is reproduced exactly when they are the
+  // same. The scheduler's position is not compared: a loop that steps its scheduler per
+  // epoch saves the same trained state at one step twice (a periodic save, then the
+  // epoch's), the second a little later in the schedule.
   std::vector<std::pair<std::string, Tensor>> fresh;
   for (const auto& [k, v] : state.model) fresh.emplace_back("model." + k, v);
   for (const auto& [k, v] : state.optimizer) fresh.emplace_back("optim." + k, v);
-  for (const auto& [k, v] : state.scheduler) fresh.emplace_back("sched." + k, v);
   std::vector<std::pair<std::string, Tensor>> mixed;
   mixed.reserve(m.size());
   std::size_t next = 0;
   for (const auto& [k, v] : m) {
-    if (!is_trained_member(k)) {
+    if (!is_trained_member(k) || k.rfind("sched.", 0) == 0) {
       mixed.emplace_back(k, v);
       continue;
     }

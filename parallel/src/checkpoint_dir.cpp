@@ -172,8 +172,8 @@ std::string CheckpointDir::save(const CheckpointState& state) {
       case StepFileMatch::different:
         throw ConfigError(detail::concat(
             "checkpoint folder ", dir_, ": ", f, " already holds step ", state.step,
-            " with different weights: two saves at one step with different weights mean the step is not advancing; "
-            "set CheckpointState.step to the optimizer steps taken so far",
+            " with a different model or optimizer state: two saves at one step with different weights mean the step "
+            "is not advancing; set CheckpointState.step to the optimizer steps taken so far",
             has(written_, f) ? "" : " (if that file is another run's: resume from it, or give this run an empty folder)"));
       case StepFileMatch::same:
         if (reuse.empty() && has(written_, f)) reuse = f;

@@ -512,8 +512,8 @@ TEST_CASE("one step, one trained state: other weights at a saved step are refuse
   const std::string kept = read_bytes(first);
   CheckpointState other = f.state;
   other.model = nudged(f.state.model);
-  const std::string refused = first + " already holds step 0 with different weights: two saves at one step with "
-                                      "different weights mean the step is not advancing; set CheckpointState.step";
+  const std::string refused = first + " already holds step 0 with a different model or optimizer state: two saves at one step "
+                                      "with different weights mean the step is not advancing; set CheckpointState.step";
   CHECK_THROWS_WITH_AS(dir.save(other), doctest::Contains(refused.c_str()), ConfigError);
   CHECK(read_bytes(first) == kept);
   CHECK(dir.list().size() == 1);
@@ -521,6 +521,13 @@ TEST_CASE("one step, one trained state: other weights at a saved step are refuse
   CheckpointState opt_only = f.state;
   opt_only.optimizer = nudged(f.state.optimizer);
   CHECK_THROWS_AS(dir.save(opt_only), ConfigError);
+  // A scheduler a little further on (a loop that steps it per epoch, saving the epoch's
+  // state at the step of its last periodic save): the same trained state, saved.
+  CheckpointState later = f.state;
+  later.scheduler.set("last_epoch", tensor(std::vector<std::int64_t>{5}, {1}));
+  CHECK(dir.save(later) == first);
+  CHECK(parallel::load_checkpoint(first).state.scheduler.contains("last_epoch"));
+  CHECK(dir.save(f.state) == first);  // and back, for the checks below
   // Another object (a restarted run) saving the same state: the file stands, the save takes
   // the next suffix; other weights are refused, naming the way out for another run's file.
   CheckpointDir again(d, 3);
@@ -586,4 +593,17 @@ TEST_CASE("the world size: recorded from the default world when unset, checked a
   CheckpointDir dir(d, 2);
   CHECK_THROWS_AS(dir.load_newest({}, nullptr), ConfigError);
   CHECK(dir.load_newest(any, nullptr).has_value());
+}
+
+TEST_CASE("world_size 0 after destroy_process_group, in a job of several workers: refused, not recorded as 1") {
+  const std::string d = tmp_dir();
+  Fixture f;
+  f.state.world_size = 0;
+  ::setenv("WORLD_SIZE", "2", 1);  // a launched worker whose group is already gone
+  CHECK_THROWS_WITH_AS(parallel::save_checkpoint(d + "/x.npz", f.state),
+                       doctest::Contains("CheckpointState.world_size is not set and no process group is alive"),
+                       ConfigError);
+  f.state.world_size = 2;  // said explicitly: fine
+  CHECK(parallel::save_checkpoint(d + "/after_destroy.npz", f.state).world_size == 2);
+  ::unsetenv("WORLD_SIZE");
 }
