@@ -8,11 +8,18 @@
 # library, libphalanx.so (Phalanx::phalanx), which is all a user links.
 # phalanx_<NAME>_headers (INTERFACE) carries the component's public include folder and those
 # of the layers it may use; plugins (phalanx_add_plugin) compile against it too.
+# A component's internal/ folder, when it has one, holds headers its private code shares
+# with the components above it: on phalanx_<NAME>_headers' include path (so on theirs), but
+# neither installed nor on Phalanx::phalanx's. Include them as "phalanx/<layer>/internal/...".
 function(phalanx_component name)
   cmake_parse_arguments(ARG "" "" "DEPENDS" ${ARGN})
   add_library(phalanx_${name}_headers INTERFACE)
   target_include_directories(phalanx_${name}_headers INTERFACE
     $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>)
+  if(IS_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/internal)
+    target_include_directories(phalanx_${name}_headers INTERFACE
+      $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/internal>)
+  endif()
   target_link_libraries(phalanx_${name}_headers INTERFACE Threads::Threads)
   foreach(dep IN LISTS ARG_DEPENDS)
     if(NOT TARGET phalanx_${dep}_headers)

@@ -193,7 +193,7 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
     name_ = std::string("/") + kNamePrefix + hex64(job_hash()).substr(0, 8) + owner_part(ns, ::getpid()) + hex64(id);
     // The segment cannot be made here: the others are told at once through the store (they
     // wait for its name), and every rank throws BackendUnavailableError, which `auto` takes
-    // as "use gloo on this host" (parallel/src/host_topology.cpp).
+    // as "use gloo on this host" (parallel/rendezvous/src/host_topology.cpp).
     const auto unavailable = [&](const std::string& msg) {
       if (base_) ::munmap(base_, total_);
       base_ = nullptr;

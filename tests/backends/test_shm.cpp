@@ -19,7 +19,7 @@
 #include <functional>
 #include <set>
 
-#include "../../parallel/src/host_topology.hpp"
+#include "../../parallel/rendezvous/src/host_topology.hpp"
 #include "support/conformance.hpp"
 
 using namespace phalanx;

@@ -15,7 +15,7 @@
 #include <phalanx/core/cpu_count.hpp>
 #include <phalanx/phalanx.hpp>
 
-#include "../../parallel/src/host_topology.hpp"
+#include "../../parallel/rendezvous/src/host_topology.hpp"
 #include "support/multirank.hpp"
 
 using namespace phalanx;

@@ -33,7 +33,7 @@ const std::set<std::pair<std::string, std::string>> kBareReadAllowed = {
 
 // getenv(name) with the name in a variable: launcher/system variables only.
 const std::set<std::string> kIndirectGetenvAllowed = {"core/src/world.cpp", "core/src/timeline.cpp",
-                                                      "parallel/src/launch_env.cpp"};
+                                                      "parallel/rendezvous/src/launch_env.cpp"};
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

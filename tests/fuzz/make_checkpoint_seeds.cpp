@@ -1,6 +1,7 @@
 // Writes tests/fuzz/corpus/checkpoint/ (the seeds of fuzz_checkpoint.cpp): real checkpoints
 // of a tiny MLP, as files (mode byte 0) and as member lists (mode bytes 1 and 3).
-//   g++ -std=c++17 tests/fuzz/make_checkpoint_seeds.cpp -Iinclude -I{core,optim,samplers,backends,parallel}/include \
+//   g++ -std=c++17 tests/fuzz/make_checkpoint_seeds.cpp -Iinclude -I{core,optim,samplers,backends,data}/include \
+//       -Iparallel/{rendezvous,ddp,training}/include \
 //       -Ibuild/include -Lbuild -lphalanx -Wl,-rpath,$PWD/build -o /tmp/mk && /tmp/mk tests/fuzz/corpus/checkpoint
 #include <cstdio>
 #include <fstream>

@@ -1,6 +1,7 @@
-# cmake -DBUILD_DIR=... -DCASES="target=header;..." -DCONTROL=target -DSOURCE_DIR=... \
-#       -DCOMPONENTS="core;backends;..." -DLINKS="layer_link_core;..." -DLINK_CONTROL=target -P check_layers.cmake
-# Each case must fail to compile because its header is not found; the control must compile.
+# cmake -DBUILD_DIR=... -DCASES="target=header;..." -DCONTROL="target;..." -DSOURCE_DIR=... \
+#       -DCOMPONENTS="core;backends;...;parallel/ddp;..." (their folders) -DLINKS="layer_link_core;..." \
+#       -DLINK_CONTROLS="target=symbol;..." -P check_layers.cmake
+# Each case must fail to compile because its header is not found; the controls must compile.
 function(build target out_rc out_log)
   execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${target}
     RESULT_VARIABLE rc OUTPUT_VARIABLE log ERROR_VARIABLE log)
@@ -8,11 +9,13 @@ function(build target out_rc out_log)
   set(${out_log} "${log}" PARENT_SCOPE)
 endfunction()
 
-build(${CONTROL} rc log)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "the control ${CONTROL} (parallel including every layer below it) does not build:\n${log}")
-endif()
-message(STATUS "ok: ${CONTROL} builds")
+foreach(control IN LISTS CONTROL)
+  build(${control} rc log)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "the control ${control} (a component including the layers below it) does not build:\n${log}")
+  endif()
+  message(STATUS "ok: ${control} builds")
+endforeach()
 set(failures "")
 foreach(case IN LISTS CASES)
   string(REPLACE "=" ";" parts "${case}")
@@ -28,18 +31,22 @@ foreach(case IN LISTS CASES)
   endif()
 endforeach()
 # The link level: each layer_link_<component> (its objects and those of the layers below it,
-# -Wl,--no-undefined) must link; the control (core's objects and a hand-declared call into
-# parallel/) must fail with an undefined reference, so the check is known to bite.
-if(LINK_CONTROL)
-  build(${LINK_CONTROL} rc log)
+# -Wl,--no-undefined) must link; each control (a component's objects and those below it, plus
+# a hand-declared call one layer up) must fail with an undefined reference to that function,
+# so the check is known to bite.
+foreach(control IN LISTS LINK_CONTROLS)
+  string(REPLACE "=" ";" parts "${control}")
+  list(GET parts 0 target)
+  list(GET parts 1 symbol)
+  build(${target} rc log)
   if(rc EQUAL 0)
-    string(APPEND failures "${LINK_CONTROL}: linked, but core's objects cannot define a function of parallel/\n")
-  elseif(NOT log MATCHES "undefined reference to `phalanx::parallel::destroy_process_group")
-    string(APPEND failures "${LINK_CONTROL}: failed for another reason than the undefined function:\n${log}\n")
+    string(APPEND failures "${target}: linked, but its objects cannot define ${symbol} of a layer above\n")
+  elseif(NOT log MATCHES "undefined reference to `${symbol}")
+    string(APPEND failures "${target}: failed for another reason than the undefined ${symbol}:\n${log}\n")
   else()
-    message(STATUS "ok: ${LINK_CONTROL} fails to link: a call into a layer above is an undefined symbol")
+    message(STATUS "ok: ${target} fails to link: a call into a layer above (${symbol}) is an undefined symbol")
   endif()
-endif()
+endforeach()
 foreach(target IN LISTS LINKS)
   build(${target} rc log)
   if(NOT rc EQUAL 0)
@@ -52,7 +59,7 @@ foreach(target IN LISTS LINKS)
   endif()
 endforeach()
 
-# A relative or absolute #include ("../../parallel/include/phalanx/parallel/launch_env.hpp")
+# A relative or absolute #include ("../../rendezvous/include/phalanx/parallel/launch_env.hpp")
 # is resolved beside the including file, not through the include path, so the cases above
 # cannot see it: in a component's folder it must stay inside that folder.
 set(before "${failures}")

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/multirank.hpp"
-#include "../../parallel/src/failure_watcher.hpp"
+#include "../../parallel/rendezvous/src/failure_watcher.hpp"
 
 using namespace phalanx;
 using namespace phalanx::test;

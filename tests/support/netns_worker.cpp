@@ -1,5 +1,5 @@
 // A worker for tests/tools/test_netns_hosts.cpp, started by phalanx-run: says which address
-// it advertises (the rule of parallel/src/advertise_address.hpp, from its own environment),
+// it advertises (the rule of parallel/rendezvous/src/advertise_address.hpp, from its own environment),
 // then runs the conformance suite on the default process group and says so.
 //   netns_worker          prints "rank R of W advertises ADDR", runs the conformance suite,
 //                         prints "rank R conformance ok on BACKEND"
@@ -11,7 +11,7 @@
 
 #include <phalanx/phalanx.hpp>
 
-#include "../../parallel/src/advertise_address.hpp"
+#include "../../parallel/rendezvous/src/advertise_address.hpp"
 #include "support/conformance.hpp"
 
 using namespace phalanx;

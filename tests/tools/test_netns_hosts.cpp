@@ -5,7 +5,7 @@
 // equal to one process, the interface overrides and the loopback error. The namespaces
 // (names with this pid) are removed by a destructor, also when a check fails, and leftovers
 // of a killed run are swept at the start. Without root or `ip` those cases say SKIPPED and
-// why. The address rule itself (parallel/src/advertise_address.hpp) is tested without
+// why. The address rule itself (parallel/rendezvous/src/advertise_address.hpp) is tested without
 // namespaces.
 #include <doctest/doctest.h>
 
@@ -31,7 +31,7 @@
 
 #include <phalanx/phalanx.hpp>
 
-#include "../../parallel/src/advertise_address.hpp"
+#include "../../parallel/rendezvous/src/advertise_address.hpp"
 #include "launcher/node_rank.hpp"
 #include "tools/trainer_harness.hpp"
 

@@ -1,4 +1,4 @@
-#include "failure_records.hpp"
+#include "phalanx/parallel/internal/failure_records.hpp"
 
 #include <mutex>
 #include <nlohmann/json.hpp>

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <memory>
 
-#include "failure_records.hpp"
+#include "phalanx/parallel/internal/failure_records.hpp"
 
 namespace phalanx::parallel {
 

@@ -1,4 +1,4 @@
-#include "model_sync.hpp"
+#include "phalanx/parallel/internal/model_sync.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "model_sync.hpp"
+#include "phalanx/parallel/internal/model_sync.hpp"
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/creation.hpp"

@@ -1,6 +1,6 @@
 #include "phalanx/parallel/failure.hpp"
 
-#include "failure_records.hpp"
+#include "phalanx/parallel/internal/failure_records.hpp"
 #include "phalanx/backends/tcp_store.hpp"
 #include "phalanx/parallel/launch_env.hpp"
 

@@ -5,7 +5,7 @@
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/world.hpp"
 #include "phalanx/parallel/init.hpp"
-#include "model_sync.hpp"
+#include "phalanx/parallel/internal/model_sync.hpp"
 
 namespace phalanx::parallel {
 

@@ -4,7 +4,7 @@
 // of a second with "rank R failed: <message>" instead of waiting for the timeout.
 #include <memory>
 
-#include "failure_records.hpp"
+#include "phalanx/parallel/internal/failure_records.hpp"
 
 namespace phalanx::parallel {
 

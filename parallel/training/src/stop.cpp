@@ -9,7 +9,7 @@
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/error.hpp"
 #include "phalanx/parallel/init.hpp"
-#include "failure_records.hpp"
+#include "phalanx/parallel/internal/failure_records.hpp"
 
 namespace phalanx::parallel {
 
