@@ -141,56 +141,62 @@ bool parse_nnodes(const std::string& text, int& n, std::string& error) {
   return true;
 }
 
-}  // namespace
+/// What phalanx-run --help says before the options.
+constexpr const char* kAbout =
+    "phalanx-run: start a data-parallel job, like torchrun.\n\n"
+    "  phalanx-run --standalone --nproc_per_node=4 ./train --epochs 3\n"
+    "  phalanx-run --nnodes=2 --rdzv_id=JOB --rdzv_endpoint=HOST:PORT ./train   (each node)\n\n"
+    "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
+    "PHALANX_RDZV_TOKEN, PHALANX_RESTART_COUNT and PHALANX_STORE_HOSTED=1 (the launcher of node 0\n"
+    "hosts the job's rendezvous store, so workers may start in any order), PHALANX_LINE_BUFFERED=1\n"
+    "and PYTHONUNBUFFERED=1 (live output), PHALANX_PROGRESS=1 for rank 0 when this launcher's\n"
+    "stdout is a terminal (its '\\r' progress bar is redrawn in place, at most 10 times a second),\n"
+    "plus OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 unless already set. Output lines are\n"
+    "prefixed with the rank. When a worker fails, the others are stopped (SIGTERM, then\n"
+    "SIGKILL after the grace period) and a summary names the rank that failed first, its exit\n"
+    "status and the tail of its output; the exit code is that worker's (128 + signal for a\n"
+    "signal), 2 for a usage error. With several nodes, a failure on any node restarts (or ends)\n"
+    "the whole job: the launchers agree on each round through node 0's store.";
 
-bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
-  CLI::App app{
-      "phalanx-run: start a data-parallel job, like torchrun.\n\n"
-      "  phalanx-run --standalone --nproc_per_node=4 ./train --epochs 3\n"
-      "  phalanx-run --nnodes=2 --rdzv_id=JOB --rdzv_endpoint=HOST:PORT ./train   (each node)\n\n"
-      "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,\n"
-      "PHALANX_RDZV_TOKEN, PHALANX_RESTART_COUNT and PHALANX_STORE_HOSTED=1 (the launcher of node 0\n"
-      "hosts the job's rendezvous store, so workers may start in any order), PHALANX_LINE_BUFFERED=1\n"
-      "and PYTHONUNBUFFERED=1 (live output), PHALANX_PROGRESS=1 for rank 0 when this launcher's\n"
-      "stdout is a terminal (its '\\r' progress bar is redrawn in place, at most 10 times a second),\n"
-      "plus OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 unless already set. Output lines are\n"
-      "prefixed with the rank. When a worker fails, the others are stopped (SIGTERM, then\n"
-      "SIGKILL after the grace period) and a summary names the rank that failed first, its exit\n"
-      "status and the tail of its output; the exit code is that worker's (128 + signal for a\n"
-      "signal), 2 for a usage error. With several nodes, a failure on any node restarts (or ends)\n"
-      "the whole job: the launchers agree on each round through node 0's store.",
-      "phalanx-run"};
-  std::string nproc = "1", nnodes = "1", endpoint, backend = "c10d";
+/// What the command line parses into besides LaunchOptions' own fields: texts checked after
+/// parsing, and the options whose presence matters.
+struct RawOptions {
+  std::string nproc = "1", nnodes = "1", endpoint, backend = "c10d", term_signal;
   bool no_python = false;
-  app.add_option("--nproc-per-node,--nproc_per_node", nproc,
+  CLI::Option *node_rank_opt = nullptr, *addr_opt = nullptr, *port_opt = nullptr, *endpoint_opt = nullptr,
+              *id_opt = nullptr, *token_opt = nullptr;
+};
+
+/// Declares every option, in --help's order.
+void declare_options(CLI::App& app, LaunchOptions& o, RawOptions& r) {
+  app.add_option("--nproc-per-node,--nproc_per_node", r.nproc,
                  "workers on this node: N, or 'auto'/'cpu' (= the number of cores)")
       ->capture_default_str();
-  app.add_option("--nnodes", nnodes, "number of nodes: N (or N:N; an elastic MIN:MAX range is refused)")
+  app.add_option("--nnodes", r.nnodes, "number of nodes: N (or N:N; an elastic MIN:MAX range is refused)")
       ->capture_default_str();
-  auto* node_rank_opt = app.add_option("--node-rank,--node_rank", o.node_rank,
-                                       "this node's index in [0, nnodes); default with --nnodes > 1: the "
-                                       "launcher on the --rdzv-endpoint machine that binds its port first is 0, "
-                                       "the others get 1, 2, ... in arrival order")
-                            ->capture_default_str();
-  auto* addr_opt = app.add_option("--master-addr,--master_addr", o.master_addr,
-                                  "address of node 0 (the rendezvous host)")
-                       ->capture_default_str();
-  auto* port_opt = app.add_option("--master-port,--master_port", o.master_port,
-                                  "rendezvous port; default: a free port (single node), required with --nnodes > 1")
-                       ->check(CLI::Range(0, 65535));
+  r.node_rank_opt = app.add_option("--node-rank,--node_rank", o.node_rank,
+                                   "this node's index in [0, nnodes); default with --nnodes > 1: the "
+                                   "launcher on the --rdzv-endpoint machine that binds its port first is 0, "
+                                   "the others get 1, 2, ... in arrival order")
+                        ->capture_default_str();
+  r.addr_opt = app.add_option("--master-addr,--master_addr", o.master_addr, "address of node 0 (the rendezvous host)")
+                   ->capture_default_str();
+  r.port_opt = app.add_option("--master-port,--master_port", o.master_port,
+                              "rendezvous port; default: a free port (single node), required with --nnodes > 1")
+                   ->check(CLI::Range(0, 65535));
   app.add_flag("--standalone", o.standalone,
                "a single-node job on loopback: a free port and a fresh random token (like torchrun's)");
-  auto* endpoint_opt = app.add_option("--rdzv-endpoint,--rdzv_endpoint", endpoint,
-                                      "HOST[:PORT] of node 0's rendezvous store (= --master-addr and "
-                                      "--master-port; port 29400 when omitted)");
-  auto* id_opt = app.add_option("--rdzv-id,--rdzv_id", o.rdzv_id,
-                                "the job's identity, the same on every node: the job token is derived from "
-                                "it and PHALANX_RDZV_SECRET (set a secret: the id alone is not one; a single node "
-                                "without a secret gets a random token)");
-  app.add_option("--rdzv-backend,--rdzv_backend", backend,
+  r.endpoint_opt = app.add_option("--rdzv-endpoint,--rdzv_endpoint", r.endpoint,
+                                  "HOST[:PORT] of node 0's rendezvous store (= --master-addr and "
+                                  "--master-port; port 29400 when omitted)");
+  r.id_opt = app.add_option("--rdzv-id,--rdzv_id", o.rdzv_id,
+                            "the job's identity, the same on every node: the job token is derived from "
+                            "it and PHALANX_RDZV_SECRET (set a secret: the id alone is not one; a single node "
+                            "without a secret gets a random token)");
+  app.add_option("--rdzv-backend,--rdzv_backend", r.backend,
                  "'c10d' or 'static' (both mean node 0's TCP store); others are refused")
       ->capture_default_str();
-  app.add_flag("--no-python,--no_python", no_python, "accepted for torchrun's sake: the program always runs as is");
+  app.add_flag("--no-python,--no_python", r.no_python, "accepted for torchrun's sake: the program always runs as is");
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
                  "restart the whole group up to K times after a failure")
       ->capture_default_str()->check(CLI::Range(0, 1000));
@@ -202,15 +208,14 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
                  "asked to stop (SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGHUP, SIGQUIT): seconds the workers get to save "
                  "and exit before SIGKILL")
       ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
-  std::string term_signal;
-  app.add_option("--term-signal,--term_signal", term_signal,
+  app.add_option("--term-signal,--term_signal", r.term_signal,
                  "the signal the workers get when the launcher is asked to stop: TERM, INT, USR1 or USR2 (default: the "
                  "one the launcher got)");
   app.add_option("--log-dir,--log_dir", o.log_dir, "write each rank's output to DIR/rank_<r>.log too");
   app.add_option("--backend", o.backend, "communication backend for the workers (PHALANX_BACKEND)");
   app.add_option("--timeout", o.timeout, "operation timeout in seconds for the workers (PHALANX_TIMEOUT)")
       ->check(CLI::Range(kMinTimeoutSeconds, kMaxTimeoutSeconds));
-  auto* token_opt = app.add_option(
+  r.token_opt = app.add_option(
       "--rdzv-token,--rdzv_token", o.rdzv_token,
       "job token (default: PHALANX_RDZV_TOKEN, else random for a single node); required "
       "with --nnodes > 1 unless --rdzv-id is given, the same on every node (prefer the environment "
@@ -221,14 +226,13 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
       ->capture_default_str()->check(CLI::Range(0.1, 86400.0));
   app.footer("\nEverything from the worker program on (or after --) is passed to the workers. "
              "docs/launcher.md maps torchrun's options to these.");
-  auto fail = [&](const std::string& msg) {
-    std::fprintf(stderr, "phalanx-run: %s\n", msg.c_str());
-    exit_code = 2;
-    return false;
-  };
-  // Split argv by hand: the launcher's options, then the program and its own arguments
-  // (which may look like options: `phalanx-run --nproc-per-node 2 sh -c '...'`).
-  std::vector<std::string> mine;
+}
+
+/// Splits argv by hand: the launcher's options (into `mine`), then the program and its own
+/// arguments (which may look like options: `phalanx-run --nproc-per-node 2 sh -c '...'`).
+/// False with `error` set for a torchrun option phalanx-run does not take.
+bool split_command_line(int argc, char** argv, std::vector<std::string>& mine, std::vector<std::string>& command,
+                        std::string& error) {
   int i = 1;
   for (; i < argc; ++i) {
     const std::string a = argv[i];
@@ -238,13 +242,67 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
     }
     if (a.rfind("-", 0) != 0) break;  // the program
     const std::string name = a.substr(0, a.find('='));
-    if (const char* instead = unsupported_torchrun_option(name))
-      return fail("torchrun's " + name + " is not supported: " + instead);
+    if (const char* instead = unsupported_torchrun_option(name)) {
+      error = "torchrun's " + name + " is not supported: " + instead;
+      return false;
+    }
     mine.push_back(a);
     const bool takes_value = !takes_no_value(a) && a.find('=') == std::string::npos;
     if (takes_value && i + 1 < argc) mine.push_back(argv[++i]);
   }
-  for (; i < argc; ++i) o.command.push_back(argv[i]);
+  for (; i < argc; ++i) command.push_back(argv[i]);
+  return true;
+}
+
+/// --nproc-per-node: N, or 'auto'/'cpu' (the number of cores); false with `error` otherwise.
+bool parse_nproc(const std::string& nproc, int& n, std::string& error) {
+  if (nproc == "auto" || nproc == "cpu") {
+    n = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  } else if (nproc == "gpu" || nproc == "xpu") {
+    error = "--nproc-per-node " + nproc +
+            ": phalanx-run does not count devices; give the number of workers (e.g. one per GPU: "
+            "--nproc-per-node 4)";
+    return false;
+  } else {
+    char* end = nullptr;
+    const long v = std::strtol(nproc.c_str(), &end, 10);
+    if (end == nproc.c_str() || *end || v < 1 || v > 4096) {
+      error = "--nproc-per-node '" + nproc + "' must be a positive integer or 'auto'";
+      return false;
+    }
+    n = static_cast<int>(v);
+  }
+  return true;
+}
+
+/// The first option given with --standalone that contradicts it ("" when none).
+std::string standalone_clash(const LaunchOptions& o, const RawOptions& r) {
+  if (o.nnodes > 1) return "--nnodes " + r.nnodes;
+  if (r.endpoint_opt->count()) return "--rdzv-endpoint";
+  if (r.addr_opt->count()) return "--master-addr";
+  if (r.port_opt->count()) return "--master-port";
+  if (r.node_rank_opt->count() && o.node_rank != 0) return "--node-rank " + std::to_string(o.node_rank);
+  if (r.id_opt->count()) return "--rdzv-id";
+  if (r.token_opt->count()) return "--rdzv-token";
+  return "";
+}
+
+}  // namespace
+
+bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
+  CLI::App app{kAbout, "phalanx-run"};
+  RawOptions raw;
+  declare_options(app, o, raw);
+  // The names the checks below use.
+  auto& [nproc, nnodes, endpoint, backend, term_signal, no_python, node_rank_opt, addr_opt, port_opt, endpoint_opt,
+         id_opt, token_opt] = raw;
+  auto fail = [&](const std::string& msg) {
+    std::fprintf(stderr, "phalanx-run: %s\n", msg.c_str());
+    exit_code = 2;
+    return false;
+  };
+  std::vector<std::string> mine;
+  if (std::string error; !split_command_line(argc, argv, mine, o.command, error)) return fail(error);
   std::vector<std::string> reversed(mine.rbegin(), mine.rend());
   try {
     app.parse(reversed);
@@ -256,19 +314,7 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   std::string error;
   if (!parse_nnodes(nnodes, o.nnodes, error)) return fail(error);
   if (!term_signal.empty() && !parse_term_signal(term_signal, o.term_signal, error)) return fail(error);
-  if (nproc == "auto" || nproc == "cpu") {
-    o.nproc_per_node = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
-  } else if (nproc == "gpu" || nproc == "xpu") {
-    return fail("--nproc-per-node " + nproc +
-                ": phalanx-run does not count devices; give the number of workers (e.g. one per GPU: "
-                "--nproc-per-node 4)");
-  } else {
-    char* end = nullptr;
-    const long v = std::strtol(nproc.c_str(), &end, 10);
-    if (end == nproc.c_str() || *end || v < 1 || v > 4096)
-      return fail("--nproc-per-node '" + nproc + "' must be a positive integer or 'auto'");
-    o.nproc_per_node = static_cast<int>(v);
-  }
+  if (!parse_nproc(nproc, o.nproc_per_node, error)) return fail(error);
   if (backend != "c10d" && backend != "static")
     return fail("--rdzv-backend '" + backend +
                 "' is not supported: phalanx-run's rendezvous is node 0's own TCP store; use "
@@ -278,19 +324,9 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
       return fail("give either --rdzv-endpoint HOST:PORT or --master-addr/--master-port, not both");
     if (!parse_endpoint(endpoint, o.master_addr, o.master_port, error)) return fail(error);
   }
-  if (o.standalone) {
-    std::string clash;
-    if (o.nnodes > 1) clash = "--nnodes " + nnodes;
-    else if (endpoint_opt->count()) clash = "--rdzv-endpoint";
-    else if (addr_opt->count()) clash = "--master-addr";
-    else if (port_opt->count()) clash = "--master-port";
-    else if (node_rank_opt->count() && o.node_rank != 0) clash = "--node-rank " + std::to_string(o.node_rank);
-    else if (id_opt->count()) clash = "--rdzv-id";
-    else if (token_opt->count()) clash = "--rdzv-token";
-    if (!clash.empty())
-      return fail("--standalone is a single-node job on loopback with a free port and a fresh token; drop " +
-                  clash + " (or drop --standalone for a job across nodes)");
-  }
+  if (const std::string clash = o.standalone ? standalone_clash(o, raw) : ""; !clash.empty())
+    return fail("--standalone is a single-node job on loopback with a free port and a fresh token; drop " + clash +
+                " (or drop --standalone for a job across nodes)");
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     return fail("--node-rank " + std::to_string(o.node_rank) + " must be in [0, " + std::to_string(o.nnodes) + ")");
   if (o.nnodes > 1 && o.master_port == 0 && endpoint_opt->count())

@@ -1,5 +1,10 @@
 #include "rdzv_token.hpp"
 
+#include <fcntl.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 
 namespace phalanx::launcher {
@@ -87,6 +92,42 @@ std::string to_hex(const Sha256Digest& d) {
 
 std::string derive_rdzv_token(const std::string& id, const std::string& secret) {
   return to_hex(hmac_sha256(secret, "phalanx-rdzv-v1:" + id));
+}
+
+bool random_token(std::string& token, std::string& error) {
+  unsigned char b[16];
+  std::size_t got = 0;
+  while (got < sizeof b) {
+    const ssize_t n = ::getrandom(b + got, sizeof b - got, 0);
+    if (n > 0) got += static_cast<std::size_t>(n);
+    else if (n < 0 && errno == EINTR) continue;
+    else break;  // ENOSYS (old kernel) or another failure: try /dev/urandom
+  }
+  if (got < sizeof b) {
+    got = 0;
+    const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      error = std::string("cannot open /dev/urandom: ") + std::strerror(errno);
+      return false;
+    }
+    while (got < sizeof b) {
+      const ssize_t n = ::read(fd, b + got, sizeof b - got);
+      if (n > 0) got += static_cast<std::size_t>(n);
+      else if (n < 0 && errno == EINTR) continue;
+      else break;
+    }
+    const int read_errno = errno;
+    ::close(fd);
+    if (got < sizeof b) {
+      error = "short read of /dev/urandom (" + std::to_string(got) + " of 16 bytes" +
+              (read_errno ? std::string(": ") + std::strerror(read_errno) : std::string()) + ")";
+      return false;
+    }
+  }
+  static const char* hex = "0123456789abcdef";
+  token.clear();
+  for (unsigned char c : b) token += hex[c >> 4], token += hex[c & 15];
+  return true;
 }
 
 }  // namespace phalanx::launcher

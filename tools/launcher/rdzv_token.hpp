@@ -2,7 +2,8 @@
 // The job token of a torchrun-style launch: derived from --rdzv-id (the job's identity) and
 // an optional secret (PHALANX_RDZV_SECRET), so every node of one job computes the same token
 // and nodes of different jobs refuse each other. SHA-256 (FIPS 180-4) and HMAC (RFC 2104)
-// are implemented here: the launcher needs no crypto library for this.
+// are implemented here: the launcher needs no crypto library for this. A single node given
+// no token (nor an id with a secret) gets a random one.
 #include <array>
 #include <cstdint>
 #include <string>
@@ -19,6 +20,11 @@ std::string to_hex(const Sha256Digest& d);
 /// With an empty secret anyone who knows the id can compute it: the id names the job, it
 /// does not protect it.
 std::string derive_rdzv_token(const std::string& id, const std::string& secret);
+
+/// A single node's job token when none is given: 16 random bytes as hex. False (with
+/// `error` set) when the system cannot give them: an all-zero token would let any process
+/// on the host join the job.
+bool random_token(std::string& token, std::string& error);
 
 /// The environment variable the secret is read from.
 constexpr const char* kRdzvSecretEnv = "PHALANX_RDZV_SECRET";

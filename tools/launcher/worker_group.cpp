@@ -281,239 +281,292 @@ int take_signal() {
   return got ? static_cast<int>(g_last_signal) : 0;
 }
 
-Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
-  std::vector<Worker> ws(o.nproc_per_node);
-  const std::string program = resolve_program(o.command[0]);
-  const pid_t launcher = ::getpid();
+namespace {
+
+/// One attempt's workers and what the launcher knows of them while it runs.
+struct Group {
+  Group(const LaunchOptions& o, const Attempt& a) : o(o), a(a), ws(o.nproc_per_node), relay(a.progress_passthrough) {}
+  const LaunchOptions& o;
+  const Attempt& a;
+  std::vector<Worker> ws;
   Outcome result;
-  int started = 0;
+  std::vector<WorkerFailure> failures;  ///< every worker that ended otherwise than by exiting 0
+  Relay relay;
+  int alive = 0;          ///< workers started and not reaped yet
+  bool stopping = false;  ///< the launcher began stopping the workers
+  Clock::time_point kill_at{};
+
+  bool store_ok() const { return a.store && !(a.store_lost && a.store_lost()); }
+};
+
+// ---- spawn ----------------------------------------------------------------------------
+
+/// DIR/rank_<r>.log for --log-dir: written anew in round 0, appended to on a restart.
+void open_log(const LaunchOptions& o, const Attempt& a, Worker& w) {
+  const std::string path = o.log_dir + "/rank_" + std::to_string(w.rank) + ".log";
+  try {  // never through a symbolic link (another user's, planted in a shared --log-dir); close-on-exec
+    const int fd = files::open_output(path, a.restart_count != 0);
+    w.log = ::fdopen(fd, a.restart_count == 0 ? "w" : "a");
+    if (!w.log) {
+      std::fprintf(stderr, "phalanx-run: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+      ::close(fd);
+    }
+  } catch (const IoError& e) {
+    std::fprintf(stderr, "phalanx-run: cannot write %s\n", e.what());
+  }
+}
+
+/// The child, between fork and exec: async-signal-safe calls only (the launcher has threads).
+[[noreturn]] void exec_worker(const std::string& program, char** argv, char** envp, const sigset_t& old,
+                              pid_t launcher, int out_fd, int err_fd) {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction cur {};
+    if (sig == SIGKILL || sig == SIGSTOP || ::sigaction(sig, nullptr, &cur) != 0) continue;
+    if (cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN) ::sigaction(sig, &dfl, nullptr);
+  }
+  if (g_nofile_raised) ::setrlimit(RLIMIT_NOFILE, &g_nofile_start);
+  ::setpgid(0, 0);                       // its own group: stopping it stops its children
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);    // no orphans if the launcher itself is killed
+  if (::getppid() != launcher) ::_exit(127);
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);  // a signal sent meanwhile lands here now
+  ::dup2(out_fd, 1);
+  ::dup2(err_fd, 2);
+  ::execve(program.c_str(), argv, envp);
+  const char msg[] = "phalanx-run: exec failed\n";
+  if (::write(2, msg, sizeof msg - 1) < 0) {
+  }
+  ::_exit(127);
+}
+
+/// Forks and execs worker w with its output on pipes; false with `error` set (its fds closed).
+bool start_worker(const LaunchOptions& o, const Attempt& a, const std::string& program, Worker& w,
+                  std::string& error) {
+  int out[2] = {-1, -1}, err[2] = {-1, -1};
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    error = "cannot start rank " + std::to_string(w.rank) + ": pipe: " + std::strerror(errno) +
+            (errno == EMFILE || errno == ENFILE ? " (raise the open-files limit, ulimit -n)" : "");
+    for (int fd : {out[0], out[1]})
+      if (fd >= 0) ::close(fd);
+    return false;
+  }
+  // Everything exec needs is prepared before fork: the launcher has threads (the store
+  // server), so the child may only call async-signal-safe functions.
+  const std::vector<std::string> env = worker_env(o, w, a);
+  std::vector<char*> envp, argv;
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  for (const auto& arg : o.command) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  // Signals are blocked across fork: until the child has put every handler back to the
+  // default, a signal for it must not run the launcher's handlers (which write into the
+  // launcher's pipes, shared with the child until exec).
+  sigset_t all, old;
+  sigfillset(&all);
+  const pid_t launcher = ::getpid();
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
+  const pid_t pid = ::fork();
+  if (pid == 0) exec_worker(program, argv.data(), envp.data(), old, launcher, out[1], err[1]);
+  const int fork_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (pid < 0) {
+    error = "cannot start rank " + std::to_string(w.rank) + ": fork: " + std::strerror(fork_errno);
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    return false;
+  }
+  ::setpgid(pid, pid);
+  ::close(out[1]);
+  ::close(err[1]);
+  w.pid = pid;
+  w.exited = false;
+  w.out.fd = out[0];
+  w.out.out_fd = 1;
+  w.err.fd = err[0];
+  w.err.out_fd = 2;
+  return true;
+}
+
+/// Starts the node's workers in local rank order; the first one that cannot start ends it
+/// (result.launch_error), the ones already started run on until stopped.
+void spawn_workers(Group& g) {
+  const LaunchOptions& o = g.o;
+  const std::string program = resolve_program(o.command[0]);
   for (int i = 0; i < o.nproc_per_node; ++i) {
-    Worker& w = ws[i];
+    Worker& w = g.ws[i];
     w.local_rank = i;
     w.rank = o.node_rank * o.nproc_per_node + i;
     w.exited = true;  // until it runs
   }
-  for (int i = 0; i < o.nproc_per_node; ++i) {
-    Worker& w = ws[i];
-    if (!o.log_dir.empty()) {
-      const std::string path = o.log_dir + "/rank_" + std::to_string(w.rank) + ".log";
-      try {  // never through a symbolic link (another user's, planted in a shared --log-dir); close-on-exec
-        const int fd = files::open_output(path, a.restart_count != 0);
-        w.log = ::fdopen(fd, a.restart_count == 0 ? "w" : "a");
-        if (!w.log) {
-          std::fprintf(stderr, "phalanx-run: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
-          ::close(fd);
-        }
-      } catch (const IoError& e) {
-        std::fprintf(stderr, "phalanx-run: cannot write %s\n", e.what());
-      }
-    }
-    int out[2] = {-1, -1}, err[2] = {-1, -1};
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-      result.launch_error = "cannot start rank " + std::to_string(w.rank) + ": pipe: " + std::strerror(errno) +
-                            (errno == EMFILE || errno == ENFILE ? " (raise the open-files limit, ulimit -n)" : "");
-      for (int fd : {out[0], out[1]})
-        if (fd >= 0) ::close(fd);
-      break;
-    }
-    // Everything exec needs is prepared before fork: the launcher has threads (the store
-    // server), so the child may only call async-signal-safe functions.
-    const std::vector<std::string> env = worker_env(o, w, a);
-    std::vector<char*> envp, argv;
-    for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-    envp.push_back(nullptr);
-    for (const auto& arg : o.command) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    // Signals are blocked across fork: until the child has put every handler back to the
-    // default, a signal for it must not run the launcher's handlers (which write into the
-    // launcher's pipes, shared with the child until exec).
-    sigset_t all, old;
-    sigfillset(&all);
-    ::pthread_sigmask(SIG_SETMASK, &all, &old);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      sigemptyset(&dfl.sa_mask);
-      for (int sig = 1; sig < NSIG; ++sig) {
-        struct sigaction cur {};
-        if (sig == SIGKILL || sig == SIGSTOP || ::sigaction(sig, nullptr, &cur) != 0) continue;
-        if (cur.sa_handler != SIG_DFL && cur.sa_handler != SIG_IGN) ::sigaction(sig, &dfl, nullptr);
-      }
-      if (g_nofile_raised) ::setrlimit(RLIMIT_NOFILE, &g_nofile_start);
-      ::setpgid(0, 0);                       // its own group: stopping it stops its children
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);    // no orphans if the launcher itself is killed
-      if (::getppid() != launcher) ::_exit(127);
-      ::sigprocmask(SIG_SETMASK, &old, nullptr);  // a signal sent meanwhile lands here now
-      ::dup2(out[1], 1);
-      ::dup2(err[1], 2);
-      ::execve(program.c_str(), argv.data(), envp.data());
-      const char msg[] = "phalanx-run: exec failed\n";
-      if (::write(2, msg, sizeof msg - 1) < 0) {
-      }
-      ::_exit(127);
-    }
-    const int fork_errno = errno;
-    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    if (pid < 0) {
-      result.launch_error = "cannot start rank " + std::to_string(w.rank) + ": fork: " + std::strerror(fork_errno);
-      for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-      break;
-    }
-    ::setpgid(pid, pid);
-    ::close(out[1]);
-    ::close(err[1]);
-    w.pid = pid;
-    w.exited = false;
-    ++started;
-    w.out.fd = out[0];
-    w.out.out_fd = 1;
-    w.err.fd = err[0];
-    w.err.out_fd = 2;
+  for (Worker& w : g.ws) {
+    if (!o.log_dir.empty()) open_log(o, g.a, w);
+    if (!start_worker(o, g.a, program, w, g.result.launch_error)) break;
+    ++g.alive;
   }
+}
 
-  Relay relay(a.progress_passthrough);
-  std::vector<WorkerFailure> failures;
-  int alive = started;
-  bool stopping = false;
-  int round = 0;
-  Clock::time_point kill_at{};
-  const auto interval = std::chrono::milliseconds(std::max(1, static_cast<int>(o.monitor_interval * 1000)));
-  // A failure here: SIGTERM and --grace-period. A stop asked for (a signal to the launcher,
-  // or another node's launcher stopping the round): the stop signal and --term-timeout, for
-  // the workers to save.
-  auto stop_all = [&](int sig, double seconds) {
-    for (auto& other : ws)
-      if (!other.exited) ++result.stopped_others;
-    signal_all(ws, sig);
-    stopping = true;
-    kill_at = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
-  };
-  auto stop_for_failure = [&] { stop_all(SIGTERM, o.grace_period); };
-  auto stop_on_request = [&](int got) {
-    const int sig = o.term_signal ? o.term_signal : (got == SIGHUP || got == SIGQUIT ? SIGTERM : got);
-    stop_all(sig, o.term_timeout);
-  };
-  if (!result.launch_error.empty()) stop_for_failure();  // a round that cannot start fails whole
+// ---- watch ----------------------------------------------------------------------------
+
+/// A failure here: SIGTERM and --grace-period. A stop asked for (a signal to the launcher,
+/// or another node's launcher stopping the round): the stop signal and --term-timeout, for
+/// the workers to save.
+void stop_all(Group& g, int sig, double seconds) {
+  for (auto& other : g.ws)
+    if (!other.exited) ++g.result.stopped_others;
+  signal_all(g.ws, sig);
+  g.stopping = true;
+  g.kill_at = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
+void stop_for_failure(Group& g) { stop_all(g, SIGTERM, g.o.grace_period); }
+
+void stop_on_request(Group& g, int got) {
+  const int sig = g.o.term_signal ? g.o.term_signal : (got == SIGHUP || got == SIGQUIT ? SIGTERM : got);
+  stop_all(g, sig, g.o.term_timeout);
+}
+
+/// The first stop signal the launcher got is the attempt's (and starts the stop).
+void take_signal_once(Group& g) {
+  const int sig = take_signal();
+  if (sig != 0 && !g.result.interrupted) {
+    g.result.interrupted = true;
+    g.result.signal_received = sig;
+    if (!g.stopping) stop_on_request(g, sig);
+  }
+}
+
+/// Reaps every worker that has exited (in one poll round, `round`) and records its failure;
+/// the node's first failure is posted (failure/first, on_first_failure) and stops the others.
+void reap_exited(Group& g, int round) {
+  const std::size_t first_new = g.failures.size();
+  for (;;) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);  // also adopted descendants
+    if (pid <= 0) break;
+    auto it = std::find_if(g.ws.begin(), g.ws.end(), [&](const Worker& w) { return w.pid == pid && !w.exited; });
+    if (it == g.ws.end()) continue;
+    Worker& w = *it;
+    w.exited = true;
+    --g.alive;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      ++g.result.exited_ok;
+      continue;
+    }
+    // Stopped on request after saving (parallel::kExitStoppedAfterSave): not a failure,
+    // also when the signal reached the workers and not this launcher (srun, kill).
+    if (WIFEXITED(status) && WEXITSTATUS(status) == kExitStoppedAfterSave) {
+      ++g.result.stopped_after_save;
+      continue;
+    }
+    WorkerFailure f;
+    f.node = g.o.node_rank;
+    f.rank = w.rank;
+    f.pid = w.pid;
+    f.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+    f.term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    f.signal_from_launcher = f.term_signal != 0 && f.term_signal < 32 && (w.sent_signals >> f.term_signal & 1u);
+    f.after_stop = g.stopping;
+    f.reap_round = round;
+    f.unix_ns = unix_now_ns();
+    g.failures.push_back(f);
+  }
+  if (g.failures.size() > first_new && !g.stopping) {
+    // This node's first failure: the first of this round (one the launcher did not cause).
+    const std::vector<WorkerFailure> fresh(g.failures.begin() + first_new, g.failures.end());
+    WorkerFailure first = fresh[pick_blamed(fresh)];
+    if (first.term_signal != 0 && g.store_ok() && post_first_failure(*g.a.store, g.a.restart_count, first)) {
+      for (auto& f : g.failures)
+        if (f.rank == first.rank) f.is_first = true;
+    }
+    if (g.a.on_first_failure) g.a.on_first_failure(first);
+    stop_for_failure(g);
+  }
+}
+
+/// The open output pipes, after `pfds`' fixed entries; `owners[i]` is the worker and
+/// stream of the i-th.
+void poll_streams(std::vector<Worker>& ws, std::vector<pollfd>& pfds,
+                  std::vector<std::pair<Worker*, Stream*>>& owners) {
+  for (auto& w : ws)
+    for (Stream* s : {&w.out, &w.err})
+      if (s->fd >= 0) {
+        pfds.push_back({s->fd, POLLIN, 0});
+        owners.emplace_back(&w, s);
+      }
+}
+
+/// Until every worker has exited and closed its output: relays output, reaps, stops the
+/// workers at the first failure or when asked to (a signal, stop_fd), and kills them at
+/// the stop's deadline.
+void watch_workers(Group& g) {
+  const auto interval = std::chrono::milliseconds(std::max(1, static_cast<int>(g.o.monitor_interval * 1000)));
   std::vector<pollfd> pfds;
   std::vector<std::pair<Worker*, Stream*>> owners;
-  auto take_signal_once = [&] {
-    const int sig = take_signal();
-    if (sig != 0 && !result.interrupted) {
-      result.interrupted = true;
-      result.signal_received = sig;
-      if (!stopping) stop_on_request(sig);
-    }
-  };
-  for (;; ++round) {
+  for (int round = 0;; ++round) {
     pfds.clear();
     owners.clear();
     pfds.push_back({g_signal_pipe[0], POLLIN, 0});
     pfds.push_back({g_child_pipe[0], POLLIN, 0});
-    pfds.push_back({stopping ? -1 : a.stop_fd, POLLIN, 0});  // negative fds are ignored
-    for (auto& w : ws)
-      for (Stream* s : {&w.out, &w.err})
-        if (s->fd >= 0) {
-          pfds.push_back({s->fd, POLLIN, 0});
-          owners.emplace_back(&w, s);
-        }
-    if (alive == 0 && owners.empty()) break;
+    pfds.push_back({g.stopping ? -1 : g.a.stop_fd, POLLIN, 0});  // negative fds are ignored
+    poll_streams(g.ws, pfds, owners);
+    if (g.alive == 0 && owners.empty()) break;
     const auto now = Clock::now();
     auto wait = interval;
-    if (relay.next_due() != Clock::time_point::max())
+    if (g.relay.next_due() != Clock::time_point::max())
       wait = std::min(wait, std::max(std::chrono::milliseconds(1),
-                                     std::chrono::duration_cast<std::chrono::milliseconds>(relay.next_due() - now)));
+                                     std::chrono::duration_cast<std::chrono::milliseconds>(g.relay.next_due() - now)));
     ::poll(pfds.data(), pfds.size(), static_cast<int>(wait.count()));
     if (pfds[1].revents & POLLIN) {
       char b[64];
       while (::read(g_child_pipe[0], b, sizeof b) > 0) {
       }
     }
-    if (pfds[0].revents & POLLIN) take_signal_once();
-    if (pfds[2].revents && !stopping) {
-      result.stopped_because = a.stop_reason ? a.stop_reason() : "stopped from outside this node";
-      stop_on_request(SIGTERM);
+    if (pfds[0].revents & POLLIN) take_signal_once(g);
+    if (pfds[2].revents && !g.stopping) {
+      g.result.stopped_because = g.a.stop_reason ? g.a.stop_reason() : "stopped from outside this node";
+      stop_on_request(g, SIGTERM);
     }
     // Reap every worker that has exited (one poll round), then relay output.
-    const std::size_t first_new = failures.size();
-    for (;;) {
-      int status = 0;
-      const pid_t pid = ::waitpid(-1, &status, WNOHANG);  // also adopted descendants
-      if (pid <= 0) break;
-      auto it = std::find_if(ws.begin(), ws.end(), [&](const Worker& w) { return w.pid == pid && !w.exited; });
-      if (it == ws.end()) continue;
-      Worker& w = *it;
-      w.exited = true;
-      --alive;
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-        ++result.exited_ok;
-        continue;
-      }
-      // Stopped on request after saving (parallel::kExitStoppedAfterSave): not a failure,
-      // also when the signal reached the workers and not this launcher (srun, kill).
-      if (WIFEXITED(status) && WEXITSTATUS(status) == kExitStoppedAfterSave) {
-        ++result.stopped_after_save;
-        continue;
-      }
-      WorkerFailure f;
-      f.node = o.node_rank;
-      f.rank = w.rank;
-      f.pid = w.pid;
-      f.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-      f.term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-      f.signal_from_launcher = f.term_signal != 0 && f.term_signal < 32 && (w.sent_signals >> f.term_signal & 1u);
-      f.after_stop = stopping;
-      f.reap_round = round;
-      f.unix_ns = unix_now_ns();
-      failures.push_back(f);
-    }
-    if (failures.size() > first_new && !stopping) {
-      // This node's first failure: the first of this round (one the launcher did not cause).
-      const std::vector<WorkerFailure> fresh(failures.begin() + first_new, failures.end());
-      WorkerFailure first = fresh[pick_blamed(fresh)];
-      const bool store_ok = a.store && !(a.store_lost && a.store_lost());
-      if (first.term_signal != 0 && store_ok && post_first_failure(*a.store, a.restart_count, first)) {
-        for (auto& f : failures)
-          if (f.rank == first.rank) f.is_first = true;
-      }
-      if (a.on_first_failure) a.on_first_failure(first);
-      stop_for_failure();
-    }
+    reap_exited(g, round);
     for (std::size_t i = 3; i < pfds.size(); ++i)
-      if (pfds[i].revents) pump(relay, *owners[i - 3].first, *owners[i - 3].second);
-    relay.flush();
-    if (stopping && alive > 0 && Clock::now() >= kill_at) {
-      result.killed_at_deadline = alive;
-      signal_all(ws, SIGKILL);
-      kill_at = Clock::now() + std::chrono::hours(1);
+      if (pfds[i].revents) pump(g.relay, *owners[i - 3].first, *owners[i - 3].second);
+    g.relay.flush();
+    if (g.stopping && g.alive > 0 && Clock::now() >= g.kill_at) {
+      g.result.killed_at_deadline = g.alive;
+      signal_all(g.ws, SIGKILL);
+      g.kill_at = Clock::now() + std::chrono::hours(1);
     }
-    if (alive == 0) break;
+    if (g.alive == 0) break;
   }
-  // Every worker is gone; what they started may still hold a pipe open (and write on): its
-  // output is relayed for at most kDrainLimit, then it is killed with the worker groups.
+}
+
+// ---- drain ----------------------------------------------------------------------------
+
+/// Every worker is gone; what they started may still hold a pipe open (and write on): its
+/// output is relayed for at most kDrainLimit, then it is killed with the worker groups and
+/// what is left in the pipes is relayed.
+void drain_output(Group& g) {
+  std::vector<pollfd> pfds;
+  std::vector<std::pair<Worker*, Stream*>> owners;
   const auto drain_until = Clock::now() + kDrainLimit;
   for (;;) {
     pfds.clear();
     owners.clear();
     pfds.push_back({g_signal_pipe[0], POLLIN, 0});
-    for (auto& w : ws)
-      for (Stream* s : {&w.out, &w.err})
-        if (s->fd >= 0) {
-          pfds.push_back({s->fd, POLLIN, 0});
-          owners.emplace_back(&w, s);
-        }
+    poll_streams(g.ws, pfds, owners);
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(drain_until - Clock::now());
     if (owners.empty() || left.count() <= 0) break;
     ::poll(pfds.data(), pfds.size(), static_cast<int>(std::min<std::int64_t>(left.count(), 50)));
     if (pfds[0].revents & POLLIN) {
-      take_signal_once();
+      take_signal_once(g);
       break;
     }
     for (std::size_t i = 1; i < pfds.size(); ++i)
-      if (pfds[i].revents) pump(relay, *owners[i - 1].first, *owners[i - 1].second);
+      if (pfds[i].revents) pump(g.relay, *owners[i - 1].first, *owners[i - 1].second);
   }
-  kill_leftovers(ws);
-  for (auto& w : ws)
+  kill_leftovers(g.ws);
+  for (auto& w : g.ws)
     for (Stream* s : {&w.out, &w.err})
       if (s->fd >= 0) {
         // Its writers are gone: what is left in the pipe, then end of stream (bounded, in
@@ -521,34 +574,51 @@ Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
         ::fcntl(s->fd, F_SETFL, ::fcntl(s->fd, F_GETFL) | O_NONBLOCK);
         for (int reads = 0; reads < 64 && s->fd >= 0; ++reads) {
           pollfd p{s->fd, POLLIN, 0};
-          if (::poll(&p, 1, 0) <= 0 || !pump(relay, w, *s)) break;
+          if (::poll(&p, 1, 0) <= 0 || !pump(g.relay, w, *s)) break;
         }
         if (s->fd >= 0) {
           std::vector<LineSplitter::Event> evs;
           s->splitter.finish(evs);
-          relay.events(w, *s, evs);
+          g.relay.events(w, *s, evs);
           ::close(s->fd);
           s->fd = -1;
         }
       }
-  relay.flush();
+  g.relay.flush();
   // The launcher's own lines come next: the workers' go first, unless the reader is stuck.
   for (int fd : {1, 2}) out_writer(fd).flush(std::chrono::milliseconds(1000));
-  // Blame with what the ranks themselves said (their failure records), when they said it.
-  auto store_ok = [&] { return a.store && !(a.store_lost && a.store_lost()); };
-  for (auto& f : failures)
-    if (!store_ok() || !read_failure_record(*a.store, a.restart_count, f)) break;
-  const int blamed = pick_blamed(failures);
+}
+
+// ---- blame ----------------------------------------------------------------------------
+
+/// The worker to blame, with what the ranks themselves said (their failure records, when
+/// they said it), and its last lines; then how the attempt ended.
+void blame(Group& g) {
+  Outcome& result = g.result;
+  for (auto& f : g.failures)
+    if (!g.store_ok() || !read_failure_record(*g.a.store, g.a.restart_count, f)) break;
+  const int blamed = pick_blamed(g.failures);
   if (blamed >= 0 && !result.interrupted && result.launch_error.empty()) {  // not the ones it stopped
-    result.blamed = failures[blamed];
-    for (auto& w : ws)
+    result.blamed = g.failures[blamed];
+    for (auto& w : g.ws)
       if (w.rank == result.blamed->rank) result.tail.assign(w.tail.begin(), w.tail.end());
   }
-  for (auto& w : ws)
+  for (auto& w : g.ws)
     if (w.log) std::fclose(w.log);
   result.ok = !result.blamed && !result.interrupted && result.stopped_because.empty() && result.launch_error.empty() &&
               result.stopped_after_save == 0;
-  return result;
+}
+
+}  // namespace
+
+Outcome run_workers(const LaunchOptions& o, const Attempt& a) {
+  Group g(o, a);
+  spawn_workers(g);
+  if (!g.result.launch_error.empty()) stop_for_failure(g);  // a round that cannot start fails whole
+  watch_workers(g);
+  drain_output(g);
+  blame(g);
+  return g.result;
 }
 
 }  // namespace phalanx::launcher

@@ -55,7 +55,9 @@ int signal_fd();
 /// The signal the launcher got since the last call (0: none); empties signal_fd().
 int take_signal();
 
-/// Runs the node's workers once and returns how it ended.
+/// Runs the node's workers once and returns how it ended: starts them (spawn), relays their
+/// output and stops them at the first failure or stop request (watch), relays what is left
+/// once they are gone (drain), and names the worker to blame (blame).
 Outcome run_workers(const LaunchOptions& o, const Attempt& a);
 
 }  // namespace phalanx::launcher

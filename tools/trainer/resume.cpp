@@ -11,10 +11,60 @@
 
 namespace phalanx::trainer {
 
+namespace {
+
+/// Loads checkpoint `ck` (read from sp.resume_path) into the model, the optimizer and the
+/// schedule, and sets where the run resumes: its step, epoch, partial sums and curves.
+void restore(const TrainConfig& c, TrainingSetup& s, parallel::LoadedCheckpoint& ck, StartPoint& sp) {
+  const int world = s.world, rank = s.rank;
+  const std::int64_t steps_per_epoch = s.steps_per_epoch;
+  const std::string& resume_path = sp.resume_path;
+  s.net->load_state_dict(ck.state.model);
+  s.opt->load_state_dict(ck.state.optimizer);  // the rates as they were (the settings matched)
+  if (s.schedule.empty() != ck.state.scheduler.empty())
+    throw ConfigError("checkpoint " + resume_path + (s.schedule.empty() ? " has an LR schedule and this run has none"
+                                                                      : " has no LR schedule and this run has one") +
+                      ": resume with the same --warmup-steps and --lr-schedule");
+  try {
+    s.schedule.load_state_dict(ck.state.scheduler);
+  } catch (const ValueError& e) {
+    throw ConfigError("checkpoint " + resume_path + ": its LR schedule does not fit this run's (" + e.what() +
+                      "): resume with the same --warmup-steps and --lr-schedule");
+  }
+  sp.step = ck.state.step;
+  sp.start_epoch = ck.state.epoch;
+  sp.skip_batches = ck.state.step_in_epoch;
+  if (sp.skip_batches > steps_per_epoch || sp.step != sp.start_epoch * steps_per_epoch + sp.skip_batches)
+    throw ConfigError(detail::concat("checkpoint ", resume_path, " is at step ", sp.step, " (epoch ", sp.start_epoch + 1,
+                                     ", step ", sp.skip_batches, " in it) but this run has ", steps_per_epoch,
+                                     " steps per epoch: resume with the same data and --drop-last"));
+  if (const Tensor* t = ck.state.user.find("epoch_stats"))  // every rank's partial sums
+    if (t->numel() == 2 * world)
+      sp.stats = tensor(std::vector<float>{t->to_vector<float>()[2 * rank], t->to_vector<float>()[2 * rank + 1]}, {2});
+  if (c.exact) {  // the same on every rank and world size
+    const auto sum = ck.state.scalars.find("epoch_loss_sum"), steps = ck.state.scalars.find("epoch_steps");
+    if (sum == ck.state.scalars.end() || steps == ck.state.scalars.end())
+      throw IoError("checkpoint " + resume_path + ": written in exact mode without its epoch_loss_sum/epoch_steps: the "
+                    "file is damaged");
+    sp.exact_loss_sum = sum->second;
+    sp.exact_steps = steps->second;
+  }
+  for (auto* curve : {&sp.train_curve, &sp.test_curve})
+    if (const Tensor* t = ck.state.user.find(curve == &sp.train_curve ? "train_curve" : "test_curve"))
+      for (float v : t->to_vector<float>()) {
+        curve->x.push_back(static_cast<double>(curve->x.size() + 1));
+        curve->y.push_back(v);
+      }
+  if (auto it = ck.state.scalars.find("seconds"); it != ck.state.scalars.end() && std::isfinite(it->second))
+    sp.elapsed_before = it->second;
+  sp.resumed = ck.manifest;
+}
+
+}  // namespace
+
 StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
   StartPoint sp;
   const int world = s.world, rank = s.rank;
-  const std::int64_t steps_per_epoch = s.steps_per_epoch;
   // (Under --zero a checkpoint holds the replicated optimizer's format: the same as a fresh one's.)
   const TensorMap model_now = s.net->state_dict(),
                   opt_now = s.zero ? make_optimizer(c, s.model->parameters(), s.plan.lr)->state_dict() : s.opt->state_dict();
@@ -79,48 +129,7 @@ StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
     std::printf("phalanx-train: no checkpoint in %s yet; starting from step 0\n", c.checkpoint_dir.c_str());
   }
   if (ckdir && !resume_path.empty()) ckdir->protect(resume_path);  // the pruning never removes it
-  if (loaded) {
-    parallel::LoadedCheckpoint& ck = *loaded;
-    s.net->load_state_dict(ck.state.model);
-    s.opt->load_state_dict(ck.state.optimizer);  // the rates as they were (the settings matched)
-    if (s.schedule.empty() != ck.state.scheduler.empty())
-      throw ConfigError("checkpoint " + resume_path + (s.schedule.empty() ? " has an LR schedule and this run has none"
-                                                                        : " has no LR schedule and this run has one") +
-                        ": resume with the same --warmup-steps and --lr-schedule");
-    try {
-      s.schedule.load_state_dict(ck.state.scheduler);
-    } catch (const ValueError& e) {
-      throw ConfigError("checkpoint " + resume_path + ": its LR schedule does not fit this run's (" + e.what() +
-                        "): resume with the same --warmup-steps and --lr-schedule");
-    }
-    sp.step = ck.state.step;
-    sp.start_epoch = ck.state.epoch;
-    sp.skip_batches = ck.state.step_in_epoch;
-    if (sp.skip_batches > steps_per_epoch || sp.step != sp.start_epoch * steps_per_epoch + sp.skip_batches)
-      throw ConfigError(detail::concat("checkpoint ", resume_path, " is at step ", sp.step, " (epoch ", sp.start_epoch + 1,
-                                       ", step ", sp.skip_batches, " in it) but this run has ", steps_per_epoch,
-                                       " steps per epoch: resume with the same data and --drop-last"));
-    if (const Tensor* t = ck.state.user.find("epoch_stats"))  // every rank's partial sums
-      if (t->numel() == 2 * world)
-        sp.stats = tensor(std::vector<float>{t->to_vector<float>()[2 * rank], t->to_vector<float>()[2 * rank + 1]}, {2});
-    if (c.exact) {  // the same on every rank and world size
-      const auto sum = ck.state.scalars.find("epoch_loss_sum"), steps = ck.state.scalars.find("epoch_steps");
-      if (sum == ck.state.scalars.end() || steps == ck.state.scalars.end())
-        throw IoError("checkpoint " + resume_path + ": written in exact mode without its epoch_loss_sum/epoch_steps: the "
-                      "file is damaged");
-      sp.exact_loss_sum = sum->second;
-      sp.exact_steps = steps->second;
-    }
-    for (auto* curve : {&sp.train_curve, &sp.test_curve})
-      if (const Tensor* t = ck.state.user.find(curve == &sp.train_curve ? "train_curve" : "test_curve"))
-        for (float v : t->to_vector<float>()) {
-          curve->x.push_back(static_cast<double>(curve->x.size() + 1));
-          curve->y.push_back(v);
-        }
-    if (auto it = ck.state.scalars.find("seconds"); it != ck.state.scalars.end() && std::isfinite(it->second))
-      sp.elapsed_before = it->second;
-    sp.resumed = ck.manifest;
-  }
+  if (loaded) restore(c, s, *loaded, sp);
   // Where the ranks resume must agree too (they read the same folder; a rank that found
   // another file, or none, is named here rather than diverging silently).
   parallel::check_consistent({{"resume step", std::to_string(sp.step)}}, s.pg);

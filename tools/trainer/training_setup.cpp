@@ -84,6 +84,37 @@ void check_writable(const char* option, const std::string& path) {
     throw IoError(std::string(option) + " " + path + ": the file exists and is not writable");
 }
 
+// The sampler and the loader of the training data.
+void set_up_loader(const TrainConfig& c, TrainingSetup& s) {
+  const std::int64_t n = s.n;
+  const optim::ScalingPlan& plan = s.plan;
+  // Normal mode: each rank a shard of every global batch (DistributedSampler). Exact mode:
+  // each rank its micro-batches of every global batch (MicroBatchSampler, the same
+  // micro-batches on any world size); the loader then yields micro-batches, K a step.
+  if (c.exact) {
+    samplers::MicroBatchSamplerOptions mo;
+    mo.global_batch = c.global_batch;
+    mo.micro_batch = c.micro_batch;
+    mo.shuffle = c.shuffle;
+    mo.seed = c.seed;
+    mo.drop_last = c.drop_last;
+    s.sampler = s.micro_sampler = std::make_shared<MicroBatchSampler>(n, mo);
+  } else {
+    s.sampler = std::make_shared<DistributedSampler>(
+        n, samplers::DistributedSamplerOptions().shuffle(c.shuffle).seed(c.seed).drop_last(c.drop_last));
+  }
+  s.micro_per_step = c.exact ? s.xplan.per_rank : 1;  // forward/backward passes a step
+  samplers::DataLoaderOptions lo{c.exact ? c.micro_batch : plan.per_rank_batch};
+  lo.drop_last(c.drop_last && !c.exact);  // exact mode: the sampler hands out whole micro-batches
+  // No prefetch thread: the data is in memory (or mapped), and a batch's gather is a few
+  // row copies, cheaper than handing it over between threads. A thread per worker would also
+  // compete with the workers for the cores (with 2 workers on 2 cores it cost ~40 us a step:
+  // docs/benchmarks.md).
+  lo.prefetch(0);
+  s.loader = std::make_unique<samplers::DataLoader>(s.data.train, lo, s.sampler);
+  s.steps_per_epoch = c.exact ? s.micro_sampler->steps_per_epoch() : s.loader->num_batches();
+}
+
 }  // namespace
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& ps, double lr) {
@@ -182,31 +213,7 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   } else {
     s.opt = make_optimizer(c, model->parameters(), plan.lr);
   }
-  // Normal mode: each rank a shard of every global batch (DistributedSampler). Exact mode:
-  // each rank its micro-batches of every global batch (MicroBatchSampler, the same
-  // micro-batches on any world size); the loader then yields micro-batches, K a step.
-  if (c.exact) {
-    samplers::MicroBatchSamplerOptions mo;
-    mo.global_batch = c.global_batch;
-    mo.micro_batch = c.micro_batch;
-    mo.shuffle = c.shuffle;
-    mo.seed = c.seed;
-    mo.drop_last = c.drop_last;
-    s.sampler = s.micro_sampler = std::make_shared<MicroBatchSampler>(n, mo);
-  } else {
-    s.sampler = std::make_shared<DistributedSampler>(
-        n, samplers::DistributedSamplerOptions().shuffle(c.shuffle).seed(c.seed).drop_last(c.drop_last));
-  }
-  s.micro_per_step = c.exact ? s.xplan.per_rank : 1;  // forward/backward passes a step
-  samplers::DataLoaderOptions lo{c.exact ? c.micro_batch : plan.per_rank_batch};
-  lo.drop_last(c.drop_last && !c.exact);  // exact mode: the sampler hands out whole micro-batches
-  // No prefetch thread: the data is in memory (or mapped), and a batch's gather is a few
-  // row copies, cheaper than handing it over between threads. A thread per worker would also
-  // compete with the workers for the cores (with 2 workers on 2 cores it cost ~40 us a step:
-  // docs/benchmarks.md).
-  lo.prefetch(0);
-  s.loader = std::make_unique<samplers::DataLoader>(data.train, lo, s.sampler);
-  s.steps_per_epoch = c.exact ? s.micro_sampler->steps_per_epoch() : s.loader->num_batches();
+  set_up_loader(c, s);
   s.schedule = make_schedule(c, *s.opt, plan.scale, s.steps_per_epoch * c.epochs);
   s.settings = resume_settings(c, plan.lr, model_desc);
   return s;
