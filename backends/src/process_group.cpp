@@ -114,9 +114,16 @@ void ProcessGroup::abort(std::exception_ptr error) {
 
 bool ProcessGroup::operation_in_flight() const {
   if (inline_active_.load(std::memory_order_acquire)) return true;
-  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return true;  // an exit handler must not wait for another thread
-  return running_ != nullptr || !queue_.empty() || completing_ != nullptr || !completions_.empty();
+  // The worker holds mu_ only for moments (it takes it again right after finishing a Work, to
+  // clear running_). An exit handler may have interrupted the thread that holds it, so it
+  // tries for a short while instead of blocking.
+  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+  for (int i = 0; i < 50 && !lock.try_lock(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!lock.owns_lock()) return true;
+  // A Work the worker has finished but not yet cleared (its waiter already returned) is over.
+  const bool running = running_ && !running_->is_completed();
+  const bool completing = completing_ && !completing_->is_completed();
+  return running || !queue_.empty() || completing || !completions_.empty();
 }
 
 bool ProcessGroup::is_aborted() const {
