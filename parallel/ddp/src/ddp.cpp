@@ -69,7 +69,8 @@ DistributedDataParallel::~DistributedDataParallel() = default;
 Tensor DistributedDataParallel::forward(const Tensor& x) { return forward<nn::Module>(x); }
 
 void DistributedDataParallel::wrong_module_type(const std::string& wanted) const {
-  const std::string have = short_type_name(typeid(*module_));
+  const nn::Module& wrapped = *module_;  // typeid of a plain reference: no side effect to warn about
+  const std::string have = short_type_name(typeid(wrapped));
   throw ValueError("DDP forward<" + wanted + "> / module<" + wanted + ">: the wrapped module is " + have +
                    ", not " + wanted + "; use forward<" + have + ">(...) and module<" + have + ">(), or wrap a " +
                    wanted);
