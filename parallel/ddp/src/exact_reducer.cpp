@@ -1,5 +1,6 @@
 // Exact mode's reducer: see exact_reducer.hpp and docs/exact.md.
 #include "exact_reducer.hpp"
+#include "comm_context.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -38,23 +39,6 @@ int scale_exponent(float max, int k) {
   int e = 0;
   std::frexp(static_cast<double>(max), &e);  // max < 2^e
   return 61 - k - e;  // in [-67 - k, 210 - k]: 2^s is a normal double
-}
-
-/// Adds DDP's context to the communication error being handled, keeping its kind.
-[[noreturn]] void rethrow_with_context(const std::string& context) {
-  try {
-    throw;
-  } catch (const PeerFailedError&) {
-    throw;
-  } catch (const PeerFinishedError& e) {
-    throw PeerFinishedError(context + e.what());
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(context + e.what());
-  } catch (const DesyncError& e) {
-    throw DesyncError(context + e.what());
-  } catch (const CommError& e) {
-    throw CommError(context + e.what());
-  }
 }
 
 }  // namespace
@@ -177,7 +161,7 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
     try {
       s.pg->allreduce(flag, ReduceOp::Min)->wait();
     } catch (const CommError&) {
-      rethrow_with_context("DDP exact mode: agreeing on the reduction schedule failed: ");
+      rethrow_with_context(std::current_exception(), "DDP exact mode: agreeing on the reduction schedule failed: ");
     }
     s.chunked = flag.item_int() == 1;
   }
@@ -470,7 +454,7 @@ void ExactReducer::State::finish_step(bool void_rank) {
     try {
       std::rethrow_exception(comm_error);
     } catch (const CommError&) {
-      rethrow_with_context("DDP exact mode: reducing the gradients failed: ");
+      rethrow_with_context(std::current_exception(), "DDP exact mode: reducing the gradients failed: ");
     }
   }
   if (void_rank) return;  // the caller (void_step) says why

@@ -1,4 +1,5 @@
 #include "reducer.hpp"
+#include "comm_context.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -105,28 +106,6 @@ void Reducer::reset_pass() {
   next_launch_ = 0;
   in_pass_ = false;
 }
-
-namespace {
-
-/// Adds DDP's context to a communication error without changing its kind (callers catch
-/// TimeoutError apart from other CommErrors). A peer's failure keeps its own message.
-[[noreturn]] void rethrow_with_context(const std::exception_ptr& error, const std::string& context) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const PeerFailedError&) {
-    throw;  // "rank R failed: <its message> (...)" already says everything
-  } catch (const PeerFinishedError& e) {
-    throw PeerFinishedError(context + e.what());
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(context + e.what());
-  } catch (const DesyncError& e) {
-    throw DesyncError(context + e.what());
-  } catch (const CommError& e) {
-    throw CommError(context + e.what());
-  }
-}
-
-}  // namespace
 
 void Reducer::set_pass_flag(float value) { flag_.fill_(value); }
 
