@@ -205,7 +205,7 @@ std::string resolve_backend(const InitOptions& o, int world_size) {
   if (resolve_device(o).type == DeviceType::CUDA && backend_available("nccl")) return "nccl";
   const LaunchEnv env = read_launch_env();
   if ((env.source == "openmpi" || env.source == "slurm" || env.source == "pmi") && backend_available("mpi")) return "mpi";
-  return "gloo";
+  return "auto";  // decided by the hosts, once init knows them
 }
 
 ProcessGroupPtr init_process_group(const InitOptions& o) {
@@ -227,8 +227,8 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   const Device device = resolve_device(o);
   if (!device.is_cpu()) kernels_for(device);
   const std::string backend = resolve_backend(o, world);
-  // auto's CPU default becomes shm / gloo / hierarchical once the hosts are known (host_topology.hpp)
-  const bool by_hosts = backend == "hierarchical" || (backend == "gloo" && named_backend(o).empty());
+  // "auto" becomes shm / gloo / hierarchical once the hosts are known (host_topology.hpp)
+  const bool by_hosts = backend == "hierarchical" || backend == "auto";
   const bool debug_detail = debug_detail_enabled();
 
   if (backend == "single") {
@@ -315,7 +315,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   auto prefixed = std::make_shared<FailureAwareStore>(
       std::make_shared<PrefixStore>("phalanx/r" + std::to_string(env.restart_count) + "/default", store), ctx);
   try {
-    if (!mpi_rendezvous) check_in(*prefixed, rank, world, by_hosts && backend == "gloo" ? "auto" : backend, timeout);
+    if (!mpi_rendezvous) check_in(*prefixed, rank, world, backend, timeout);
     BackendConfig cfg;
     cfg.rank = rank;
     cfg.size = world;

@@ -7,13 +7,13 @@
 // the JSON file named by PHALANX_CONFIG) > auto. Auto: a world of one runs on the built-in
 // "single" backend; nccl when the device is CUDA and the plugin can run; mpi when launched
 // by mpirun/srun (OMPI_COMM_WORLD_*, SLURM_*, PMI_* set) and libphalanx_mpi.so loads; else
-// (resolve_backend says "gloo") the ranks tell
-// each other their hosts through the store (PHALANX_HOST_ID, else hostname, boot id and the
-// launcher's GROUP_RANK) and init picks: every rank on one host -> "shm" when its plugin can
-// run on every rank, else gloo; several hosts -> the hierarchical group (shm or gloo within a
-// host, gloo between hosts; hierarchical_process_group.hpp), which can also be named
-// ("hierarchical"). A backend named explicitly ("gloo" included) is used as named; one that
-// cannot be loaded is an error, even in a world of one.
+// (resolve_backend says "auto") the ranks tell each other their hosts through the store
+// (PHALANX_HOST_ID, else hostname, boot id and the launcher's GROUP_RANK) and init picks:
+// every rank on one host -> "shm" when its plugin can run on every rank, else gloo; several
+// hosts -> the hierarchical group (shm or gloo within a host, gloo between hosts;
+// hierarchical_process_group.hpp), which can also be named ("hierarchical"). A backend
+// named explicitly ("gloo" included) is used as named; one that cannot be loaded is an
+// error, even in a world of one.
 //
 // Rendezvous (env://, the default): rank 0 hosts the TCP store on MASTER_ADDR:MASTER_PORT,
 // unless the launcher hosts it (PHALANX_STORE_HOSTED=1, what phalanx-run does); every rank
@@ -63,8 +63,9 @@ Device resolve_device(const InitOptions& options = {});
 /// resolve_device() of the environment.
 Device local_device();
 /// The backend init would choose for these options and this environment, before it knows the
-/// hosts: for a CPU job under auto "gloo", which init then makes "shm" (one host, its plugin
-/// can run) or the hierarchical group (several hosts).
+/// hosts: "single", "nccl", "mpi", a named backend, or "auto" for a CPU job whose backend init
+/// decides from the hosts: "shm" (one host, its plugin can run on every rank), else gloo, or
+/// the hierarchical group (several hosts).
 std::string resolve_backend(const InitOptions& options, int world_size);
 
 }  // namespace phalanx::parallel
