@@ -25,4 +25,5 @@
 #include "phalanx/parallel/launch_env.hpp"
 #include "phalanx/parallel/stop.hpp"
 #include "phalanx/parallel/sync_batch_norm.hpp"
+#include "phalanx/parallel/tensorboard_writer.hpp"
 #include "phalanx/parallel/zero_redundancy_optimizer.hpp"
