@@ -11,6 +11,7 @@ PACKAGES=(
   doctest-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libzip-dev zlib1g-dev
   patchelf
+  slurmd slurmctld slurm-client munge
   dataset-fashion-mnist
 )
 

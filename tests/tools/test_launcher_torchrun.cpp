@@ -16,11 +16,12 @@
 
 #include "launcher/launch_options.hpp"
 #include "launcher/node_rank.hpp"
-#include "launcher/rdzv_token.hpp"
+#include "phalanx/parallel/internal/rdzv_token.hpp"
 #include "tools/launcher_harness.hpp"
 
 using namespace launcher_harness;
 using namespace phalanx::launcher;
+using namespace phalanx::parallel;
 
 namespace {
 

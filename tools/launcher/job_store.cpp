@@ -13,7 +13,7 @@
 
 #include "launch_error.hpp"
 #include "node_rank.hpp"
-#include "rdzv_token.hpp"
+#include "phalanx/parallel/internal/rdzv_token.hpp"
 
 namespace phalanx::launcher {
 
@@ -60,7 +60,7 @@ namespace {
 /// the token given by hand.
 std::string token_source(const LaunchOptions& o) {
   if (!o.rdzv_id.empty())
-    return std::string("--rdzv-id (this node's: '") + o.rdzv_id + "') or " + kRdzvSecretEnv;
+    return std::string("--rdzv-id (this node's: '") + o.rdzv_id + "') or " + parallel::kRdzvSecretEnv;
   return "PHALANX_RDZV_TOKEN (or --rdzv-token)";
 }
 

@@ -11,7 +11,7 @@
 
 #include "failure_report.hpp"
 #include "job_store.hpp"
-#include "rdzv_token.hpp"
+#include "phalanx/parallel/internal/rdzv_token.hpp"
 #include "stop_report.hpp"
 #include "worker_group.hpp"
 
@@ -24,14 +24,14 @@ namespace {
 void prepare_token(LaunchOptions& o) {
   if (o.rdzv_token.empty() && o.nnodes == 1) {
     std::string error;
-    if (!random_token(o.rdzv_token, error))
+    if (!parallel::random_token(o.rdzv_token, error))
       throw LaunchError(1, "cannot make a job token: " + error + "; pass one with --rdzv-token");
   }
   if (o.nnodes > 1 && !o.rdzv_id.empty() && !o.rdzv_id_has_secret)
     std::fprintf(stderr,
                  "phalanx-run: note: the job token comes from --rdzv-id alone (%s is not set): anyone who knows "
                  "the id and can reach %s:%d can join or stop the job.\n",
-                 kRdzvSecretEnv, o.master_addr.c_str(), o.master_port);
+                 parallel::kRdzvSecretEnv, o.master_addr.c_str(), o.master_port);
 }
 
 /// The round this node starts with: 0, or with several nodes the one node 0 runs now (a

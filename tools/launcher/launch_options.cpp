@@ -1,6 +1,6 @@
 #include "launch_options.hpp"
 
-#include "rdzv_token.hpp"
+#include "phalanx/parallel/internal/rdzv_token.hpp"
 
 #include <phalanx/backends/default_timeout.hpp>
 #include <phalanx/core/env.hpp>
@@ -345,12 +345,12 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
       return fail("--rdzv-id must be 1 to 1024 characters, the same on every node of the job");
     for (unsigned char c : o.rdzv_id)
       if (c < 0x20 || c == 0x7f) return fail("--rdzv-id must not contain control characters");
-    const std::string secret = env::text(kRdzvSecretEnv).value_or("");
+    const std::string secret = env::text(parallel::kRdzvSecretEnv).value_or("");
     o.rdzv_id_has_secret = !secret.empty();
     // One node without a secret gets a fresh random token (main): no other node needs to
     // compute it, and the id alone is guessable.
     if (o.nnodes > 1 || o.rdzv_id_has_secret)
-      o.rdzv_token = derive_rdzv_token(o.rdzv_id, o.rdzv_id_has_secret ? secret : "");
+      o.rdzv_token = parallel::derive_rdzv_token(o.rdzv_id, o.rdzv_id_has_secret ? secret : "");
   }
   if (o.rdzv_token.empty() && !o.standalone && !id_opt->count())
     o.rdzv_token = env::text("PHALANX_RDZV_TOKEN").value_or("");

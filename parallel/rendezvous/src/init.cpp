@@ -25,6 +25,7 @@
 #include "advertise_address.hpp"
 #include "desync_check.hpp"
 #include "host_topology.hpp"
+#include "phalanx/parallel/internal/slurm_rendezvous.hpp"
 #include "failure_aware_store.hpp"
 #include "failure_watcher.hpp"
 
@@ -204,7 +205,11 @@ std::string resolve_backend(const InitOptions& o, int world_size) {
   if (world_size == 1) return "single";
   if (resolve_device(o).type == DeviceType::CUDA && backend_available("nccl")) return "nccl";
   const LaunchEnv env = read_launch_env();
-  if ((env.source == "openmpi" || env.source == "slurm" || env.source == "pmi") && backend_available("mpi")) return "mpi";
+  // Under srun, MPI only when srun connected the tasks to it (--mpi=pmix); plain srun
+  // tasks meet through a TCP store on the step's first node (slurm_rendezvous.hpp).
+  const bool mpi_launch = env.source == "openmpi" || env.source == "pmi" ||
+                          (env.source == "slurm" && slurm_connected_mpi());
+  if (mpi_launch && backend_available("mpi")) return "mpi";
   return "auto";  // decided by the hosts, once init knows them
 }
 
@@ -277,6 +282,13 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     } else if (method != "env://") {
       throw ConfigError("init_method '" + method + "' is not env://, file:///path or tcp://host:port");
     }
+    std::string token;  // "" = PHALANX_RDZV_TOKEN's, if any
+    if (addr.empty() && method == "env://" && env.source == "slurm") {
+      const SlurmRendezvous slurm = slurm_rendezvous(port);
+      addr = slurm.host;
+      port = slurm.port;
+      token = slurm.token;
+    }
     if (addr.empty())
       throw ConfigError(detail::concat("MASTER_ADDR is not set: with a world of ", world,
                                        " every worker needs the address of the rendezvous host; set "
@@ -287,6 +299,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     TcpStoreOptions so;
     so.host = addr;
     so.port = port;
+    so.token = token;
     so.timeout = timeout;
     if (rank == 0 && !env.store_hosted) s.server = std::make_unique<TcpStoreServer>(so);
     store = std::make_shared<TcpStore>(so);

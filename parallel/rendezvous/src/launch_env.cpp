@@ -6,6 +6,7 @@
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/env.hpp"
 #include "phalanx/core/error.hpp"
+#include "phalanx/parallel/internal/slurm_rendezvous.hpp"
 
 namespace phalanx::parallel {
 
@@ -58,10 +59,14 @@ LaunchEnv read_launch_env() {
     e.world_size = parse_int("SLURM_NTASKS", get("SLURM_NTASKS"), 1, kMax);
     e.rank = parse_int("SLURM_PROCID", get("SLURM_PROCID"), 0, kMax);
     e.local_rank = get("SLURM_LOCALID") ? parse_int("SLURM_LOCALID", get("SLURM_LOCALID"), 0, kMax) : 0;
-    const char* per_node = get("SLURM_NTASKS_PER_NODE");
-    e.local_world_size = per_node && std::string(per_node).find_first_not_of("0123456789") == std::string::npos
-                             ? parse_int("SLURM_NTASKS_PER_NODE", per_node, 1, kMax)
-                             : 1;
+    // The tasks on this node: the step's list (srun sets it, "2(x3),1"), else the job's.
+    const int node = get("SLURM_NODEID") ? parse_int("SLURM_NODEID", get("SLURM_NODEID"), 0, kMax) : 0;
+    e.local_world_size = e.local_rank + 1;
+    for (const char* v : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
+      if (const char* spec = get(v)) {
+        e.local_world_size = slurm_tasks_on_node(spec, node, v);
+        break;
+      }
   } else if (get("PMI_RANK") && get("PMI_SIZE")) {  // MPICH's hydra, Intel MPI
     e.source = "pmi";
     e.world_size = parse_int("PMI_SIZE", get("PMI_SIZE"), 1, kMax);

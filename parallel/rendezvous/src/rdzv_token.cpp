@@ -1,4 +1,4 @@
-#include "rdzv_token.hpp"
+#include "phalanx/parallel/internal/rdzv_token.hpp"
 
 #include <fcntl.h>
 #include <sys/random.h>
@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace phalanx::launcher {
+namespace phalanx::parallel {
 
 namespace {
 
@@ -130,4 +130,4 @@ bool random_token(std::string& token, std::string& error) {
   return true;
 }
 
-}  // namespace phalanx::launcher
+}  // namespace phalanx::parallel

@@ -1,14 +1,15 @@
 #pragma once
-// The job token of a torchrun-style launch: derived from --rdzv-id (the job's identity) and
-// an optional secret (PHALANX_RDZV_SECRET), so every node of one job computes the same token
-// and nodes of different jobs refuse each other. SHA-256 (FIPS 180-4) and HMAC (RFC 2104)
-// are implemented here: the launcher needs no crypto library for this. A single node given
-// no token (nor an id with a secret) gets a random one.
+// The job token of a torchrun-style launch: derived from the job's identity (phalanx-run's
+// --rdzv-id; Slurm's job and step ids for workers started by srun) and an optional secret
+// (PHALANX_RDZV_SECRET), so every node of one job computes the same token and nodes of
+// different jobs refuse each other. SHA-256 (FIPS 180-4) and HMAC (RFC 2104) are implemented
+// here: no crypto library is needed for this. A single node given no token (nor an id with a
+// secret) gets a random one.
 #include <array>
 #include <cstdint>
 #include <string>
 
-namespace phalanx::launcher {
+namespace phalanx::parallel {
 
 using Sha256Digest = std::array<std::uint8_t, 32>;
 
@@ -29,4 +30,4 @@ bool random_token(std::string& token, std::string& error);
 /// The environment variable the secret is read from.
 constexpr const char* kRdzvSecretEnv = "PHALANX_RDZV_SECRET";
 
-}  // namespace phalanx::launcher
+}  // namespace phalanx::parallel

@@ -1,0 +1,187 @@
+// Under a real Slurm: tests/support/local_slurm.sh starts munged, slurmctld and slurmd in a
+// temporary folder (its own key, slurm.conf, state, spool and free ports) and removes them
+// at the end. Workers started by srun itself find each other from Slurm's variables alone
+// (docs/slurm.md) and train as one process does at the same global batch; srun --mpi=pmix
+// puts them on the MPI plugin; one phalanx-run per node under srun, and both sbatch
+// examples, run. Where Slurm cannot start the cases say "SKIPPED: slurm: <why>" (ctest
+// reports the entry skipped). Also: the parsers of Slurm's host and task lists, without Slurm.
+#include <doctest/doctest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <phalanx/phalanx.hpp>
+
+#include "phalanx/parallel/internal/slurm_rendezvous.hpp"
+#include "tools/trainer_harness.hpp"
+
+using namespace phalanx;
+using trainer_test::run_command;
+
+namespace {
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t n = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+const std::string kScript = std::string(PHALANX_SOURCE_DIR) + "/tests/support/local_slurm.sh";
+const std::string kData = std::string(" --train-x ") + PHALANX_EXAMPLE_DATA + "/seed_case_study.npz:x --train-y " +
+                          PHALANX_EXAMPLE_DATA + "/seed_case_study.npz:y --global-batch 64 --epochs 3 --seed 5";
+
+// One cluster for the whole run: started at first use, stopped at exit.
+struct LocalSlurm {
+  std::string dir = "/tmp/phalanx_slurm_" + std::to_string(::getpid());
+  std::string work = dir + "_work";
+  bool up = false;
+  std::string why;
+  LocalSlurm() {
+    std::system(("rm -rf " + work + " && mkdir -p " + work).c_str());
+    const auto r = run_command(kScript + " start " + dir + " " + std::to_string(free_port()) + " " +
+                                   std::to_string(free_port()),
+                               work + "/start.log");
+    up = r.code == 0;
+    why = r.out;
+    if (up) ::setenv("SLURM_CONF", (dir + "/slurm.conf").c_str(), 1);
+  }
+  ~LocalSlurm() {
+    if (up) std::system((kScript + " stop " + dir).c_str());
+    std::system(("rm -rf " + work).c_str());
+  }
+};
+
+LocalSlurm& cluster() {
+  static LocalSlurm c;
+  return c;
+}
+
+#define REQUIRE_SLURM()                                  \
+  if (!cluster().up) {                                   \
+    MESSAGE((cluster().why.find("SKIPPED") != std::string::npos ? cluster().why : "SKIPPED: slurm: " + cluster().why)); \
+    return;                                              \
+  }
+
+nlohmann::json summary_of(const std::string& out) {
+  const auto at = out.rfind("{\"backend\"");
+  REQUIRE(at != std::string::npos);
+  return nlohmann::json::parse(out.substr(at, out.find('\n', at) - at));
+}
+
+void check_same_weights(const std::string& a_path, const std::string& b_path, double tol) {
+  const TensorMap a = load_npz(a_path), b = load_npz(b_path);
+  REQUIRE(a.size() == b.size());
+  for (const auto& [k, v] : a) {
+    CAPTURE(k);
+    const auto x = v.to_vector<float>(), y = b.at(k).to_vector<float>();
+    REQUIRE(x.size() == y.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(double(x[i]) - double(y[i])));
+    CHECK(worst <= tol);
+  }
+}
+
+const std::string& one_process_weights() {
+  static const std::string path = [] {
+    const std::string p = cluster().work + "/one.npz";
+    const auto r = run_command(std::string(PHALANX_TRAIN) + kData + " --save " + p, cluster().work + "/one.log");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    return p;
+  }();
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("Slurm host lists: the first host, zero padding kept; malformed lists are one-line errors") {
+  using parallel::first_slurm_host;
+  CHECK(first_slurm_host("vm", "V") == "vm");
+  CHECK(first_slurm_host("node[01-03,7],gpu5", "V") == "node01");
+  CHECK(first_slurm_host("node[7,1-3]", "V") == "node7");
+  CHECK(first_slurm_host("rack[2-3]-n[5,9]", "V") == "rack2-n5");
+  CHECK(first_slurm_host("a.example.org,b", "V") == "a.example.org");
+  CHECK_THROWS_WITH_AS(first_slurm_host("node[01-03", "SLURM_STEP_NODELIST"),
+                       doctest::Contains("SLURM_STEP_NODELIST='node[01-03' is not a Slurm host list"), ConfigError);
+  CHECK_THROWS_WITH_AS(first_slurm_host("node[a-b]", "V"), doctest::Contains("not numbers"), ConfigError);
+  CHECK_THROWS_WITH_AS(first_slurm_host("", "V"), doctest::Contains("no host"), ConfigError);
+  CHECK_THROWS_WITH_AS(first_slurm_host("n]", "V"), doctest::Contains("without '['"), ConfigError);
+}
+
+TEST_CASE("Slurm task lists: the tasks on each node") {
+  using parallel::slurm_tasks_on_node;
+  CHECK(slurm_tasks_on_node("2", 0, "V") == 2);
+  CHECK(slurm_tasks_on_node("2(x3),1", 0, "V") == 2);
+  CHECK(slurm_tasks_on_node("2(x3),1", 2, "V") == 2);
+  CHECK(slurm_tasks_on_node("2(x3),1", 3, "V") == 1);
+  CHECK(slurm_tasks_on_node("4,3,2", 1, "V") == 3);
+  CHECK_THROWS_WITH_AS(slurm_tasks_on_node("2(x3),1", 4, "SLURM_STEP_TASKS_PER_NODE"),
+                       doctest::Contains("lists 4 nodes, but this is node 4"), ConfigError);
+  CHECK_THROWS_WITH_AS(slurm_tasks_on_node("2(x3", 0, "V"), doctest::Contains("not a Slurm tasks-per-node list"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(slurm_tasks_on_node("x", 0, "V"), doctest::Contains("not a Slurm tasks-per-node list"),
+                       ConfigError);
+}
+
+TEST_CASE("srun -n 2 phalanx-train: the store from Slurm's variables, shm, equal to one process") {
+  REQUIRE_SLURM();
+  const std::string w = cluster().work + "/srun.npz";
+  const auto r = run_command("srun -n 2 " + std::string(PHALANX_TRAIN) + kData + " --save " + w,
+                             cluster().work + "/srun.log");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto s = summary_of(r.out);
+  CHECK(s["world_size"] == 2);
+  CHECK(s["backend"] == "shm");
+  check_same_weights(one_process_weights(), w, 1e-6);
+}
+
+TEST_CASE("srun --mpi=pmix -n 2 phalanx-train runs on the MPI plugin, equal to one process") {
+  REQUIRE_SLURM();
+  if (!backend_available("mpi")) {
+    MESSAGE("not run: the MPI plugin is not built here");
+    return;
+  }
+  const auto list = run_command("srun --mpi=list", cluster().work + "/mpilist.log");
+  if (list.out.find("pmix") == std::string::npos) {
+    MESSAGE("not run: this Slurm has no PMIx plugin (srun --mpi=list: " << list.out << ")");
+    return;
+  }
+  const std::string w = cluster().work + "/pmix.npz";
+  const auto r = run_command("srun --mpi=pmix -n 2 " + std::string(PHALANX_TRAIN) + kData + " --save " + w,
+                             cluster().work + "/pmix.log");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(summary_of(r.out)["backend"] == "mpi");
+  check_same_weights(one_process_weights(), w, 1e-6);
+}
+
+TEST_CASE("the sbatch examples run: srun's own workers, and one phalanx-run per node") {
+  REQUIRE_SLURM();
+  const std::string env = "PHALANX_ROOT=" + std::string(PHALANX_SOURCE_DIR) + " PHALANX_BIN=" +
+                          std::string(PHALANX_TRAIN).substr(0, std::string(PHALANX_TRAIN).rfind('/'));
+  for (const std::string script : {"train_srun.sbatch", "train_launcher.sbatch"}) {
+    CAPTURE(script);
+    const std::string out = cluster().work + "/" + script + ".out";
+    const auto r = run_command(env + " sbatch --wait --output=" + out + " " + PHALANX_SOURCE_DIR +
+                                   "/examples/slurm/" + script,
+                               cluster().work + "/" + script + ".log");
+    const std::string job_out = trainer_test::slurp(out);
+    INFO(r.out);
+    INFO(job_out);
+    REQUIRE(r.code == 0);
+    CHECK(summary_of(job_out)["world_size"] == 2);
+  }
+}
