@@ -299,3 +299,31 @@ TEST_CASE("without --node_rank, a launcher arriving when every node rank is take
   CHECK(finish(b) != -1);
   CHECK(all_gone(workers));
 }
+
+TEST_CASE("a PyTorchJob pod's variables: taken when no torchrun option is given, refused when they do not parse") {
+  const std::string dir = make_dir();
+  const int port = free_port();
+  // One pod of one: WORLD_SIZE=1, RANK=0, node 0's store at MASTER_ADDR:MASTER_PORT.
+  Launch l = start({"--nproc_per_node=2", kWorker, "env", dir}, dir,
+                   {{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"},
+                    {"MASTER_PORT", std::to_string(port)}, {"PHALANX_RDZV_TOKEN", "pod-token"}});
+  CHECK(finish(l) == 0);
+  const std::string out = slurp(l.out);
+  INFO(out);
+  CHECK(out.find("node 0 of 1 from RANK and WORLD_SIZE (a PyTorchJob pod), node 0's store at 127.0.0.1:" +
+                 std::to_string(port)) != std::string::npos);
+  for (int r = 0; r < 2; ++r) {
+    auto e = read_env(dir + "/env_" + std::to_string(r));
+    CHECK(e["RANK"] == std::to_string(r));  // the workers' own, not the pod's
+    CHECK(e["WORLD_SIZE"] == "2");
+    CHECK(e["MASTER_PORT"] == std::to_string(port));
+  }
+  // An option (or its PET_ form) wins: the pod's variables are not read, so not refused either.
+  Launch given = start({"--nnodes=1", "--nproc_per_node=1", kWorker, "env", dir}, dir,
+                       {{"WORLD_SIZE", "x"}, {"RANK", "0"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}});
+  CHECK(finish(given) == 0);
+  Launch bad = start({"--nproc_per_node=1", kWorker, "env", dir}, dir,
+                     {{"WORLD_SIZE", "2"}, {"RANK", "2"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}});
+  CHECK(finish(bad) == 2);
+  CHECK(slurp(bad.out).find("RANK='2' is not an integer in [0, 1]") != std::string::npos);
+}

@@ -622,3 +622,47 @@ TEST_CASE("two hosts: phalanx-train on 2 + 2 workers, no address variable, equal
   }
   std::system(("rm -rf " + d).c_str());
 }
+
+TEST_CASE("two pods as a PyTorchJob runs them: one command, MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK or PET_*") {
+  TwoHosts h;
+  SKIP_WITHOUT_NAMESPACES(h);
+  const std::string d = trainer_test::case_study_dir("phalanx_pods");
+  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d +
+                            "/y.npy --init " + d + "/init.npz --global-batch 64 --lr 0.1 --epochs 2 --exact --micro-batch 16";
+  const trainer_test::Result one = trainer_test::run_command(train + " --save " + d + "/one.npz", d + "/one.txt");
+  INFO(one.out);
+  REQUIRE(one.code == 0);
+  // Each pod sees only the operator's variables (and the job token): the same command line.
+  const auto run_pods = [&](const std::string& args, auto env_of, const std::string& save) {
+    Launcher l[2];
+    for (int i = 0; i < 2; ++i)
+      l[i] = start_in(h.ns(i), args + " " + train + " --save " + save, d + "/pod" + std::to_string(i) + ".out",
+                      env_of(i));
+    Job j;
+    for (int i = 0; i < 2; ++i) {
+      j.code[i] = finish(l[i], 40s);
+      j.out[i] = slurp(l[i].out);
+    }
+    return j;
+  };
+  Job j = run_pods("--nproc-per-node 2", [&](int i) {
+    return "MASTER_ADDR=" + h.addr(0) + " MASTER_PORT=29501 WORLD_SIZE=2 RANK=" + std::to_string(i);
+  }, d + "/pods.npz");
+  INFO(j.both());
+  REQUIRE(j.code[0] == 0);
+  REQUIRE(j.code[1] == 0);
+  CHECK(has(j.out[1], "node 1 of 2 from RANK and WORLD_SIZE (a PyTorchJob pod)"));
+  CHECK(has(j.out[0], "\"world_size\":4"));
+  CHECK(slurp(d + "/pods.npz") == slurp(d + "/one.npz"));  // exact mode: the same bytes
+  // torchrun's own environment forms, as the training operator sets them for torchrun.
+  j = run_pods("", [&](int i) {
+    return "PET_NNODES=2 PET_NPROC_PER_NODE=2 PET_NODE_RANK=" + std::to_string(i) + " PET_MASTER_ADDR=" + h.addr(0) +
+           " PET_MASTER_PORT=29502";
+  }, d + "/pet.npz");
+  INFO(j.both());
+  REQUIRE(j.code[0] == 0);
+  REQUIRE(j.code[1] == 0);
+  CHECK(has(j.out[0], "\"world_size\":4"));
+  CHECK(slurp(d + "/pet.npz") == slurp(d + "/one.npz"));
+  std::system(("rm -rf " + d).c_str());
+}

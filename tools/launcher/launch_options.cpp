@@ -163,7 +163,7 @@ constexpr const char* kAbout =
 struct RawOptions {
   std::string nproc = "1", nnodes = "1", endpoint, backend = "c10d", term_signal;
   bool no_python = false;
-  CLI::Option *node_rank_opt = nullptr, *addr_opt = nullptr, *port_opt = nullptr, *endpoint_opt = nullptr,
+  CLI::Option *nnodes_opt = nullptr, *node_rank_opt = nullptr, *addr_opt = nullptr, *port_opt = nullptr, *endpoint_opt = nullptr,
               *id_opt = nullptr, *token_opt = nullptr;
 };
 
@@ -171,37 +171,41 @@ struct RawOptions {
 void declare_options(CLI::App& app, LaunchOptions& o, RawOptions& r) {
   app.add_option("--nproc-per-node,--nproc_per_node", r.nproc,
                  "workers on this node: N, or 'auto'/'cpu' (= the number of cores)")
-      ->capture_default_str();
-  app.add_option("--nnodes", r.nnodes, "number of nodes: N (or N:N; an elastic MIN:MAX range is refused)")
-      ->capture_default_str();
+      ->capture_default_str()->envname("PET_NPROC_PER_NODE");
+  r.nnodes_opt = app.add_option("--nnodes", r.nnodes, "number of nodes: N (or N:N; an elastic MIN:MAX range is refused)")
+                     ->capture_default_str()->envname("PET_NNODES");
   r.node_rank_opt = app.add_option("--node-rank,--node_rank", o.node_rank,
                                    "this node's index in [0, nnodes); default with --nnodes > 1: the "
                                    "launcher on the --rdzv-endpoint machine that binds its port first is 0, "
                                    "the others get 1, 2, ... in arrival order")
-                        ->capture_default_str();
+                        ->capture_default_str()->envname("PET_NODE_RANK");
   r.addr_opt = app.add_option("--master-addr,--master_addr", o.master_addr, "address of node 0 (the rendezvous host)")
-                   ->capture_default_str();
+                   ->capture_default_str()->envname("PET_MASTER_ADDR");
   r.port_opt = app.add_option("--master-port,--master_port", o.master_port,
                               "rendezvous port; default: a free port (single node), required with --nnodes > 1")
-                   ->check(CLI::Range(0, 65535));
+                   ->check(CLI::Range(0, 65535))->envname("PET_MASTER_PORT");
   app.add_flag("--standalone", o.standalone,
-               "a single-node job on loopback: a free port and a fresh random token (like torchrun's)");
+               "a single-node job on loopback: a free port and a fresh random token (like torchrun's)")
+      ->envname("PET_STANDALONE");
   r.endpoint_opt = app.add_option("--rdzv-endpoint,--rdzv_endpoint", r.endpoint,
                                   "HOST[:PORT] of node 0's rendezvous store (= --master-addr and "
-                                  "--master-port; port 29400 when omitted)");
+                                  "--master-port; port 29400 when omitted)")
+                       ->envname("PET_RDZV_ENDPOINT");
   r.id_opt = app.add_option("--rdzv-id,--rdzv_id", o.rdzv_id,
                             "the job's identity, the same on every node: the job token is derived from "
                             "it and PHALANX_RDZV_SECRET (set a secret: the id alone is not one; a single node "
-                            "without a secret gets a random token)");
+                            "without a secret gets a random token)")
+                 ->envname("PET_RDZV_ID");
   app.add_option("--rdzv-backend,--rdzv_backend", r.backend,
                  "'c10d' or 'static' (both mean node 0's TCP store); others are refused")
-      ->capture_default_str();
-  app.add_flag("--no-python,--no_python", r.no_python, "accepted for torchrun's sake: the program always runs as is");
+      ->capture_default_str()->envname("PET_RDZV_BACKEND");
+  app.add_flag("--no-python,--no_python", r.no_python, "accepted for torchrun's sake: the program always runs as is")
+      ->envname("PET_NO_PYTHON");
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
                  "restart the whole group up to K times after a failure")
-      ->capture_default_str()->check(CLI::Range(0, 1000));
+      ->capture_default_str()->check(CLI::Range(0, 1000))->envname("PET_MAX_RESTARTS");
   app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval, "seconds between liveness checks")
-      ->capture_default_str()->check(CLI::Range(0.001, 60.0));
+      ->capture_default_str()->check(CLI::Range(0.001, 60.0))->envname("PET_MONITOR_INTERVAL");
   app.add_option("--grace-period", o.grace_period, "seconds from SIGTERM to SIGKILL when stopping workers")
       ->capture_default_str()->check(CLI::Range(0.0, 600.0));
   app.add_option("--term-timeout,--term_timeout", o.term_timeout,
@@ -211,7 +215,8 @@ void declare_options(CLI::App& app, LaunchOptions& o, RawOptions& r) {
   app.add_option("--term-signal,--term_signal", r.term_signal,
                  "the signal the workers get when the launcher is asked to stop: TERM, INT, USR1 or USR2 (default: the "
                  "one the launcher got)");
-  app.add_option("--log-dir,--log_dir", o.log_dir, "write each rank's output to DIR/rank_<r>.log too");
+  app.add_option("--log-dir,--log_dir", o.log_dir, "write each rank's output to DIR/rank_<r>.log too")
+      ->envname("PET_LOG_DIR");
   app.add_option("--backend", o.backend, "communication backend for the workers (PHALANX_BACKEND)");
   app.add_option("--timeout", o.timeout, "operation timeout in seconds for the workers (PHALANX_TIMEOUT)")
       ->check(CLI::Range(kMinTimeoutSeconds, kMaxTimeoutSeconds));
@@ -275,6 +280,35 @@ bool parse_nproc(const std::string& nproc, int& n, std::string& error) {
   return true;
 }
 
+/// A pod of Kubeflow's PyTorchJob that gives no torchrun option (neither on the command line
+/// nor as PET_*): the operator sets WORLD_SIZE = the pods, RANK = this pod's index and
+/// MASTER_ADDR/MASTER_PORT = pod 0's service in every pod, so one container command serves
+/// all of them. Taken only when all four are set and this launcher is not a worker of another
+/// (PHALANX_STORE_HOSTED, which phalanx-run gives its workers, is unset). False with `error`
+/// for a value that does not parse.
+bool apply_pod_env(LaunchOptions& o, RawOptions& r, std::string& error) {
+  for (const CLI::Option* given : {r.nnodes_opt, r.node_rank_opt, r.addr_opt, r.port_opt, r.endpoint_opt})
+    if (given->count()) return true;
+  if (o.standalone || env::text("PHALANX_STORE_HOSTED")) return true;
+  const auto world = env::text("WORLD_SIZE"), rank = env::text("RANK"), addr = env::text("MASTER_ADDR"),
+             port = env::text("MASTER_PORT");
+  if (!world || !rank || !addr || !port) return true;
+  try {
+    const auto nodes = env::integer("WORLD_SIZE", 1, 1, 1 << 16);
+    o.node_rank = static_cast<int>(env::integer("RANK", 0, 0, nodes - 1));
+    o.master_port = static_cast<int>(env::integer("MASTER_PORT", 0, 1, 65535));
+    r.nnodes = std::to_string(nodes);
+  } catch (const std::exception& e) {
+    error = std::string(e.what()) + " (read as a PyTorchJob pod's node count, node rank and store; pass --nnodes, "
+                                    "--node-rank and --rdzv-endpoint to override)";
+    return false;
+  }
+  o.master_addr = *addr;
+  std::fprintf(stderr, "phalanx-run: node %d of %s from RANK and WORLD_SIZE (a PyTorchJob pod), node 0's store at %s:%d\n",
+               o.node_rank, r.nnodes.c_str(), o.master_addr.c_str(), o.master_port);
+  return true;
+}
+
 /// The first option given with --standalone that contradicts it ("" when none).
 std::string standalone_clash(const LaunchOptions& o, const RawOptions& r) {
   if (o.nnodes > 1) return "--nnodes " + r.nnodes;
@@ -294,8 +328,8 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   RawOptions raw;
   declare_options(app, o, raw);
   // The names the checks below use.
-  auto& [nproc, nnodes, endpoint, backend, term_signal, no_python, node_rank_opt, addr_opt, port_opt, endpoint_opt,
-         id_opt, token_opt] = raw;
+  auto& [nproc, nnodes, endpoint, backend, term_signal, no_python, nnodes_opt, node_rank_opt, addr_opt, port_opt,
+         endpoint_opt, id_opt, token_opt] = raw;
   auto fail = [&](const std::string& msg) {
     std::fprintf(stderr, "phalanx-run: %s\n", msg.c_str());
     exit_code = 2;
@@ -312,6 +346,7 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
     return false;
   }
   std::string error;
+  if (!apply_pod_env(o, raw, error)) return fail(error);
   if (!parse_nnodes(nnodes, o.nnodes, error)) return fail(error);
   if (!term_signal.empty() && !parse_term_signal(term_signal, o.term_signal, error)) return fail(error);
   if (!parse_nproc(nproc, o.nproc_per_node, error)) return fail(error);
