@@ -3,7 +3,7 @@
 // at the end. Workers started by srun itself find each other from Slurm's variables alone
 // (docs/slurm.md) and train as one process does at the same global batch; srun --mpi=pmix
 // puts them on the MPI plugin; one phalanx-run per node under srun, and both sbatch
-// examples, run. Where Slurm cannot start the cases say "SKIPPED: slurm: <why>" (ctest
+// examples, run; with two slurmd in network namespaces (root only), srun -N 2 spans them. Where Slurm cannot start the cases say "SKIPPED: slurm: <why>" (ctest
 // reports the entry skipped). Also: the parsers of Slurm's host and task lists, without Slurm.
 #include <doctest/doctest.h>
 
@@ -42,37 +42,41 @@ const std::string kScript = std::string(PHALANX_SOURCE_DIR) + "/tests/support/lo
 const std::string kData = std::string(" --train-x ") + PHALANX_EXAMPLE_DATA + "/seed_case_study.npz:x --train-y " +
                           PHALANX_EXAMPLE_DATA + "/seed_case_study.npz:y --global-batch 64 --epochs 3 --seed 5";
 
-// One cluster for the whole run: started at first use, stopped at exit.
+// A cluster for the whole run: started at first use, stopped at exit.
 struct LocalSlurm {
-  std::string dir = "/tmp/phalanx_slurm_" + std::to_string(::getpid());
-  std::string work = dir + "_work";
+  std::string dir, work;
   bool up = false;
   std::string why;
-  LocalSlurm() {
+  explicit LocalSlurm(int nodes) {
+    const std::string stem = "/tmp/phalanx_slurm" + std::to_string(nodes) + "_" + std::to_string(::getpid());
+    dir = stem;
+    work = stem + "_work";
     std::system(("rm -rf " + work + " && mkdir -p " + work).c_str());
     const auto r = run_command(kScript + " start " + dir + " " + std::to_string(free_port()) + " " +
-                                   std::to_string(free_port()),
+                                   std::to_string(free_port()) + " " + std::to_string(nodes),
                                work + "/start.log");
     up = r.code == 0;
     why = r.out;
-    if (up) ::setenv("SLURM_CONF", (dir + "/slurm.conf").c_str(), 1);
   }
   ~LocalSlurm() {
     if (up) std::system((kScript + " stop " + dir).c_str());
     std::system(("rm -rf " + work).c_str());
   }
+  /// `command` with this cluster's slurm.conf.
+  std::string with_conf(const std::string& command) const { return "SLURM_CONF=" + dir + "/slurm.conf " + command; }
 };
 
 LocalSlurm& cluster() {
-  static LocalSlurm c;
+  static LocalSlurm c(1);
   return c;
 }
 
-#define REQUIRE_SLURM()                                  \
-  if (!cluster().up) {                                   \
-    MESSAGE((cluster().why.find("SKIPPED") != std::string::npos ? cluster().why : "SKIPPED: slurm: " + cluster().why)); \
-    return;                                              \
+#define REQUIRE_CLUSTER(c)                                                                     \
+  if (!(c).up) {                                                                               \
+    MESSAGE(((c).why.find("SKIPPED") != std::string::npos ? (c).why : "SKIPPED: slurm: " + (c).why)); \
+    return;                                                                                    \
   }
+#define REQUIRE_SLURM() REQUIRE_CLUSTER(cluster())
 
 nlohmann::json summary_of(const std::string& out) {
   const auto at = out.rfind("{\"backend\"");
@@ -138,7 +142,7 @@ TEST_CASE("Slurm task lists: the tasks on each node") {
 TEST_CASE("srun -n 2 phalanx-train: the store from Slurm's variables, shm, equal to one process") {
   REQUIRE_SLURM();
   const std::string w = cluster().work + "/srun.npz";
-  const auto r = run_command("srun -n 2 " + std::string(PHALANX_TRAIN) + kData + " --save " + w,
+  const auto r = run_command(cluster().with_conf("srun --kill-on-bad-exit=1 -n 2 ") + std::string(PHALANX_TRAIN) + kData + " --save " + w,
                              cluster().work + "/srun.log");
   INFO(r.out);
   REQUIRE(r.code == 0);
@@ -154,13 +158,13 @@ TEST_CASE("srun --mpi=pmix -n 2 phalanx-train runs on the MPI plugin, equal to o
     MESSAGE("not run: the MPI plugin is not built here");
     return;
   }
-  const auto list = run_command("srun --mpi=list", cluster().work + "/mpilist.log");
+  const auto list = run_command(cluster().with_conf("srun --mpi=list"), cluster().work + "/mpilist.log");
   if (list.out.find("pmix") == std::string::npos) {
     MESSAGE("not run: this Slurm has no PMIx plugin (srun --mpi=list: " << list.out << ")");
     return;
   }
   const std::string w = cluster().work + "/pmix.npz";
-  const auto r = run_command("srun --mpi=pmix -n 2 " + std::string(PHALANX_TRAIN) + kData + " --save " + w,
+  const auto r = run_command(cluster().with_conf("srun --kill-on-bad-exit=1 --mpi=pmix -n 2 ") + std::string(PHALANX_TRAIN) + kData + " --save " + w,
                              cluster().work + "/pmix.log");
   INFO(r.out);
   REQUIRE(r.code == 0);
@@ -175,7 +179,7 @@ TEST_CASE("the sbatch examples run: srun's own workers, and one phalanx-run per 
   for (const std::string script : {"train_srun.sbatch", "train_launcher.sbatch"}) {
     CAPTURE(script);
     const std::string out = cluster().work + "/" + script + ".out";
-    const auto r = run_command(env + " sbatch --wait --output=" + out + " " + PHALANX_SOURCE_DIR +
+    const auto r = run_command(cluster().with_conf(env) + " sbatch --wait --output=" + out + " " + PHALANX_SOURCE_DIR +
                                    "/examples/slurm/" + script,
                                cluster().work + "/" + script + ".log");
     const std::string job_out = trainer_test::slurp(out);
@@ -184,4 +188,23 @@ TEST_CASE("the sbatch examples run: srun's own workers, and one phalanx-run per 
     REQUIRE(r.code == 0);
     CHECK(summary_of(job_out)["world_size"] == 2);
   }
+}
+
+TEST_CASE("two Slurm nodes (network namespaces n1, n2): srun -N 2 -n 4 equals one process byte for byte") {
+  static LocalSlurm two(2);
+  REQUIRE_CLUSTER(two);
+  const std::string exact = kData + " --exact --micro-batch 16";
+  const std::string one = two.work + "/one_exact.npz", four = two.work + "/four_exact.npz";
+  const auto r1 = run_command(std::string(PHALANX_TRAIN) + exact + " --save " + one, two.work + "/one.log");
+  INFO(r1.out);
+  REQUIRE(r1.code == 0);
+  const auto r = run_command(two.with_conf("srun --kill-on-bad-exit=1 -N 2 -n 4 ") + std::string(PHALANX_TRAIN) + exact +
+                                 " --save " + four,
+                             two.work + "/four.log");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto s = summary_of(r.out);
+  CHECK(s["world_size"] == 4);
+  CHECK(s["backend"] == "hierarchical:shm+gloo");  // two hosts: shm within each, gloo between
+  CHECK(trainer_test::slurp(four) == trainer_test::slurp(one));
 }
