@@ -190,7 +190,7 @@ TEST_CASE("the sbatch examples run: srun's own workers, and one phalanx-run per 
   }
 }
 
-TEST_CASE("two Slurm nodes (network namespaces n1, n2): srun -N 2 -n 4 equals one process byte for byte") {
+TEST_CASE("two Slurm nodes (network namespaces n1, n2): srun -N 2 -n 4 equals one process; the launcher sbatch spans them") {
   static LocalSlurm two(2);
   REQUIRE_CLUSTER(two);
   const std::string exact = kData + " --exact --micro-batch 16";
@@ -207,4 +207,16 @@ TEST_CASE("two Slurm nodes (network namespaces n1, n2): srun -N 2 -n 4 equals on
   CHECK(s["world_size"] == 4);
   CHECK(s["backend"] == "hierarchical:shm+gloo");  // two hosts: shm within each, gloo between
   CHECK(trainer_test::slurp(four) == trainer_test::slurp(one));
+  // One phalanx-run per node: the launchers meet on n1 and start 2 workers each.
+  const std::string out = two.work + "/launcher.out";
+  const auto b = run_command(two.with_conf("PHALANX_ROOT=" + std::string(PHALANX_SOURCE_DIR) + " PHALANX_BIN=" +
+                                           std::string(PHALANX_TRAIN).substr(0, std::string(PHALANX_TRAIN).rfind('/'))) +
+                                 " sbatch --wait --nodes=2 --output=" + out + " " + PHALANX_SOURCE_DIR +
+                                 "/examples/slurm/train_launcher.sbatch",
+                             two.work + "/launcher.log");
+  const std::string job_out = trainer_test::slurp(out);
+  INFO(b.out);
+  INFO(job_out);
+  REQUIRE(b.code == 0);
+  CHECK(summary_of(job_out)["world_size"] == 4);
 }
