@@ -174,7 +174,7 @@ void add_options(CLI::App& app, TrainConfig& c, RawOptions& r) {
   app.add_option("--lr-milestones", r.lr_milestones, "multistep schedule: multiply by --lr-gamma at these steps (A,B,C increasing)")
       ->type_name("LIST")->default_str("none");
   real("--lr-gamma", r.lr_gamma, "step/multistep decay factor, in (0, 1]", "0.1");
-  integer("--epochs", r.epochs, "epochs, >= 1 (capped by $PHALANX_TRAIN_MAX_EPOCHS when set)", "1");
+  integer("--epochs", r.epochs, "epochs, >= 1", "1");
   app.add_flag("--shuffle", r.shuffle, "shuffle each epoch (the default)");
   app.add_flag("--no-shuffle", r.no_shuffle, "keep the data order");
   app.add_flag("--drop-last", c.drop_last, "drop the last incomplete batch (and the sampler's remainder)");
@@ -292,20 +292,6 @@ void check_combination(const CLI::App& app, TrainConfig& c) {
   if (c.exact && c.allow_nonfinite)
     throw ValueError("--exact and --allow-nonfinite conflict: exact mode sums gradients in fixed point, where NaN and inf "
                      "have no value (a non-finite gradient stops the step); drop one of them");
-}
-
-// PHALANX_TRAIN_MAX_EPOCHS=N caps --epochs (the README test runs the README's commands
-// through it); the cap is announced, so a capped run never passes for a full one.
-void apply_epoch_cap(TrainConfig& c) {
-  const char* env = std::getenv("PHALANX_TRAIN_MAX_EPOCHS");
-  if (!env || !*env) return;
-  const auto cap = int_in("PHALANX_TRAIN_MAX_EPOCHS", env, 1, INT_MAX, "an integer in [1, 2147483647]");
-  if (c.epochs <= cap) return;
-  const char* rank = std::getenv("RANK");
-  if (!rank || std::string(rank) == "0")
-    std::fprintf(stderr, "phalanx-train: PHALANX_TRAIN_MAX_EPOCHS=%lld caps --epochs %d at %lld\n",
-                 static_cast<long long>(cap), c.epochs, static_cast<long long>(cap));
-  c.epochs = static_cast<int>(cap);
 }
 
 std::string model_text_of(const nlohmann::json& v);
@@ -539,7 +525,6 @@ bool parse_config(int argc, char** argv, TrainConfig& c, int& exit_code) {
     }
     parse_args(args, c, app, raw);
     check_combination(app, c);
-    apply_epoch_cap(c);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) {
       exit_code = app.exit(e);
