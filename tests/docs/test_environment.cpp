@@ -5,9 +5,9 @@
 //     argument of a call (env::flag("PHALANX_MMAP", ...), simd_level("PHALANX_OPTIM_SIMD"))
 //     or the value of a constant (kRdzvSecretEnv = "PHALANX_RDZV_SECRET"); setenv/unsetenv
 //     and the launcher's env["PHALANX_..."] = ... set a variable, they do not read it;
-//   - no getenv("PHALANX_...") outside core/src/env.cpp (the strict readers), except the
-//     one test hook below; getenv on a name held in a variable only in the files below, which
-//     read launcher/system variables (RANK, WORLD_SIZE, ...) through their own strict helpers.
+//   - no getenv("PHALANX_...") outside core/src/env.cpp (the strict readers); getenv on a
+//     name held in a variable only in the files below, which read launcher/system variables
+//     (RANK, WORLD_SIZE, ...) through their own strict helpers.
 #include <doctest/doctest.h>
 
 #include <cctype>
@@ -25,11 +25,6 @@ namespace fs = std::filesystem;
 namespace {
 
 const fs::path kRoot = PHALANX_SOURCE_DIR;
-
-// PHALANX_TRAIN_MAX_EPOCHS caps phalanx-train's --epochs for the README test; it keeps its
-// own reader until the change that depends on it lands (listed in the table as a test hook).
-const std::set<std::pair<std::string, std::string>> kBareReadAllowed = {
-    {"tools/trainer/train_config.cpp", "PHALANX_TRAIN_MAX_EPOCHS"}};
 
 // getenv(name) with the name in a variable: launcher/system variables only.
 const std::set<std::string> kIndirectGetenvAllowed = {"core/src/world.cpp", "core/src/timeline.cpp",
@@ -173,8 +168,7 @@ TEST_CASE("only core/src/env.cpp calls getenv on a PHALANX_* variable") {
   for (const auto& s : product_sources()) {
     if (s.rel == "core/src/env.cpp") continue;
     for (auto it = std::sregex_iterator(s.code.begin(), s.code.end(), bare); it != std::sregex_iterator(); ++it)
-      if (!kBareReadAllowed.count({s.rel, (*it)[1]}))
-        offenders.insert(s.rel + ": getenv(\"" + std::string((*it)[1]) + "\")");
+      offenders.insert(s.rel + ": getenv(\"" + std::string((*it)[1]) + "\")");
     for (auto it = std::sregex_iterator(s.code.begin(), s.code.end(), indirect); it != std::sregex_iterator(); ++it)
       if (!kIndirectGetenvAllowed.count(s.rel)) offenders.insert(s.rel + ": getenv(" + std::string((*it)[1]) + ")");
   }

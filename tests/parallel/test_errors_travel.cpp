@@ -484,3 +484,38 @@ TEST_CASE("a posted PeerFinishedError reaches the other survivors as a PeerFinis
   r.kind.clear();  // any other failure stays a PeerFailedError
   CHECK_THROWS_AS(std::rethrow_exception(parallel::peer_failed_error(r, "")), PeerFailedError);
 }
+
+TEST_CASE("the failure-record codec: the wire text, its round trip, and what decoding refuses") {
+  // The text phalanx-run and the ranks both read and write (docs/launcher.md's contract).
+  parallel::FailureRecord r{3, "peer 1 closed its connection \"now\"", true, 1234567890123, {}};
+  const std::string text = parallel::encode_failure(r);
+  CHECK(text == R"({"message":"peer 1 closed its connection \"now\"","rank":3,"secondary":true,"unix_ns":1234567890123})");
+  auto back = parallel::decode_failure(text);
+  REQUIRE(back);
+  CHECK(back->rank == 3);
+  CHECK(back->message == r.message);
+  CHECK(back->secondary);
+  CHECK(back->unix_ns == 1234567890123);
+  CHECK(back->kind.empty());
+  r.kind = "desync";
+  r.message = "caf\xc3\xa9";
+  back = parallel::decode_failure(parallel::encode_failure(r));
+  REQUIRE(back);
+  CHECK(back->kind == "desync");
+  CHECK(back->message == "caf\xc3\xa9");
+  // Bytes that are not UTF-8 still give a record (replaced), never an exception.
+  r.message = "bad \xff byte";
+  back = parallel::decode_failure(parallel::encode_failure(r));
+  REQUIRE(back);
+  CHECK(back->message.find("bad ") == 0);
+  // Fields a reader does not know are ignored; missing ones keep their defaults.
+  back = parallel::decode_failure(R"({"rank":2,"future":1})");
+  REQUIRE(back);
+  CHECK(back->rank == 2);
+  CHECK(back->message.empty());
+  CHECK_FALSE(back->secondary);
+  CHECK_FALSE(parallel::decode_failure("not json"));
+  CHECK_FALSE(parallel::decode_failure(R"({"message":"no rank"})"));
+  CHECK_FALSE(parallel::decode_failure(R"({"rank":"1"})"));
+  CHECK(parallel::failure_key(2, "first") == "phalanx/r2/failure/first");
+}

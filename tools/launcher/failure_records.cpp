@@ -5,41 +5,29 @@
 
 #include <nlohmann/json.hpp>
 
+#include "phalanx/parallel/internal/failure_records.hpp"
+
 namespace phalanx::launcher {
 
 using nlohmann::json;
-
-std::string failure_key(int restart_count, const std::string& rank_or_first) {
-  return "phalanx/r" + std::to_string(restart_count) + "/failure/" + rank_or_first;
-}
 
 std::int64_t unix_now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
-namespace {
-bool get_if_present(Store& store, const std::string& key, json& out) {
-  if (!store.check({key})) return false;
-  const Bytes b = store.get(key);
-  out = json::parse(b.begin(), b.end(), nullptr, false);
-  return out.is_object();
-}
-}  // namespace
-
 bool read_failure_record(Store& store, int restart_count, WorkerFailure& f) {
   try {
-    json rec;
-    if (get_if_present(store, failure_key(restart_count, std::to_string(f.rank)), rec)) {
+    if (const auto rec = parallel::read_failure(store, parallel::failure_key(restart_count, std::to_string(f.rank)))) {
       f.has_record = true;
-      f.secondary = rec.value("secondary", false);
-      f.message = rec.value("message", std::string());
-      if (rec.contains("unix_ns") && rec["unix_ns"].is_number_integer()) f.unix_ns = rec["unix_ns"].get<std::int64_t>();
+      f.secondary = rec->secondary;
+      f.message = rec->message;
+      if (rec->unix_ns != 0) f.unix_ns = rec->unix_ns;  // else the launcher's own time of the exit
     }
-    json first;
-    if (get_if_present(store, failure_key(restart_count, "first"), first) && first.value("rank", -1) == f.rank) {
+    const auto first = parallel::read_failure(store, parallel::failure_key(restart_count, "first"));
+    if (first && first->rank == f.rank) {
       f.is_first = true;
-      if (!f.has_record) f.message = first.value("message", std::string());
+      if (!f.has_record) f.message = first->message;
     }
   } catch (const std::exception&) {
     return false;  // the store is gone (its host exited): blame by what the launcher saw
@@ -48,14 +36,15 @@ bool read_failure_record(Store& store, int restart_count, WorkerFailure& f) {
 }
 
 bool post_first_failure(Store& store, int restart_count, const WorkerFailure& f) {
-  const std::string message = "killed by signal " + std::to_string(f.term_signal) + " (" +
-                              (sigabbrev_np(f.term_signal) ? std::string("SIG") + sigabbrev_np(f.term_signal) : "?") +
-                              ")";
-  const json rec = {{"rank", f.rank}, {"message", message}, {"secondary", false}, {"unix_ns", f.unix_ns}};
-  const std::string text = rec.dump();
+  parallel::FailureRecord rec;
+  rec.rank = f.rank;
+  rec.message = "killed by signal " + std::to_string(f.term_signal) + " (" +
+                (sigabbrev_np(f.term_signal) ? std::string("SIG") + sigabbrev_np(f.term_signal) : "?") + ")";
+  rec.unix_ns = f.unix_ns;
+  const std::string text = parallel::encode_failure(rec);
   const Bytes desired(text.begin(), text.end());
   try {
-    return store.compare_set(failure_key(restart_count, "first"), {}, desired) == desired;
+    return store.compare_set(parallel::failure_key(restart_count, "first"), {}, desired) == desired;
   } catch (const std::exception&) {
     return false;
   }

@@ -1,6 +1,7 @@
 #pragma once
 // The failure records that ranks post in the job's store (phalanx/r<k>/failure/<rank> and
-// failure/first; the contract is in docs/launcher.md), read and written by the launcher.
+// failure/first; the contract is in docs/launcher.md), read and written by the launcher with
+// the ranks' own codec (parallel/rendezvous: phalanx/parallel/internal/failure_records.hpp).
 #include <string>
 
 #include <phalanx/backends/store.hpp>
@@ -8,8 +9,6 @@
 #include "blame.hpp"
 
 namespace phalanx::launcher {
-
-std::string failure_key(int restart_count, const std::string& rank_or_first);
 
 /// Fills f's record fields from the store, when its rank posted one (never waits, never
 /// throws: returns false, leaving f as it is, when the store cannot be reached).

@@ -1,244 +1,70 @@
 #include "train_config.hpp"
 
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
-#include <cctype>
-#include <cerrno>
-#include <climits>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include <phalanx/core/error.hpp>
 #include <phalanx/core/file_safety.hpp>
 
-#include "model_spec.hpp"
+#include "train_options.hpp"
 
 namespace phalanx::trainer {
 
 namespace {
 
-constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+// ---- the command line, made from the table of options (train_options.cpp) ----
 
-// ---- numbers with ranges: "--lr nan: expected a finite number > 0" ----
-
-[[noreturn]] void bad_value(const std::string& option, const std::string& text, const std::string& range) {
-  throw ValueError(option + " " + (text.empty() ? "''" : text) + ": expected " + range);
-}
-
-// A real number in (lo, hi) or [lo, hi] (open or closed at each end), finite.
-double real_in(const std::string& option, const std::string& text, double lo, bool lo_open, double hi, bool hi_open,
-               const std::string& range) {
-  errno = 0;
-  char* end = nullptr;
-  const double v = text.empty() ? 0 : std::strtod(text.c_str(), &end);
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' || !std::isfinite(v) ||
-      (lo_open ? v <= lo : v < lo) || (hi_open ? v >= hi : v > hi))
-    bad_value(option, text, range);
-  return v;
-}
-
-std::int64_t int_in(const std::string& option, const std::string& text, std::int64_t lo, std::int64_t hi,
-                    const std::string& range) {
-  errno = 0;
-  char* end = nullptr;
-  const long long v = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || *end != '\0' || errno == ERANGE || v < lo ||
-      v > hi)
-    bad_value(option, text, range);
-  return v;
-}
-
-std::uint64_t uint64_of(const std::string& option, const std::string& text) {
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long v = text.empty() ? 0 : std::strtoull(text.c_str(), &end, 10);
-  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0])) || *end != '\0' || errno == ERANGE)
-    bad_value(option, text, "an integer in [0, 18446744073709551615]");
-  return v;
-}
-
-std::int64_t positive(const std::string& option, const std::string& text) {
-  return int_in(option, text, 1, kInt64Max, "an integer in [1, 9223372036854775807]");
-}
-std::int64_t non_negative(const std::string& option, const std::string& text) {
-  return int_in(option, text, 0, kInt64Max, "an integer in [0, 9223372036854775807]");
-}
-double positive_real(const std::string& option, const std::string& text) {
-  return real_in(option, text, 0, true, HUGE_VAL, false, "a finite number > 0");
-}
-
-std::vector<std::int64_t> milestones_of(const std::string& text) {
-  const std::string range = "strictly increasing step numbers >= 1, e.g. 100,200,300";
-  std::vector<std::int64_t> out;
-  std::size_t start = 0;
-  while (true) {
-    const auto comma = text.find(',', start);
-    const std::string part = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    errno = 0;
-    char* end = nullptr;
-    const long long v = part.empty() ? 0 : std::strtoll(part.c_str(), &end, 10);
-    if (part.empty() || !std::isdigit(static_cast<unsigned char>(part[0])) || *end != '\0' || errno == ERANGE ||
-        v < 1 || (!out.empty() && v <= out.back()))
-      bad_value("--lr-milestones", text, range);
-    out.push_back(v);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-std::string bytes_str(double b) {
-  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  int u = 0;
-  while (b >= 1024 && u < 6) b /= 1024, ++u;
-  char buf[48];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
-  return buf;
-}
-
-// The MLP's float32 weights and their gradients must fit in this machine's memory; a
-// parameter count that overflows, or one far too large, is named here rather than ending in
-// std::bad_alloc halfway through the set-up.
-// For a CNN (conv = true) the widths are its channels from one input channel: a lower bound
-// of its 3x3 convolutions' weights (the input's channels and the Linear come with the data).
-void check_model_size(const std::string& text, const std::vector<std::int64_t>& w, bool conv = false) {
-  std::int64_t params = 0;
-  bool overflow = false;
-  for (std::size_t i = 0; i + 1 < w.size() && !overflow; ++i) {
-    std::int64_t layer = 0;
-    overflow = __builtin_mul_overflow(w[i], w[i + 1], &layer) ||
-               (conv && __builtin_mul_overflow(layer, std::int64_t{9}, &layer)) ||
-               __builtin_add_overflow(layer, w[i + 1], &layer) || __builtin_add_overflow(params, layer, &params);
-  }
-  if (overflow) throw ValueError("--model " + text + ": the parameter count does not fit in a 64-bit integer");
-  const double need = static_cast<double>(params) * 4 * 2;  // float32 weights + their gradients
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  const double have = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
-  if (have > 0 && need > have)
-    throw ValueError("--model " + text + ": " + std::to_string(params) + " parameters need " + bytes_str(need) +
-                     " for float32 weights and gradients alone, more than this machine's " + bytes_str(have) +
-                     " of memory; use " + (conv ? "fewer channels" : "narrower layers"));
-}
-
-// ---- the options ----
-
-// Every numeric option arrives as text and is converted in apply_numbers(), so that a bad
-// value in a config file or on the command line gets the same one-line error.
-struct RawOptions {
-  std::string model = "64-32-10", config;
-  std::string lr, momentum, weight_decay, global_batch, base_lr, base_batch, warmup_steps, epochs, seed;
-  std::string checkpoint_every, keep_checkpoints, lr_step_size, lr_milestones, lr_gamma, micro_batch, classes;
-  bool no_shuffle = false, shuffle = false, no_data_check = false;
+// Where CLI11 puts each option's value, by its index in train_options(); every value
+// arrives as text and the option's apply() converts and range-checks it, so that a bad value
+// in a config file or on the command line gets the same one-line error.
+struct BoundOptions {
+  struct Slot {
+    std::string text;
+    bool on = false;  ///< a flag given
+  };
+  std::string config;
+  std::vector<Slot> slots = std::vector<Slot>(train_options().size());
 };
 
-void add_options(CLI::App& app, TrainConfig& c, RawOptions& r) {
-  auto real = [&](const char* name, std::string& into, const char* help, const char* def) {
-    return app.add_option(name, into, help)->type_name("FLOAT")->default_str(def);
-  };
-  auto integer = [&](const char* name, std::string& into, const char* help, const char* def) {
-    return app.add_option(name, into, help)->type_name("INT")->default_str(def);
-  };
-  app.add_option("--config", r.config, "JSON file with options (command-line values win)");
-  app.add_option("--train-x", c.train_x, "training features, float32 [N, D]: F.npy or F.npz:KEY");
-  app.add_option("--train-y", c.train_y, "training labels, integer [N]: F.npy or F.npz:KEY");
-  app.add_option("--dataset", c.dataset, "a built-in dataset instead: fashion-mnist[:DIR]");
-  app.add_option("--test-x", c.test_x, "test features: F.npy or F.npz:KEY");
-  app.add_option("--test-y", c.test_y, "test labels: F.npy or F.npz:KEY");
-  app.add_flag("--no-data-check", r.no_data_check, "skip the scan of the features for NaN/inf (for huge data)");
-  app.add_option("--model", r.model, "an MLP's layer widths, e.g. 784-256-10, or a CNN: cnn:32-64[:CLASSES] (conv blocks "
-                                     "Conv3x3-BatchNorm-activation-MaxPool2, then Linear)")->capture_default_str();
-  integer("--classes", r.classes, "the number of classes, >= 1, when the labels do not show every class (the model "
-                                  "must end in it)", "the largest label + 1");
-  app.add_flag("--sync-bn", c.sync_bn, "CNN: BatchNorm statistics over the global batch (SyncBatchNorm) instead of each worker's");
-  app.add_flag("--zero", c.zero, "shard the optimizer state over the workers (ZeroRedundancyOptimizer, ZeRO stage 1)");
-  app.add_option("--activation", c.activation, "relu or tanh")->check(CLI::IsMember({"relu", "tanh"}))->capture_default_str();
-  app.add_option("--init", c.init, "initial weights .npz with PyTorch state_dict names (0.weight, ...)");
-  integer("--seed", r.seed, "seed of the initialisation and the shuffle, in [0, 2^64)", "0");
-  app.add_option("--optimizer", c.optimizer, "sgd, adam or adamw")->check(CLI::IsMember({"sgd", "adam", "adamw"}))->capture_default_str();
-  real("--lr", r.lr, "learning rate > 0 (or --base-lr with --base-batch)", "0.1");
-  real("--momentum", r.momentum, "SGD momentum, in [0, 1)", "0");
-  app.add_flag("--nesterov", c.nesterov, "Nesterov momentum (SGD)");
-  real("--weight-decay", r.weight_decay, "weight decay, >= 0", "0");
-  integer("--global-batch", r.global_batch, "samples per step over all workers (each gets B / world size), >= 1", "64");
-  real("--base-lr", r.base_lr, "linear scaling: the rate tuned at --base-batch, > 0", "none");
-  integer("--base-batch", r.base_batch, "linear scaling: the global batch --base-lr was tuned at, >= 1", "none");
-  integer("--warmup-steps", r.warmup_steps, "linear warmup over N steps, >= 0", "0");
-  app.add_option("--lr-schedule", c.lr_schedule, "after the warmup: constant, cosine (to 0 at the last step), step or multistep")
-      ->check(CLI::IsMember({"constant", "cosine", "step", "multistep"}))->capture_default_str();
-  integer("--lr-step-size", r.lr_step_size, "step schedule: multiply the lr by --lr-gamma every N steps, >= 1", "none");
-  app.add_option("--lr-milestones", r.lr_milestones, "multistep schedule: multiply by --lr-gamma at these steps (A,B,C increasing)")
-      ->type_name("LIST")->default_str("none");
-  real("--lr-gamma", r.lr_gamma, "step/multistep decay factor, in (0, 1]", "0.1");
-  integer("--epochs", r.epochs, "epochs, >= 1 (capped by $PHALANX_TRAIN_MAX_EPOCHS when set)", "1");
-  app.add_flag("--shuffle", r.shuffle, "shuffle each epoch (the default)");
-  app.add_flag("--no-shuffle", r.no_shuffle, "keep the data order");
-  app.add_flag("--drop-last", c.drop_last, "drop the last incomplete batch (and the sampler's remainder)");
-  app.add_option("--backend", c.backend, "communication backend")->default_str("auto");
-  app.add_option("--device", c.device, "cpu, cuda (GPU LOCAL_RANK), cuda:N, or sim (the test device)")->capture_default_str();
-  app.add_option("--save", c.save, "write the final weights here (.npz, state_dict names)");
-  app.add_option("--metrics", c.metrics, "JSON Lines: one record per step and one per epoch");
-  app.add_option("--plot", c.plot, "SVG of the loss curves");
-  app.add_flag("--eval-train", c.eval_train, "evaluate the final mean loss over the whole training set");
-  app.add_flag("--exact", c.exact, "exact mode: the same weights, bit for bit, on any number of workers that divides "
-                                   "the micro-batches of a step (docs/exact.md); needs --micro-batch");
-  integer("--micro-batch", r.micro_batch, "exact mode: samples per forward/backward, a divisor of --global-batch", "none");
-  app.add_flag("--allow-nonfinite", c.allow_nonfinite, "keep training through a NaN/inf loss (default: stop at that step)");
-  app.add_option("--checkpoint-dir", c.checkpoint_dir, "write checkpoints here (rank 0, atomically)");
-  integer("--checkpoint-every", r.checkpoint_every, "checkpoint every N steps, >= 0 (0: at the end of every epoch)", "0");
-  integer("--keep-checkpoints", r.keep_checkpoints, "complete checkpoints kept on disk, >= 1", "3");
-  app.add_flag("--resume", c.resume, "resume from the latest checkpoint in --checkpoint-dir if there is one, else start fresh");
-  app.add_option("--resume-from", c.resume_from, "resume from this checkpoint (an error when it does not exist)");
+const char* type_name(OptionKind kind) {
+  switch (kind) {
+    case OptionKind::Integer:
+      return "INT";
+    case OptionKind::Real:
+      return "FLOAT";
+    case OptionKind::List:
+      return "LIST";
+    default:
+      return "TEXT";
+  }
 }
 
-// Converts the numeric options that were given, each checked against its range.
-void apply_numbers(const CLI::App& app, const RawOptions& r, TrainConfig& c) {
-  auto given = [&](const char* name) { return app.count(name) > 0; };
-  if (given("--lr")) c.lr = positive_real("--lr", r.lr);
-  if (given("--base-lr")) c.base_lr = positive_real("--base-lr", r.base_lr);
-  if (given("--base-batch")) c.base_batch = positive("--base-batch", r.base_batch);
-  if (given("--momentum")) c.momentum = real_in("--momentum", r.momentum, 0, false, 1, true, "a number in [0, 1)");
-  if (given("--weight-decay"))
-    c.weight_decay = real_in("--weight-decay", r.weight_decay, 0, false, HUGE_VAL, false, "a finite number >= 0");
-  if (given("--global-batch")) c.global_batch = positive("--global-batch", r.global_batch);
-  if (given("--warmup-steps")) c.warmup_steps = non_negative("--warmup-steps", r.warmup_steps);
-  if (given("--epochs")) c.epochs = static_cast<int>(int_in("--epochs", r.epochs, 1, INT_MAX, "an integer in [1, 2147483647]"));
-  if (given("--seed")) c.seed = uint64_of("--seed", r.seed);
-  if (given("--checkpoint-every")) c.checkpoint_every = non_negative("--checkpoint-every", r.checkpoint_every);
-  if (given("--keep-checkpoints"))
-    c.keep_checkpoints = static_cast<int>(int_in("--keep-checkpoints", r.keep_checkpoints, 1, INT_MAX, "an integer in [1, 2147483647]"));
-  if (given("--lr-step-size")) c.lr_step_size = positive("--lr-step-size", r.lr_step_size);
-  if (given("--lr-milestones")) c.lr_milestones = milestones_of(r.lr_milestones);
-  if (given("--micro-batch")) c.micro_batch = positive("--micro-batch", r.micro_batch);
-  if (given("--lr-gamma")) c.lr_gamma = real_in("--lr-gamma", r.lr_gamma, 0, true, 1, false, "a number in (0, 1]");
-  c.model_text = r.model;
-  if (is_cnn_spec(r.model)) {
-    const CnnSpec spec = parse_cnn_spec(r.model);
-    c.model.clear();
-    c.cnn_channels = spec.channels;
-    c.cnn_classes = spec.classes;
-    std::vector<std::int64_t> chans{1};
-    chans.insert(chans.end(), spec.channels.begin(), spec.channels.end());
-    check_model_size(r.model, chans, true);
-  } else {
-    c.model = parse_widths(r.model);
-    check_model_size(r.model, c.model);
-    c.cnn_channels.clear();
-    c.cnn_classes = 0;
+void add_options(CLI::App& app, BoundOptions& b) {
+  app.add_option("--config", b.config, "JSON file with options (command-line values win)");
+  const auto& options = train_options();
+  for (std::size_t i = 0; i < options.size(); ++i) {
+    const OptionSpec& o = options[i];
+    if (o.kind == OptionKind::Flag) {
+      app.add_flag(o.name, b.slots[i].on, o.help);
+      continue;
+    }
+    CLI::Option* opt = app.add_option(o.name, b.slots[i].text, o.help)->type_name(type_name(o.kind));
+    if (!o.choices.empty()) opt->check(CLI::IsMember(o.choices));
+    if (!o.shown_default.empty()) opt->default_str(o.shown_default);
   }
-  if (given("--classes")) {
-    c.classes = positive("--classes", r.classes);
-    if (c.is_cnn() && c.cnn_classes == 0) c.cnn_classes = c.classes;  // cnn:32-64 --classes 10 = cnn:32-64:10
-    if (c.is_cnn() && c.cnn_classes != c.classes)
-      throw ValueError(detail::concat("--classes ", c.classes, " and --model ", r.model, " (", c.cnn_classes,
-                                      " classes) disagree: give the number of classes once"));
+}
+
+// The options given, converted and range-checked in the table's order.
+void apply_options(const CLI::App& app, const BoundOptions& b, TrainConfig& c) {
+  const auto& options = train_options();
+  for (std::size_t i = 0; i < options.size(); ++i) {
+    const OptionSpec& o = options[i];
+    if (app.count(o.name) == 0 || (o.kind == OptionKind::Flag && !b.slots[i].on)) continue;
+    o.apply(o.name, b.slots[i].text, c);
   }
-  if (r.no_shuffle) c.shuffle = false;
-  if (r.no_data_check) c.check_data = false;
 }
 
 // Rules between options, checked once on the final values.
@@ -248,7 +74,7 @@ void check_combination(const CLI::App& app, TrainConfig& c) {
   if (c.test_x.empty() != c.test_y.empty()) throw ValueError("--test-x and --test-y go together");
   if (c.lr && (c.base_lr || c.base_batch)) throw ValueError("give either --lr or --base-lr with --base-batch, not both");
   if (c.base_lr.has_value() != c.base_batch.has_value()) throw ValueError("--base-lr and --base-batch go together");
-  if (!c.lr && !c.base_lr) c.lr = 0.1;
+  if (!c.lr && !c.base_lr) c.lr = kDefaultLr;
   if (c.base_lr) {  // linear scaling: the rate used is base-lr x global-batch / base-batch
     const double lr = *c.base_lr * static_cast<double>(c.global_batch) / static_cast<double>(*c.base_batch);
     if (!(std::isfinite(lr) && lr > 0))
@@ -294,35 +120,7 @@ void check_combination(const CLI::App& app, TrainConfig& c) {
                      "have no value (a non-finite gradient stops the step); drop one of them");
 }
 
-// PHALANX_TRAIN_MAX_EPOCHS=N caps --epochs (the README test runs the README's commands
-// through it); the cap is announced, so a capped run never passes for a full one.
-void apply_epoch_cap(TrainConfig& c) {
-  const char* env = std::getenv("PHALANX_TRAIN_MAX_EPOCHS");
-  if (!env || !*env) return;
-  const auto cap = int_in("PHALANX_TRAIN_MAX_EPOCHS", env, 1, INT_MAX, "an integer in [1, 2147483647]");
-  if (c.epochs <= cap) return;
-  const char* rank = std::getenv("RANK");
-  if (!rank || std::string(rank) == "0")
-    std::fprintf(stderr, "phalanx-train: PHALANX_TRAIN_MAX_EPOCHS=%lld caps --epochs %d at %lld\n",
-                 static_cast<long long>(cap), c.epochs, static_cast<long long>(cap));
-  c.epochs = static_cast<int>(cap);
-}
-
 std::string model_text_of(const nlohmann::json& v);
-
-// What a config key's value must be, from its option: a flag takes true/false, a numeric
-// option a number (or its text), a list option an array of integers or their text, any
-// other option a string.
-enum class ConfigKind { Flag, Integer, Real, List, Text };
-
-ConfigKind kind_of(const CLI::Option& opt) {
-  if (opt.get_expected_max() == 0) return ConfigKind::Flag;  // a flag takes no value
-  const std::string t = opt.get_type_name();
-  if (t == "INT") return ConfigKind::Integer;
-  if (t == "FLOAT") return ConfigKind::Real;
-  if (t == "LIST") return ConfigKind::List;
-  return ConfigKind::Text;
-}
 
 const char* json_type_name(const nlohmann::json& v) {
   if (v.is_boolean()) return "a boolean";
@@ -335,34 +133,34 @@ const char* json_type_name(const nlohmann::json& v) {
 }
 
 // "key 'lr' is a boolean (true): expected a number, e.g. "lr": 0.1".
-void check_config_type(const std::string& k, const nlohmann::json& v, ConfigKind kind) {
+void check_config_type(const std::string& k, const nlohmann::json& v, OptionKind kind) {
   auto bad = [&](const std::string& expected) {
     throw ValueError("key '" + k + "' is " + json_type_name(v) + " (" + v.dump() + "): expected " + expected);
   };
   switch (kind) {
-    case ConfigKind::Flag:
+    case OptionKind::Flag:
       if (!v.is_boolean()) bad("true or false, e.g. \"" + k + "\": true");
       return;
-    case ConfigKind::Integer:
+    case OptionKind::Integer:
       if (!v.is_number_integer() && !v.is_string()) bad("an integer, e.g. \"" + k + "\": 64");
       return;
-    case ConfigKind::Real:
+    case OptionKind::Real:
       if (!v.is_number() && !v.is_string()) bad("a number, e.g. \"" + k + "\": 0.1");
       return;
-    case ConfigKind::List:
+    case OptionKind::List:
       if (v.is_string()) return;
       if (!v.is_array()) bad("an array of step numbers, e.g. \"" + k + "\": [100, 200]");
       for (const auto& e : v)
         if (!e.is_number_integer()) bad("an array of integer step numbers, e.g. \"" + k + "\": [100, 200]");
       return;
-    case ConfigKind::Text:
+    case OptionKind::Text:
       if (!v.is_string()) bad("a string, e.g. \"" + k + "\": \"...\"");
       return;
   }
 }
 
 // A JSON config's keys as argv-style "--key value" pairs, so one parser serves both.
-std::vector<std::string> config_args(const std::string& path, const CLI::App& app) {
+std::vector<std::string> config_args(const std::string& path) {
   try {
     files::check_regular(path);  // a FIFO would block the open, /dev/zero be read without end
   } catch (const IoError& e) {
@@ -382,16 +180,16 @@ std::vector<std::string> config_args(const std::string& path, const CLI::App& ap
   for (auto& [k, v] : j.items()) {
     if (k == "config") throw ValueError("'config' cannot name another file");
     if (k == "help") throw ValueError("'help' is not a setting (run phalanx-train --help)");
-    if (k.empty() || k[0] == '-' || !app.get_option_no_throw("--" + k))
+    const OptionSpec* option = find_option_by_key(k);
+    if (!option)
       throw ValueError("unknown option '" + k + "' (the keys are phalanx-train's options without the dashes)");
     if (k == "model" && v.is_object()) {  // {"conv": [32, 64], "classes": 10} or {"widths": [784, 10]}
       args.push_back("--model");
       args.push_back(model_text_of(v));
       continue;
     }
-    const ConfigKind kind = kind_of(*app.get_option_no_throw("--" + k));
-    check_config_type(k, v, kind);
-    if (kind == ConfigKind::Flag) {
+    check_config_type(k, v, option->kind);
+    if (option->kind == OptionKind::Flag) {
       if (v.get<bool>()) args.push_back("--" + k);
       else if (k == "shuffle") args.push_back("--no-shuffle");
       continue;
@@ -459,13 +257,13 @@ std::vector<std::string> join_negative_values(const std::vector<std::string>& ar
 }
 
 // One CLI11 parse of `args` into `c` (numbers converted and range-checked).
-void parse_args(std::vector<std::string> args, TrainConfig& c, CLI::App& app, RawOptions& r) {
+void parse_args(std::vector<std::string> args, TrainConfig& c, CLI::App& app, const BoundOptions& b) {
   args = join_negative_values(args, app);
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   app.allow_extras(false);
   for (auto* opt : app.get_options()) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.parse(reversed);
-  apply_numbers(app, r, c);
+  apply_options(app, b, c);
   // --shuffle and --no-shuffle are two flags: the later one wins (a config file's
   // "shuffle": false comes before the command line's --shuffle).
   for (auto it = args.rbegin(); it != args.rend(); ++it)
@@ -482,31 +280,10 @@ const char* kDescription =
 
 }  // namespace
 
-std::vector<std::int64_t> parse_widths(const std::string& text) {
-  std::vector<std::int64_t> w;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const auto dash = text.find('-', start);
-    const std::string part = text.substr(start, dash == std::string::npos ? std::string::npos : dash - start);
-    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos)
-      throw ValueError("--model '" + text + "' must be positive layer widths joined by '-', e.g. 64-32-10");
-    errno = 0;
-    const long long v = std::strtoll(part.c_str(), nullptr, 10);
-    if (errno == ERANGE)
-      throw ValueError("--model '" + text + "': width " + part + " does not fit in a 64-bit integer");
-    if (v < 1) throw ValueError("--model '" + text + "' must be positive layer widths joined by '-', e.g. 64-32-10");
-    w.push_back(v);
-    if (dash == std::string::npos) break;
-    start = dash + 1;
-  }
-  if (w.size() < 2) throw ValueError("--model '" + text + "' needs at least an input and an output width");
-  return w;
-}
-
 bool parse_config(int argc, char** argv, TrainConfig& c, int& exit_code) {
   CLI::App app{kDescription, "phalanx-train"};
-  RawOptions raw;
-  add_options(app, c, raw);
+  BoundOptions bound;
+  add_options(app, bound);
   auto fail = [&](const std::string& msg) {
     std::fprintf(stderr, "phalanx-train: %s\n", msg.c_str());
     exit_code = 2;
@@ -526,10 +303,10 @@ bool parse_config(int argc, char** argv, TrainConfig& c, int& exit_code) {
       try {
         CLI::App file_app{kDescription, "phalanx-train"};
         TrainConfig scratch;
-        RawOptions file_raw;
-        add_options(file_app, scratch, file_raw);
-        from_file = config_args(config, file_app);
-        parse_args(from_file, scratch, file_app, file_raw);
+        BoundOptions file_bound;
+        add_options(file_app, file_bound);
+        from_file = config_args(config);
+        parse_args(from_file, scratch, file_app, file_bound);
       } catch (const CLI::ParseError& e) {
         return fail("--config " + config + ": " + e.what());
       } catch (const std::exception& e) {
@@ -537,9 +314,8 @@ bool parse_config(int argc, char** argv, TrainConfig& c, int& exit_code) {
       }
       args.insert(args.begin(), from_file.begin(), from_file.end());
     }
-    parse_args(args, c, app, raw);
+    parse_args(args, c, app, bound);
     check_combination(app, c);
-    apply_epoch_cap(c);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) {
       exit_code = app.exit(e);

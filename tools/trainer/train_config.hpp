@@ -60,8 +60,9 @@ struct TrainConfig {
 
 /// Parses argv (and --config). Every numeric option is checked against its range, a config
 /// file's values on their own first (its errors name it), then the options that only mean
-/// something together; $PHALANX_TRAIN_MAX_EPOCHS caps `epochs`. Returns false with
-/// `exit_code` set (0 for --help, 2 for an error, already printed as one line).
+/// something together. When an option is given twice the later value wins (the command
+/// line's over the file's). Returns false with `exit_code` set (0 for --help, 2 for an
+/// error, already printed as one line). The options themselves: train_options.hpp.
 bool parse_config(int argc, char** argv, TrainConfig& out, int& exit_code);
 
 /// "64-32-10" -> {64, 32, 10}; throws ValueError.

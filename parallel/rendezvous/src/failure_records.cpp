@@ -14,7 +14,6 @@ std::shared_ptr<FailureContext> g_ctx;
 
 }  // namespace
 
-
 std::string one_line(std::string s) {
   for (char& c : s)
     if (c == '\n' || c == '\r') c = ' ';
@@ -43,10 +42,17 @@ std::optional<FailureRecord> decode_failure(const std::string& text) {
   return r;
 }
 
+std::string failure_key(int restart, const std::string& leaf) {
+  return "phalanx/r" + std::to_string(restart) + "/failure/" + leaf;
+}
+
+std::optional<FailureRecord> read_failure(Store& store, const std::string& key) {
+  if (!store.check({key})) return std::nullopt;
+  return decode_failure(store.get_string(key));
+}
+
 std::optional<FailureRecord> FailureContext::peer_first_failure() const {
-  const std::string k = key("first");
-  if (!root->check({k})) return std::nullopt;
-  auto r = decode_failure(root->get_string(k));
+  auto r = read_failure(*root, key("first"));
   if (!r || r->rank == rank) return std::nullopt;
   return r;
 }

@@ -33,6 +33,19 @@ struct FailureRecord {
   std::string kind;
 };
 
+/// The one codec of the records, for the ranks and for phalanx-run alike: the JSON text of a
+/// record (fields sorted, "kind" only when set; a message of any bytes is kept valid UTF-8) and
+/// back. decode_failure: nullopt for text that is not an object with an integer "rank"; a
+/// field missing or of another type keeps its default.
+std::string encode_failure(const FailureRecord& r);
+std::optional<FailureRecord> decode_failure(const std::string& json);
+
+/// `phalanx/r<restart>/failure/<leaf>`: a rank's record, "first", or the "acks" counter.
+std::string failure_key(int restart, const std::string& leaf);
+/// The record at `key` when one is posted there (never waits); nullopt when none is, or
+/// when its text is not a record. A store error propagates.
+std::optional<FailureRecord> read_failure(Store& store, const std::string& key);
+
 /// What this process needs to post and watch failure records: the root store, this rank
 /// and the attempt. Installed by init_process_group as soon as the store is reachable.
 struct FailureContext {
@@ -53,9 +66,7 @@ struct FailureContext {
 
   static constexpr std::chrono::milliseconds kRecordTimeout{250};
 
-  std::string key(const std::string& leaf) const {
-    return "phalanx/r" + std::to_string(restart) + "/failure/" + leaf;
-  }
+  std::string key(const std::string& leaf) const { return failure_key(restart, leaf); }
   std::string finished_key(const std::string& leaf) const {
     return "phalanx/r" + std::to_string(restart) + "/finished/" + leaf;
   }
@@ -80,9 +91,6 @@ struct FailureContext {
   /// other rank has read failure/first (failure/acks), at most `limit`.
   void linger_for_readers(std::chrono::milliseconds limit) noexcept;
 };
-
-std::string encode_failure(const FailureRecord& r);
-std::optional<FailureRecord> decode_failure(const std::string& json);
 
 /// The error a peer's failure becomes on this rank: PeerFailedError (DesyncError for a
 /// desync) "rank R failed: <message> (<where this rank noticed it>)".
