@@ -213,11 +213,16 @@ TEST_CASE("TensorBoardWriter: purge_step writes SessionLog START at that step") 
   CHECK(scalar_of(records[2]).step == 40);
 }
 
-TEST_CASE("TensorBoardWriter: writers never share a file; the suffix ends the name") {
+TEST_CASE("TensorBoardWriter: writers never share a file, a later one sorts after; the suffix ends the name") {
   TempDir dir;
   parallel::TensorBoardWriter a(dir.path.string());
   parallel::TensorBoardWriter b(dir.path.string(), parallel::TensorBoardWriterOptions().filename_suffix(".rank0"));
   CHECK(a.file() != b.file());
+  CHECK(a.file() < b.file());  // TensorBoard reads in name order: a resumed run comes after its first
+  // A file from the future (a clock that went back) is still sorted before a new one.
+  std::ofstream((dir.path / "events.out.tfevents.9999999990.h.1.0").string());
+  parallel::TensorBoardWriter c(dir.path.string());
+  CHECK(fs::path(c.file()).filename().string().rfind("events.out.tfevents.9999999991.", 0) == 0);
   CHECK(b.file().size() > 6);
   CHECK(b.file().substr(b.file().size() - 6) == ".rank0");
 }

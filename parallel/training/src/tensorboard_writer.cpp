@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -38,7 +40,25 @@ std::string default_log_dir() {
   return "runs/" + std::string(stamp) + "_" + host_name();
 }
 
-std::atomic<int> g_files{0};  // the <n> of the file name: writers of one process never collide
+std::atomic<int> g_files{0};
+
+// The <time> of a new file's name: now, or one past the newest file already in `dir` when
+// that is not older. TensorBoard reads a folder's files in name order, so a run resumed
+// within the same second as the one it resumes (or on a clock that went back) still comes
+// after it, and its purge_step hides the right events.
+long long file_time(const std::string& dir) {
+  long long t = static_cast<long long>(std::time(nullptr));
+  std::error_code ec;
+  const std::string stem = "events.out.tfevents.";
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.compare(0, stem.size(), stem) != 0) continue;
+    char* end = nullptr;
+    const long long theirs = std::strtoll(name.c_str() + stem.size(), &end, 10);
+    if (end && *end == '.' && theirs >= t) t = theirs + 1;
+  }
+  return t;
+}  // the <n> of the file name: writers of one process never collide
 
 }  // namespace
 
@@ -49,7 +69,9 @@ TensorBoardWriter::TensorBoardWriter(std::string log_dir, TensorBoardWriterOptio
   if (ec)
     throw IoError("TensorBoardWriter: cannot create the log folder '" + log_dir_ + "': " + ec.message() +
                   "; pass a folder this process can write");
-  file_ = log_dir_ + "/events.out.tfevents." + std::to_string(static_cast<long long>(std::time(nullptr))) + "." +
+  char stamp[24];
+  std::snprintf(stamp, sizeof stamp, "%010lld", file_time(log_dir_));  // SummaryWriter's width
+  file_ = log_dir_ + "/events.out.tfevents." + stamp + "." +
           host_name() + "." + std::to_string(getpid()) + "." + std::to_string(g_files.fetch_add(1)) +
           options.filename_suffix();
   fd_ = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
