@@ -149,6 +149,8 @@ TEST_CASE("srun -n 2 phalanx-train: the store from Slurm's variables, shm, equal
   const auto s = summary_of(r.out);
   CHECK(s["world_size"] == 2);
   CHECK(s["backend"] == "shm");
+  CHECK(r.out.find("phalanx: srun started 2 tasks: the store on ") != std::string::npos);  // what and why
+  CHECK(r.out.find("backend shm (auto: srun without --mpi=pmix, so not mpi)") != std::string::npos);
   check_same_weights(one_process_weights(), w, 1e-6);
 }
 
@@ -169,6 +171,7 @@ TEST_CASE("srun --mpi=pmix -n 2 phalanx-train runs on the MPI plugin, equal to o
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK(summary_of(r.out)["backend"] == "mpi");
+  CHECK(r.out.find("backend mpi (auto: srun connected the tasks to MPI)") != std::string::npos);
   check_same_weights(one_process_weights(), w, 1e-6);
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
@@ -262,6 +263,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   TcpStoreOptions record_opts;  // port > 0 when the store is a TCP store
   std::string host = "127.0.0.1";
   AdvertiseInputs advertise;  // a TCP store: the address this rank advertises is chosen by advertise_address()
+  std::string srun_note;      // workers started by srun: where their store is and why
   const std::string method = o.init_method.empty() ? "env://" : o.init_method;
   // Backend mpi under mpirun/srun without MASTER_ADDR: MPI_Init is the rendezvous (docs/mpi.md),
   // so a local store and no check-in; the plugin checks MPI's world against this one.
@@ -288,6 +290,8 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
       addr = slurm.host;
       port = slurm.port;
       token = slurm.token;
+      srun_note = detail::concat("the store on ", addr, ":", port, " (the step's first node", env.master_port > 0 ? ", MASTER_PORT" : "",
+                                 ")");
     }
     if (addr.empty())
       throw ConfigError(detail::concat("MASTER_ADDR is not set: with a world of ", world,
@@ -351,6 +355,14 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     if (debug_detail && !mpi_rendezvous) group->set_collective_check(make_desync_check(prefixed, rank, world));
     s.watcher = std::make_unique<FailureWatcher>(ctx, group);
     s.group = group;
+    // Started by srun itself: say what was chosen and why, once (docs/slurm.md).
+    if (env.source == "slurm" && rank == 0 && (!srun_note.empty() || mpi_rendezvous))
+      std::fprintf(stderr, "phalanx: srun started %d tasks: %s; backend %s%s\n", world,
+                   mpi_rendezvous ? "MPI_Init is the rendezvous (srun --mpi=pmix)" : srun_note.c_str(),
+                   group->backend_name().c_str(),
+                   named_backend(o).empty() ? mpi_rendezvous ? " (auto: srun connected the tasks to MPI)"
+                                                             : " (auto: srun without --mpi=pmix, so not mpi)"
+                                            : " (named)");
   } catch (...) {
     const std::exception_ptr error = std::current_exception();
     ctx->post(detail::message_of(error), is_secondary_failure(error) || ctx->peer_failed.load(), failure_kind(error));
