@@ -1,7 +1,5 @@
 #include "phalanx/parallel/ddp.hpp"
 
-#include <algorithm>
-
 #include "phalanx/parallel/internal/model_sync.hpp"
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/autograd.hpp"
