@@ -236,6 +236,26 @@ TEST_CASE("exact mode on the sim test accelerator: the CPU's bits on W = 1 and 2
   }
 }
 
+TEST_CASE("exact mode lays out its buckets by the normal reducer's rule") {
+  // Reverse registration order; the first bucket closes at 256 B of float32 gradients, the
+  // others at 512 B; the 8 KiB weight (parameter 0) and the 512 B bias (1) each fill one.
+  const std::vector<std::vector<std::size_t>> want{{17, 16, 15, 14}, {13, 12, 11, 10}, {9, 8, 7, 6},
+                                                   {5, 4, 3, 2},     {1},              {0}};
+  std::vector<std::vector<std::vector<std::size_t>>> normal(2), exact(2);
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("gloo", rank, 2, store);
+    DDPOptions o = exact_options().first_bucket_mb(256.0 / (1 << 20));
+    exact[rank] = DDP(many_small_one_large(), pg, o).bucket_layout();
+    o.exact().enabled = false;
+    normal[rank] = DDP(many_small_one_large(), pg, o).bucket_layout();
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(normal[rank] == want);
+    CHECK(exact[rank] == want);
+  }
+}
+
 TEST_CASE("exact mode: sums in cache-sized chunks (CPU, shared memory) give the bits of whole buckets") {
   // 55005 parameters: the first weight (40000) spans two 32768-element chunks; one bucket for
   // all of them (default caps) or three. Chunked: W = 1 and shm (inline);

@@ -29,19 +29,19 @@ void EpochReporter::add(const PendingEpoch& done, std::int64_t steps) {
 
 void EpochReporter::report(bool summed) {
   if (pending_.empty()) return;
-  const bool exact = summed || world_ == 1 || ctx_.exact;  // exact mode: every rank holds the whole sum
+  const bool whole = summed || world_ == 1 || ctx_.agreed;  // the loss is over every rank's batches
   const auto k = static_cast<std::int64_t>(pending_.size());
   Tensor sums = zeros({k, 2});
   for (std::int64_t i = 0; i < k; ++i) {
     sums.data<float>()[2 * i] = pending_[i].loss_sum;
     sums.data<float>()[2 * i + 1] = pending_[i].steps;
   }
-  if (summed && !ctx_.exact) sums = sum_over_ranks(sums, *ctx_.pg, ctx_.device);
+  if (summed && !ctx_.agreed) sums = sum_over_ranks(sums, *ctx_.pg, ctx_.device);
   for (std::int64_t i = 0; i < k; ++i) {
     const PendingEpoch& p = pending_[i];
     last_epoch_loss_ =
-        ctx_.exact ? p.exact_loss : sums.data<float>()[2 * i] / std::max(1.f, sums.data<float>()[2 * i + 1]);
-    nlohmann::json rec{{"epoch", p.epoch + 1}, {exact ? "train_loss" : "train_loss_rank0", last_epoch_loss_}};
+        ctx_.agreed ? p.agreed_loss : sums.data<float>()[2 * i] / std::max(1.f, sums.data<float>()[2 * i + 1]);
+    nlohmann::json rec{{"epoch", p.epoch + 1}, {whole ? "train_loss" : "train_loss_rank0", last_epoch_loss_}};
     train_curve_.x.push_back(static_cast<double>(p.epoch + 1));
     train_curve_.y.push_back(last_epoch_loss_);
     if (ctx_.has_test) {
@@ -59,7 +59,7 @@ void EpochReporter::report(bool summed) {
       if (ctx_.has_test && len < sizeof line)
         len += static_cast<std::size_t>(std::snprintf(line + len, sizeof line - len, ", test loss %.4f, test accuracy %.4f",
                                                       p.test_loss, p.test_acc));
-      if (!exact && len < sizeof line)
+      if (!whole && len < sizeof line)
         len += static_cast<std::size_t>(std::snprintf(line + len, sizeof line - len,
                                                       " (rank 0's batches only: the run stopped before the sum over the ranks)"));
       progress_.end_epoch();  // ends the bar's line (with a bar, every epoch is reported as it ends)

@@ -16,9 +16,9 @@ namespace phalanx::trainer {
 /// One finished epoch, waiting for its report.
 struct PendingEpoch {
   std::int64_t epoch;
-  float loss_sum, steps;  ///< this rank's sums (normal mode)
+  float loss_sum = 0, steps = 0;  ///< this rank's sums (losses not agreed)
   double test_loss = 0, test_acc = -1;
-  double exact_loss = 0;  ///< exact mode: the epoch's loss, already over all ranks
+  double agreed_loss = 0;  ///< losses agreed (exact mode): the epoch's loss, already over all ranks
 };
 
 class EpochReporter {
@@ -26,7 +26,7 @@ class EpochReporter {
   struct Context {
     ProcessGroup* pg;
     Device device;
-    bool exact;     ///< exact mode: every rank holds the whole sum
+    bool agreed;    ///< the losses are the same on every rank (exact mode): no sum over the ranks
     bool has_test;  ///< a test set: test loss and accuracy in each report
   };
   /// `train_curve`/`test_curve`: the curves so far (a resumed run's, from its checkpoint).

@@ -14,8 +14,9 @@ namespace phalanx::trainer {
 namespace {
 
 /// Loads checkpoint `ck` (read from sp.resume_path) into the model, the optimizer and the
-/// schedule, and sets where the run resumes: its step, epoch, partial sums and curves.
-void restore(const TrainConfig& c, TrainingSetup& s, parallel::LoadedCheckpoint& ck, StartPoint& sp) {
+/// schedule, and sets where the run resumes: its step, epoch, partial sums (into the step
+/// plan) and curves.
+void restore(TrainingSetup& s, parallel::LoadedCheckpoint& ck, StartPoint& sp) {
   const int world = s.world, rank = s.rank;
   const std::int64_t steps_per_epoch = s.steps_per_epoch;
   const std::string& resume_path = sp.resume_path;
@@ -38,17 +39,7 @@ void restore(const TrainConfig& c, TrainingSetup& s, parallel::LoadedCheckpoint&
     throw ConfigError(detail::concat("checkpoint ", resume_path, " is at step ", sp.step, " (epoch ", sp.start_epoch + 1,
                                      ", step ", sp.skip_batches, " in it) but this run has ", steps_per_epoch,
                                      " steps per epoch: resume with the same data and --drop-last"));
-  if (const Tensor* t = ck.state.user.find("epoch_stats"))  // every rank's partial sums
-    if (t->numel() == 2 * world)
-      sp.stats = tensor(std::vector<float>{t->to_vector<float>()[2 * rank], t->to_vector<float>()[2 * rank + 1]}, {2});
-  if (c.exact) {  // the same on every rank and world size
-    const auto sum = ck.state.scalars.find("epoch_loss_sum"), steps = ck.state.scalars.find("epoch_steps");
-    if (sum == ck.state.scalars.end() || steps == ck.state.scalars.end())
-      throw IoError("checkpoint " + resume_path + ": written in exact mode without its epoch_loss_sum/epoch_steps: the "
-                    "file is damaged");
-    sp.exact_loss_sum = sum->second;
-    sp.exact_steps = steps->second;
-  }
+  s.step->restore_epoch_sums(ck.state, world, rank, resume_path);
   for (auto* curve : {&sp.train_curve, &sp.test_curve})
     if (const Tensor* t = ck.state.user.find(curve == &sp.train_curve ? "train_curve" : "test_curve"))
       for (float v : t->to_vector<float>()) {
@@ -71,8 +62,8 @@ StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
   parallel::CheckpointExpect expect;
   expect.world_size = world;
   expect.global_batch = c.global_batch;
-  expect.micro_batch = c.exact ? c.micro_batch : s.plan.per_rank_batch;
-  expect.exact = c.exact ? 1 : 0;  // exact mode resumes on any world size dividing its micro-batches
+  expect.micro_batch = s.step->pass_batch();
+  expect.exact = s.step->exact() ? 1 : 0;  // exact mode resumes on any world size dividing its micro-batches
   expect.model = &model_now;
   expect.optimizer = &opt_now;
   expect.config = &s.settings;
@@ -129,7 +120,7 @@ StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
     std::printf("phalanx-train: no checkpoint in %s yet; starting from step 0\n", c.checkpoint_dir.c_str());
   }
   if (ckdir && !resume_path.empty()) ckdir->protect(resume_path);  // the pruning never removes it
-  if (loaded) restore(c, s, *loaded, sp);
+  if (loaded) restore(s, *loaded, sp);
   // Where the ranks resume must agree too (they read the same folder; a rank that found
   // another file, or none, is named here rather than diverging silently).
   parallel::check_consistent({{"resume step", std::to_string(sp.step)}}, s.pg);

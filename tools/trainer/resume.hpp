@@ -18,16 +18,13 @@ struct StartPoint {
   std::string resume_path;                         ///< the checkpoint resumed from ("" : a fresh run)
   parallel::CheckpointManifest resumed;            ///< its manifest
   std::int64_t step = 0, start_epoch = 0, skip_batches = 0;
-  Tensor stats = zeros({2});  ///< this rank's (loss sum, steps) of the epoch in progress
-  /// Exact mode: the epoch in progress's sum of the steps' losses (each the same on every
-  /// rank and world size: exact_mean), and its steps; no sum over the ranks is needed.
-  double exact_loss_sum = 0, exact_steps = 0;
   tools::Series train_curve{"train loss", {}, {}}, test_curve{"test loss", {}, {}};
   double elapsed_before = 0;  ///< training seconds before the resume point (metrics' clock)
 };
 
 /// Finds and loads the checkpoint to resume from, if any (one-line errors for a damaged or
-/// mismatched one), into `s`; the ranks are checked to agree on the step.
+/// mismatched one), into `s` (the epoch in progress's loss sums into its step plan); the
+/// ranks are checked to agree on the step.
 StartPoint find_start(const TrainConfig& c, TrainingSetup& s);
 
 }  // namespace phalanx::trainer

@@ -19,7 +19,6 @@
 #include <nlohmann/json.hpp>
 
 #include <phalanx/core/finite.hpp>
-#include <phalanx/parallel/exact.hpp>
 #include <phalanx/phalanx.hpp>
 
 #include "cadence.hpp"
@@ -86,7 +85,7 @@ class TrainingLoop {
  private:
   void announce() const;
   void run_epoch(std::int64_t epoch);
-  /// One forward/backward pass (micro-batch `micro` of the step in exact mode).
+  /// One forward/backward pass (pass `micro` of the step).
   void forward_backward(const Batch& b, std::int64_t epoch, std::int64_t batch_index, std::int64_t micro);
   /// The step whose passes are done: checks, updates the weights, logs it (`batch_index`: its
   /// 1-based number in the epoch).
@@ -116,11 +115,10 @@ class TrainingLoop {
   const int uncaught_ = std::uncaught_exceptions();
   std::int64_t resumed_step_ = 0;
   std::vector<Tensor> params_;
-  // The step in progress: the rate it uses (before the schedule moves it), its last
-  // pass's loss and, in exact mode, (micro-batch index, loss) of each pass.
+  StepPlan& plan_;  // how a step runs: its passes, its loss, the epoch's loss sums
+  // The step in progress: the rate it uses (before the schedule moves it), its last pass's loss.
   double lr_used_ = 0;
   float last_loss_ = 0;
-  std::vector<std::pair<std::int64_t, double>> micro_losses_;
 };
 
 TrainingLoop::TrainingLoop(const TrainConfig& c, TrainingSetup& s, StartPoint& sp)
@@ -131,8 +129,9 @@ TrainingLoop::TrainingLoop(const TrainConfig& c, TrainingSetup& s, StartPoint& s
       rank_(s.rank),
       t0_(Clock::now()),
       progress_(ProgressBar::wanted(s.rank), c.epochs, s.steps_per_epoch, c.global_batch),
-      reporter_({s.pg.get(), s.dev, c.exact, s.data.test != nullptr}, metrics_, progress_, std::move(sp.train_curve),
-                std::move(sp.test_curve)) {
+      reporter_({s.pg.get(), s.dev, s.step->losses_agreed(), s.data.test != nullptr}, metrics_, progress_,
+                std::move(sp.train_curve), std::move(sp.test_curve)),
+      plan_(*s.step) {
   if (rank_ == 0 && !c.metrics.empty()) {
     if (sp.resume_path.empty()) metrics_.open_fresh(c.metrics);
     else metrics_.open_resumed(c.metrics, sp.step, sp.start_epoch);
@@ -164,11 +163,7 @@ void TrainingLoop::announce() const {
               s_.model_desc.c_str(), c_.is_cnn() ? (" on " + shape_str(s_.data.input) + " inputs").c_str() : "",
               c_.sync_bn ? " with SyncBatchNorm" : "", c_.optimizer.c_str(), c_.zero ? " (ZeRO: state sharded)" : "", world_,
               s_.pg->backend_name().c_str(), s_.plan.describe().c_str());
-  if (c_.exact)
-    std::printf("phalanx-train: exact mode: %lld micro-batches of %lld a step, %lld per worker (the same weights on "
-                "any number of workers that divides %lld)\n",
-                static_cast<long long>(s_.xplan.micro_batches), static_cast<long long>(c_.micro_batch),
-                static_cast<long long>(s_.xplan.per_rank), static_cast<long long>(s_.xplan.micro_batches));
+  if (const std::string how = plan_.describe(); !how.empty()) std::printf("phalanx-train: %s\n", how.c_str());
   if (!resume_path.empty() && start_epoch < c_.epochs)
     std::printf("phalanx-train: resumed at step %lld (epoch %lld, checkpoint written at %s) from %s\n",
                 static_cast<long long>(step), static_cast<long long>(start_epoch + 1), sp_.resumed.written_at().c_str(),
@@ -210,16 +205,15 @@ void TrainingLoop::stop_on_request(std::int64_t epoch, std::int64_t in_epoch) {
 void TrainingLoop::train() {
   resumed_step_ = sp_.step;
   params_ = s_.model->parameters();
-  micro_losses_.reserve(static_cast<std::size_t>(s_.micro_per_step));
   for (std::int64_t epoch = sp_.start_epoch; epoch < c_.epochs; ++epoch) run_epoch(epoch);
   vote_->finish();  // the last vote: training is complete, whatever it says
   // The final checkpoint, always (unless this run resumed from the end and trained nothing).
   if (sp_.step != resumed_step_ || sp_.start_epoch < c_.epochs || sp_.resume_path.empty()) save_checkpoint(c_.epochs, 0);
 }
 
-// A step is micro_per_step forward/backward passes: one in normal mode; in exact mode this
+// A step is the step plan's passes(): one forward/backward pass, or (exact mode) this
 // rank's micro-batches of the step, after whose last backward the gradients hold the mean
-// over the global batch, the same bits on any world size.
+// over the global batch.
 void TrainingLoop::run_epoch(std::int64_t epoch) {
   s_.sampler->set_epoch(epoch);
   s_.model->train();
@@ -227,17 +221,17 @@ void TrainingLoop::run_epoch(std::int64_t epoch) {
   progress_.start_epoch(epoch, sp_.skip_batches);
   for (Batch& b : *s_.loader) {
     if (batch_index < sp_.skip_batches) {  // resuming mid-epoch: already trained on these
-      if (++micro == s_.micro_per_step) micro = 0, ++batch_index;
+      if (++micro == plan_.passes()) micro = 0, ++batch_index;
       continue;
     }
     if (micro == 0) {
       if (vote_->stop_now()) stop_on_request(epoch, batch_index);
       s_.opt->zero_grad();
-      micro_losses_.clear();
+      plan_.begin_step();
       lr_used_ = s_.opt->param_groups()[0].lr();  // before the schedule moves it
     }
     forward_backward(b, epoch, batch_index, micro);
-    if (++micro < s_.micro_per_step) continue;
+    if (++micro < plan_.passes()) continue;
     micro = 0;
     take_step(epoch, ++batch_index);
   }
@@ -255,32 +249,18 @@ void TrainingLoop::forward_backward(const Batch& b, std::int64_t epoch, std::int
   if (!std::isfinite(l) && !c_.allow_nonfinite)
     throw ValueError(detail::concat("non-finite loss (", l, ") at step ", step + 1, " (epoch ", epoch + 1,
                                     ", step ", batch_index + 1, " of ", steps_per_epoch,
-                                    c_.exact ? ", micro-batch " + std::to_string(s_.micro_sampler->micro_batch_index(micro))
-                                             : std::string(),
-                                    ")",
+                                    plan_.pass_label(micro), ")",
                                     sp_.ckdir ? "; the last good checkpoint is kept in " + c_.checkpoint_dir : std::string(),
                                     "; lower --lr, check the data, or pass --allow-nonfinite to train on"));
-  if (!c_.exact) {
-    loss.backward();  // the gradients are all-reduced when it returns: every rank sees the same
-  } else {
-    try {
-      loss.backward();  // the last of the step's passes reduces (a non-finite gradient throws on every rank)
-    } catch (const ValueError& e) {
-      throw ValueError(detail::concat("step ", step + 1, " (epoch ", epoch + 1, ", step ", batch_index + 1, " of ",
-                                      steps_per_epoch, "): ", e.what()));
-    }
-    micro_losses_.emplace_back(s_.micro_sampler->micro_batch_index(micro), static_cast<double>(l));
-  }
+  plan_.backward(loss, l, micro, StepWhere{step, epoch, batch_index, steps_per_epoch});
   last_loss_ = l;
 }
 
 void TrainingLoop::take_step(std::int64_t epoch, std::int64_t batch_index) {
   std::int64_t& step = sp_.step;
   const float l = last_loss_;
-  // The loss logged: this rank's batch in normal mode; in exact mode the mean over the
-  // global batch's micro-batches, the same on every rank and world size (one small allreduce).
-  const double step_loss =
-      c_.exact ? parallel::exact_mean(*s_.pg, micro_losses_, s_.micro_sampler->micro_batches_per_step(), s_.dev) : l;
+  // The loss logged: this rank's batch's, or (exact mode) the mean over the global batch.
+  const double step_loss = plan_.step_loss(l, *s_.pg, s_.dev);
   // A finite loss can still give non-finite gradients (NaN in the data under --no-data-check,
   // an overflow): they would reach every weight, so the step stops here too.
   if (!c_.allow_nonfinite && !gradients_finite(params_)) {
@@ -293,13 +273,7 @@ void TrainingLoop::take_step(std::int64_t epoch, std::int64_t batch_index) {
   s_.opt->step();
   s_.schedule.step();
   ++step;
-  if (c_.exact) {
-    sp_.exact_loss_sum += step_loss;
-    sp_.exact_steps += 1;
-  } else {
-    sp_.stats.data<float>()[0] += l;
-    sp_.stats.data<float>()[1] += 1;
-  }
+  plan_.add_step(l, step_loss);
   if (metrics_.enabled()) metrics_.step(step, epoch + 1, step_loss, lr_used_, sp_.elapsed_before + seconds());
   progress_.update(batch_index, step_loss);
   if (cadence_.checkpoint_after_step(step)) save_checkpoint(epoch, batch_index);
@@ -308,11 +282,8 @@ void TrainingLoop::take_step(std::int64_t epoch, std::int64_t batch_index) {
 // The epoch's sums go to the reporter (with its test loss and accuracy); reported now or
 // with the next epochs, then the epoch's checkpoint.
 void TrainingLoop::end_epoch(std::int64_t epoch, std::int64_t batches) {
-  Tensor& stats = sp_.stats;
-  PendingEpoch done{epoch, stats.data<float>()[0], stats.data<float>()[1]};
-  stats.data<float>()[0] = stats.data<float>()[1] = 0;
-  done.exact_loss = sp_.exact_loss_sum / std::max(1.0, sp_.exact_steps);
-  sp_.exact_loss_sum = sp_.exact_steps = 0;
+  PendingEpoch done{epoch};
+  plan_.end_epoch(done);
   if (s_.data.test) {
     s_.model->eval();
     std::tie(done.test_loss, done.test_acc) = evaluate(*s_.model, s_.data.test, *s_.pg);
@@ -333,16 +304,11 @@ void TrainingLoop::save_checkpoint(std::int64_t epoch, std::int64_t in_epoch) {
 
 std::optional<parallel::CheckpointState> TrainingLoop::checkpoint_state(std::int64_t epoch, std::int64_t in_epoch) {
   reporter_.report(true);  // the curves and the metrics file hold every finished epoch
-  Tensor all = zeros({world_, 2});
-  if (!c_.exact) {  // exact mode: rank 0's sums are every rank's, and depend on no world size
-    all.data<float>()[2 * rank_] = sp_.stats.data<float>()[0];
-    all.data<float>()[2 * rank_ + 1] = sp_.stats.data<float>()[1];
-    all = sum_over_ranks(all, *s_.pg, s_.dev);
-  }
+  parallel::CheckpointState s;
+  plan_.save_epoch_sums(s, *s_.pg, s_.dev);  // every rank takes part
   if (s_.zero) s_.zero->consolidate_state_dict(0);  // every rank's shard of the state, to rank 0
   if (rank_ != 0) return std::nullopt;
   metrics_.flush();  // the metrics file is never behind a checkpoint
-  parallel::CheckpointState s;
   s.model = s_.net->state_dict();
   s.optimizer = s_.opt->state_dict();
   s.scheduler = s_.schedule.state_dict();
@@ -351,16 +317,10 @@ std::optional<parallel::CheckpointState> TrainingLoop::checkpoint_state(std::int
   s.step_in_epoch = in_epoch;
   s.world_size = world_;
   s.global_batch = c_.global_batch;
-  s.micro_batch = c_.exact ? c_.micro_batch : s_.plan.per_rank_batch;
-  s.exact = c_.exact;
+  s.micro_batch = plan_.pass_batch();
+  s.exact = plan_.exact();
   s.config = s_.settings;
   s.scalars["seconds"] = sp_.elapsed_before + seconds();
-  if (c_.exact) {
-    s.scalars["epoch_loss_sum"] = sp_.exact_loss_sum;
-    s.scalars["epoch_steps"] = sp_.exact_steps;
-  } else {
-    s.user.set("epoch_stats", all);
-  }
   const tools::Series &train_curve = reporter_.train_curve(), &test_curve = reporter_.test_curve();
   std::vector<float> tc(train_curve.y.begin(), train_curve.y.end()), ec(test_curve.y.begin(), test_curve.y.end());
   s.user.set("train_curve", tensor(tc, {static_cast<std::int64_t>(tc.size())}));

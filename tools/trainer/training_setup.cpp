@@ -15,9 +15,6 @@ namespace phalanx::trainer {
 
 namespace {
 
-using samplers::DistributedSampler;
-using samplers::MicroBatchSampler;
-
 Schedule make_schedule(const TrainConfig& c, optim::Optimizer& opt, double scale, std::int64_t total_steps) {
   Schedule s;
   std::shared_ptr<optim::LRScheduler> warmup, main;
@@ -85,34 +82,18 @@ void check_writable(const char* option, const std::string& path) {
 }
 
 // The sampler and the loader of the training data.
-void set_up_loader(const TrainConfig& c, TrainingSetup& s) {
-  const std::int64_t n = s.n;
-  const optim::ScalingPlan& plan = s.plan;
-  // Normal mode: each rank a shard of every global batch (DistributedSampler). Exact mode:
-  // each rank its micro-batches of every global batch (MicroBatchSampler, the same
-  // micro-batches on any world size); the loader then yields micro-batches, K a step.
-  if (c.exact) {
-    samplers::MicroBatchSamplerOptions mo;
-    mo.global_batch = c.global_batch;
-    mo.micro_batch = c.micro_batch;
-    mo.shuffle = c.shuffle;
-    mo.seed = c.seed;
-    mo.drop_last = c.drop_last;
-    s.sampler = s.micro_sampler = std::make_shared<MicroBatchSampler>(n, mo);
-  } else {
-    s.sampler = std::make_shared<DistributedSampler>(
-        n, samplers::DistributedSamplerOptions().shuffle(c.shuffle).seed(c.seed).drop_last(c.drop_last));
-  }
-  s.micro_per_step = c.exact ? s.xplan.per_rank : 1;  // forward/backward passes a step
-  samplers::DataLoaderOptions lo{c.exact ? c.micro_batch : plan.per_rank_batch};
-  lo.drop_last(c.drop_last && !c.exact);  // exact mode: the sampler hands out whole micro-batches
+void set_up_loader(TrainingSetup& s) {
+  // The step plan's split: each rank a shard of every global batch, or (exact mode) its
+  // micro-batches of every global batch; the loader yields one pass's batch at a time.
+  s.sampler = s.step->make_sampler(s.n);
+  samplers::DataLoaderOptions lo = s.step->loader_options();
   // No prefetch thread: the data is in memory (or mapped), and a batch's gather is a few
   // row copies, cheaper than handing it over between threads. A thread per worker would also
   // compete with the workers for the cores (with 2 workers on 2 cores it cost ~40 us a step:
   // docs/benchmarks.md).
   lo.prefetch(0);
   s.loader = std::make_unique<samplers::DataLoader>(s.data.train, lo, s.sampler);
-  s.steps_per_epoch = c.exact ? s.micro_sampler->steps_per_epoch() : s.loader->num_batches();
+  s.steps_per_epoch = s.step->steps_per_epoch(*s.loader);
 }
 
 }  // namespace
@@ -149,10 +130,9 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   if (c.is_cnn()) cnn_feature_shape(cnn_spec, data.input, c.model_text);  // the images survive the pooling
   s.n = data.train->size();
   const std::int64_t n = s.n;
-  // Exact mode: the world size must divide the micro-batches of a step (checked before the
-  // linear scaling, whose own check, W dividing B, follows from it).
-  parallel::ExactMode exact_mode{c.exact, c.global_batch, c.micro_batch};
-  s.xplan = c.exact ? parallel::exact_plan(exact_mode, world) : parallel::ExactPlan{};
+  // How a step runs; exact mode's check (the world size divides the micro-batches of a step)
+  // comes before the linear scaling's, W dividing B, which follows from it.
+  s.step = make_step_plan(c, world);
 
   optim::ScalingOptions so;
   so.global_batch = c.global_batch;
@@ -201,7 +181,7 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   // and buffers), whose training statistics are those of the global batch.
   if (c.sync_bn) net = parallel::convert_sync_batchnorm(net, pg);
   net->to(s.dev);
-  s.model = std::make_shared<parallel::DDP>(net, pg, parallel::DDPOptions().exact(exact_mode));
+  s.model = std::make_shared<parallel::DDP>(net, pg, s.step->ddp_options());
   auto& model = s.model;
   // --zero: each rank keeps the optimizer state of its shard of the parameters only
   // (ZeroRedundancyOptimizer over the same optimizer); the weights stay replicated.
@@ -213,7 +193,7 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   } else {
     s.opt = make_optimizer(c, model->parameters(), plan.lr);
   }
-  set_up_loader(c, s);
+  set_up_loader(s);
   s.schedule = make_schedule(c, *s.opt, plan.scale, s.steps_per_epoch * c.epochs);
   s.settings = resume_settings(c, plan.lr, model_desc);
   return s;

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include <phalanx/parallel/exact.hpp>
 #include <phalanx/phalanx.hpp>
 
 #include "model_spec.hpp"
+#include "step_plan.hpp"
 #include "train_config.hpp"
 #include "trainer_data.hpp"
 
@@ -42,15 +42,13 @@ struct TrainingSetup {
   Datasets data;
   std::string model_desc;  ///< the MLP's widths, or the CNN's spec with its classes ("cnn:32-64:10")
   std::int64_t n = 0;      ///< training samples
-  parallel::ExactPlan xplan;
   optim::ScalingPlan plan{};
   std::shared_ptr<nn::Module> net;
   std::shared_ptr<parallel::DDP> model;
   std::unique_ptr<optim::Optimizer> opt;
   parallel::ZeroRedundancyOptimizer* zero = nullptr;  ///< --zero: opt, as ZeRO
+  std::unique_ptr<StepPlan> step;  ///< how a step runs (exact mode or not)
   samplers::SamplerPtr sampler;
-  std::shared_ptr<samplers::MicroBatchSampler> micro_sampler;  ///< exact mode
-  std::int64_t micro_per_step = 1;                             ///< forward/backward passes a step
   std::unique_ptr<samplers::DataLoader> loader;
   std::int64_t steps_per_epoch = 0;
   Schedule schedule;

@@ -1,7 +1,5 @@
 #include "phalanx/parallel/ddp.hpp"
 
-#include <algorithm>
-
 #include "phalanx/parallel/internal/model_sync.hpp"
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/autograd.hpp"
@@ -10,8 +8,7 @@
 #include "phalanx/core/timeline.hpp"
 #include "phalanx/core/world.hpp"
 #include "phalanx/parallel/init.hpp"
-#include "exact_reducer.hpp"
-#include "reducer.hpp"
+#include "grad_reducer.hpp"
 
 namespace phalanx::parallel {
 
@@ -36,32 +33,16 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
       for (auto& [n, c] : m->named_children()) stack.push_back(c.get());
     }
   }
-  if (options_.exact().enabled) {
-    // Exact mode on every world size, one included: the fixed-point sum is what makes the
-    // bits independent of the world size.
-    for (auto& [n, b] : module_->named_buffers())
-      throw ConfigError("DDP exact mode: the model has buffer '" + n +
-                        "', which exact mode cannot make identical across world sizes; use a model "
-                        "without buffers or turn exact mode off");
+  reducer_ = make_grad_reducer(*module_, pg_, options_, [&](bool with_buffers) {
     const auto named = module_->named_parameters();
-    if (pg_->size() > 1) {
-      verify_same_model(*pg_, named, device);
-      std::vector<Tensor> state;
-      for (auto& [n, p] : named) state.push_back(p);
-      broadcast_coalesced(*pg_, state, 0);
-    }
-    exact_ = std::make_unique<ExactReducer>(named, pg_, options_);
-    return;
-  }
-  if (pg_->size() == 1) return;  // a world of one: no reducer, no hooks, no copies
-  const auto named = module_->named_parameters();
-  verify_same_model(*pg_, named, device);
-  std::vector<Tensor> state;
-  for (auto& [n, p] : named) state.push_back(p);
-  for (auto& [n, b] : module_->named_buffers()) buffers_.push_back(b);
-  state.insert(state.end(), buffers_.begin(), buffers_.end());
-  broadcast_coalesced(*pg_, state, 0);
-  reducer_ = std::make_unique<Reducer>(named, pg_, options_);
+    verify_same_model(*pg_, named, device);
+    std::vector<Tensor> state;
+    for (auto& [n, p] : named) state.push_back(p);
+    if (with_buffers)
+      for (auto& [n, b] : module_->named_buffers()) buffers_.push_back(b);
+    state.insert(state.end(), buffers_.begin(), buffers_.end());
+    broadcast_coalesced(*pg_, state, 0);
+  });
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
@@ -86,12 +67,7 @@ void DistributedDataParallel::before_forward(const Tensor* first, bool single) {
   flags_work_.reset();
   forward_samples_ = first != nullptr && first->defined() && first->dim() >= 1 ? first->size(0) : -1;
   const bool join = join_config().enable;
-  if (exact_) {
-    if (join)
-      throw ConfigError("DDP: Join cannot shadow exact mode's reductions; give every rank the same number of "
-                        "micro-batches (exact mode's sampler does) or turn exact mode off");
-    return;
-  }
+  if (join && reducer_) reducer_->check_join();
   if (!reducer_ && !join) return;
   if (join) {
     // As PyTorch's forward under Join: "still training" (Join's count), the buffers from the
@@ -118,18 +94,10 @@ void DistributedDataParallel::before_forward(const Tensor* first, bool single) {
 }
 
 Tensor DistributedDataParallel::after_forward(const Tensor& out) {
-  if (exact_) {
-    if (grad_mode_enabled() && out.requires_grad()) {
-      // One forward and backward is one micro-batch; the mean of its loss weighs it 1/K.
-      if (forward_samples_ != options_.exact().micro_batch)
-        throw ShapeError(detail::concat("DDP exact mode: the input has ", std::max<std::int64_t>(forward_samples_, 0),
-                                        " samples, the micro-batch is ", options_.exact().micro_batch,
-                                        "; feed exactly one micro-batch per forward (pad or drop a short last batch)"));
-      exact_->arm(out);
-    }
-    return out;
+  if (reducer_ && grad_mode_enabled() && out.requires_grad()) {
+    reducer_->check_forward(forward_samples_);
+    reducer_->arm(out);
   }
-  if (reducer_ && grad_mode_enabled() && out.requires_grad()) reducer_->arm(out);
   WorkPtr notified = std::move(notified_), flags_work = std::move(flags_work_);
   if (notified) notified->wait();
   if (flags_work) flags_work->wait();
@@ -143,9 +111,7 @@ bool DistributedDataParallel::forward_collectives() const {
 }
 
 void DistributedDataParallel::join_main_hook() {
-  if (exact_)
-    throw ConfigError("DDP: Join cannot shadow exact mode's reductions; give every rank the same number of "
-                      "micro-batches (exact mode's sampler does) or turn exact mode off");
+  if (reducer_) reducer_->check_join();
   if (reducer_ && options_.broadcast_buffers() && !buffers_.empty())
     broadcast_coalesced(*pg_, buffers_, find_common_rank(*pg_, device_, false));
   Tensor flags = zeros({3}, DType::Float32, device_);
@@ -198,19 +164,16 @@ void DistributedDataParallel::join_post_hook(bool is_last_joiner) {
 }
 
 void DistributedDataParallel::register_comm_hook(CommHookPtr hook) {
-  if (exact_)
-    throw ConfigError("DDP: a comm hook (" + (hook ? hook->name() : std::string("null")) +
-                      ") cannot be combined with exact mode, which reduces in 64-bit fixed point "
-                      "itself; drop the hook or turn exact mode off");
-  if (reducer_) reducer_->set_hook(std::move(hook));
+  if (!reducer_) return;
+  reducer_->check_comm_hook(hook);
+  reducer_->set_hook(std::move(hook));
 }
 
 std::int64_t DistributedDataParallel::micro_batches_per_rank() const {
-  return exact_ ? exact_->micro_batches_per_rank() : 0;
+  return reducer_ ? reducer_->micro_batches_per_rank() : 0;
 }
 
 std::vector<std::vector<std::size_t>> DistributedDataParallel::bucket_layout() const {
-  if (exact_) return exact_->layout();
   return reducer_ ? reducer_->layout() : std::vector<std::vector<std::size_t>>{};
 }
 
@@ -219,10 +182,9 @@ double DistributedDataParallel::last_comm_seconds() const { return reducer_ ? re
 
 DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp)
     : ddp_(ddp), prev_(ddp.reducer_ ? ddp.reducer_->sync() : true) {
-  if (ddp_.exact_)
-    throw ConfigError("DDP: no_sync() has no meaning in exact mode: each backward is one micro-batch "
-                      "and the last one of the step reduces; drop no_sync() or turn exact mode off");
-  if (ddp_.reducer_) ddp_.reducer_->set_sync(false);
+  if (!ddp_.reducer_) return;
+  ddp_.reducer_->check_no_sync();
+  ddp_.reducer_->set_sync(false);
 }
 
 DistributedDataParallel::NoSync::~NoSync() {

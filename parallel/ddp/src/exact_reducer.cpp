@@ -43,108 +43,28 @@ int scale_exponent(float max, int k) {
 
 }  // namespace
 
-struct ExactReducer::State {
-  /// A piece of one parameter: its int64 sums, its gradient in every slot, and its place in
-  /// the last slot (the result). On the CPU a parameter is cut into pieces that fit the L2
-  /// cache, so zeroing the sums and adding the L slots run while the piece is in cache (one
-  /// pass over memory, not L + 1).
-  struct Piece {
-    std::size_t param;
-    Tensor acc;
-    std::vector<Tensor> src;  // [slot]
-    Tensor out;               // = src.back(): sum / scale / K goes here
-  };
-  /// The unit of the sums' allreduce: consecutive pieces whose int64 sums are one tensor.
-  struct Chunk {
-    Tensor acc;
-    std::vector<Piece> pieces;
-  };
-  struct Bucket {
-    std::vector<std::size_t> params;  // reverse registration order (the maxima's order)
-    Tensor maxima;                 // float32 [params (+1: the void flag, last bucket)] on the device
-    std::vector<float> host_max;   // the agreed maxima
-    // Unchunked: one chunk, the bucket's own int64 sums. Chunked (CPU, inline shm or W = 1):
-    // chunks of kCpuChunk elements over one shared buffer, each reduced and converted back
-    // before the next is converted.
-    std::vector<Chunk> chunks;
-    WorkPtr max_work;              // the maxima's allreduce in flight
-    WorkPtr work;                  // the sums' allreduce in flight
-    int pending = 0;               // parameters still without their gradient in the last micro-batch
-  };
-
-  ProcessGroupPtr pg;
-  DeviceKernels* kernels = nullptr;
-  std::vector<Tensor> params;
-  std::vector<std::string> names;
-  std::vector<std::uint64_t> hook_ids;
-  std::vector<std::size_t> bucket_of, index_in_bucket;  // parameter -> bucket, its place there
-  std::int64_t micro_batches = 0;  // K, all ranks together
-  std::int64_t per_rank = 0;       // L = K / world
-  int k_bits = 0;                  // K <= 2^k_bits
-  std::vector<Tensor> slots;               // L flat float32 buffers: micro-batch j's gradients
-  std::vector<std::vector<Tensor>> views;  // [slot][parameter], shaped like the parameter
-  std::vector<Bucket> buckets;
-  std::vector<double> scales;  // per parameter, this step's
-  std::vector<char> ready;     // parameter -> got its gradient in this backward
-  std::int64_t micro = 0;      // the step's micro-batch the current/next backward is (0 .. L-1)
-  bool armed = false;
-  bool in_pass = false;
-  bool host_maxima = false;  // the parameters live in host memory (CPU)
-  bool chunked = false;      // the sums go chunk by chunk through one cache-sized buffer
-  // This step's collective decisions, the same on every rank (they come from agreed maxima).
-  std::size_t next_bucket = 0;  // the next bucket whose maxima go out
-  std::string nonfinite;        // the first parameter whose agreed max is NaN or Inf
-  bool step_void = false;       // some rank's step was void (the last bucket's flag)
-
-  void on_grad_ready(std::size_t p);
-  void finalize();
-  void launch_max(std::size_t b, bool void_rank);
-  void reduce_sums();
-  void drain();
-  void finish_step(bool void_rank);
-  [[noreturn]] void void_step(const std::string& why);
-  void reset_step() {
-    micro = 0;
-    next_bucket = 0;
-    nonfinite.clear();
-    step_void = false;
-    armed = false;
-    in_pass = false;
-    std::fill(ready.begin(), ready.end(), 0);
-    for (auto& b : buckets) b.pending = static_cast<int>(b.params.size());
-  }
-  void clear_grads() {
-    for (auto& p : params) p.set_grad(Tensor());
-  }
-  bool last_micro() const { return micro + 1 == per_rank; }
-  std::string where() const {
-    return detail::concat("micro-batch ", micro + 1, " of ", per_rank, " on rank ", pg->rank());
-  }
-};
-
-ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroupPtr pg,
+ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroupPtr group,
                            const DDPOptions& o)
-    : state_(std::make_unique<State>()) {
-  State& s = *state_;
+    : pg(std::move(group)) {
   const ExactPlan plan = exact_plan(o.exact(), pg->size());
-  s.pg = std::move(pg);
-  s.micro_batches = plan.micro_batches;
-  s.per_rank = per_rank_ = plan.per_rank;
-  while ((std::int64_t{1} << s.k_bits) < s.micro_batches) ++s.k_bits;
+  micro_batches = plan.micro_batches;
+  per_rank = plan.per_rank;
+  micro_batch = o.exact().micro_batch;
+  while ((std::int64_t{1} << k_bits) < micro_batches) ++k_bits;
   for (auto& [name, p] : named) {
     if (!p.requires_grad()) continue;
     if (p.dtype() != DType::Float32) throw TypeError("DDP exact mode: parameter '" + name + "' is not float32");
-    if (!s.params.empty() && p.device() != s.params[0].device())
+    if (!params.empty() && p.device() != params[0].device())
       throw ValueError("DDP exact mode: parameter '" + name + "' is on " + p.device().str() + ", the others on " +
-                       s.params[0].device().str() + "; move the model to one device");
-    s.names.push_back(name);
-    s.params.push_back(p);
+                       params[0].device().str() + "; move the model to one device");
+    names.push_back(name);
+    params.push_back(p);
   }
-  const std::size_t n = s.params.size();
+  const std::size_t n = params.size();
   if (n == 0) throw ValueError("DDP exact mode: the model has no parameter that requires a gradient");
-  const Device device = s.params[0].device();
-  s.kernels = &kernels_for(device);
-  s.host_maxima = device.is_cpu();
+  const Device device = params[0].device();
+  kernels = &kernels_for(device);
+  host_maxima = device.is_cpu();
   // Shared memory runs each allreduce on this thread at once (inline): nothing can overlap
   // it, and it moves bytes at memory speed, so the sums go in cache-sized chunks, each
   // converted, reduced and converted back while in cache. Elsewhere (a worker thread, or a
@@ -153,96 +73,81 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
   // The schedule decides which allreduces a step issues, so it is one collective decision:
   // a rank's own settings (PHALANX_SHM_INLINE, its model's device) may differ from its
   // peers', and shm chunks only when every rank can (a MIN of one flag, once).
-  s.chunked = device.is_cpu() &&
-              (s.pg->size() == 1 || (s.pg->backend().inline_ops() && s.pg->backend_name() == "shm"));
-  if (s.pg->size() > 1 && s.pg->backend_name() == "shm") {
-    const std::int64_t mine = s.chunked ? 1 : 0;
+  chunked = device.is_cpu() && (pg->size() == 1 || (pg->backend().inline_ops() && pg->backend_name() == "shm"));
+  if (pg->size() > 1 && pg->backend_name() == "shm") {
+    const std::int64_t mine = chunked ? 1 : 0;
     Tensor flag = from_buffer(&mine, {1});  // host memory: shm's own
     try {
-      s.pg->allreduce(flag, ReduceOp::Min)->wait();
+      pg->allreduce(flag, ReduceOp::Min)->wait();
     } catch (const CommError&) {
       rethrow_with_context(std::current_exception(), "DDP exact mode: agreeing on the reduction schedule failed: ");
     }
-    s.chunked = flag.item_int() == 1;
+    chunked = flag.item_int() == 1;
   }
-  s.scales.assign(n, 1.0);
-  s.ready.assign(n, 0);
-  s.bucket_of.assign(n, 0);
-  s.index_in_bucket.assign(n, 0);
-  // The normal reducer's layout: reverse registration order (the order backward produces
-  // gradients), the first bucket closing at first_bucket_mb of float32 gradients, the
-  // others at bucket_cap_mb, so the maxima of the last layers travel while backward goes on.
-  const auto cap_bytes = [&](std::size_t bucket) {
-    return static_cast<std::int64_t>((bucket == 0 ? o.first_bucket_mb() : o.bucket_cap_mb()) * 1024 * 1024);
-  };
-  std::vector<std::vector<std::size_t>> layout(1);
-  std::int64_t bytes = 0;
-  for (std::size_t p = n; p-- > 0;) {
-    layout.back().push_back(p);
-    bytes += s.params[p].numel() * 4;
-    if (bytes >= cap_bytes(layout.size() - 1) && p > 0) {
-      layout.emplace_back();
-      bytes = 0;
-    }
-  }
-  if (layout.back().empty()) layout.pop_back();
+  scales.assign(n, 1.0);
+  ready.assign(n, 0);
+  bucket_of.assign(n, 0);
+  index_in_bucket.assign(n, 0);
+  // The normal reducer's buckets, so the maxima of the last layers travel while backward
+  // goes on.
+  const BucketLayout& layout = lay_out_buckets(params, o);
   // The slots hold the parameters in registration order; a bucket (consecutive parameters)
   // is one range of them, which its chunks follow.
   std::vector<std::int64_t> offset(n, 0);
   std::int64_t total = 0;
   for (std::size_t p = 0; p < n; ++p) {
     offset[p] = total;
-    total += s.params[p].numel();
+    total += params[p].numel();
   }
   // L slots; the last one holds the step's result, so the memory beyond a plain model's
   // gradients is L - 1 gradient copies, plus the int64 sums (two copies' worth, or one
   // chunk's 256 KiB when chunked).
-  for (std::int64_t j = 0; j < s.per_rank; ++j) {
-    s.slots.push_back(zeros({total}, DType::Float32, device));
-    s.views.emplace_back();
-    for (std::size_t p = 0; p < n; ++p) s.views[j].push_back(view_of(s.slots[j], offset[p], s.params[p].shape()));
+  for (std::int64_t j = 0; j < per_rank; ++j) {
+    slots.push_back(zeros({total}, DType::Float32, device));
+    views.emplace_back();
+    for (std::size_t p = 0; p < n; ++p) views[j].push_back(view_of(slots[j], offset[p], params[p].shape()));
   }
   Tensor shared_acc;
-  if (s.chunked) {
+  if (chunked) {
     std::int64_t largest = 0;
     for (const auto& l : layout) {
       std::int64_t size = 0;
-      for (std::size_t p : l) size += s.params[p].numel();
+      for (std::size_t p : l) size += params[p].numel();
       largest = std::max(largest, size);
     }
     shared_acc = zeros({std::min(kCpuChunk, largest)}, DType::Int64, device);
   }
   for (std::size_t bi = 0; bi < layout.size(); ++bi) {
-    State::Bucket bucket;
+    Bucket bucket;
     bucket.params = layout[bi];
     const bool last = bi + 1 == layout.size();
     bucket.maxima = zeros({static_cast<std::int64_t>(bucket.params.size()) + (last ? 1 : 0)}, DType::Float32, device);
     bucket.host_max.assign(static_cast<std::size_t>(bucket.maxima.numel()), 0.f);
     std::int64_t size = 0;
     for (std::size_t i = 0; i < bucket.params.size(); ++i) {
-      s.bucket_of[bucket.params[i]] = bi;
-      s.index_in_bucket[bucket.params[i]] = i;
-      size += s.params[bucket.params[i]].numel();
+      bucket_of[bucket.params[i]] = bi;
+      index_in_bucket[bucket.params[i]] = i;
+      size += params[bucket.params[i]].numel();
     }
-    const std::int64_t chunk_cap = s.chunked ? kCpuChunk : size;
+    const std::int64_t chunk_cap = chunked ? kCpuChunk : size;
     const std::int64_t piece_cap = device.is_cpu() ? kCpuPiece : size;
-    const Tensor acc = s.chunked ? shared_acc : zeros({size}, DType::Int64, device);
+    const Tensor acc = chunked ? shared_acc : zeros({size}, DType::Int64, device);
     std::int64_t used = 0;  // elements in the chunk being filled
-    State::Chunk chunk;
+    Chunk chunk;
     auto close_chunk = [&] {
       chunk.acc = view_of(acc, 0, {used});
       bucket.chunks.push_back(std::move(chunk));
-      chunk = State::Chunk{};
+      chunk = Chunk{};
       used = 0;
     };
     for (auto it = bucket.params.rbegin(); it != bucket.params.rend(); ++it) {  // the slots' order
       const std::size_t p = *it;
-      const std::int64_t numel = s.params[p].numel();
+      const std::int64_t numel = params[p].numel();
       for (std::int64_t b = 0; b < numel;) {
         if (used == chunk_cap) close_chunk();
         const std::int64_t len = std::min({piece_cap, numel - b, chunk_cap - used});
-        State::Piece pc{p, view_of(acc, used, {len}), {}, Tensor()};
-        for (std::int64_t j = 0; j < s.per_rank; ++j) pc.src.push_back(view_of(s.slots[j], offset[p] + b, {len}));
+        Piece pc{p, view_of(acc, used, {len}), {}, Tensor()};
+        for (std::int64_t j = 0; j < per_rank; ++j) pc.src.push_back(view_of(slots[j], offset[p] + b, {len}));
         pc.out = pc.src.back();
         chunk.pieces.push_back(std::move(pc));
         used += len;
@@ -250,47 +155,62 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
       }
     }
     if (used > 0) close_chunk();
-    s.buckets.push_back(std::move(bucket));
+    buckets.push_back(std::move(bucket));
   }
-  s.reset_step();
+  reset_step();
   for (std::size_t p = 0; p < n; ++p)
-    s.hook_ids.push_back(
-        s.params[p].register_grad_accumulated_hook([st = &s, p](const Tensor&) { st->on_grad_ready(p); }));
+    hook_ids.push_back(params[p].register_grad_accumulated_hook([this, p](const Tensor&) { on_grad_ready(p); }));
 }
 
 ExactReducer::~ExactReducer() {
-  State& s = *state_;
-  for (std::size_t p = 0; p < s.params.size(); ++p) {
-    s.params[p].remove_grad_accumulated_hook(s.hook_ids[p]);
-    s.params[p].set_grad_destination(Tensor());
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    params[p].remove_grad_accumulated_hook(hook_ids[p]);
+    params[p].set_grad_destination(Tensor());
   }
-  s.drain();
-}
-
-std::vector<std::vector<std::size_t>> ExactReducer::layout() const {
-  std::vector<std::vector<std::size_t>> out;
-  for (const auto& b : state_->buckets) out.push_back(b.params);
-  return out;
+  drain();
 }
 
 void ExactReducer::arm(const Tensor&) {
-  State& s = *state_;
-  if (s.in_pass)
-    s.void_step("the previous backward (" + s.where() + ") stopped part-way");
-  if (s.armed)
-    s.void_step("the previous forward (" + s.where() +
-                ") got no backward (each forward in grad mode is one micro-batch and needs its backward; run "
-                "evaluation under NoGradGuard)");
-  s.armed = true;
+  if (in_pass)
+    void_step("the previous backward (" + where() + ") stopped part-way");
+  if (armed)
+    void_step("the previous forward (" + where() +
+              ") got no backward (each forward in grad mode is one micro-batch and needs its backward; run "
+              "evaluation under NoGradGuard)");
+  armed = true;
   // This micro-batch's gradients are written straight into its slot: .grad() must be
   // undefined for that (the step's first micro-batch thereby clears the previous result).
-  for (std::size_t p = 0; p < s.params.size(); ++p) {
-    s.params[p].set_grad(Tensor());
-    s.params[p].set_grad_destination(s.views[s.micro][p]);
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    params[p].set_grad(Tensor());
+    params[p].set_grad_destination(views[micro][p]);
   }
 }
 
-void ExactReducer::State::on_grad_ready(std::size_t p) {
+void ExactReducer::check_join() const {
+  throw ConfigError("DDP: Join cannot shadow exact mode's reductions; give every rank the same number of "
+                    "micro-batches (exact mode's sampler does) or turn exact mode off");
+}
+
+void ExactReducer::check_no_sync() const {
+  throw ConfigError("DDP: no_sync() has no meaning in exact mode: each backward is one micro-batch "
+                    "and the last one of the step reduces; drop no_sync() or turn exact mode off");
+}
+
+void ExactReducer::check_comm_hook(const CommHookPtr& hook) const {
+  throw ConfigError("DDP: a comm hook (" + (hook ? hook->name() : std::string("null")) +
+                    ") cannot be combined with exact mode, which reduces in 64-bit fixed point "
+                    "itself; drop the hook or turn exact mode off");
+}
+
+void ExactReducer::check_forward(std::int64_t samples) const {
+  // One forward and backward is one micro-batch; the mean of its loss weighs it 1/K.
+  if (samples != micro_batch)
+    throw ShapeError(detail::concat("DDP exact mode: the input has ", std::max<std::int64_t>(samples, 0),
+                                    " samples, the micro-batch is ", micro_batch,
+                                    "; feed exactly one micro-batch per forward (pad or drop a short last batch)"));
+}
+
+void ExactReducer::on_grad_ready(std::size_t p) {
   if (!armed)
     throw AutogradError("DDP exact mode: backward reached parameter '" + names[p] +
                         "' without a forward since the last backward: run one forward before each "
@@ -320,7 +240,7 @@ void ExactReducer::State::on_grad_ready(std::size_t p) {
   }
 }
 
-void ExactReducer::State::finalize() {
+void ExactReducer::finalize() {
   armed = false;
   in_pass = false;
   for (std::size_t p = 0; p < params.size(); ++p) {
@@ -335,7 +255,7 @@ void ExactReducer::State::finalize() {
   finish_step(false);
 }
 
-void ExactReducer::State::launch_max(std::size_t bi, bool void_rank) {
+void ExactReducer::launch_max(std::size_t bi, bool void_rank) {
   // The maxima's allreduce MAX (exact in any order) starts now and completes while backward
   // goes on; nothing waits for it before the end of backward. A NaN travels as +Inf (a max
   // with NaN depends on the order, with Inf it does not); the last bucket's extra slot is
@@ -356,7 +276,7 @@ void ExactReducer::State::launch_max(std::size_t bi, bool void_rank) {
   }
 }
 
-void ExactReducer::State::reduce_sums() {
+void ExactReducer::reduce_sums() {
   // 1. The agreed maxima, bucket by bucket; the step's collective decisions (void,
   //    non-finite) come from them, so every rank takes the same branch below.
   for (std::size_t bi = 0; bi < buckets.size(); ++bi) {
@@ -413,7 +333,7 @@ void ExactReducer::State::reduce_sums() {
   }
 }
 
-void ExactReducer::State::drain() {
+void ExactReducer::drain() {
   for (auto& b : buckets)  // nothing may still write into the maxima or the sums
     for (WorkPtr* w : {&b.max_work, &b.work}) {
       if (!*w) continue;
@@ -425,7 +345,7 @@ void ExactReducer::State::drain() {
     }
 }
 
-void ExactReducer::State::finish_step(bool void_rank) {
+void ExactReducer::finish_step(bool void_rank) {
   std::exception_ptr comm_error;
   try {
     for (; next_bucket < buckets.size(); ++next_bucket) launch_max(next_bucket, void_rank);
@@ -471,7 +391,7 @@ void ExactReducer::State::finish_step(bool void_rank) {
   for (std::size_t p = 0; p < params.size(); ++p) params[p].set_grad(views[per_rank - 1][p]);
 }
 
-void ExactReducer::State::void_step(const std::string& why) {
+void ExactReducer::void_step(const std::string& why) {
   // The peers agree on the scales bucket by bucket at the end of their step: take part in
   // the collectives this rank has not issued yet, with the void flag set, so every rank's
   // step fails and the group stays in step.

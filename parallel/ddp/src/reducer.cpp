@@ -29,23 +29,7 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroup
   views_.resize(n);
   ready_.assign(n, 0);
   unused_.assign(n, 0);
-  // Buckets in reverse registration order (the order backward produces gradients): the
-  // first closes at first_bucket_mb, the others at bucket_cap_mb; a parameter larger than
-  // the cap gets a bucket of its own.
-  const auto cap_bytes = [&](std::size_t bucket) {
-    return static_cast<std::int64_t>((bucket == 0 ? o.first_bucket_mb() : o.bucket_cap_mb()) * 1024 * 1024);
-  };
-  std::vector<std::vector<std::size_t>> layout(1);
-  std::int64_t bytes = 0;
-  for (std::size_t k = n; k-- > 0;) {
-    layout.back().push_back(k);
-    bytes += params_[k].numel() * 4;
-    if (bytes >= cap_bytes(layout.size() - 1) && k > 0) {
-      layout.emplace_back();
-      bytes = 0;
-    }
-  }
-  if (layout.back().empty()) layout.pop_back();
+  const BucketLayout& layout = lay_out_buckets(params_, o);
   for (std::size_t b = 0; b < layout.size(); ++b) {
     GradBucket bucket;
     bucket.index = b;
@@ -92,12 +76,6 @@ void Reducer::set_hook(CommHookPtr hook) {
   if (!hook) throw ValueError("DDP: the comm hook is null");
   if (hook_used_) throw ValueError("DDP: register the comm hook before the first backward");
   hook_ = std::move(hook);
-}
-
-std::vector<std::vector<std::size_t>> Reducer::layout() const {
-  std::vector<std::vector<std::size_t>> out;
-  for (const auto& b : buckets_) out.push_back(b.params);
-  return out;
 }
 
 void Reducer::reset_pass() {

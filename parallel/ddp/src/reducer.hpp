@@ -13,30 +13,26 @@
 #include <unordered_map>
 #include <vector>
 
-#include "phalanx/parallel/ddp.hpp"
+#include "grad_reducer.hpp"
 
 namespace phalanx::parallel {
 
-class Reducer {
+class Reducer final : public GradReducer {
  public:
   Reducer(std::vector<std::pair<std::string, Tensor>> named_params, ProcessGroupPtr pg,
           const DDPOptions& options);
-  ~Reducer();
-  Reducer(const Reducer&) = delete;
-  Reducer& operator=(const Reducer&) = delete;
+  ~Reducer() override;
 
-  /// After a forward in grad mode: a backward is expected. With find_unused_parameters,
-  /// walks the graph from `output` to find the parameters it does not reach.
-  void arm(const Tensor& output);
-  void set_sync(bool on) { sync_ = on; }
-  bool sync() const { return sync_; }
-  void set_hook(CommHookPtr hook);
-  std::vector<std::vector<std::size_t>> layout() const;
-  double last_wait_seconds() const { return last_wait_; }
-  double last_comm_seconds() const { return last_comm_; }
-  /// Join: a joined rank's part of one backward of the others: every bucket zero-filled
-  /// (pass flag 0), launched in order and completed.
-  void shadow_pass();
+  /// With find_unused_parameters, walks the graph from `output` to find the parameters it
+  /// does not reach.
+  void arm(const Tensor& output) override;
+  void set_sync(bool on) override { sync_ = on; }
+  bool sync() const override { return sync_; }
+  void set_hook(CommHookPtr hook) override;
+  double last_wait_seconds() const override { return last_wait_; }
+  double last_comm_seconds() const override { return last_comm_; }
+  /// Every bucket zero-filled (pass flag 0), launched in order and completed.
+  void shadow_pass() override;
 
  private:
   void on_grad_ready(std::size_t param);
@@ -46,7 +42,7 @@ class Reducer {
   /// The comm hook's launch / finish of one bucket, with their timeline events.
   void launch_bucket(GradBucket& b);
   void finish_bucket(GradBucket& b);
-  void finalize();
+  void finalize() override;
   void reset_pass();
   void abandon_pass();
   /// Launches the buckets not yet launched, zero-filled, with the pass flag set.

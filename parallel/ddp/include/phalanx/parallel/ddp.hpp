@@ -29,8 +29,7 @@
 
 namespace phalanx::parallel {
 
-class Reducer;
-class ExactReducer;
+class GradReducer;
 
 class DistributedDataParallel : public nn::Module, public Joinable {
  public:
@@ -122,12 +121,12 @@ class DistributedDataParallel : public nn::Module, public Joinable {
   ProcessGroup& join_process_group() override { return *pg_; }
 
  private:
-  // The two halves of every forward, around the module's call. before_forward: exact mode's
-  // and Join's checks, Join's messages, the buffers' broadcast; `first` is the first tensor
-  // argument (nullptr: none), `single` whether it is the only argument (Join's shadow forward
-  // then runs on an empty batch shaped like it). after_forward: exact mode's per-micro-batch
-  // check, arms the reducer on `out` (find_unused_parameters walks the graph from it), waits
-  // for Join's messages.
+  // The two halves of every forward, around the module's call. before_forward: whether the
+  // reducer can take Join, Join's messages, the buffers' broadcast; `first` is the first
+  // tensor argument (nullptr: none), `single` whether it is the only argument (Join's shadow
+  // forward then runs on an empty batch shaped like it). after_forward: the reducer's check of
+  // the forward (exact mode's micro-batch size), arms the reducer on `out`
+  // (find_unused_parameters walks the graph from it), waits for Join's messages.
   void before_forward(const Tensor* first, bool single);
   Tensor after_forward(const Tensor& out);
   void abandon_forward();  // the module's forward threw: drop what before_forward started
@@ -143,8 +142,9 @@ class DistributedDataParallel : public nn::Module, public Joinable {
   ProcessGroupPtr pg_;
   DDPOptions options_;
   std::vector<Tensor> buffers_;  // the module's buffers, listed once (broadcast each forward)
-  std::unique_ptr<Reducer> reducer_;
-  std::unique_ptr<ExactReducer> exact_;  // instead of reducer_ in exact mode (any world size)
+  // The bucketed reducer, or exact mode's (docs/exact.md); none in a world of one without
+  // exact mode (a pass-through).
+  std::unique_ptr<GradReducer> reducer_;
   Device device_;                           // the model's (one device)
   std::vector<nn::Module*> forward_collective_modules_;  // ForwardCollectives in the tree
   Shape last_input_shape_;                  // under Join: the joined rank's empty batch
