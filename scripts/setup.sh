@@ -12,6 +12,7 @@ PACKAGES=(
   libzip-dev zlib1g-dev
   patchelf
   slurmd slurmctld slurm-client munge
+  python3 python3-venv
   dataset-fashion-mnist
 )
 
@@ -34,3 +35,16 @@ if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
 cmake --build "$BUILD_DIR" -j "$JOBS" -- --no-print-directory
+
+# TensorBoard's own reader, for the test that reads phalanx-train's event files with it
+# (tests/tools/check_tensorboard.py); in a venv of the build folder, never used by the
+# library. From PyPI: where it cannot be reached the test says SKIPPED. PHALANX_SKIP_PYTHON=1
+# leaves it out.
+PYENV="$BUILD_DIR/pyenv"
+if [ -z "${PHALANX_SKIP_PYTHON:-}" ] && ! "$PYENV/bin/python" -c "import tensorboard" 2>/dev/null; then
+  echo "setup: installing tensorboard (PyPI) into $PYENV for the tests"
+  if ! { python3 -m venv "$PYENV" && "$PYENV/bin/pip" install -q --disable-pip-version-check --timeout 20 --retries 1 tensorboard; } >"$BUILD_DIR/pyenv.log" 2>&1; then
+    echo "setup: could not install tensorboard ($(tail -1 "$BUILD_DIR/pyenv.log")); its test will be skipped"
+    rm -rf "$PYENV"
+  fi
+fi

@@ -147,7 +147,24 @@ void MetricsLog::open_resumed(const std::string& path, std::int64_t step, std::i
   open_through(fd);  // the file just written, under its new name
 }
 
-void MetricsLog::step(std::int64_t step, std::int64_t epoch, double loss, double lr, double seconds) {
+void MetricsLog::open_tensorboard(const std::string& dir, std::int64_t first_step, std::int64_t samples_per_step,
+                                  std::int64_t steps_per_epoch) {
+  tb_.emplace(dir, parallel::TensorBoardWriterOptions().purge_step(first_step));
+  samples_per_step_ = samples_per_step;
+  steps_per_epoch_ = steps_per_epoch;
+}
+
+void MetricsLog::step(std::int64_t step, std::int64_t epoch, double loss, double lr, double seconds, double grad_norm) {
+  if (tb_) {
+    tb_->add_scalar("train/loss", loss, step);
+    tb_->add_scalar("train/lr", lr, step);
+    tb_->add_scalar("train/grad_norm", grad_norm, step);
+    if (last_seconds_ >= 0 && seconds > last_seconds_) {
+      tb_->add_scalar("train/step_seconds", seconds - last_seconds_, step);
+      tb_->add_scalar("train/samples_per_second", static_cast<double>(samples_per_step_) / (seconds - last_seconds_), step);
+    }
+    last_seconds_ = seconds;
+  }
   if (!out_.is_open()) return;
   // The keys in nlohmann::json's (sorted) order, as record() would write them.
   line_.assign("{\"epoch\":");
@@ -174,6 +191,14 @@ void MetricsLog::hold() {
 }
 
 void MetricsLog::record_epoch(const nlohmann::json& rec) {
+  if (tb_ && rec.contains("train_loss")) {  // not train_loss_rank0: one rank's batches are no epoch's loss
+    // At the epoch's last step: one x axis for every curve, and a resumed run's purge_step
+    // (a step) hides an epoch the earlier run reported after the checkpoint.
+    const std::int64_t at = rec["epoch"].get<std::int64_t>() * steps_per_epoch_;
+    tb_->add_scalar("epoch/train_loss", rec["train_loss"].get<double>(), at);
+    if (rec.contains("test_loss")) tb_->add_scalar("epoch/test_loss", rec["test_loss"].get<double>(), at);
+    if (rec.contains("test_acc")) tb_->add_scalar("epoch/test_accuracy", rec["test_acc"].get<double>(), at);
+  }
   if (!out_.is_open()) return;
   out_ << rec.dump() << "\n";
   if (held_.empty()) return;
@@ -188,6 +213,7 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::close() {
+  if (tb_) tb_->close();  // fdatasync: throws IoError naming the file when it fails
   if (!out_.is_open()) return;
   for (const auto& steps : held_) out_ << steps;
   held_.clear();

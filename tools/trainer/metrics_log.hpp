@@ -1,13 +1,17 @@
 #pragma once
-// phalanx-train's --metrics file: JSON Lines, one record per step and one per epoch, written
-// by rank 0. Epochs are numbered from 1, as on the console. On resume the records after the
-// checkpoint's position are dropped first, so a resumed run never duplicates a record.
+// phalanx-train's metrics, written by rank 0: the --metrics file (JSON Lines, one record per
+// step and one per epoch) and the --tensorboard folder (event files, docs/tensorboard.md).
+// Epochs are numbered from 1, as on the console. On resume the records after the
+// checkpoint's position are dropped first (TensorBoard: hidden by purge_step), so a resumed
+// run never shows a step twice.
 #include <cstdint>
 #include <deque>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <phalanx/parallel/tensorboard_writer.hpp>
 
 namespace phalanx::trainer {
 
@@ -26,9 +30,19 @@ class MetricsLog {
   /// the epochs before `epoch` (1-based numbers <= epoch), drops the rest (and any torn last
   /// line), then appends. A missing file is started fresh.
   void open_resumed(const std::string& path, std::int64_t step, std::int64_t epoch);
-  bool enabled() const { return out_.is_open(); }
-  /// One step: `epoch` 1-based; `lr` the rate this step used.
-  void step(std::int64_t step, std::int64_t epoch, double loss, double lr, double seconds);
+  /// Opens an event file in `dir` for steps from `first_step` on (earlier runs' events at
+  /// and after it are hidden: a resumed run); `samples_per_step` is the global batch.
+  /// Scalars: train/loss, train/lr, train/step_seconds, train/samples_per_second,
+  /// train/grad_norm per step; epoch/train_loss, epoch/test_loss, epoch/test_accuracy per
+  /// epoch, at its last step (epoch x `steps_per_epoch`). Throws IoError naming the folder.
+  void open_tensorboard(const std::string& dir, std::int64_t first_step, std::int64_t samples_per_step,
+                        std::int64_t steps_per_epoch);
+  bool enabled() const { return out_.is_open() || tb_.has_value(); }
+  /// Whether step() wants the gradients' norm (TensorBoard's train/grad_norm).
+  bool wants_grad_norm() const { return tb_.has_value(); }
+  /// One step: `epoch` 1-based; `lr` the rate this step used; `seconds` since the run began;
+  /// `grad_norm` the 2-norm of all gradients (read when wants_grad_norm()).
+  void step(std::int64_t step, std::int64_t epoch, double loss, double lr, double seconds, double grad_norm = 0);
   void record(const nlohmann::json& rec);
   /// The record of the epoch that just ended is written later (the trainer reports short
   /// epochs in groups): the step records from now on wait behind it, so the file keeps the
@@ -49,6 +63,10 @@ class MetricsLog {
   std::ofstream out_;
   std::deque<std::string> held_;  // step records waiting behind each epoch record held back
   std::string line_;              // one step record, formatted (reused: no allocation per step)
+  std::optional<parallel::TensorBoardWriter> tb_;
+  std::int64_t samples_per_step_ = 0;
+  std::int64_t steps_per_epoch_ = 0;
+  double last_seconds_ = -1;  // the previous step's `seconds`, for its duration
 };
 
 }  // namespace phalanx::trainer

@@ -38,7 +38,7 @@ struct TrainConfig {
   std::uint64_t seed = 0;
   bool drop_last = false;
   std::string backend, device = "cpu";
-  std::string save, metrics, plot;
+  std::string save, metrics, plot, tensorboard;
   bool eval_train = false;
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;  ///< steps; 0 = at the end of each epoch when a dir is given

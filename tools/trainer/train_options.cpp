@@ -283,6 +283,9 @@ std::vector<OptionSpec> make_options() {
       text("--save", &T::save, "write the final weights here (.npz, state_dict names)"),
       text("--metrics", &T::metrics, "JSON Lines: one record per step and one per epoch"),
       text("--plot", &T::plot, "SVG of the loss curves"),
+      text("--tensorboard", &T::tensorboard,
+           "a folder for TensorBoard's event files (loss, lr, step time, samples/s, gradient norm; epoch losses "
+           "and accuracy): tensorboard --logdir DIR"),
       flag("--eval-train", &T::eval_train, "evaluate the final mean loss over the whole training set"),
       flag("--exact", &T::exact, "exact mode: the same weights, bit for bit, on any number of workers that divides "
                                  "the micro-batches of a step (docs/exact.md); needs --micro-batch"),
