@@ -382,3 +382,31 @@ TEST_CASE("write errors are errors: --metrics and --plot on a full disk; --save/
   CHECK(r.code != 0);
   CHECK(r.out.find("/dev/zero: not a regular file") != std::string::npos);
 }
+
+TEST_CASE("a NaN that recurs at the same step after a restart ends the job, naming the step, not every restart") {
+  // Row 150 overflows the first layer: on 2 workers (no shuffle, 32 rows each a step) the
+  // loss of step 3 is NaN on rank 0; rank 1 fails as a consequence. The first restart resumes
+  // from step 2's checkpoint and meets it again at step 3: the launcher stops there.
+  TensorMap f = load_npz(std::string(PHALANX_EXAMPLE_DATA) + "/seed_case_study.npz");
+  std::vector<float> x = f.at("x").to_vector<float>();
+  const std::int64_t dim = f.at("x").shape()[1];
+  for (std::int64_t k = 0; k < dim; ++k) x[150 * dim + k] = 3e38f;
+  save_npy(dir() + "/x_big2.npy", tensor(x, f.at("x").shape()));
+  const std::string d = dir() + "/recur";
+  std::system(("rm -rf " + d).c_str());
+  const auto r = run(std::string(PHALANX_RUN) + " --nproc-per-node 2 --max-restarts 3 " + PHALANX_TRAIN + " --train-x " +
+                     dir() + "/x_big2.npy --train-y " + dir() + "/y.npy --init " + dir() +
+                     "/init.npz --no-shuffle --global-batch 64 --epochs 2 --checkpoint-dir " + d +
+                     " --checkpoint-every 1 --resume");
+  INFO(r.out);
+  CHECK(r.code == 1);
+  std::size_t restarts = 0;
+  for (std::size_t at = r.out.find("restarting the group"); at != std::string::npos;
+       at = r.out.find("restarting the group", at + 1))
+    ++restarts;
+  CHECK(restarts == 1);  // one restart, then the recurrence is seen: not 3
+  CHECK(r.out.find("the same failure recurred at step 3 after a restart (non-finite loss (") != std::string::npos);
+  CHECK(r.out.find("(2 restart(s) left)") != std::string::npos);
+  CHECK(r.out.find("giving up") == std::string::npos);
+  std::system(("rm -rf " + d).c_str());
+}

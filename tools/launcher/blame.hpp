@@ -24,6 +24,7 @@ struct WorkerFailure {
   bool secondary = false;  ///< it failed because another rank failed
   bool is_first = false;   ///< it holds failure/first
   std::string message;     ///< its record's message
+  std::int64_t step = -1;  ///< its record's training step (-1: none noted)
 };
 
 /// 0: its own failure (a signal the launcher did not send, a non-secondary record, or an

@@ -22,12 +22,16 @@ bool read_failure_record(Store& store, int restart_count, WorkerFailure& f) {
       f.has_record = true;
       f.secondary = rec->secondary;
       f.message = rec->message;
+      f.step = rec->step;
       if (rec->unix_ns != 0) f.unix_ns = rec->unix_ns;  // else the launcher's own time of the exit
     }
     const auto first = parallel::read_failure(store, parallel::failure_key(restart_count, "first"));
     if (first && first->rank == f.rank) {
       f.is_first = true;
-      if (!f.has_record) f.message = first->message;
+      if (!f.has_record) {
+        f.message = first->message;
+        f.step = first->step;
+      }
     }
   } catch (const std::exception&) {
     return false;  // the store is gone (its host exited): blame by what the launcher saw
@@ -63,7 +67,8 @@ std::string to_json(const WorkerFailure& f) {
               {"has_record", f.has_record},
               {"secondary", f.secondary},
               {"is_first", f.is_first},
-              {"message", f.message}}
+              {"message", f.message},
+              {"step", f.step}}
       .dump(-1, ' ', false, json::error_handler_t::replace);  // a message is any bytes
 }
 
@@ -84,6 +89,7 @@ bool from_json(const std::string& text, WorkerFailure& f) {
     f.secondary = j.at("secondary").get<bool>();
     f.is_first = j.at("is_first").get<bool>();
     f.message = j.at("message").get<std::string>();
+    f.step = j.at("step").get<std::int64_t>();
   } catch (const json::exception&) {
     return false;
   }

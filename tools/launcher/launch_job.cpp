@@ -183,17 +183,35 @@ RoundEnd settle_with_nodes(LaunchOptions& o, const JobStore& js, int k, const Ou
 
 }  // namespace
 
+/// A failure that recurs after a restart: the same message at the same training step (both
+/// from the failure records; a worker that noted no step never counts). Restarting again
+/// would only fail there again (a NaN at that step, a bad sample).
+bool recurs(const std::optional<WorkerFailure>& before, const std::optional<WorkerFailure>& now) {
+  return before && now && before->has_record && now->has_record && now->step >= 0 && now->step == before->step &&
+         now->message == before->message;
+}
+
 int launch_job(LaunchOptions& o) {
   prepare_token(o);
   install_signal_handlers();
   const JobStore js = open_job_store(o);
   const bool progress = ::isatty(1) == 1;
   const int world = o.nnodes * o.nproc_per_node;
+  std::optional<WorkerFailure> last_failure;
   for (int k = first_round(o, js.rounds.get());; ++k) {
     const Outcome r = run_round(o, js, k, progress);
     if (const auto code = end_if_stopped(o, js, k, r)) return *code;
     const RoundEnd end = js.rounds ? settle_with_nodes(o, js, k, r) : settle_alone(o, r);
     if (end.exit_code) return *end.exit_code;
+    if (k < o.max_restarts && recurs(last_failure, end.blamed)) {
+      std::fprintf(stderr,
+                   "phalanx-run: the same failure recurred at step %lld after a restart (%s); not restarting "
+                   "again (%d restart(s) left): it will recur there until its cause is fixed.\n",
+                   static_cast<long long>(end.blamed->step), end.blamed->message.c_str(), o.max_restarts - k);
+      if (js.rounds) js.rounds->finish(k, take_signal);
+      return exit_code_for(*end.blamed);
+    }
+    last_failure = end.blamed;
     if (k >= o.max_restarts) {
       if (o.max_restarts > 0) std::fprintf(stderr, "phalanx-run: giving up after %d restart(s).\n", o.max_restarts);
       if (js.rounds) js.rounds->finish(k, take_signal);

@@ -252,6 +252,7 @@ void TrainingLoop::run_epoch(std::int64_t epoch) {
       continue;
     }
     if (micro == 0) {
+      parallel::note_step(sp_.step + 1);  // the step a failure names (phalanx-run's recurrence check)
       if (vote_->stop_now()) stop_on_request(epoch, batch_index);
       s_.opt->zero_grad();
       plan_.begin_step();

@@ -5,14 +5,18 @@
 #include <thread>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/parallel/failure.hpp"
 
 namespace phalanx::parallel {
 
 namespace {
 std::mutex g_mu;
 std::shared_ptr<FailureContext> g_ctx;
-
+std::atomic<std::int64_t> g_step{-1};
 }  // namespace
+
+void note_step(std::int64_t step) noexcept { g_step.store(step, std::memory_order_relaxed); }
+std::int64_t noted_step() noexcept { return g_step.load(std::memory_order_relaxed); }
 
 std::string one_line(std::string s) {
   for (char& c : s)
@@ -27,6 +31,7 @@ std::string encode_failure(const FailureRecord& r) {
   j["secondary"] = r.secondary;
   j["unix_ns"] = r.unix_ns;
   if (!r.kind.empty()) j["kind"] = r.kind;
+  if (r.step >= 0) j["step"] = r.step;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -39,6 +44,7 @@ std::optional<FailureRecord> decode_failure(const std::string& text) {
   if (j.contains("secondary") && j["secondary"].is_boolean()) r.secondary = j["secondary"].get<bool>();
   if (j.contains("unix_ns") && j["unix_ns"].is_number_integer()) r.unix_ns = j["unix_ns"].get<std::int64_t>();
   if (j.contains("kind") && j["kind"].is_string()) r.kind = j["kind"].get<std::string>();
+  if (j.contains("step") && j["step"].is_number_integer()) r.step = j["step"].get<std::int64_t>();
   return r;
 }
 
@@ -86,6 +92,7 @@ void FailureContext::post(std::string message, bool secondary, std::string kind)
     r.message = one_line(std::move(message));
     r.secondary = secondary;
     r.kind = std::move(kind);
+    r.step = noted_step();
     r.unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::system_clock::now().time_since_epoch()).count();
     const std::string json = encode_failure(r);

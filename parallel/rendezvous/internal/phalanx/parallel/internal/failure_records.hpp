@@ -1,7 +1,7 @@
 #pragma once
 // Failure records in the job's rendezvous store (the contract with phalanx-run, see
 // docs/errors.md): `phalanx/r<k>/failure/<rank>` holds a rank's failure as JSON
-// {"rank", "message", "secondary", "unix_ns"}; `phalanx/r<k>/failure/first` the first
+// {"rank", "message", "secondary", "unix_ns"[, "kind"][, "step"]}; `phalanx/r<k>/failure/first` the first
 // primary (not secondary) failure, set once. <k> is PHALANX_RESTART_COUNT.
 //
 // Clean ends travel the same way: a rank that destroys its default group (or exits 0 with
@@ -31,6 +31,9 @@ struct FailureRecord {
   /// "desync" for a PHALANX_DEBUG=detail desync, "finished" for a PeerFinishedError (a peer's
   /// copy stays of that type); else empty (not written). Readers ignore fields they do not know.
   std::string kind;
+  /// The training step the rank was at (parallel::note_step), -1 when none was noted: with
+  /// the message, how phalanx-run tells a failure that recurs after a restart.
+  std::int64_t step = -1;
 };
 
 /// The one codec of the records, for the ranks and for phalanx-run alike: the JSON text of a
