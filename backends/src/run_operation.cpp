@@ -24,7 +24,7 @@ void ProcessGroup::run_op(const WorkPtr& work, Fn& fn, const std::string& signat
         completer_ = std::thread([this] { completion_loop(); });
       }
       completion_cv_.notify_all();
-    } else if (work->polled_.load(std::memory_order_relaxed)) {
+    } else if (work->polled()) {
       // The backend handed its end to the waiter (Work::attach_poll): it stays pending.
     } else if (kUnshared) {
       work->finish_unshared();

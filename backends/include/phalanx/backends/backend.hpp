@@ -91,8 +91,9 @@ class Backend {
 
   /// Called once by ProcessGroup::abort(), from the aborting thread, after the Works were
   /// completed: make the operation running in the backend return soon (close the
-  /// connections, abort the communicator). Must not block, nor throw. The default does
-  /// nothing.
+  /// connections, abort the communicator), and fail the Works the backend completes itself
+  /// (Work::attach_poll; record_failure gives the abort's error). Must not block, nor
+  /// throw. The default does nothing.
   virtual void on_abort() noexcept {}
   /// Called once by ~ProcessGroup before it stops its threads (a hook may be running):
   /// make a wait that can no longer end well return now (a posted receive whose Work

@@ -71,7 +71,7 @@ class Work {
   }
 
  private:
-  friend class ProcessGroup;  // finish_unshared, polled_
+  friend class ProcessGroup;  // finish_unshared, polled()
   /// finish() with success for a Work no other thread can see yet (an inline operation
   /// before its Work is returned): no lock, no notify.
   void finish_unshared() noexcept { done_.store(true, std::memory_order_release); }
