@@ -12,7 +12,7 @@
 // Thread levels (docs/mpi.md, "Threads"). Inline mode initialises MPI at MPI_THREAD_SINGLE
 // (OpenMPI locks inside every call at any higher level): every MPI call of the process is
 // then made on one thread, the one that created the group (and initialised MPI); another
-// thread gets a one-line ConfigError at the call (run_inline). send and recv post MPI_Isend /
+// thread gets a one-line ConfigError at the call (inline_work). send and recv post MPI_Isend /
 // MPI_Irecv and their Work is completed by its waiter (Work::attach_poll: MPI_Test on the
 // thread that waits). No MPI lock is taken: one thread cannot race itself.
 // mpi_single_thread.cpp holds what this mode needs. With PHALANX_MPI_ASYNC=1,
@@ -45,9 +45,9 @@ class MpiProcessGroup final : public Backend {
   void on_close() noexcept override { closing_ = true; }
   /// The sends and receives left to their waiters fail with the abort's error.
   void on_abort() noexcept override;
-  /// The caller's thread: the thread check (MPI_THREAD_SINGLE), then the operation on this
-  /// thread's spare Work.
-  WorkPtr run_inline(InlineOp& op) override;
+  /// On the caller's thread: the thread check (MPI_THREAD_SINGLE), then this thread's
+  /// spare Work.
+  WorkPtr inline_work(const InlineOp& op) override;
   void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) override;
   void run_broadcast(Tensor& t, int root, std::uint64_t seq) override;
   void run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) override;
@@ -72,7 +72,7 @@ class MpiProcessGroup final : public Backend {
 
   // MPI_THREAD_SINGLE (mpi_single_thread.cpp).
   /// The ConfigError of an operation (or a wait) from another thread than owner_'s.
-  [[noreturn]] void wrong_thread(const char* op) const;
+  [[noreturn, gnu::cold, gnu::noinline]] void wrong_thread(const char* op) const;
   /// A send or receive posted at MPI_THREAD_SINGLE, completed by its Work's waiter.
   struct Posted {
     MPI_Request request = MPI_REQUEST_NULL;
@@ -116,7 +116,8 @@ class MpiProcessGroup final : public Backend {
   bool single_ = false;  // MPI runs at MPI_THREAD_SINGLE (or FUNNELED): one thread, no lock
   bool locked_ = true;   // !single_: MPI calls take the process-wide MpiCall lock
   std::thread::id owner_;  // single_: the one thread that may call MPI (it created the group)
-  const WorkPtr* current_ = nullptr;  // single_: the Work of the operation running now (run_inline)
+  // single_: owner_'s spare-Work slot, which holds the Work of the operation running now
+  const std::shared_ptr<plugin_support::PluginWork>* current_ = nullptr;
   // single_ only: changed by owner_ under posted_mu_ (on_abort reads it from another thread).
   std::vector<std::shared_ptr<Posted>> posted_;
   std::mutex posted_mu_;

@@ -1,5 +1,5 @@
 // What MPI at MPI_THREAD_SINGLE needs (docs/mpi.md, "Threads"): every MPI call on the
-// thread that created the group (run_inline refuses any other), each operation on that
+// thread that created the group (inline_work refuses any other), each operation on that
 // thread's spare Work, and sends and receives completed by the waiter of their Work (an
 // MPI_Test per step of Work::wait), since no thread of the group may call MPI.
 #include <algorithm>
@@ -24,18 +24,13 @@ void keep_until_exit(const Tensor& t) {
 }
 }  // namespace
 
-WorkPtr MpiProcessGroup::run_inline(InlineOp& op) {
-  if (!single_) {  // MPI_THREAD_SERIALIZED: any thread (MpiCall serialises the MPI calls)
-    WorkPtr work = plugin_support::spare_work(op, op.take_seq(false), rank());
-    op.run(work);
-    return work;
-  }
+WorkPtr MpiProcessGroup::inline_work(const InlineOp& op) {
+  // MPI_THREAD_SERIALIZED: any thread (MpiCall serialises the MPI calls).
+  if (!single_) return plugin_support::spare_work(op, op.take_seq(false), rank());
   if (std::this_thread::get_id() != owner_) wrong_thread(op.name());  // one compare
   // One thread issues every operation: the sequence number is a plain increment.
-  WorkPtr work = plugin_support::spare_work(op, op.take_seq(true), rank());
+  const auto& work = plugin_support::spare_work(op, op.take_seq(true), rank());
   current_ = &work;  // for a send or receive that hands its Work to the waiter
-  op.run(work);
-  current_ = nullptr;
   return work;
 }
 
@@ -63,7 +58,7 @@ void MpiProcessGroup::defer_to_waiter(std::shared_ptr<Posted> p) {
       if (q->target.defined()) staging::copy_back(q->host, q->target);
     }
   }
-  const auto work = std::static_pointer_cast<plugin_support::PluginWork>(*current_);  // spare_work's
+  const std::shared_ptr<plugin_support::PluginWork>& work = *current_;  // this operation's
   p->work = work;
   {
     std::lock_guard<std::mutex> lock(posted_mu_);

@@ -57,10 +57,8 @@ ShmProcessGroup::~ShmProcessGroup() {
   if (sync_) sync_->mark_left(collectives_);
 }
 
-WorkPtr ShmProcessGroup::run_inline(InlineOp& op) {
-  WorkPtr work = plugin_support::spare_work(op, op.take_seq(false), rank());
-  op.run(work);
-  return work;
+WorkPtr ShmProcessGroup::inline_work(const InlineOp& op) {
+  return plugin_support::spare_work(op, op.take_seq(false), rank());
 }
 
 void ShmProcessGroup::on_abort() noexcept {

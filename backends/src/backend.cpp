@@ -20,10 +20,8 @@ void Backend::defer_completion(std::function<void()> waiter) {
   group_->defer_completion(std::move(waiter));
 }
 
-WorkPtr Backend::run_inline(InlineOp& op) {
-  auto work = std::make_shared<Work>(op.name(), op.take_seq(false), rank_, op.work_timeout());
-  op.run(work);
-  return work;
+WorkPtr Backend::inline_work(const InlineOp& op) {
+  return std::make_shared<Work>(op.name(), op.take_seq(false), rank_, op.work_timeout());
 }
 
 std::exception_ptr Backend::record_failure(const std::string& what, std::exception_ptr error) {

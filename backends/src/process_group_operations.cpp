@@ -1,6 +1,7 @@
 // The ten operations of a ProcessGroup: argument checks, the collective's signature
-// (PHALANX_DEBUG=detail), its timeline span, and the dispatch: to the backend's run_inline
-// on the caller's thread when the backend runs its operations inline, else to the queue.
+// (PHALANX_DEBUG=detail), its timeline span, and the dispatch: run here on the caller's
+// thread when the backend runs its operations inline (on a Work of the backend's
+// inline_work), else to the queue.
 #include "phalanx/backends/process_group.hpp"
 
 #include <tuple>
@@ -8,20 +9,24 @@
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/tensor_impl.hpp"
 #include "phalanx/core/timeline.hpp"
+#include "run_operation.hpp"
 
 namespace phalanx {
 
 template <class Body, class... Args>
 WorkPtr ProcessGroup::call(const char* op, const std::string& signature, Body body, const Args&... args) {
-  // Open inline group: the backend runs it here (what enqueue() does, without mu_: an abort
-  // racing this check is an abort during the operation, as with the lock: inline
-  // operations are never `running_`). The backend gets the caller's own handles: it writes
-  // their data, never the handles (backend.hpp), so the const_cast changes nothing the
-  // caller can see but the data.
+  // Open inline group: what enqueue() does, without mu_ (an abort racing this check is an
+  // abort during the operation, as with the lock: inline operations are never `running_`).
+  // The backend gets the caller's own handles: it writes their data, never the handles
+  // (backend.hpp), so the const_cast changes nothing the caller can see but the data.
   if (inline_ops_ && !closed_.load(std::memory_order_acquire)) {
+    WorkPtr work = be_->inline_work(InlineOp(op, next_seq_, work_timeout()));  // may refuse (throws)
     auto fn = [&](std::uint64_t seq) { body(seq, const_cast<Args&>(args)...); };
-    InlineOp inline_op(op, signature, fn, *this, next_seq_, work_timeout());
-    return be_->run_inline(inline_op);
+    // Plain stores, no read-modify-write: a group's inline operations come from one thread at a time.
+    inline_active_.store(true, std::memory_order_relaxed);
+    run_op<true>(work, fn, signature);
+    inline_active_.store(false, std::memory_order_release);
+    return work;
   }
   // Queued: the closure holds copies of the handles until the worker runs it.
   return enqueue(op, [body, held = std::tuple<Args...>(args...)](std::uint64_t seq) mutable {

@@ -5,6 +5,7 @@
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/timeline.hpp"
+#include "run_operation.hpp"
 
 namespace phalanx {
 
@@ -54,6 +55,8 @@ WorkPtr ProcessGroup::enqueue(const char* op, std::function<void(std::uint64_t)>
   cv_.notify_one();
   return work;
 }
+
+void ProcessGroup::run_item(Item& item) { run_op<false>(item.work, item.fn, item.signature); }
 
 void ProcessGroup::worker_loop() {
   timeline::name_this_thread("process group worker");  // its row in PHALANX_TIMELINE

@@ -3,8 +3,8 @@
 // docs/plugins.md). A backend implements the synchronous `run_*` hooks; the ProcessGroup
 // that owns it (phalanx/backends/process_group.hpp) calls them from its worker thread, one
 // at a time in issue order, or on the caller's thread when the backend runs its operations
-// inline (inline_ops; how it runs them, run_inline, is the backend's business: MPI reuses
-// its Works and restricts the thread). The group stops its threads before it destroys the
+// inline (inline_ops; the Works of those, inline_work, are the backend's business: MPI
+// reuses its Works and restricts the thread). The group stops its threads before it destroys the
 // backend, so a hook never runs on a backend whose destructor has begun: a backend needs no
 // shutdown step of its own.
 #include <atomic>
@@ -24,8 +24,8 @@ namespace phalanx {
 
 class ProcessGroup;
 
-/// One operation of an inline group, handed to Backend::run_inline on the caller's thread
-/// (a view of the group's call: valid during run_inline only).
+/// The operation an inline group is about to run on the caller's thread, as
+/// Backend::inline_work sees it (valid during that call only).
 class InlineOp {
  public:
   /// "allreduce", "send": a string literal (the same pointer for every call of an operation).
@@ -41,30 +41,12 @@ class InlineOp {
   }
   /// The timeout a Work of this group carries (Work's constructor).
   std::chrono::milliseconds work_timeout() const { return work_timeout_; }
-  /// Runs the operation on this thread with `work` as its Work (the group's collective
-  /// check, timeline span, the backend's run_* hook, failure bookkeeping) and completes
-  /// `work`, unless the hook handed its completion on (defer_completion, Work::attach_poll).
-  /// `work` must be visible to no other thread yet. Does not throw: a failure ends `work`.
-  void run(const WorkPtr& work) const;
 
  private:
   friend class ProcessGroup;
-  template <class Fn>
-  InlineOp(const char* name, const std::string& signature, Fn& fn, ProcessGroup& group,
-           std::atomic<std::uint64_t>& seq, std::chrono::milliseconds work_timeout)
-      : name_(name),
-        signature_(&signature),
-        fn_(&fn),
-        invoke_([](void* f, std::uint64_t s) { (*static_cast<Fn*>(f))(s); }),
-        group_(&group),
-        seq_(&seq),
-        work_timeout_(work_timeout) {}
-
+  InlineOp(const char* name, std::atomic<std::uint64_t>& seq, std::chrono::milliseconds work_timeout)
+      : name_(name), seq_(&seq), work_timeout_(work_timeout) {}
   const char* name_;
-  const std::string* signature_;  // empty unless the group checks collectives
-  void* fn_;                      // the group's closure: calls the run_* hook
-  void (*invoke_)(void*, std::uint64_t);
-  ProcessGroup* group_;
   std::atomic<std::uint64_t>* seq_;
   std::chrono::milliseconds work_timeout_;
 };
@@ -79,7 +61,7 @@ class Backend {
   int size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   /// Whether the group runs this backend's operations on the caller's thread (no worker
-  /// thread; each one through run_inline): for backends whose operations are trivial (the
+  /// thread; each one's Work from inline_work): for backends whose operations are trivial (the
   /// world of one) or cheaper than a thread hop (shm, MPI fast paths). Fixed at construction.
   bool inline_ops() const { return inline_ops_; }
   /// "gloo", "shm", "hierarchical:shm+gloo": what ProcessGroup::backend_name() returns.
@@ -119,12 +101,14 @@ class Backend {
   /// go on posting (a ring of sends and receives then cannot deadlock). Only valid inside a
   /// run_* hook called by the owning group.
   void defer_completion(std::function<void()> waiter);
-  /// An inline backend's operation (inline_ops), on the caller's thread, while the group
-  /// takes operations: take its sequence number, make (or reuse) its Work, op.run(work), and
-  /// return the Work. The default takes the number atomically and makes a new Work; a
-  /// backend overrides it to reuse Works, to refuse the wrong thread, or to hand a
-  /// Work's completion to its waiter (MPI, docs/mpi.md "Threads").
-  virtual WorkPtr run_inline(InlineOp& op);
+  /// The Work of an inline backend's next operation (inline_ops), on the caller's thread,
+  /// while the group takes operations: take its sequence number (op.take_seq) and make or
+  /// reuse its Work. The group then runs the operation here and completes that Work, unless
+  /// the run_* hook handed its end on (defer_completion, Work::attach_poll). Throwing
+  /// refuses the operation: nothing runs. The default takes the number atomically and makes
+  /// a new Work; shm and MPI reuse this thread's spare Work, MPI also refuses any thread but
+  /// its own at MPI_THREAD_SINGLE (docs/mpi.md, "Threads").
+  virtual WorkPtr inline_work(const InlineOp& op);
   /// The group's bookkeeping of an operation that failed outside a run_* hook (in a
   /// waiter's poll, or found failed at an abort): the failure hook for the group's first
   /// failure, the group broken, its queued operations failed. Returns the error the

@@ -5,8 +5,8 @@
 // Every public call returns a Work handle at once. Operations run on the group's own
 // worker thread, one after another in issue order (so every rank executes them in the
 // same order), while the caller keeps computing; or on the caller's thread when the
-// backend asks for it (Backend::inline_ops, Backend::run_inline: how it runs them, a
-// reused Work, a thread it insists on, is the backend's own). The bytes are carried by a Backend
+// backend asks for it (Backend::inline_ops; their Works come from Backend::inline_work:
+// a reused Work, a thread it insists on, are the backend's own). The bytes are carried by a Backend
 // (phalanx/backends/backend.hpp) that the group owns: its destructor stops the threads,
 // fails what is still queued, and only then destroys the backend, so a backend's hooks
 // never run on a half-destroyed object. After an operation fails the group is broken:
@@ -134,8 +134,7 @@ class ProcessGroup final {
   bool stop_threads(std::chrono::milliseconds grace = std::chrono::milliseconds(-1));
 
  private:
-  friend class Backend;   // defer_completion, record_failure
-  friend class InlineOp;  // run_inline_op
+  friend class Backend;  // defer_completion, record_failure
   struct Item {
     WorkPtr work;
     std::function<void(std::uint64_t)> fn;
@@ -143,8 +142,9 @@ class ProcessGroup final {
   };
   // process_group_operations.cpp: the ten operations and their dispatch.
   /// Issues one operation: `body(seq, args...)` calls the backend. While an inline group is
-  /// open, hands it to Backend::run_inline on the caller's own `args` (no copy, no lock, no
-  /// std::function); otherwise enqueue()s a closure holding copies of them.
+  /// open, runs it here at once on a Work from Backend::inline_work and the caller's own
+  /// `args` (no copy, no lock, no std::function); otherwise enqueue()s a closure holding
+  /// copies of them.
   template <class Body, class... Args>
   WorkPtr call(const char* op, const std::string& signature, Body body, const Args&... args);
   void check_root(int root, const char* op) const;
@@ -155,11 +155,10 @@ class ProcessGroup final {
   void completion_loop();
   /// Backend::defer_completion lands here (inside a run_* hook).
   void defer_completion(std::function<void()> waiter) { pending_waiter_ = std::move(waiter); }
-  // run_operation.cpp: one operation on its Work, on the worker or inline.
+  void run_item(Item& item);
+  // src/run_operation.hpp: one operation on its Work, on the worker or inline.
   template <bool kUnshared, class Fn>
   void run_op(const WorkPtr& work, Fn& fn, const std::string& signature);
-  void run_item(Item& item);
-  void run_inline_op(const InlineOp& op, const WorkPtr& work);
   // process_group.cpp: the group's life and failures.
   void fail_item(const WorkPtr& work, std::exception_ptr error);
   /// The bookkeeping of a failed operation described by `what` (failure hook for the first

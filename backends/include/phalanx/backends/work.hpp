@@ -49,7 +49,7 @@ class Work {
   /// (the Work then stays pending). Called under mu_.
   using Poll = std::function<bool(std::exception_ptr& failure)>;
   /// From now on the Work ends when `poll` says so, called by wait() / is_completed(), on
-  /// the waiter's thread. For a backend that completes its own Works (Backend::run_inline)
+  /// the waiter's thread. For a backend that completes its own Works (Backend::inline_work)
   /// where no thread of its own may do it (MPI at MPI_THREAD_SINGLE); a Work with a poll is
   /// left pending by the group when the run_* hook returns.
   void attach_poll(Poll poll);

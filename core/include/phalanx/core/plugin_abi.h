@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 8: Backend's vtable and layout (run_inline; defer_polled and restrict_to_this_thread went
+/* 8: Backend's vtable and layout (inline_work; defer_polled and restrict_to_this_thread went
  * to the MPI plugin); 7: BackendConfig gained ranks_on_machine; 6: DeviceKernels gained sgd_update_group/
  * adam_update_group (multi-tensor optimizer steps);
  * 5: Backend's and Work's layout (defer_polled, restrict_to_this_thread); 4: comm plugins'

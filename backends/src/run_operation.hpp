@@ -1,12 +1,14 @@
+#pragma once
 // One operation on its Work: the collective check, the backend's run_* hook, then the
 // Work's completion (now, on the completion thread, or by its waiter) or its failure.
-// The worker thread runs queued operations through run_item; an inline backend runs its
-// own through InlineOp::run, on the caller's thread.
+// The worker thread runs queued operations (run_item, work_queue.cpp); call() runs an
+// inline backend's on the caller's thread (process_group_operations.cpp).
+#include <mutex>
+#include <thread>
+
 #include "phalanx/backends/process_group.hpp"
 
 namespace phalanx {
-
-void ProcessGroup::run_item(Item& item) { run_op<false>(item.work, item.fn, item.signature); }
 
 // kUnshared: the Work is not visible to any other thread yet (an inline operation: abort()
 // does not see those), so success needs no lock nor notify.
@@ -36,15 +38,5 @@ void ProcessGroup::run_op(const WorkPtr& work, Fn& fn, const std::string& signat
     fail_item(work, std::current_exception());
   }
 }
-
-void ProcessGroup::run_inline_op(const InlineOp& op, const WorkPtr& work) {
-  const auto fn = [&op](std::uint64_t seq) { op.invoke_(op.fn_, seq); };
-  // Plain stores, no read-modify-write: a group's inline operations come from one thread at a time.
-  inline_active_.store(true, std::memory_order_relaxed);
-  run_op<true>(work, fn, *op.signature_);
-  inline_active_.store(false, std::memory_order_release);
-}
-
-void InlineOp::run(const WorkPtr& work) const { group_->run_inline_op(*this, work); }
 
 }  // namespace phalanx
