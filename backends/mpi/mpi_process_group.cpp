@@ -41,15 +41,6 @@ int wanted_level(bool async) {
   return MPI_THREAD_SINGLE;
 }
 
-/// Buffers of sends that MPI could neither complete nor cancel when their group was
-/// destroyed (their requests were freed: MPI may still read them): kept until exit.
-void keep_until_exit(const Tensor& t) {
-  static auto* kept = new std::vector<Tensor>();  // never destroyed: MPI may outlive statics
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  kept->push_back(t);
-}
-
 bool async_from_env() {
   return env::flag("PHALANX_MPI_ASYNC", false);
 }
@@ -118,9 +109,7 @@ MpiProcessGroup::MpiProcessGroup(const BackendConfig& c) : Backend(c.rank, c.siz
             "backend 'mpi' on rank ", c.rank, ": MPI runs at MPI_THREAD_SINGLE, and this group is created on a "
             "thread other than the one that initialised MPI; create every MPI group on that thread, or set "
             "PHALANX_MPI_THREADS=serialized (before the first group) to call MPI from any thread"));
-      restrict_to_this_thread(
-          "MPI runs at MPI_THREAD_SINGLE here (every MPI call on one thread); call it from the thread that created "
-          "the group, or set PHALANX_MPI_THREADS=serialized (any thread; each MPI call is slower)");
+      owner_ = std::this_thread::get_id();
     }
     MpiCall call(locked_);  // another group's completion thread may be testing a request
     int world = 0, me = 0;
@@ -155,15 +144,15 @@ MpiProcessGroup::MpiProcessGroup(const BackendConfig& c) : Backend(c.rank, c.siz
 MpiProcessGroup::~MpiProcessGroup() {
   // The group set closing_ (on_close) and stopped its threads before destroying this.
   closing_ = true;
+  drop_polls();
   if (finalized()) return;  // the process is exiting and MPI ended first: nothing left to free
-  if (!on_allowed_thread()) {
+  if (single_ && std::this_thread::get_id() != owner_) {
     // At MPI_THREAD_SINGLE no other thread may call MPI, not even to free: MPI_Finalize frees
     // the communicator; buffers MPI may still use are kept.
     std::fprintf(stderr, "phalanx: mpi: rank %d: the process group was destroyed on another thread than the one "
                  "that created it; its MPI communicator is left to MPI_Finalize (destroy the group on its thread)\n",
                  rank());
-    for (auto& p : posted_)
-      if (!p->ended) keep_until_exit(p->host);
+    abandon_posted();
     return;
   }
   if (single_) end_posted();
@@ -335,74 +324,6 @@ void MpiProcessGroup::run_recv(Tensor& t, int src, int tag, std::uint64_t seq) {
     wait_request(req, h, "recv", seq);
     copy_back(h, t);
   });
-}
-
-void MpiProcessGroup::defer_to_waiter(std::shared_ptr<Posted> p) {
-  // Complete what finished meanwhile (a send whose Work was dropped unwaited is never
-  // polled: its request is freed here, not kept until the group ends), then forget what
-  // ended. The owning thread only: no lock.
-  for (auto& q : posted_) {
-    if (q->ended) continue;
-    int done = 0;
-    const int rc = MPI_Test(&q->request, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {  // e.g. MPI_ERR_TRUNCATE: MPI ended the request; its poll reports it
-      q->ended = true;
-      q->error = rc;
-    } else if (done) {
-      q->ended = true;
-      if (q->target.defined()) copy_back(q->host, q->target);
-    }
-  }
-  posted_.erase(std::remove_if(posted_.begin(), posted_.end(), [](const auto& q) { return q->ended; }),
-                posted_.end());
-  posted_.push_back(p);
-  defer_polled([this, p = std::move(p)] { return poll(*p); });
-}
-
-bool MpiProcessGroup::poll(Posted& p) {
-  if (p.ended) {  // completed (or failed) in defer_to_waiter's sweep
-    check(p.error, p.op, p.seq);
-    return true;
-  }
-  int done = 0;
-  check(MPI_Test(&p.request, &done, MPI_STATUS_IGNORE), p.op, p.seq);
-  if (done) {
-    p.ended = true;
-    if (p.target.defined()) copy_back(p.host, p.target);  // a staged receive lands in the caller's tensor
-    return true;
-  }
-  if (closing_ || is_aborted())  // the request stays posted: end_posted() ends it
-    throw CommError(describe(p.op, p.seq) + ": the process group was " + (closing_ ? "destroyed" : "aborted") +
-                    " before the " + p.op + " completed");
-  if (std::chrono::steady_clock::now() > p.deadline)
-    throw TimeoutError(detail::concat(describe(p.op, p.seq), " timed out after ", timeout().count() / 1000.0,
-                                      " s: the peer never posted the matching ",
-                                      p.op == std::string("send") ? "recv" : "send", " (same tag?), or it has exited"));
-  return false;
-}
-
-void MpiProcessGroup::end_posted() noexcept {
-  using Clock = std::chrono::steady_clock;
-  for (auto& p : posted_) {
-    if (p->ended || p->request == MPI_REQUEST_NULL) continue;
-    p->ended = true;
-    int done = 0;
-    MPI_Test(&p->request, &done, MPI_STATUS_IGNORE);  // a send may have completed meanwhile
-    if (done) continue;
-    MPI_Cancel(&p->request);
-    // A cancelled receive completes at once; a send MPI cannot cancel (OpenMPI: once it has
-    // started) would wait for its peer: give it 100 ms, then free it and keep its buffer.
-    const auto until = Clock::now() + std::chrono::milliseconds(100);
-    while (!done && Clock::now() < until) {
-      MPI_Test(&p->request, &done, MPI_STATUS_IGNORE);
-      if (!done) std::this_thread::yield();
-    }
-    if (!done) {
-      MPI_Request_free(&p->request);
-      keep_until_exit(p->host);
-    }
-  }
-  posted_.clear();
 }
 
 void MpiProcessGroup::wait_request(MPI_Request req, const Tensor& keep_alive, const char* op, std::uint64_t seq) {

@@ -8,6 +8,7 @@
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/prefix_store.hpp"
 #include "phalanx/core/env.hpp"
+#include "../plugin_support/inline_work.hpp"
 #include "shm_signature.hpp"
 
 namespace phalanx::shm {
@@ -54,6 +55,10 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
 ShmProcessGroup::~ShmProcessGroup() {
   // The group stopped its threads before destroying this backend.
   if (sync_) sync_->mark_left(collectives_);
+}
+
+WorkPtr ShmProcessGroup::inline_work(const InlineOp& op) {
+  return plugin_support::spare_work(op, op.take_seq(false), rank());
 }
 
 void ShmProcessGroup::on_abort() noexcept {

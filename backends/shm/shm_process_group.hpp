@@ -34,6 +34,8 @@ class ShmProcessGroup final : public Backend {
   /// process group was destroyed before it completed". A collective running on the worker
   /// (PHALANX_SHM_INLINE=0) is left alone: the group waits for it.
   void on_close() noexcept override;
+  /// Inline mode: this thread's spare Work (no allocation per operation).
+  WorkPtr inline_work(const InlineOp& op) override;
   void run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) override;
   void run_broadcast(Tensor& t, int root, std::uint64_t seq) override;
   void run_allgather(std::vector<Tensor>& out, const Tensor& in, std::uint64_t seq) override;

@@ -20,20 +20,12 @@ void Backend::defer_completion(std::function<void()> waiter) {
   group_->defer_completion(std::move(waiter));
 }
 
-void Backend::defer_polled(std::function<bool()> poll) {
-  if (!group_) throw CommError(name() + ": defer_polled outside a run_* hook of its process group");
-  group_->defer_polled(std::move(poll));
+WorkPtr Backend::inline_work(const InlineOp& op) {
+  return std::make_shared<Work>(op.name(), op.take_seq(false), rank_, op.work_timeout());
 }
 
-void Backend::restrict_to_this_thread(std::string rule) {
-  only_thread_ = std::this_thread::get_id();
-  thread_rule_ = std::move(rule);
-}
-
-void Backend::wrong_thread(const char* op) const {
-  throw ConfigError(detail::concat(op, " on rank ", rank_, " of ", size_, " (", name(),
-                                   "): called from a thread other than the one that created the process group; ",
-                                   thread_rule_));
+std::exception_ptr Backend::record_failure(const std::string& what, std::exception_ptr error) {
+  return group_ ? group_->record_failure(what, std::move(error)) : error;
 }
 
 std::uint64_t Backend::sequence_number() const { return group_ ? group_->sequence_number() : 0; }

@@ -249,6 +249,24 @@ int run_thread_checks(int rank) {
     REQUIRE_RANK(r, e8.empty(), std::string("group B's send after group A was ") + (abort_a ? "aborted" : "destroyed") +
                                     ": " + e8);
   }
+  // 9. An abort from another thread ends at once a receive nobody sends: its Work is complete
+  // with the abort's error, seen from any thread (at single, no poll may run there).
+  {
+    BackendConfig cfg;
+    cfg.rank = r;
+    cfg.size = W;
+    cfg.timeout = std::chrono::milliseconds(5000);
+    ProcessGroupPtr g = create_process_group("mpi", cfg);
+    auto w = g->recv(zeros({4}), peer, 13);
+    std::thread([&] { g->abort(std::make_exception_ptr(CommError("the test aborted group 9"))); }).join();
+    const std::string e9 = on_other_thread([&] {
+      if (!w->is_completed()) throw CommError("still pending after the abort");
+      w->wait();
+    });
+    REQUIRE_RANK(r, e9.find("the test aborted group 9") != std::string::npos,
+                 "a receive left to its waiter, after an abort from another thread: '" + e9 + "'");
+    g.reset();
+  }
   // 7. A receive whose message is too long (MPI_ERR_TRUNCATE), completed before its wait by
   // another post's test of the open requests: its Work fails with MPI's error, it does not
   // report success over a partly written tensor. Last: the failure breaks the group.

@@ -3,23 +3,53 @@
 // docs/plugins.md). A backend implements the synchronous `run_*` hooks; the ProcessGroup
 // that owns it (phalanx/backends/process_group.hpp) calls them from its worker thread, one
 // at a time in issue order, or on the caller's thread when the backend runs its operations
-// inline. The group stops its threads before it destroys the backend, so a hook never runs
-// on a backend whose destructor has begun: a backend needs no shutdown step of its own.
+// inline (inline_ops; the Works of those, inline_work, are the backend's business: MPI
+// reuses its Works and restricts the thread). The group stops its threads before it destroys the
+// backend, so a hook never runs on a backend whose destructor has begun: a backend needs no
+// shutdown step of its own.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "phalanx/backends/reduce_op.hpp"
+#include "phalanx/backends/work.hpp"
 #include "phalanx/core/tensor.hpp"
 
 namespace phalanx {
 
 class ProcessGroup;
+
+/// The operation an inline group is about to run on the caller's thread, as
+/// Backend::inline_work sees it (valid during that call only).
+class InlineOp {
+ public:
+  /// "allreduce", "send": a string literal (the same pointer for every call of an operation).
+  const char* name() const { return name_; }
+  /// Takes the operation's sequence number from the group. `one_issuer`: the backend makes
+  /// sure that a single thread issues every operation of the group (MPI at
+  /// MPI_THREAD_SINGLE), so a plain increment will do instead of an atomic one.
+  std::uint64_t take_seq(bool one_issuer) const {
+    if (!one_issuer) return seq_->fetch_add(1, std::memory_order_relaxed);
+    const std::uint64_t s = seq_->load(std::memory_order_relaxed);
+    seq_->store(s + 1, std::memory_order_relaxed);
+    return s;
+  }
+  /// The timeout a Work of this group carries (Work's constructor).
+  std::chrono::milliseconds work_timeout() const { return work_timeout_; }
+
+ private:
+  friend class ProcessGroup;
+  InlineOp(const char* name, std::atomic<std::uint64_t>& seq, std::chrono::milliseconds work_timeout)
+      : name_(name), seq_(&seq), work_timeout_(work_timeout) {}
+  const char* name_;
+  std::atomic<std::uint64_t>* seq_;
+  std::chrono::milliseconds work_timeout_;
+};
 
 class Backend {
  public:
@@ -31,8 +61,8 @@ class Backend {
   int size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   /// Whether the group runs this backend's operations on the caller's thread (no worker
-  /// thread): for backends whose operations are trivial (the world of one) or cheaper than
-  /// a thread hop (shm, MPI fast paths). Fixed at construction.
+  /// thread; each one's Work from inline_work): for backends whose operations are trivial (the
+  /// world of one) or cheaper than a thread hop (shm, MPI fast paths). Fixed at construction.
   bool inline_ops() const { return inline_ops_; }
   /// "gloo", "shm", "hierarchical:shm+gloo": what ProcessGroup::backend_name() returns.
   virtual std::string name() const = 0;
@@ -43,8 +73,9 @@ class Backend {
 
   /// Called once by ProcessGroup::abort(), from the aborting thread, after the Works were
   /// completed: make the operation running in the backend return soon (close the
-  /// connections, abort the communicator). Must not block, nor throw. The default does
-  /// nothing.
+  /// connections, abort the communicator), and fail the Works the backend completes itself
+  /// (Work::attach_poll; record_failure gives the abort's error). Must not block, nor
+  /// throw. The default does nothing.
   virtual void on_abort() noexcept {}
   /// Called once by ~ProcessGroup before it stops its threads (a hook may be running):
   /// make a wait that can no longer end well return now (a posted receive whose Work
@@ -70,28 +101,19 @@ class Backend {
   /// go on posting (a ring of sends and receives then cannot deadlock). Only valid inside a
   /// run_* hook called by the owning group.
   void defer_completion(std::function<void()> waiter);
-  /// Like defer_completion, but with no thread of the group involved: the Work completes
-  /// when `poll` returns true, and `poll` is called by whoever waits on the Work (wait(),
-  /// is_completed()), on the waiter's thread, one step at a time (it must not block; it
-  /// throws the operation's error, which breaks the group as any failure does). Used where
-  /// only one thread may call the library (MPI at MPI_THREAD_SINGLE). Operations posted
-  /// before any wait still cannot deadlock: every post happened before the first poll.
-  /// A Work still pending when the group is destroyed fails ("destroyed before it
-  /// completed") and its poll is dropped; the backend ends what it posted in its on_close
-  /// or destructor. Only valid inside a run_* hook called by the owning group.
-  void defer_polled(std::function<bool()> poll);
-
-  /// From now on every operation of the owning group (and every poll of its Works) must
-  /// come from the calling thread; another thread gets a ConfigError at the call: "<op> on
-  /// rank R of W (<name>): called from a thread other than the one that created the process
-  /// group; <rule>". Call from the constructor (the thread that creates the group).
-  void restrict_to_this_thread(std::string rule);
-  /// Whether the calling thread may call into this backend (always, unless restricted).
-  bool on_allowed_thread() const {
-    return only_thread_ == std::thread::id() || only_thread_ == std::this_thread::get_id();
-  }
-  /// Throws the ConfigError of restrict_to_this_thread for `op`.
-  [[noreturn]] void wrong_thread(const char* op) const;
+  /// The Work of an inline backend's next operation (inline_ops), on the caller's thread,
+  /// while the group takes operations: take its sequence number (op.take_seq) and make or
+  /// reuse its Work. The group then runs the operation here and completes that Work, unless
+  /// the run_* hook handed its end on (defer_completion, Work::attach_poll). Throwing
+  /// refuses the operation: nothing runs. The default takes the number atomically and makes
+  /// a new Work; shm and MPI reuse this thread's spare Work, MPI also refuses any thread but
+  /// its own at MPI_THREAD_SINGLE (docs/mpi.md, "Threads").
+  virtual WorkPtr inline_work(const InlineOp& op);
+  /// The group's bookkeeping of an operation that failed outside a run_* hook (in a
+  /// waiter's poll, or found failed at an abort): the failure hook for the group's first
+  /// failure, the group broken, its queued operations failed. Returns the error the
+  /// operation's Work should end with (the abort's error once the group was aborted).
+  std::exception_ptr record_failure(const std::string& what, std::exception_ptr error);
 
   /// "allreduce #12 on rank 1 of 4 (gloo)": the context every error message starts with.
   std::string describe(const std::string& op, std::uint64_t seq) const;
@@ -107,8 +129,6 @@ class Backend {
   bool inline_ops_;
   std::atomic<bool> aborted_{false};  // set by ProcessGroup::abort
   ProcessGroup* group_ = nullptr;     // the owner, set by ProcessGroup's constructor
-  std::thread::id only_thread_{};     // restrict_to_this_thread (default: any thread)
-  std::string thread_rule_;
 };
 
 /// Frees a backend the way it was made: a plugin's `destroy` (the descriptor's, so the

@@ -5,7 +5,8 @@
 // Every public call returns a Work handle at once. Operations run on the group's own
 // worker thread, one after another in issue order (so every rank executes them in the
 // same order), while the caller keeps computing; or on the caller's thread when the
-// backend asks for it (Backend::inline_ops). The bytes are carried by a Backend
+// backend asks for it (Backend::inline_ops; their Works come from Backend::inline_work:
+// a reused Work, a thread it insists on, are the backend's own). The bytes are carried by a Backend
 // (phalanx/backends/backend.hpp) that the group owns: its destructor stops the threads,
 // fails what is still queued, and only then destroys the backend, so a backend's hooks
 // never run on a half-destroyed object. After an operation fails the group is broken:
@@ -133,40 +134,40 @@ class ProcessGroup final {
   bool stop_threads(std::chrono::milliseconds grace = std::chrono::milliseconds(-1));
 
  private:
-  friend class Backend;  // defer_completion
+  friend class Backend;  // defer_completion, record_failure
   struct Item {
     WorkPtr work;
     std::function<void(std::uint64_t)> fn;
     std::string signature;  // non-empty only with a collective check
   };
-  /// Issues one operation: `body(seq, args...)` calls the backend. Checks the calling
-  /// thread (Backend::restrict_to_this_thread); while an inline group is open, runs the body
-  /// here at once on the caller's own `args` (no copy, no lock, no std::function); otherwise
-  /// enqueue()s a closure holding copies of them. Defined in process_group.cpp.
+  // process_group_operations.cpp: the ten operations and their dispatch.
+  /// Issues one operation: `body(seq, args...)` calls the backend. While an inline group is
+  /// open, runs it here at once on a Work from Backend::inline_work and the caller's own
+  /// `args` (no copy, no lock, no std::function); otherwise enqueue()s a closure holding
+  /// copies of them.
   template <class Body, class... Args>
   WorkPtr call(const char* op, const std::string& signature, Body body, const Args&... args);
-  template <class Fn>
-  WorkPtr run_inline(const char* op, Fn& fn, const std::string& signature);
+  void check_root(int root, const char* op) const;
+  void check_peer(int peer, const char* op) const;
+  // work_queue.cpp: the worker thread and its queue, the completion thread.
   WorkPtr enqueue(const char* op, std::function<void(std::uint64_t)> fn, std::string signature = {});
+  void worker_loop();
+  void completion_loop();
+  /// Backend::defer_completion lands here (inside a run_* hook).
+  void defer_completion(std::function<void()> waiter) { pending_waiter_ = std::move(waiter); }
+  void run_item(Item& item);
+  // src/run_operation.hpp: one operation on its Work, on the worker or inline.
   template <bool kUnshared, class Fn>
   void run_op(const WorkPtr& work, Fn& fn, const std::string& signature);
-  void run_item(Item& item);
+  // process_group.cpp: the group's life and failures.
   void fail_item(const WorkPtr& work, std::exception_ptr error);
   /// The bookkeeping of a failed operation described by `what` (failure hook for the first
   /// failure, the group broken, queued operations failed); returns the error its Work ends with.
   std::exception_ptr record_failure(const std::string& what, std::exception_ptr error);
-  void worker_loop();
-  void completion_loop();
-  void check_root(int root, const char* op) const;
-  void check_peer(int peer, const char* op) const;
-  /// Backend::defer_completion lands here (the worker thread, inside a run_* hook).
-  void defer_completion(std::function<void()> waiter);
-  /// Backend::defer_polled lands here (inside a run_* hook).
-  void defer_polled(std::function<bool()> poll);
-  /// Gives `work` the poll a run_* hook deferred (Work::attach_poll), and remembers it.
-  void attach_poll(const WorkPtr& work);
   static Backend* adopt(const BackendPtr& backend);  // checks it; throws ValueError
   std::string describe(const std::string& op, std::uint64_t seq) const { return backend_->describe(op, seq); }
+  /// A Work's own bound (Work::wait): the backend's timeout fires first.
+  std::chrono::milliseconds work_timeout() const { return timeout_ + std::chrono::seconds(5); }
 
   BackendPtr backend_;  // destroyed explicitly by ~ProcessGroup, after the threads stopped
   Backend* be_;         // backend_.get(), for the hooks
@@ -185,7 +186,7 @@ class ProcessGroup final {
   std::uint64_t collective_index_ = 0;  // worker thread only
   std::condition_variable exit_cv_;
   bool worker_exited_ = false, completer_exited_ = false;
-  std::atomic<std::uint64_t> next_seq_{0};  // written under mu_, or by call()'s inline path
+  std::atomic<std::uint64_t> next_seq_{0};  // written under mu_, or by an inline operation (InlineOp)
   bool stopping_ = false;
   // abort_error_, stopping_ or broken_ is set (stored under mu_ after them; never cleared):
   // the inline path reads it instead of taking mu_.
@@ -202,9 +203,6 @@ class ProcessGroup final {
   std::condition_variable completion_cv_;
   std::thread completer_;
   WorkPtr completing_;  // the deferred completion running now
-  // polled completions (Backend::defer_polled): ended by their waiters
-  std::function<bool()> pending_poll_;           // set by defer_polled during a run_* hook
-  std::vector<std::weak_ptr<Work>> polled_;      // under mu_: failed and detached by ~ProcessGroup
   // An inline operation is running on a caller's thread (plain stores around it, no
   // read-modify-write: a group's inline operations come from one thread at a time).
   std::atomic<bool> inline_active_{false};

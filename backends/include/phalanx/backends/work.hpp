@@ -22,7 +22,7 @@ class Work {
 
   /// Blocks until the operation finished; rethrows its error. Waits at most `timeout`
   /// (default: the group's timeout), then throws TimeoutError naming the op. A Work its
-  /// waiter progresses (a send or recv of MPI at MPI_THREAD_SINGLE, Backend::defer_polled)
+  /// waiter progresses (a send or recv of MPI at MPI_THREAD_SINGLE: attach_poll)
   /// is driven from here: one non-blocking step, then a yield (a sleep after the first
   /// millisecond), until it ends; such a Work may be waited on only from the thread its
   /// backend allows (ConfigError otherwise, the Work stays pending).
@@ -43,21 +43,38 @@ class Work {
   /// abort from another thread. Idempotent: only the first call counts (returns true).
   bool finish(std::exception_ptr error = nullptr);
 
- private:
-  friend class ProcessGroup;
+ protected:
   /// One non-blocking step of an operation progressed by its waiter: true once it ended,
   /// with `failure` set when it failed. Throws when the calling thread may not progress it
   /// (the Work then stays pending). Called under mu_.
   using Poll = std::function<bool(std::exception_ptr& failure)>;
+  /// From now on the Work ends when `poll` says so, called by wait() / is_completed(), on
+  /// the waiter's thread. For a backend that completes its own Works (Backend::inline_work)
+  /// where no thread of its own may do it (MPI at MPI_THREAD_SINGLE); a Work with a poll is
+  /// left pending by the group when the run_* hook returns.
+  void attach_poll(Poll poll);
+  /// The owner is going away: a pending polled Work fails with `error` and drops its poll
+  /// (which refers to the owner). False when it had ended already.
+  bool detach_poll(std::exception_ptr error);
+  /// Whether a poll was ever attached (the Work's end was handed to its waiter).
+  bool polled() const { return polled_.load(std::memory_order_relaxed); }
+  /// Makes a Work that ended, and that no other thread holds any more, the Work of a new
+  /// operation: named `op` (null: keep the name), numbered `seq`; pending, no error. For a
+  /// backend that reuses its Works (no allocation per operation).
+  void restart(const char* op, std::uint64_t seq, int rank, std::chrono::milliseconds timeout) {
+    if (op) op_ = op;
+    seq_ = seq;
+    rank_ = rank;
+    timeout_ = timeout;
+    if (error_) error_ = nullptr;
+    done_.store(false, std::memory_order_relaxed);
+  }
 
+ private:
+  friend class ProcessGroup;  // finish_unshared, polled()
   /// finish() with success for a Work no other thread can see yet (an inline operation
   /// before its Work is returned): no lock, no notify.
   void finish_unshared() noexcept { done_.store(true, std::memory_order_release); }
-  /// From now on the Work ends when `poll` says so, called by wait() / is_completed().
-  void attach_poll(Poll poll);
-  /// The group is going away: a pending polled Work fails with `error` and drops its poll
-  /// (which refers to the group). False when it had ended already.
-  bool detach_poll(std::exception_ptr error);
   /// One poll step under mu_ (held by `lock`); true once done_.
   bool poll_locked();
   [[noreturn]] void throw_timeout(std::chrono::milliseconds timeout) const;
@@ -71,8 +88,8 @@ class Work {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   // done_ is set once, under mu_ (release) after error_: wait() on a finished Work reads it
-  // without the lock. ProcessGroup::submit rewrites every field of an inline Work that
-  // nobody holds any more, to reuse it.
+  // without the lock. restart() rewrites every field of a Work that nobody else holds
+  // any more, to reuse it.
   std::atomic<bool> done_{false};
   std::atomic<bool> polled_{false};  // poll_ was attached (read without the lock)
   std::exception_ptr error_;

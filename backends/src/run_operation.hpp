@@ -1,0 +1,42 @@
+#pragma once
+// One operation on its Work: the collective check, the backend's run_* hook, then the
+// Work's completion (now, on the completion thread, or by its waiter) or its failure.
+// The worker thread runs queued operations (run_item, work_queue.cpp); call() runs an
+// inline backend's on the caller's thread (process_group_operations.cpp).
+#include <mutex>
+#include <thread>
+
+#include "phalanx/backends/process_group.hpp"
+
+namespace phalanx {
+
+// kUnshared: the Work is not visible to any other thread yet (an inline operation: abort()
+// does not see those), so success needs no lock nor notify.
+template <bool kUnshared, class Fn>
+void ProcessGroup::run_op(const WorkPtr& work, Fn& fn, const std::string& signature) {
+  try {
+    if (!signature.empty() && collective_check_) collective_check_(collective_index_++, signature);
+    fn(work->sequence_number());
+    if (pending_waiter_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      completions_.emplace_back(work, std::move(pending_waiter_));
+      pending_waiter_ = nullptr;
+      if (!completer_.joinable()) {
+        completer_exited_ = false;
+        completer_ = std::thread([this] { completion_loop(); });
+      }
+      completion_cv_.notify_all();
+    } else if (work->polled()) {
+      // The backend handed its end to the waiter (Work::attach_poll): it stays pending.
+    } else if (kUnshared) {
+      work->finish_unshared();
+    } else {
+      work->finish();
+    }
+  } catch (...) {
+    pending_waiter_ = nullptr;
+    fail_item(work, std::current_exception());
+  }
+}
+
+}  // namespace phalanx
