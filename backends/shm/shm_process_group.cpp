@@ -25,6 +25,7 @@ std::size_t bytes_from_env(const char* name, std::size_t fallback) {
 
 ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
     : Backend(c.rank, c.size, c.timeout, inline_from_env()), sends_(c.size), recvs_(c.size) {
+  declare_shared_memory();
   try {
     if (!c.store) throw ConfigError("shm backend: BackendConfig::store is null (the rendezvous needs a store)");
     auto store = std::make_shared<PrefixStore>("shm", c.store);

@@ -73,8 +73,8 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
   // The schedule decides which allreduces a step issues, so it is one collective decision:
   // a rank's own settings (PHALANX_SHM_INLINE, its model's device) may differ from its
   // peers', and shm chunks only when every rank can (a MIN of one flag, once).
-  chunked = device.is_cpu() && (pg->size() == 1 || (pg->backend().inline_ops() && pg->backend_name() == "shm"));
-  if (pg->size() > 1 && pg->backend_name() == "shm") {
+  chunked = device.is_cpu() && (pg->size() == 1 || (pg->backend().inline_ops() && pg->backend().shared_memory()));
+  if (pg->size() > 1 && pg->backend().shared_memory()) {
     const std::int64_t mine = chunked ? 1 : 0;
     Tensor flag = from_buffer(&mine, {1});  // host memory: shm's own
     try {

@@ -64,6 +64,11 @@ class Backend {
   /// thread; each one's Work from inline_work): for backends whose operations are trivial (the
   /// world of one) or cheaper than a thread hop (shm, MPI fast paths). Fixed at construction.
   bool inline_ops() const { return inline_ops_; }
+  /// Whether every peer is reached through this host's memory (shm): a collective moves
+  /// bytes at memory speed with no per-message latency, so splitting it into many small
+  /// ones costs nothing (DDP's exact mode reduces in cache-sized chunks there). Declared by
+  /// the backend at construction (declare_shared_memory); false by default.
+  bool shared_memory() const { return shared_memory_; }
   /// "gloo", "shm", "hierarchical:shm+gloo": what ProcessGroup::backend_name() returns.
   virtual std::string name() const = 0;
 
@@ -81,6 +86,8 @@ class Backend {
   /// make a wait that can no longer end well return now (a posted receive whose Work
   /// nobody will read). Must not block, nor throw. The default does nothing.
   virtual void on_close() noexcept {}
+  /// For a backend whose every peer is in this host's memory (shared_memory()).
+  void declare_shared_memory() { shared_memory_ = true; }
 
   // The tensors are the caller's own handles on an inline group (copies on a queued one):
   // a hook reads and writes their data, and never assigns to a handle itself.
@@ -127,6 +134,7 @@ class Backend {
   int rank_, size_;
   std::chrono::milliseconds timeout_;
   bool inline_ops_;
+  bool shared_memory_ = false;
   std::atomic<bool> aborted_{false};  // set by ProcessGroup::abort
   ProcessGroup* group_ = nullptr;     // the owner, set by ProcessGroup's constructor
 };
