@@ -351,3 +351,16 @@ TEST_CASE("a PyTorchJob pod's RANK is its node rank, not an arrival order") {
   CHECK(o.master_addr == "127.0.0.1");
   CHECK(o.master_port == 29400);
 }
+
+TEST_CASE("a node whose --rdzv-endpoint host does not resolve says so, not 'another job'") {
+  // A Kubernetes pod can start before the DNS record of node 0's service exists.
+  const std::string dir = make_dir();
+  Launch l = start({"--nnodes=2", "--node_rank=1", "--rdzv_id=J", "--rdzv_endpoint=no-such-host.invalid:29400",
+                    "--rdzv_timeout=2", kWorker, "env", dir},
+                   dir);
+  CHECK(finish(l, 30s) == 2);
+  const std::string out = slurp(l.out);
+  INFO(out);
+  CHECK(contains(out, "cannot resolve 'no-such-host.invalid'"));
+  CHECK_FALSE(contains(out, "belongs to another job"));
+}
