@@ -15,7 +15,7 @@ struct EnvGuard {
   std::vector<std::string> names = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                     "MASTER_PORT", "PHALANX_BACKEND", "PHALANX_CONFIG", "OMPI_COMM_WORLD_RANK",
                                     "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "PHALANX_TIMEOUT",
-                                    "PHALANX_STORE_HOSTED", "PMI_RANK", "PMI_SIZE"};
+                                    "PHALANX_STORE_HOSTED", "PMI_RANK", "PMI_SIZE", "SLURM_STEP_ID"};
   EnvGuard() { clear(); }
   ~EnvGuard() { clear(); }
   void clear() {
@@ -54,6 +54,7 @@ TEST_CASE("torchrun, OpenMPI and SLURM variables") {
   env.clear();
   ::setenv("SLURM_PROCID", "5", 1);
   ::setenv("SLURM_NTASKS", "8", 1);
+  ::setenv("SLURM_STEP_ID", "0", 1);  // a task of srun
   e = parallel::read_launch_env();
   CHECK(e.source == "slurm");
   CHECK(e.rank == 5);
@@ -67,6 +68,25 @@ TEST_CASE("torchrun, OpenMPI and SLURM variables") {
   std::string source;
   CHECK(launch_world_size(&source) == 6);
   CHECK(source == "PMI_SIZE");
+}
+
+TEST_CASE("sbatch's batch script is not a task of srun: a one-line error, not a wait for tasks that never start") {
+  EnvGuard env;
+  ::setenv("SLURM_PROCID", "0", 1);  // what sbatch -n 2 gives its batch script
+  ::setenv("SLURM_NTASKS", "2", 1);
+  CHECK_THROWS_WITH_AS(parallel::read_launch_env(), doctest::Contains("not a task of srun (no SLURM_STEP_ID)"),
+                       ConfigError);
+  ::setenv("SLURM_STEP_ID", "4294967291", 1);  // a reserved step id (batch script)
+  CHECK_THROWS_AS(parallel::read_launch_env(), ConfigError);
+  ::setenv("SLURM_STEP_ID", "3", 1);  // srun's fourth step
+  CHECK(parallel::read_launch_env().world_size == 2);
+  ::unsetenv("SLURM_STEP_ID");
+  ::setenv("SLURM_NTASKS", "1", 1);  // sbatch -n 1 (the default): one process, as before
+  CHECK(parallel::read_launch_env().world_size == 1);
+  ::setenv("SLURM_NTASKS", "2", 1);
+  ::setenv("RANK", "0", 1);  // the way out the message names
+  ::setenv("WORLD_SIZE", "1", 1);
+  CHECK(parallel::read_launch_env().world_size == 1);
 }
 
 TEST_CASE("a malformed launch world size is an error, not a world of one; check_consistent needs a group") {
