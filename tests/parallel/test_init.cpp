@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "support/multirank.hpp"
 
@@ -87,6 +89,31 @@ TEST_CASE("sbatch's batch script is not a task of srun: a one-line error, not a 
   ::setenv("RANK", "0", 1);  // the way out the message names
   ::setenv("WORLD_SIZE", "1", 1);
   CHECK(parallel::read_launch_env().world_size == 1);
+}
+
+TEST_CASE("srun: rank 0 placed off the step's first node is a one-line error naming both nodes") {
+  EnvGuard env;
+  const auto results = run_processes(1, [&](int) {
+    // srun --distribution=arbitrary with a hostfile listing n2 first: task 0 on n2.
+    for (const auto& [k, v] : std::vector<std::pair<const char*, const char*>>{
+             {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}, {"SLURM_JOB_ID", "7"},
+             {"SLURM_STEP_NODELIST", "n[1-2]"}, {"SLURMD_NODENAME", "n2"}})
+      ::setenv(k, v, 1);
+    parallel::InitOptions o;
+    o.timeout = 2s;
+    try {
+      parallel::init_process_group(o);
+      return 7;
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      std::fprintf(stderr, "%s\n", m.c_str());
+      return m.find("rank 0 runs on node n2, not on the step's first node n1") != std::string::npos ? 0 : 3;
+    } catch (const std::exception& e) {  // before: "cannot listen on n1:...", or a resolver error
+      std::fprintf(stderr, "%s\n", e.what());
+      return 4;
+    }
+  }, 60s);
+  CHECK(results[0].exit_code == 0);
 }
 
 TEST_CASE("a malformed launch world size is an error, not a world of one; check_consistent needs a group") {
