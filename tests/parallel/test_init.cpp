@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "support/multirank.hpp"
 
@@ -15,7 +17,7 @@ struct EnvGuard {
   std::vector<std::string> names = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                     "MASTER_PORT", "PHALANX_BACKEND", "PHALANX_CONFIG", "OMPI_COMM_WORLD_RANK",
                                     "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "PHALANX_TIMEOUT",
-                                    "PHALANX_STORE_HOSTED", "PMI_RANK", "PMI_SIZE"};
+                                    "PHALANX_STORE_HOSTED", "PMI_RANK", "PMI_SIZE", "SLURM_STEP_ID"};
   EnvGuard() { clear(); }
   ~EnvGuard() { clear(); }
   void clear() {
@@ -54,6 +56,7 @@ TEST_CASE("torchrun, OpenMPI and SLURM variables") {
   env.clear();
   ::setenv("SLURM_PROCID", "5", 1);
   ::setenv("SLURM_NTASKS", "8", 1);
+  ::setenv("SLURM_STEP_ID", "0", 1);  // a task of srun
   e = parallel::read_launch_env();
   CHECK(e.source == "slurm");
   CHECK(e.rank == 5);
@@ -67,6 +70,50 @@ TEST_CASE("torchrun, OpenMPI and SLURM variables") {
   std::string source;
   CHECK(launch_world_size(&source) == 6);
   CHECK(source == "PMI_SIZE");
+}
+
+TEST_CASE("sbatch's batch script is not a task of srun: a one-line error, not a wait for tasks that never start") {
+  EnvGuard env;
+  ::setenv("SLURM_PROCID", "0", 1);  // what sbatch -n 2 gives its batch script
+  ::setenv("SLURM_NTASKS", "2", 1);
+  CHECK_THROWS_WITH_AS(parallel::read_launch_env(), doctest::Contains("not a task of srun (no SLURM_STEP_ID)"),
+                       ConfigError);
+  ::setenv("SLURM_STEP_ID", "4294967291", 1);  // a reserved step id (batch script)
+  CHECK_THROWS_AS(parallel::read_launch_env(), ConfigError);
+  ::setenv("SLURM_STEP_ID", "3", 1);  // srun's fourth step
+  CHECK(parallel::read_launch_env().world_size == 2);
+  ::unsetenv("SLURM_STEP_ID");
+  ::setenv("SLURM_NTASKS", "1", 1);  // sbatch -n 1 (the default): one process, as before
+  CHECK(parallel::read_launch_env().world_size == 1);
+  ::setenv("SLURM_NTASKS", "2", 1);
+  ::setenv("RANK", "0", 1);  // the way out the message names
+  ::setenv("WORLD_SIZE", "1", 1);
+  CHECK(parallel::read_launch_env().world_size == 1);
+}
+
+TEST_CASE("srun: rank 0 placed off the step's first node is a one-line error naming both nodes") {
+  EnvGuard env;
+  const auto results = run_processes(1, [&](int) {
+    // srun --distribution=arbitrary with a hostfile listing n2 first: task 0 on n2.
+    for (const auto& [k, v] : std::vector<std::pair<const char*, const char*>>{
+             {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}, {"SLURM_JOB_ID", "7"},
+             {"SLURM_STEP_NODELIST", "n[1-2]"}, {"SLURMD_NODENAME", "n2"}})
+      ::setenv(k, v, 1);
+    parallel::InitOptions o;
+    o.timeout = 2s;
+    try {
+      parallel::init_process_group(o);
+      return 7;
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      std::fprintf(stderr, "%s\n", m.c_str());
+      return m.find("rank 0 runs on node n2, not on the step's first node n1") != std::string::npos ? 0 : 3;
+    } catch (const std::exception& e) {  // before: "cannot listen on n1:...", or a resolver error
+      std::fprintf(stderr, "%s\n", e.what());
+      return 4;
+    }
+  }, 60s);
+  CHECK(results[0].exit_code == 0);
 }
 
 TEST_CASE("a malformed launch world size is an error, not a world of one; check_consistent needs a group") {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <thread>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <phalanx/phalanx.hpp>
@@ -326,4 +327,40 @@ TEST_CASE("a PyTorchJob pod's variables: taken when no torchrun option is given,
                      {{"WORLD_SIZE", "2"}, {"RANK", "2"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}});
   CHECK(finish(bad) == 2);
   CHECK(slurp(bad.out).find("RANK='2' is not an integer in [0, 1]") != std::string::npos);
+}
+
+TEST_CASE("a PyTorchJob pod's RANK is its node rank, not an arrival order") {
+  // Kubernetes restarts a failed pod with the same RANK: that launcher must come back as the
+  // same node, which arrival order (every rank taken by then) would refuse.
+  const std::vector<std::pair<const char*, const char*>> pod = {
+      {"WORLD_SIZE", "3"}, {"RANK", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29400"},
+      {"PHALANX_RDZV_TOKEN", "pod-token"}};
+  for (const auto& [k, v] : pod) ::setenv(k, v, 1);
+  ::unsetenv("PHALANX_STORE_HOSTED");
+  std::vector<std::string> args = {"phalanx-run", "--nproc-per-node", "1", "true"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  LaunchOptions o;
+  int code = -1;
+  const bool ok = parse_options(static_cast<int>(argv.size()), argv.data(), o, code);
+  for (const auto& kv : pod) ::unsetenv(kv.first);
+  REQUIRE(ok);
+  CHECK(o.nnodes == 3);
+  CHECK(o.node_rank == 2);
+  CHECK_FALSE(o.assign_node_rank);
+  CHECK(o.master_addr == "127.0.0.1");
+  CHECK(o.master_port == 29400);
+}
+
+TEST_CASE("a node whose --rdzv-endpoint host does not resolve says so, not 'another job'") {
+  // A Kubernetes pod can start before the DNS record of node 0's service exists.
+  const std::string dir = make_dir();
+  Launch l = start({"--nnodes=2", "--node_rank=1", "--rdzv_id=J", "--rdzv_endpoint=no-such-host.invalid:29400",
+                    "--rdzv_timeout=2", kWorker, "env", dir},
+                   dir);
+  CHECK(finish(l, 30s) == 2);
+  const std::string out = slurp(l.out);
+  INFO(out);
+  CHECK(contains(out, "cannot resolve 'no-such-host.invalid'"));
+  CHECK_FALSE(contains(out, "belongs to another job"));
 }

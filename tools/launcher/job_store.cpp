@@ -128,7 +128,12 @@ void connect_store(const LaunchOptions& o, JobStore& js) {
   try {
     js.store = std::make_shared<TcpStore>(
         client_options(o, js.port, js.hosting ? std::chrono::milliseconds(5000) : start_wait));
-  } catch (const ConfigError& e) {  // node 0's store refused this node's token
+  } catch (const ConfigError& e) {
+    // The client's ConfigErrors are a refused token or a host that does not resolve (a
+    // Kubernetes service whose DNS record is not there yet): only the first is another job.
+    // The refusal's wording is pinned by backends_tests (test_stores.cpp).
+    if (std::string(e.what()).find("refused this worker's job token") == std::string::npos)
+      throw LaunchError(2, who(o) + ": " + e.what());
     throw LaunchError(2, who(o) + ": node 0's store at " + o.master_addr + ":" + std::to_string(js.port) +
                              " belongs to another job (it refused this node's token): start every node with the "
                              "same " + token_source(o) + ".");

@@ -163,6 +163,7 @@ constexpr const char* kAbout =
 struct RawOptions {
   std::string nproc = "1", nnodes = "1", endpoint, backend = "c10d", term_signal;
   bool no_python = false;
+  bool pod_node_rank = false;  // the node rank came from a PyTorchJob pod's RANK (apply_pod_env)
   CLI::Option *nnodes_opt = nullptr, *node_rank_opt = nullptr, *addr_opt = nullptr, *port_opt = nullptr, *endpoint_opt = nullptr,
               *id_opt = nullptr, *token_opt = nullptr;
 };
@@ -298,6 +299,7 @@ bool apply_pod_env(LaunchOptions& o, RawOptions& r, std::string& error) {
     o.node_rank = static_cast<int>(env::integer("RANK", 0, 0, nodes - 1));
     o.master_port = static_cast<int>(env::integer("MASTER_PORT", 0, 1, 65535));
     r.nnodes = std::to_string(nodes);
+    r.pod_node_rank = true;
   } catch (const std::exception& e) {
     error = std::string(e.what()) + " (read as a PyTorchJob pod's node count, node rank and store; pass --nnodes, "
                                     "--node-rank and --rdzv-endpoint to override)";
@@ -328,8 +330,8 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   RawOptions raw;
   declare_options(app, o, raw);
   // The names the checks below use.
-  auto& [nproc, nnodes, endpoint, backend, term_signal, no_python, nnodes_opt, node_rank_opt, addr_opt, port_opt,
-         endpoint_opt, id_opt, token_opt] = raw;
+  auto& [nproc, nnodes, endpoint, backend, term_signal, no_python, pod_node_rank, nnodes_opt, node_rank_opt, addr_opt,
+         port_opt, endpoint_opt, id_opt, token_opt] = raw;
   auto fail = [&](const std::string& msg) {
     std::fprintf(stderr, "phalanx-run: %s\n", msg.c_str());
     exit_code = 2;
@@ -394,7 +396,9 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
                 "PHALANX_RDZV_SECRET set to the same secret on each node), or set PHALANX_RDZV_TOKEN (or "
                 "--rdzv-token) to the same secret on each node; without one anyone who can reach the "
                 "store could join or stop the job");
-  if (o.nnodes > 1 && !node_rank_opt->count()) {
+  // A pod's RANK is its node rank, as --node-rank would be: a pod restarted by Kubernetes
+  // comes back as the same node, where arrival order would find every rank taken.
+  if (o.nnodes > 1 && !node_rank_opt->count() && !pod_node_rank) {
     o.assign_node_rank = true;
     o.node_rank = -1;
   }

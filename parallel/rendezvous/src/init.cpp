@@ -292,6 +292,14 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
       token = slurm.token;
       srun_note = detail::concat("the store on ", addr, ":", port, " (the step's first node", env.master_port > 0 ? ", MASTER_PORT" : "",
                                  ")");
+      // Rank 0 hosts that store, so it must run on that node; srun's block and cyclic
+      // distributions put it there, an arbitrary one (a hostfile) or -m plane may not.
+      if (rank == 0)
+        if (const auto node = env::text("SLURMD_NODENAME"); node && !node->empty() && *node != addr)
+          throw ConfigError(detail::concat(
+              "rank 0 runs on node ", *node, ", not on the step's first node ", addr,
+              " where every task looks for the store (srun --distribution=arbitrary or a hostfile?): "
+              "set MASTER_ADDR to rank 0's host (and MASTER_PORT), or let srun place task 0 on the first node"));
     }
     if (addr.empty())
       throw ConfigError(detail::concat("MASTER_ADDR is not set: with a world of ", world,

@@ -58,6 +58,17 @@ LaunchEnv read_launch_env() {
     e.source = "slurm";
     e.world_size = parse_int("SLURM_NTASKS", get("SLURM_NTASKS"), 1, kMax);
     e.rank = parse_int("SLURM_PROCID", get("SLURM_PROCID"), 0, kMax);
+    // sbatch's batch script also has SLURM_PROCID=0 and the job's SLURM_NTASKS, but it is one
+    // process, not a task of srun: without this the program waited PHALANX_TIMEOUT for tasks
+    // that never start. srun's tasks have a step id; the batch, extern and interactive steps
+    // either have none or one of Slurm's reserved ids (0xfffffff0 and up).
+    const char* step = get("SLURM_STEP_ID");
+    if (e.world_size > 1 && (!step || std::strtoull(step, nullptr, 10) >= 0xfffffff0ULL))
+      throw ConfigError(detail::concat(
+          "SLURM_NTASKS=", e.world_size, " but this is Slurm's batch script, not a task of srun (",
+          step ? "SLURM_STEP_ID=" + std::string(step) : std::string("no SLURM_STEP_ID"),
+          "): start the workers with `srun phalanx-train ...` or `srun --ntasks-per-node=1 phalanx-run ...` "
+          "(docs/slurm.md), or set RANK=0 and WORLD_SIZE=1 to run one process here"));
     e.local_rank = get("SLURM_LOCALID") ? parse_int("SLURM_LOCALID", get("SLURM_LOCALID"), 0, kMax) : 0;
     // The tasks on this node: the step's list (srun sets it, "2(x3),1"), else the job's.
     const int node = get("SLURM_NODEID") ? parse_int("SLURM_NODEID", get("SLURM_NODEID"), 0, kMax) : 0;
