@@ -3,7 +3,8 @@
 # TensorBoard's own EventAccumulator (tests/tools/check_tensorboard.py, in the build's
 # pyenv that scripts/setup.sh makes) and compared with the same run's --metrics file; then
 # a run stopped after a mid-epoch checkpoint and resumed into the same folder, whose steps
-# must each appear once. Exit 77 (skipped) without the pyenv.
+# must each appear once; then (root only) a full disk under the event folder. Exit 77
+# (skipped) without the pyenv.
 #   tensorboard_check.sh PHALANX_RUN PHALANX_TRAIN DATA_DIR PYENV WORK_DIR
 set -euo pipefail
 run=$1 train=$2 data=$3 pyenv=$4 work=$5
@@ -32,5 +33,26 @@ rm "$work/ck/checkpoint-0000000008.npz"
 grep -q "resumed at step 5" "$work/resume.log" || { echo "the second run did not resume from step 5"; exit 1; }
 [ "$(ls "$work/resumed" | wc -l)" = 2 ] || { echo "expected two event files in $work/resumed"; exit 1; }
 "$python" "$(dirname "$0")/check_tensorboard.py" "$work/resumed" "$work/resumed.jsonl"
+# A full disk under the event files (a 16 KiB tmpfs; root only): one warning, training goes
+# on, the weights are saved, the run ends with the error, and the file stays readable.
+if [ "$(id -u)" = 0 ] && mkdir -p "$work/full_disk" && mount -t tmpfs -o size=16k tmpfs "$work/full_disk" 2>/dev/null; then
+  set +e
+  "$train" "${args[@]}" --epochs 20 --tensorboard "$work/full_disk/run" --save "$work/full_disk_w.npz" \
+    > "$work/full_disk.log" 2>&1
+  code=$?
+  set -e
+  n=$("$python" -c "
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+a = EventAccumulator('$work/full_disk/run'); a.Reload(); print(len(a.Scalars('train/loss')))" 2>/dev/null || echo 0)
+  umount "$work/full_disk"
+  [ "$code" = 1 ] || { cat "$work/full_disk.log"; echo "full disk: expected exit 1, got $code"; exit 1; }
+  grep -q "no more TensorBoard events are written, training goes on" "$work/full_disk.log" ||
+    { cat "$work/full_disk.log"; echo "full disk: no warning"; exit 1; }
+  [ -s "$work/full_disk_w.npz" ] || { echo "full disk: the weights were not saved"; exit 1; }
+  [ "$n" -gt 10 ] || { echo "full disk: TensorBoard reads $n steps of the full file"; exit 1; }
+  echo "full disk: warned, trained on, saved the weights, exit 1; TensorBoard reads $n steps"
+else
+  echo "full disk: not run (needs root to mount a small tmpfs)"
+fi
 rm -rf "$work"
 echo "trainer_tensorboard: passed"

@@ -14,6 +14,7 @@
 
 #include <phalanx/core/error.hpp>
 #include <phalanx/core/file_safety.hpp>
+#include <phalanx/core/warning.hpp>
 
 namespace phalanx::trainer {
 
@@ -154,14 +155,28 @@ void MetricsLog::open_tensorboard(const std::string& dir, std::int64_t first_ste
   steps_per_epoch_ = steps_per_epoch;
 }
 
+void MetricsLog::tb_scalar(const char* tag, double value, std::int64_t step) {
+  if (!tb_) return;
+  try {
+    tb_->add_scalar(tag, value, step);
+  } catch (const IoError& e) {
+    // A full disk under the event files must not cost the training since the last
+    // checkpoint: TensorBoard stops here, the run goes on, and close() reports it (as a
+    // failed --metrics write is reported).
+    tb_error_ = e.what();
+    warn(std::string("--tensorboard: ") + e.what() + "; no more TensorBoard events are written, training goes on");
+    tb_.reset();
+  }
+}
+
 void MetricsLog::step(std::int64_t step, std::int64_t epoch, double loss, double lr, double seconds, double grad_norm) {
   if (tb_) {
-    tb_->add_scalar("train/loss", loss, step);
-    tb_->add_scalar("train/lr", lr, step);
-    tb_->add_scalar("train/grad_norm", grad_norm, step);
+    tb_scalar("train/loss", loss, step);
+    tb_scalar("train/lr", lr, step);
+    tb_scalar("train/grad_norm", grad_norm, step);
     if (last_seconds_ >= 0 && seconds > last_seconds_) {
-      tb_->add_scalar("train/step_seconds", seconds - last_seconds_, step);
-      tb_->add_scalar("train/samples_per_second", static_cast<double>(samples_per_step_) / (seconds - last_seconds_), step);
+      tb_scalar("train/step_seconds", seconds - last_seconds_, step);
+      tb_scalar("train/samples_per_second", static_cast<double>(samples_per_step_) / (seconds - last_seconds_), step);
     }
     last_seconds_ = seconds;
   }
@@ -195,9 +210,9 @@ void MetricsLog::record_epoch(const nlohmann::json& rec) {
     // At the epoch's last step: one x axis for every curve, and a resumed run's purge_step
     // (a step) hides an epoch the earlier run reported after the checkpoint.
     const std::int64_t at = rec["epoch"].get<std::int64_t>() * steps_per_epoch_;
-    tb_->add_scalar("epoch/train_loss", rec["train_loss"].get<double>(), at);
-    if (rec.contains("test_loss")) tb_->add_scalar("epoch/test_loss", rec["test_loss"].get<double>(), at);
-    if (rec.contains("test_acc")) tb_->add_scalar("epoch/test_accuracy", rec["test_acc"].get<double>(), at);
+    tb_scalar("epoch/train_loss", rec["train_loss"].get<double>(), at);
+    if (rec.contains("test_loss")) tb_scalar("epoch/test_loss", rec["test_loss"].get<double>(), at);
+    if (rec.contains("test_acc")) tb_scalar("epoch/test_accuracy", rec["test_acc"].get<double>(), at);
   }
   if (!out_.is_open()) return;
   out_ << rec.dump() << "\n";
@@ -213,14 +228,20 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::close() {
+  // The JSON Lines file first: a TensorBoard error must not leave it unflushed.
+  bool failed = false;
+  if (out_.is_open()) {
+    for (const auto& steps : held_) out_ << steps;
+    held_.clear();
+    out_.flush();
+    failed = !out_;
+    out_.close();
+    failed = failed || !out_;
+  }
   if (tb_) tb_->close();  // fdatasync: throws IoError naming the file when it fails
-  if (!out_.is_open()) return;
-  for (const auto& steps : held_) out_ << steps;
-  held_.clear();
-  out_.flush();
-  const bool failed = !out_;
-  out_.close();
-  if (failed || !out_) throw IoError("--metrics " + path_ + ": write failed (disk full?); the file is incomplete");
+  if (failed) throw IoError("--metrics " + path_ + ": write failed (disk full?); the file is incomplete");
+  if (!tb_error_.empty())
+    throw IoError("--tensorboard: " + tb_error_ + "; the event files stop at that point (training went on)");
 }
 
 void MetricsLog::flush() {

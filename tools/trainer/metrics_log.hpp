@@ -63,7 +63,9 @@ class MetricsLog {
   std::ofstream out_;
   std::deque<std::string> held_;  // step records waiting behind each epoch record held back
   std::string line_;              // one step record, formatted (reused: no allocation per step)
-  std::optional<parallel::TensorBoardWriter> tb_;
+  void tb_scalar(const char* tag, double value, std::int64_t step);
+  std::optional<parallel::TensorBoardWriter> tb_;  // reset after a failed write
+  std::string tb_error_;                           // that write's error, for close()
   std::int64_t samples_per_step_ = 0;
   std::int64_t steps_per_epoch_ = 0;
   double last_seconds_ = -1;  // the previous step's `seconds`, for its duration

@@ -366,7 +366,8 @@ int TrainingLoop::finish() {
     if (rank_ == 0) std::printf("final mean loss over the training set: %.6f\n", final_loss);
     metrics_.record(nlohmann::json{{"eval_train_loss", final_loss}});
   }
-  metrics_.close();  // a write that failed (a full disk) is an error, not a truncated file
+  // The weights first: a metrics file or event folder that could not be written (a full
+  // disk) is an error below, but it must not cost the trained weights.
   if (rank_ == 0 && !c_.save.empty()) save_npz(c_.save, s_.net->state_dict());
   if (rank_ == 0 && !c_.plot.empty()) {
     std::vector<tools::Series> series{reporter_.train_curve()};
@@ -375,6 +376,7 @@ int TrainingLoop::finish() {
     co.title = "phalanx-train";
     tools::write_svg(c_.plot, series, co);
   }
+  metrics_.close();  // a write that failed (a full disk) is an error, not a truncated file
   if (rank_ == 0) {
     nlohmann::json summary{{"final_train_loss", final_loss}, {"steps", sp_.step}, {"seconds", secs},
                            {"world_size", world_}, {"backend", s_.pg->backend_name()}};

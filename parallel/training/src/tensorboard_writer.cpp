@@ -100,12 +100,18 @@ void TensorBoardWriter::write_record(const std::string& event) {
   while (left > 0) {
     const ssize_t n = ::write(fd_, p, left);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      throw IoError("TensorBoardWriter: writing '" + file_ + "' failed: " + std::strerror(errno) +
+    if (n < 0) {
+      const int err = errno;
+      // Cut a partly written record off again: TensorBoard's reader stops at a torn record,
+      // so one left in the middle would hide every event written after it.
+      if (left < record_.size()) (void)::ftruncate(fd_, good_size_);
+      throw IoError("TensorBoardWriter: writing '" + file_ + "' failed: " + std::strerror(err) +
                     " (is the disk full?)");
+    }
     p += n;
     left -= static_cast<std::size_t>(n);
   }
+  good_size_ += static_cast<std::int64_t>(record_.size());
 }
 
 void TensorBoardWriter::add_scalar(std::string_view tag, double value, std::int64_t global_step, double walltime) {

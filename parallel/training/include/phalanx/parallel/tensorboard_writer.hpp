@@ -44,7 +44,9 @@ class TensorBoardWriter {
   /// One value of the curve `tag` (non-empty; "/" groups curves in TensorBoard's sections)
   /// at `global_step`, stored as float32 as SummaryWriter stores it. `walltime` in seconds
   /// since the epoch, < 0 for now. Thread-safe. Throws IoError when the write fails (a full
-  /// disk), ValueError for an empty tag, IoError after close().
+  /// disk; the part of the record that was written is cut off again, so the file stays
+  /// readable and a later add_scalar may succeed), ValueError for an empty tag, IoError
+  /// after close().
   void add_scalar(std::string_view tag, double value, std::int64_t global_step, double walltime = -1);
   /// Makes the events written so far durable (fdatasync). Throws IoError when that fails.
   void flush();
@@ -64,6 +66,7 @@ class TensorBoardWriter {
   int fd_ = -1;
   std::string event_;   // the event being encoded (reused)
   std::string record_;  // its framed record (reused)
+  std::int64_t good_size_ = 0;  // the file's size after its last whole record
 };
 
 }  // namespace phalanx::parallel
