@@ -80,9 +80,11 @@ bool Work::finish(std::exception_ptr error) {
 void Work::attach_poll(Poll poll) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Polled even when an abort ended it meanwhile: the backend already listed it (MPI's
+    // posted_ names it before this call), so its spare must not be reused while listed.
+    polled_.store(true, std::memory_order_release);
     if (done_) return;  // aborted meanwhile
     poll_ = std::move(poll);
-    polled_.store(true, std::memory_order_release);
   }
   cv_.notify_all();  // a waiter sleeping on the condition variable starts polling
 }

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,6 +22,8 @@
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/process_group.hpp"
 #include "phalanx/core/creation.hpp"
+// The plugins' spare Work (plugin-private, included by path as the shm and MPI plugins do).
+#include "../../backends/plugin_support/inline_work.hpp"
 
 using namespace phalanx;
 using namespace std::chrono_literals;
@@ -204,6 +207,87 @@ TEST_CASE("inline backends run on the caller's thread; a plugin's destroy frees 
   const std::vector<std::string> want{"allreduce 0 begins", "allreduce 0 ends", "on_close", "plugin destroy",
                                       "destroyed"};
   CHECK(log.get() == want);
+}
+
+namespace {
+/// What the MPI plugin does at MPI_THREAD_SINGLE: each operation on this thread's spare
+/// Work (plugin_support::spare_work); a send is listed (weakly) before its end is handed to
+/// its waiter (attach_poll: ends once `*ready`); on_abort fails the listed Works; the
+/// destructor drops their polls. `between` runs after the listing, before attach_poll.
+class PostingBackend final : public Backend {
+ public:
+  PostingBackend(std::atomic<bool>* ready, std::function<void()> between)
+      : Backend(0, 2, 10s, /*inline_ops=*/true), ready_(ready), between_(std::move(between)) {}
+  ~PostingBackend() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& weak : posted_)
+      if (auto w = weak.lock()) w->detach_poll(std::make_exception_ptr(CommError("posting group destroyed")));
+  }
+  std::string name() const override { return "posting"; }
+
+ protected:
+  WorkPtr inline_work(const InlineOp& op) override {
+    const auto& work = plugin_support::spare_work(op, op.take_seq(true), rank());
+    current_ = &work;
+    return work;
+  }
+  void on_abort() noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& weak : posted_)
+      if (auto w = weak.lock()) w->finish(std::make_exception_ptr(CommError("posting group aborted")));
+  }
+  void run_send(const Tensor&, int, int, std::uint64_t) override {
+    const std::shared_ptr<plugin_support::PluginWork>& work = *current_;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      posted_.push_back(work);
+    }
+    if (between_) between_();
+    work->attach_poll([ready = ready_](std::exception_ptr&) { return ready->load(); });
+  }
+  void run_allreduce(Tensor&, ReduceOp, std::uint64_t) override {}
+  void run_broadcast(Tensor&, int, std::uint64_t) override {}
+  void run_allgather(std::vector<Tensor>&, const Tensor&, std::uint64_t) override {}
+  void run_reduce_scatter(Tensor&, std::vector<Tensor>&, ReduceOp, std::uint64_t) override {}
+  void run_reduce(Tensor&, int, ReduceOp, std::uint64_t) override {}
+  void run_gather(std::vector<Tensor>&, const Tensor&, int, std::uint64_t) override {}
+  void run_scatter(Tensor&, std::vector<Tensor>&, int, std::uint64_t) override {}
+  void run_barrier(std::uint64_t) override {}
+  void run_recv(Tensor&, int, int, std::uint64_t) override {}
+
+ private:
+  std::atomic<bool>* ready_;
+  std::function<void()> between_;
+  const std::shared_ptr<plugin_support::PluginWork>* current_ = nullptr;
+  std::mutex mu_;
+  std::vector<std::weak_ptr<plugin_support::PluginWork>> posted_;
+};
+}  // namespace
+
+TEST_CASE("a send aborted before its poll is attached is not this thread's next spare Work") {
+  // The abort fails the listed send before attach_poll: that Work must still count as
+  // polled, or the thread reuses it for its next operation (here another group's send)
+  // while the aborted group's list still names it, and that group's end fails it.
+  std::atomic<bool> ready{false};
+  Tensor t = zeros({1});
+  ProcessGroup* first_group = nullptr;
+  auto first = std::make_unique<ProcessGroup>(BackendPtr(new PostingBackend(&ready, [&] {
+    std::thread([&] { first_group->abort(nullptr); }).join();  // another thread aborts, mid-send
+  })));
+  first_group = first.get();
+  Work* aborted = nullptr;
+  {
+    const WorkPtr w = first->send(t, 1, 0);
+    aborted = w.get();
+    CHECK(failed_with(w, "posting group aborted"));
+  }
+  ProcessGroup second(BackendPtr(new PostingBackend(&ready, nullptr)));
+  const WorkPtr w2 = second.send(t, 1, 0);
+  CHECK(w2.get() != aborted);
+  first.reset();  // drops the polls of the Works its backend listed
+  CHECK_FALSE(w2->is_completed());  // still the second group's pending send
+  ready = true;
+  CHECK_NOTHROW(w2->wait(5s));
 }
 
 TEST_CASE("a group needs a backend") {

@@ -56,7 +56,8 @@ class Work {
   /// The owner is going away: a pending polled Work fails with `error` and drops its poll
   /// (which refers to the owner). False when it had ended already.
   bool detach_poll(std::exception_ptr error);
-  /// Whether a poll was ever attached (the Work's end was handed to its waiter).
+  /// Whether a poll was ever attached (the Work's end was handed to its waiter), also when
+  /// an abort had ended the Work first (the backend may still list it).
   bool polled() const { return polled_.load(std::memory_order_relaxed); }
   /// Makes a Work that ended, and that no other thread holds any more, the Work of a new
   /// operation: named `op` (null: keep the name), numbered `seq`; pending, no error. For a
