@@ -78,5 +78,5 @@ set_tests_properties(mpi.failed_rank_ends_job PROPERTIES ENVIRONMENT "${_phx_mpi
 # the process as a singleton; the error says so and what to pass, not "start every rank with -np".
 add_test(NAME mpi.srun_without_pmi_says_so COMMAND $<TARGET_FILE:mpi_conformance_worker>)
 set_tests_properties(mpi.srun_without_pmi_says_so PROPERTIES
-  ENVIRONMENT "${_phx_mpi_env};SLURM_PROCID=0;SLURM_NTASKS=2;PHALANX_BACKEND=mpi" TIMEOUT 30
+  ENVIRONMENT "${_phx_mpi_env};SLURM_PROCID=0;SLURM_NTASKS=2;SLURM_STEP_ID=0;PHALANX_BACKEND=mpi" TIMEOUT 30
   PASS_REGULAR_EXPRESSION "MPI started this process on its own [(]a world of 1, MPI's singleton mode[)].*srun --mpi=list")

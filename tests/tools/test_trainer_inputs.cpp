@@ -274,7 +274,7 @@ TEST_CASE("--help shows every default") {
   std::string line;
   const std::regex valued(R"(^  (--[a-z-]+) (TEXT|INT|FLOAT|LIST)\b(.*))");
   const std::vector<std::string> no_default = {"--config", "--train-x", "--train-y", "--dataset", "--test-x", "--test-y",
-                                               "--init", "--save", "--metrics", "--plot", "--checkpoint-dir",
+                                               "--init", "--save", "--metrics", "--plot", "--tensorboard", "--checkpoint-dir",
                                                "--resume-from"};
   int valued_seen = 0;
   while (std::getline(lines, line)) {
