@@ -59,11 +59,27 @@ struct Log {
 
 constexpr std::uint32_t kAlive = 0xA11CEu, kDead = 0xDEADBEEFu;
 
+/// A backend whose operations do nothing: the test backends below override what they test.
+class QuietBackend : public Backend {
+ protected:
+  using Backend::Backend;
+  void run_allreduce(Tensor&, ReduceOp, std::uint64_t) override {}
+  void run_broadcast(Tensor&, int, std::uint64_t) override {}
+  void run_allgather(std::vector<Tensor>&, const Tensor&, std::uint64_t) override {}
+  void run_reduce_scatter(Tensor&, std::vector<Tensor>&, ReduceOp, std::uint64_t) override {}
+  void run_reduce(Tensor&, int, ReduceOp, std::uint64_t) override {}
+  void run_gather(std::vector<Tensor>&, const Tensor&, int, std::uint64_t) override {}
+  void run_scatter(Tensor&, std::vector<Tensor>&, int, std::uint64_t) override {}
+  void run_barrier(std::uint64_t) override {}
+  void run_send(const Tensor&, int, int, std::uint64_t) override {}
+  void run_recv(Tensor&, int, int, std::uint64_t) override {}
+};
+
 /// allreduce sleeps `delay`; send posts a waiter that sleeps `delay` (a deferred completion).
-class SlowBackend final : public Backend {
+class SlowBackend final : public QuietBackend {
  public:
   SlowBackend(Log& log, std::chrono::milliseconds delay, bool inline_ops = false)
-      : Backend(0, 2, 10s, inline_ops), log_(&log), delay_(delay), buffer_(new int[16]) {}
+      : QuietBackend(0, 2, 10s, inline_ops), log_(&log), delay_(delay), buffer_(new int[16]) {}
   ~SlowBackend() override {
     log_->add("destroyed");
     alive_ = kDead;  // poison: a hook running after this point sees it
@@ -90,14 +106,6 @@ class SlowBackend final : public Backend {
       touch("send " + std::to_string(seq) + " completes");
     });
   }
-  void run_broadcast(Tensor&, int, std::uint64_t) override {}
-  void run_allgather(std::vector<Tensor>&, const Tensor&, std::uint64_t) override {}
-  void run_reduce_scatter(Tensor&, std::vector<Tensor>&, ReduceOp, std::uint64_t) override {}
-  void run_reduce(Tensor&, int, ReduceOp, std::uint64_t) override {}
-  void run_gather(std::vector<Tensor>&, const Tensor&, int, std::uint64_t) override {}
-  void run_scatter(Tensor&, std::vector<Tensor>&, int, std::uint64_t) override {}
-  void run_barrier(std::uint64_t) override {}
-  void run_recv(Tensor&, int, int, std::uint64_t) override {}
 
  private:
   void touch(const std::string& what) {
@@ -214,10 +222,10 @@ namespace {
 /// Work (plugin_support::spare_work); a send is listed (weakly) before its end is handed to
 /// its waiter (attach_poll: ends once `*ready`); on_abort fails the listed Works; the
 /// destructor drops their polls. `between` runs after the listing, before attach_poll.
-class PostingBackend final : public Backend {
+class PostingBackend final : public QuietBackend {
  public:
   PostingBackend(std::atomic<bool>* ready, std::function<void()> between)
-      : Backend(0, 2, 10s, /*inline_ops=*/true), ready_(ready), between_(std::move(between)) {}
+      : QuietBackend(0, 2, 10s, /*inline_ops=*/true), ready_(ready), between_(std::move(between)) {}
   ~PostingBackend() override {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& weak : posted_)
@@ -245,15 +253,6 @@ class PostingBackend final : public Backend {
     if (between_) between_();
     work->attach_poll([ready = ready_](std::exception_ptr&) { return ready->load(); });
   }
-  void run_allreduce(Tensor&, ReduceOp, std::uint64_t) override {}
-  void run_broadcast(Tensor&, int, std::uint64_t) override {}
-  void run_allgather(std::vector<Tensor>&, const Tensor&, std::uint64_t) override {}
-  void run_reduce_scatter(Tensor&, std::vector<Tensor>&, ReduceOp, std::uint64_t) override {}
-  void run_reduce(Tensor&, int, ReduceOp, std::uint64_t) override {}
-  void run_gather(std::vector<Tensor>&, const Tensor&, int, std::uint64_t) override {}
-  void run_scatter(Tensor&, std::vector<Tensor>&, int, std::uint64_t) override {}
-  void run_barrier(std::uint64_t) override {}
-  void run_recv(Tensor&, int, int, std::uint64_t) override {}
 
  private:
   std::atomic<bool>* ready_;

@@ -85,16 +85,7 @@ nlohmann::json summary_of(const std::string& out) {
 }
 
 void check_same_weights(const std::string& a_path, const std::string& b_path, double tol) {
-  const TensorMap a = load_npz(a_path), b = load_npz(b_path);
-  REQUIRE(a.size() == b.size());
-  for (const auto& [k, v] : a) {
-    CAPTURE(k);
-    const auto x = v.to_vector<float>(), y = b.at(k).to_vector<float>();
-    REQUIRE(x.size() == y.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(double(x[i]) - double(y[i])));
-    CHECK(worst <= tol);
-  }
+  CHECK(trainer_test::max_weight_diff(a_path, b_path) <= tol);
 }
 
 const std::string& one_process_weights() {

@@ -4,6 +4,8 @@
 #include <dirent.h>
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -54,6 +56,23 @@ inline std::vector<pid_t> workers_of(pid_t parent) {
   }
   if (proc) ::closedir(proc);
   return out;
+}
+
+/// The largest |a - b| over every weight of two .npz files of the same keys and shapes;
+/// infinity when their keys or shapes differ.
+inline double max_weight_diff(const std::string& a_path, const std::string& b_path) {
+  using namespace phalanx;
+  const TensorMap a = load_npz(a_path), b = load_npz(b_path);
+  if (a.size() != b.size()) return HUGE_VAL;
+  double worst = 0;
+  for (const auto& [k, v] : a) {
+    if (!b.contains(k)) return HUGE_VAL;
+    const auto x = v.to_vector<float>(), y = b.at(k).to_vector<float>();
+    if (x.size() != y.size()) return HUGE_VAL;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(x[i]) - static_cast<double>(y[i])));
+  }
+  return worst;
 }
 
 struct Result {
