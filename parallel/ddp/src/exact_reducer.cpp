@@ -158,15 +158,11 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
     buckets.push_back(std::move(bucket));
   }
   reset_step();
-  for (std::size_t p = 0; p < n; ++p)
-    hook_ids.push_back(params[p].register_grad_accumulated_hook([this, p](const Tensor&) { on_grad_ready(p); }));
+  attach_grad_hooks(params, [this](std::size_t p) { on_grad_ready(p); });
 }
 
 ExactReducer::~ExactReducer() {
-  for (std::size_t p = 0; p < params.size(); ++p) {
-    params[p].remove_grad_accumulated_hook(hook_ids[p]);
-    params[p].set_grad_destination(Tensor());
-  }
+  detach_grad_hooks();
   drain();
 }
 

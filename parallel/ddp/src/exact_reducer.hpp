@@ -84,7 +84,6 @@ class ExactReducer final : public GradReducer {
   DeviceKernels* kernels = nullptr;
   std::vector<Tensor> params;
   std::vector<std::string> names;
-  std::vector<std::uint64_t> hook_ids;
   std::vector<std::size_t> bucket_of, index_in_bucket;  // parameter -> bucket, its place there
   std::int64_t micro_batches = 0;  // K, all ranks together
   std::int64_t per_rank = 0;       // L = K / world

@@ -5,6 +5,15 @@
 
 namespace phalanx::parallel {
 
+void GradReducer::detach_grad_hooks() noexcept {
+  for (std::size_t p = 0; p < hook_ids_.size(); ++p) {
+    hooked_[p].remove_grad_accumulated_hook(hook_ids_[p]);
+    hooked_[p].set_grad_destination(Tensor());
+  }
+  hook_ids_.clear();
+  hooked_.clear();
+}
+
 BucketLayout bucket_layout(const std::vector<Tensor>& params, const DDPOptions& o) {
   const auto cap_bytes = [&](std::size_t bucket) {
     return static_cast<std::int64_t>((bucket == 0 ? o.first_bucket_mb() : o.bucket_cap_mb()) * 1024 * 1024);

@@ -72,8 +72,22 @@ class GradReducer {
   /// launches and the wait for them.
   virtual void finalize() = 0;
 
+  /// Registers `on_ready(p)` as parameter p's gradient-accumulated hook for every p: the
+  /// reducer's own non-virtual per-gradient code (the hook calls it directly).
+  template <typename OnReady>
+  void attach_grad_hooks(const std::vector<Tensor>& params, OnReady on_ready) {
+    hooked_ = params;
+    for (std::size_t p = 0; p < params.size(); ++p)
+      hook_ids_.push_back(hooked_[p].register_grad_accumulated_hook([on_ready, p](const Tensor&) { on_ready(p); }));
+  }
+  /// Removes those hooks and the parameters' gradient destinations; the first thing a
+  /// reducer's destructor does (the hooks call into it).
+  void detach_grad_hooks() noexcept;
+
  private:
   BucketLayout layout_;
+  std::vector<Tensor> hooked_;
+  std::vector<std::uint64_t> hook_ids_;
 };
 
 /// The reducer for `options` on `pg`: exact mode's on any world size (it refuses a model

@@ -61,16 +61,10 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroup
   for (std::size_t p = 0; p < n; ++p) params_[p].set_grad_destination(views_[p]);
   pending_.resize(buckets_.size());
   reset_pass();
-  for (std::size_t p = 0; p < n; ++p)
-    hook_ids_.push_back(params_[p].register_grad_accumulated_hook([this, p](const Tensor&) { on_grad_ready(p); }));
+  attach_grad_hooks(params_, [this](std::size_t p) { on_grad_ready(p); });
 }
 
-Reducer::~Reducer() {
-  for (std::size_t p = 0; p < params_.size(); ++p) {
-    params_[p].remove_grad_accumulated_hook(hook_ids_[p]);
-    params_[p].set_grad_destination(Tensor());
-  }
-}
+Reducer::~Reducer() { detach_grad_hooks(); }
 
 void Reducer::set_hook(CommHookPtr hook) {
   if (!hook) throw ValueError("DDP: the comm hook is null");

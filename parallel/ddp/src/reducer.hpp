@@ -59,7 +59,6 @@ class Reducer final : public GradReducer {
   Tensor flag_;                         // the pass flag: the last bucket's last element
   std::vector<Tensor> params_;
   std::vector<std::string> names_;
-  std::vector<std::uint64_t> hook_ids_;
   ProcessGroupPtr pg_;
   CommHookPtr hook_;
   std::vector<GradBucket> buckets_;
