@@ -3,10 +3,14 @@
 // and an input requires grad. Shape errors name the op and both shapes.
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <vector>
 
 #include "phalanx/core/tensor.hpp"
 
 namespace phalanx {
+
+class Generator;
 
 enum class Reduction : std::uint8_t { None, Mean, Sum };
 
@@ -26,6 +30,9 @@ Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 
 /// 2-D matrix product [M, K] x [K, N] -> [M, N] (CBLAS sgemm on CPU).
+/// torch.matmul: 1-D x 1-D is a dot product, 2-D x 2-D a matrix product, a 1-D operand
+/// is a row (left) or column (right) vector whose added dim is removed afterwards, and
+/// operands of 3 or more dims are batches of matrices whose leading dims broadcast.
 Tensor matmul(const Tensor& a, const Tensor& b);
 /// y = x W^T + b: x [N, in], weight [out, in], bias [out] (may be undefined). One GEMM.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
@@ -62,6 +69,34 @@ Tensor transpose(const Tensor& x, std::int64_t d0, std::int64_t d1);
 /// dimension before `dim` of size 1), otherwise a copy: do not write into the result in place.
 /// Splits packed inputs: `narrow(x, 1, 0, 16)` is PyTorch's `x[:, :16]`.
 Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t length);
+
+// ---- transformer building blocks (docs/transformers.md) ----
+// Phalanx tensors are always contiguous: permute (like transpose) materialises its result
+// and contiguous() returns its argument; the values and gradients are PyTorch's.
+Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims);
+Tensor contiguous(const Tensor& x);
+/// torch.cat / torch.stack (every tensor the same shape but `dim`, for cat; all equal, for stack).
+Tensor cat(const std::vector<Tensor>& xs, std::int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& xs, std::int64_t dim = 0);
+/// torch.split (pieces of split_size, the last one smaller) and its list-of-sizes form; torch.chunk.
+std::vector<Tensor> split(const Tensor& x, std::int64_t split_size, std::int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& x, const std::vector<std::int64_t>& sizes, std::int64_t dim = 0);
+std::vector<Tensor> chunk(const Tensor& x, std::int64_t chunks, std::int64_t dim = 0);
+/// x with `value` where mask (Bool, broadcastable to x) is true.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, float value);
+/// The lower / upper triangle of the last two dims (the rest zero), diagonal as in PyTorch.
+Tensor tril(const Tensor& x, std::int64_t diagonal = 0);
+Tensor triu(const Tensor& x, std::int64_t diagonal = 0);
+/// PyTorch 2's torch.nn.functional.scaled_dot_product_attention: q [..., L, E], k [..., S, E],
+/// v [..., S, Ev] -> [..., L, Ev]; attn_mask (Bool: true takes part; Float32: added to the
+/// scores) broadcastable to [..., L, S]; is_causal masks j > i; scale defaults to 1/sqrt(E);
+/// dropout_p drops attention weights (training only, drawn from `gen`). On the CPU it is one
+/// fused, tiled kernel with an online softmax whose memory grows linearly with L and S.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask = Tensor(), float dropout_p = 0.f,
+                                    bool is_causal = false, std::optional<double> scale = std::nullopt,
+                                    Generator* gen = nullptr);
+// ---- end transformer building blocks ----
 
 Tensor log_softmax(const Tensor& x, std::int64_t dim = -1);
 /// Like torch.nn.functional.cross_entropy: logits [N, C], integer targets [N] in [0, C).
