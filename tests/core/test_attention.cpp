@@ -13,6 +13,7 @@
 
 #include "phalanx/core/kernels.hpp"
 #include "phalanx/core/memory_stats.hpp"
+#include "phalanx/core/npy.hpp"
 #include "support/gradcheck.hpp"
 
 using namespace phalanx;
@@ -394,4 +395,26 @@ TEST_CASE("attention: peak memory grows linearly with the sequence length (no T 
   // 4x the length: about 4x the memory (quadratic would be 16x).
   CHECK(double(extra[1]) / double(extra[0]) < 4.5);
   CHECK(double(extra[2]) / double(extra[1]) < 4.5);
+}
+
+TEST_CASE("attention: PyTorch 1.13 parity (softmax(q k^T * scale + mask) v), outputs and gradients within 1e-5") {
+  // tests/fixtures/attention_parity.npz, made by scripts/fixtures/attention.py.
+  const TensorMap f = load_npz(std::string(PHALANX_FIXTURES) + "/attention_parity.npz");
+  for (const char* name : {"causal", "causal_tiles", "padding", "scale", "bias_scale_tiles"}) {
+    CAPTURE(name);
+    const std::string n = name;
+    auto at = [&](const char* key) { return f.at(n + "." + key); };
+    const float sc = at("scale").to_vector<float>()[0];
+    const bool causal = at("causal").to_vector<std::int64_t>()[0] != 0;
+    const Tensor mask = f.contains(n + ".mask") ? at("mask") : Tensor();
+    Tensor q = at("q").detach().requires_grad_(true), k = at("k").detach().requires_grad_(true),
+           v = at("v").detach().requires_grad_(true);
+    Tensor out = scaled_dot_product_attention(q, k, v, mask, 0.f, causal,
+                                              std::isnan(sc) ? std::nullopt : std::optional<double>(sc));
+    out.backward(at("gout"));
+    CHECK(max_rel_err(out, at("out")) < 1e-5);
+    CHECK(max_rel_err(q.grad(), at("gq")) < 1e-5);
+    CHECK(max_rel_err(k.grad(), at("gk")) < 1e-5);
+    CHECK(max_rel_err(v.grad(), at("gv")) < 1e-5);
+  }
 }
