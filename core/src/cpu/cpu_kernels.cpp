@@ -39,6 +39,8 @@ void CpuKernels::fill(Tensor& out, double value) {
   } else if (out.dtype() == DType::Int64) {
     auto* p = out.data<std::int64_t>();
     std::fill(p, p + n, static_cast<std::int64_t>(value));
+  } else if (out.dtype() == DType::Bool) {  // PyTorch: any non-zero value (NaN too) is true
+    std::memset(out.raw_data(), value != 0.0 ? 1 : 0, static_cast<std::size_t>(n));
   } else {  // float16 / bfloat16: one 2-byte pattern per element, rounded as convert() does
     const float v = static_cast<float>(value);
     const std::uint16_t bits = out.dtype() == DType::Float16 ? float_to_fp16(v) : float_to_bf16(v);

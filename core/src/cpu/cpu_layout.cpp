@@ -172,4 +172,55 @@ void CpuKernels::strided_copy(const Tensor& src, const StridedLayout& l, Tensor&
            [&](const char* a, char* b) { strided_row_bytes(a, b, n, ss, ds, es); });
 }
 
+void CpuKernels::masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) {
+  const std::int64_t n = x.numel(), p = mask.numel();
+  if (n == 0) return;
+  const float* xs = x.data<float>();
+  const auto* m = static_cast<const std::uint8_t*>(mask.raw_data());
+  float* o = out.data<float>();
+  for (std::int64_t base = 0; base < n; base += p)  // a select the compiler vectorises
+    for (std::int64_t j = 0; j < p; ++j) o[base + j] = m[j] ? value : xs[base + j];
+}
+
+namespace {
+template <typename T>
+void triangle_rows(const T* x, T* o, std::int64_t batch, std::int64_t rows, std::int64_t cols,
+                   std::int64_t diagonal, bool upper) {
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const T* xr = x + (b * rows + i) * cols;
+      T* orow = o + (b * rows + i) * cols;
+      // lower keeps j <= i + diagonal, upper keeps j >= i + diagonal
+      const std::int64_t edge = std::clamp<std::int64_t>(i + diagonal + (upper ? 0 : 1), 0, cols);
+      const std::int64_t keep_from = upper ? edge : 0, keep_to = upper ? cols : edge;
+      for (std::int64_t j = 0; j < keep_from; ++j) orow[j] = T{};
+      if (o != x)
+        for (std::int64_t j = keep_from; j < keep_to; ++j) orow[j] = xr[j];
+      for (std::int64_t j = keep_to; j < cols; ++j) orow[j] = T{};
+    }
+}
+}  // namespace
+
+void CpuKernels::triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal, bool upper,
+                          Tensor& out) {
+  if (x.numel() == 0) return;
+  const std::int64_t batch = x.numel() / (rows * cols);
+  const void* s = x.raw_data();
+  void* o = out.raw_data();
+  switch (element_size(x.dtype())) {
+    case 1:
+      return triangle_rows(static_cast<const std::uint8_t*>(s), static_cast<std::uint8_t*>(o), batch, rows, cols,
+                           diagonal, upper);
+    case 2:
+      return triangle_rows(static_cast<const std::uint16_t*>(s), static_cast<std::uint16_t*>(o), batch, rows, cols,
+                           diagonal, upper);
+    case 4:
+      return triangle_rows(static_cast<const std::uint32_t*>(s), static_cast<std::uint32_t*>(o), batch, rows, cols,
+                           diagonal, upper);
+    default:
+      return triangle_rows(static_cast<const std::uint64_t*>(s), static_cast<std::uint64_t*>(o), batch, rows, cols,
+                           diagonal, upper);
+  }
+}
+
 }  // namespace phalanx
