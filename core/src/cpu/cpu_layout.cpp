@@ -16,6 +16,14 @@ namespace phalanx {
 
 namespace {
 
+// The memory-bound inner loops are compiled for AVX-512F, AVX2 and baseline x86-64, picked at
+// load time (as cpu_elementwise.cpp's): moves and selects only, the same bits on each.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PHALANX_LAYOUT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PHALANX_LAYOUT_CLONES
+#endif
+
 struct Walk {
   int n = 0;
   std::int64_t size[kMaxLayoutDims], ss[kMaxLayoutDims], ds[kMaxLayoutDims];
@@ -109,8 +117,8 @@ void strided_row_bytes(const char* src, char* dst, std::int64_t n, std::int64_t 
 // dst[i * dp + j] = src[i + j * sn] for i < rows, j < cols: src's unit step is along i, dst's
 // along j. Tiles of kTile x kTile keep both sides' cache lines in use.
 template <typename T>
-void tiled_transpose(const char* src, char* dst, std::int64_t rows, std::int64_t cols, std::int64_t sn,
-                     std::int64_t dp) {
+PHALANX_LAYOUT_CLONES void tiled_transpose(const char* src, char* dst, std::int64_t rows, std::int64_t cols,
+                                           std::int64_t sn, std::int64_t dp) {
   constexpr std::int64_t kTile = 16;
   const T* s = reinterpret_cast<const T*>(src);
   T* d = reinterpret_cast<T*>(dst);
@@ -141,8 +149,8 @@ void CpuKernels::strided_copy(const Tensor& src, const StridedLayout& l, Tensor&
   int outer_dims[kMaxLayoutDims];
   const std::int64_t n = w.size[inner];
   if (w.ss[inner] == 1 && w.ds[inner] == 1) {  // contiguous rows
-    for (int i = 0; i < inner; ++i) outer_dims[i] = i;
     const std::size_t row = static_cast<std::size_t>(n) * es;
+    for (int i = 0; i < inner; ++i) outer_dims[i] = i;
     odometer(w, outer_dims, inner, es, s, o, [row](const char* a, char* b) { std::memcpy(b, a, row); });
     return;
   }
@@ -172,14 +180,22 @@ void CpuKernels::strided_copy(const Tensor& src, const StridedLayout& l, Tensor&
            [&](const char* a, char* b) { strided_row_bytes(a, b, n, ss, ds, es); });
 }
 
+namespace {
+PHALANX_LAYOUT_CLONES
+void masked_fill_rows(const float* x, const std::uint8_t* __restrict m, float value, float* o, std::int64_t n,
+                      std::int64_t p) {
+  for (std::int64_t base = 0; base < n; base += p) {  // a select the compiler vectorises
+    const float* xs = x + base;
+    float* os = o + base;
+    for (std::int64_t j = 0; j < p; ++j) os[j] = m[j] ? value : xs[j];
+  }
+}
+}  // namespace
+
 void CpuKernels::masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) {
   const std::int64_t n = x.numel(), p = mask.numel();
   if (n == 0) return;
-  const float* xs = x.data<float>();
-  const auto* m = static_cast<const std::uint8_t*>(mask.raw_data());
-  float* o = out.data<float>();
-  for (std::int64_t base = 0; base < n; base += p)  // a select the compiler vectorises
-    for (std::int64_t j = 0; j < p; ++j) o[base + j] = m[j] ? value : xs[base + j];
+  masked_fill_rows(x.data<float>(), static_cast<const std::uint8_t*>(mask.raw_data()), value, out.data<float>(), n, p);
 }
 
 namespace {
