@@ -214,12 +214,35 @@ TEST_CASE("permute: values, gradients, the attention layout and the identity") {
   CHECK(b.shape() == Shape{2, 3, 5, 4});
   CHECK(same_bits(permute(b, {0, 2, 1, 3}), a));
   CHECK(same_bits(b, transpose(a, 1, 2)));
-  // a full transpose (the tiled path) against transpose()
+  // full transposes (the tiled path, partial tiles at the edges) against loops; transpose()
+  // runs on the same kernel
   Tensor big = away_from_zero({37, 53}, 10);
+  const auto bv = big.to_vector<float>(), tv = permute(big, {1, 0}).to_vector<float>();
+  for (int i = 0; i < 37; ++i)
+    for (int j = 0; j < 53; ++j) REQUIRE(tv[j * 37 + i] == bv[i * 53 + j]);
   CHECK(same_bits(permute(big, {1, 0}), transpose(big, 0, 1)));
   Tensor big3 = away_from_zero({3, 19, 41}, 11);
+  const auto b3 = big3.to_vector<float>(), t3 = permute(big3, {0, 2, 1}).to_vector<float>(),
+             r3 = permute(big3, {2, 1, 0}).to_vector<float>();
+  for (int a = 0; a < 3; ++a)
+    for (int i = 0; i < 19; ++i)
+      for (int j = 0; j < 41; ++j) {
+        REQUIRE(t3[(a * 41 + j) * 19 + i] == b3[(a * 19 + i) * 41 + j]);
+        REQUIRE(r3[(j * 19 + i) * 3 + a] == b3[(a * 19 + i) * 41 + j]);
+      }
   CHECK(same_bits(permute(big3, {0, 2, 1}), transpose(big3, 1, 2)));
   CHECK(same_bits(permute(big3, {2, 1, 0}), transpose(big3, 0, 2)));
+  // 1-, 2- and 8-byte elements through the tiled path
+  Tensor h = to_dtype(big, DType::Float16);
+  CHECK(same_bits(to_dtype(permute(h, {1, 0}), DType::Float32), to_dtype(to_dtype(permute(big, {1, 0}), DType::Float16), DType::Float32)));
+  Tensor i64 = arange(37 * 53, DType::Int64).reshape({37, 53});
+  const auto iv = permute(i64, {1, 0}).to_vector<std::int64_t>();
+  for (int i = 0; i < 37; ++i)
+    for (int j = 0; j < 53; ++j) REQUIRE(iv[j * 37 + i] == i * 53 + j);
+  Tensor m = triu(ones({37, 53}, DType::Bool));
+  const auto mv = permute(m, {1, 0}).to_vector<bool>();
+  for (int i = 0; i < 37; ++i)
+    for (int j = 0; j < 53; ++j) REQUIRE(mv[j * 37 + i] == (j >= i));
   // int64 and scalars
   Tensor i = tensor(std::vector<std::int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
   CHECK(permute(i, {1, 0}).to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 4, 2, 5, 3, 6});
