@@ -1,11 +1,9 @@
 // The transformer's layout and mask ops: permute, contiguous, cat, stack, split, chunk,
-// masked_fill, tril/triu. The layout ops are each one or
-// a few calls of the device's strided_copy (kernels.hpp, "layout and masks"); a slice along
-// dim 0 (or any slice that is one block of memory) is a view, as narrow's is. Phalanx tensors
-// are always contiguous, so permute materialises its result and contiguous() is the identity
-// (docs/transformer_ops.md).
+// masked_fill, tril/triu. The layout ops are each one or a few calls of the device's
+// strided_copy (kernels.hpp, "layout and masks"); a slice along dim 0 (or any slice that is
+// one block of memory) is a view, as narrow's is. Phalanx tensors are always contiguous, so
+// permute materialises its result and contiguous() is the identity (docs/transformer_ops.md).
 #include <algorithm>
-#include <numeric>
 
 #include "ops/op_support.hpp"
 #include "phalanx/core/creation.hpp"
