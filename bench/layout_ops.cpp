@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
     std::function<void()> fn;
     std::size_t bytes;  // the output's bytes (what memcpy copies)
   };
+  Tensor bhtd = randn({16, 4, 128, 32}, &g);  // k^T of attention: the last two dims swapped
   Tensor bthd = randn({16, 128, 4, 32}, &g), big = randn({16, 512, 8, 64}, &g), sq = randn({1024, 1024}, &g);
   Tensor qkv = randn({16, 128, 384}, &g);
   std::vector<Tensor> parts = split(qkv, 128, 2);
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
       {"permute_bthd", [&] { (void)permute(bthd, {0, 2, 1, 3}); }, bthd.nbytes()},
       {"permute_bthd_big", [&] { (void)permute(big, {0, 2, 1, 3}); }, big.nbytes()},
       {"transpose_1024", [&] { (void)permute(sq, {1, 0}); }, sq.nbytes()},
+      {"transpose_kT", [&] { (void)transpose(bhtd, 2, 3); }, bhtd.nbytes()},
       {"split_qkv", [&] { (void)split(qkv, 128, 2); }, qkv.nbytes()},
       {"cat_qkv", [&] { (void)cat(parts, 2); }, qkv.nbytes()},
       {"masked_fill_causal", [&] { (void)masked_fill(scores, causal, -INFINITY); }, scores.nbytes()},

@@ -23,6 +23,9 @@ def make(case):
     if case == "transpose_1024":
         x = torch.randn(1024, 1024)
         return lambda: x.permute(1, 0).contiguous()
+    if case == "transpose_kT":
+        x = torch.randn(16, 4, 128, 32)
+        return lambda: x.transpose(2, 3).contiguous()
     if case == "split_qkv":
         x = torch.randn(16, 128, 384)
         return lambda: [p.contiguous() for p in x.split(128, dim=2)]
