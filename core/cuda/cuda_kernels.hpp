@@ -65,6 +65,9 @@ class CudaKernels final : public DeviceKernels {
   // ---- end normalisation, embedding, argmax, clamp ----
   // ---- layout and masks (cuda_layout.cu) ----
   void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) override;
+  void masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) override;
+  void triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal, bool upper,
+                Tensor& out) override;
   // ---- end layout and masks ----
   // ---- convolution and pooling ----
   void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) override;

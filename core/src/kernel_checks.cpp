@@ -418,6 +418,21 @@ class CheckedKernels final : public DeviceKernels {
           .that(dst_end < numel_of(dst), "the layout reaches past the end of dst");
     k_.strided_copy(src, l, dst);
   }
+  void masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) override {
+    const std::int64_t p = numel_of(mask);
+    call("masked_fill").on("x", x).on("mask", mask).on("out", out).f32("x", x).f32("out", out)
+        .dtype("mask", mask, DType::Bool).numel("out", out, numel_of(x), "x's numel")
+        .that(p > 0 ? numel_of(x) % p == 0 : numel_of(x) == 0, "mask's numel must divide x's");
+    k_.masked_fill(x, mask, value, out);
+  }
+  void triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal, bool upper,
+                Tensor& out) override {
+    call("triangle").on("x", x).on("out", out).dtype("out", out, dtype_of(x))
+        .numel("out", out, numel_of(x), "x's numel")
+        .that(rows >= 0 && cols >= 0 && (rows * cols == 0 ? numel_of(x) == 0 : numel_of(x) % (rows * cols) == 0),
+              "x must be a batch of rows x cols matrices");
+    k_.triangle(x, rows, cols, diagonal, upper, out);
+  }
   // ---- end layout and masks ----
   // ---- attention ----
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,

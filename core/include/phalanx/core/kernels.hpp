@@ -260,6 +260,14 @@ class DeviceKernels {
   /// for every index i of l.sizes; src and dst of one dtype (any), not overlapping. Serves
   /// permute, cat, stack, split, chunk and the broadcast of a mask.
   virtual void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) = 0;
+  /// out = value where mask is true, x elsewhere: x and out float32 of one numel (out may be
+  /// x), mask Bool whose numel divides x's and which repeats with its numel as period (the
+  /// suffix broadcasting of binary(); other broadcasts are expanded with strided_copy first).
+  virtual void masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) = 0;
+  /// x (any dtype) viewed as [batch, rows, cols]: out keeps element (i, j) where j - i <=
+  /// diagonal (lower) or j - i >= diagonal (upper) and is zero elsewhere (out may be x).
+  virtual void triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal,
+                        bool upper, Tensor& out) = 0;
   // ---- end layout and masks ----
   // ---- attention (CPU: core/src/cpu/cpu_attention.cpp, docs/attention.md) ----
   /// out [batch, l, ev] = softmax(q k^T * scale + mask, causal) (dropped out) v, and
