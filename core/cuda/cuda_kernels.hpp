@@ -80,6 +80,13 @@ class CudaKernels final : public DeviceKernels {
   void add_channel_bias(const Tensor& bias, std::int64_t outer, std::int64_t inner, Tensor& out) override;
   void channel_sum(const Tensor& g, std::int64_t outer, std::int64_t inner, Tensor& out) override;
   // ---- end convolution and pooling ----
+  // ---- attention (cuda_attention.cu) ----
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                         const AttentionParams& p, Tensor& out, Tensor& lse) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
+                          const Tensor& lse, const Tensor& grad_out, const AttentionParams& p, Tensor& grad_q,
+                          Tensor& grad_k, Tensor& grad_v) override;
+  // ---- end attention ----
   void convert(const Tensor& src, Tensor& dst) override;
   void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdUpdate& u) override;
   void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& max_exp_avg_sq,

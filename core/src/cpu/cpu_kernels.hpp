@@ -85,6 +85,13 @@ class CpuKernels final : public DeviceKernels {
   // ---- layout and masks (cpu_layout.cpp) ----
   void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) override;
   // ---- end layout and masks ----
+  // ---- attention (cpu_attention.cpp) ----
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                         const AttentionParams& p, Tensor& out, Tensor& lse) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                          const Tensor& out, const Tensor& lse, const Tensor& grad_out, const AttentionParams& p,
+                          Tensor& grad_q, Tensor& grad_k, Tensor& grad_v) override;
+  // ---- end attention ----
   void convert(const Tensor& src, Tensor& dst) override;
   void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer,
                   const SgdUpdate& u) override;
