@@ -239,3 +239,21 @@ TEST_CASE("GPT dropout draws from its generator: the same seed, the same loss; e
   NoGradGuard ng;
   CHECK(no_dropout.forward(idx, idx).item() == loss_with(0, false));
 }
+
+TEST_CASE("GPT on the sim test accelerator: the CPU's logits, loss, gradients and samples") {
+  const nn::GPTConfig c = nn::GPTConfig().block_size(8).vocab_size(11).n_layer(2).n_head(2).n_embd(16);
+  Generator g1(4), g2(4);
+  nn::GPT cpu(c, &g1), sim(c, &g2);
+  sim.to(Device::sim());
+  const Tensor idx = tensor(std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {2, 5});
+  Tensor a = cpu.forward(idx, idx), b = sim.forward(idx.to(Device::sim()), idx.to(Device::sim()));
+  CHECK(b.device() == Device::sim());
+  CHECK(std::abs(a.item() - b.item()) <= 1e-6f * std::abs(a.item()));
+  a.backward();
+  b.backward();
+  const auto pc = cpu.named_parameters(), ps = sim.named_parameters();
+  for (std::size_t i = 0; i < pc.size(); ++i) close(ps[i].second.grad().to(Device::cpu()), pc[i].second.grad(), pc[i].first);
+  Generator s1(8), s2(8);
+  CHECK(cpu.generate(idx, 4, 1.f, 3, &s1).to_vector<std::int64_t>() ==
+        sim.generate(idx.to(Device::sim()), 4, 1.f, 3, &s2).to(Device::cpu()).to_vector<std::int64_t>());
+}
