@@ -244,6 +244,7 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
   }
   const Device dev = idx.device();
   const std::int64_t B = idx.size(0), V = config_.vocab_size(), block = config_.block_size();
+  if (B == 0 || max_new_tokens == 0) return idx.clone();
   std::vector<std::vector<std::int64_t>> seq(B);
   {
     const Tensor host = dev.is_cpu() ? idx : idx.to(Device::cpu());
