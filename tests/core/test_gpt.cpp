@@ -216,6 +216,7 @@ TEST_CASE("GPT::generate: the same seed gives the same tokens; top_k 1 is greedy
   const Tensor last = argmax(reshape(narrow(logits, 1, 2, 1), {2, 11}), 1);
   CHECK(greedy.to_vector<std::int64_t>()[3] == last.to_vector<std::int64_t>()[0]);
   CHECK(greedy.to_vector<std::int64_t>()[7] == last.to_vector<std::int64_t>()[1]);
+  CHECK(model.generate(zeros({0, 3}, DType::Int64), 4).shape() == Shape{0, 3});  // nothing to extend
   CHECK_THROWS_AS(model.generate(prompt, 1, 0.f), ValueError);
   CHECK_THROWS_AS(model.generate(prompt, 1, 1.f, -1), ValueError);
 }

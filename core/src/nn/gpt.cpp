@@ -16,6 +16,7 @@
 #include "phalanx/core/nn/embedding.hpp"
 #include "phalanx/core/nn/layernorm.hpp"
 #include "phalanx/core/nn/linear.hpp"
+#include "phalanx/core/nn/multihead_attention.hpp"
 #include "phalanx/core/ops.hpp"
 
 namespace phalanx::nn {
@@ -243,6 +244,7 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
   }
   const Device dev = idx.device();
   const std::int64_t B = idx.size(0), V = config_.vocab_size(), block = config_.block_size();
+  if (B == 0 || max_new_tokens == 0) return idx.clone();
   std::vector<std::vector<std::int64_t>> seq(B);
   {
     const Tensor host = dev.is_cpu() ? idx : idx.to(Device::cpu());
@@ -317,12 +319,14 @@ std::string GPT::describe() const {
 }
 
 DecayGroups decay_groups(const Module& model) {
-  // nanoGPT's rule: weights of Linear layers (and convolutions) decay; biases, norms' weights and embeddings do not. A tensor in
+  // nanoGPT's rule: weights of Linear layers (and convolutions, the in_proj_weight of
+  // MultiheadAttention) decay; biases, norms' weights and embeddings do not. A tensor in
   // both (the tied wte / lm_head weight) does not decay, as nanoGPT removes lm_head.weight
   // from its decay set. Anything else decays if it is a matrix or more (nanoGPT's later rule).
   std::set<const TensorImpl*> decay, no_decay;
   std::function<void(const Module&)> visit = [&](const Module& m) {
-    const bool whitelisted = dynamic_cast<const Linear*>(&m) || dynamic_cast<const Conv2d*>(&m);
+    const bool whitelisted = dynamic_cast<const Linear*>(&m) || dynamic_cast<const Conv2d*>(&m) ||
+                             dynamic_cast<const MultiheadAttention*>(&m);
     const bool blacklisted = dynamic_cast<const Embedding*>(&m) || dynamic_cast<const nn::LayerNorm*>(&m) ||
                              dynamic_cast<const gpt_internal::LayerNorm*>(&m) || dynamic_cast<const BatchNorm*>(&m);
     for (const auto& [name, t] : m.named_parameters(false)) {
