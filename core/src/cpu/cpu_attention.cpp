@@ -218,6 +218,40 @@ PHALANX_ATTN_INLINE void gemm(std::int64_t m, std::int64_t n, std::int64_t k, co
   }
 }
 
+/// What a causal tile can skip. On a tile the diagonal crosses (diag = i0 - j0: tile row r
+/// sees tile columns c <= r + diag), a product whose output rows are query rows needs only
+/// the columns (kCols: the scores, dP) or the depth (kDepth: weights times v, dS times k)
+/// up to r + diag; one whose output rows are keys (kTA: dV, dK) only the query rows from
+/// c - diag on. Skipped outputs are masked (their scores become -inf) and skipped terms are
+/// zero weights, so results are unchanged; about 3/8 of a diagonal tile's work is saved.
+enum class Skip { kCols, kDepth };
+template <int kLevel, Skip kSkip, bool kTA, bool kAcc>
+PHALANX_ATTN_INLINE void tile_gemm(bool diagonal, std::int64_t diag, std::int64_t m, std::int64_t n, std::int64_t k,
+                                   const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                                   std::int64_t ldc) {
+  if (!diagonal) {
+    gemm<kLevel, kTA, kAcc>(m, n, k, a, lda, b, ldb, c, ldc);
+    return;
+  }
+  constexpr std::int64_t kRows = block_rows<kLevel, max_nv<kLevel>()>();
+  constexpr std::int64_t W = kVW<kLevel>;
+  for (std::int64_t i = 0; i < m; i += kRows) {
+    const std::int64_t rows = std::min(kRows, m - i);
+    if constexpr (kTA) {
+      static_assert(kAcc, "key-row products accumulate");
+      const std::int64_t p0 = std::clamp<std::int64_t>(i - diag, 0, k);
+      if (p0 < k) gemm<kLevel, true, true>(rows, n, k - p0, a + p0 * lda + i, lda, b + p0 * ldb, ldb, c + i * ldc, ldc);
+    } else if constexpr (kSkip == Skip::kCols) {
+      const std::int64_t need = std::min(n, round_up(std::max<std::int64_t>(0, i + rows + diag), W));
+      if (need > 0) gemm<kLevel, false, kAcc>(rows, need, k, a + i * lda, lda, b, ldb, c + i * ldc, ldc);
+    } else {
+      static_assert(kAcc, "depth-limited products accumulate");
+      const std::int64_t depth = std::clamp<std::int64_t>(i + rows + diag, 0, k);
+      if (depth > 0) gemm<kLevel, false, true>(rows, n, depth, a + i * lda, lda, b, ldb, c + i * ldc, ldc);
+    }
+  }
+}
+
 // ---- dropout stream ----
 
 /// SplitMix64's output function applied after one gamma step: split_mix(seed + n * gamma)
@@ -331,7 +365,8 @@ PHALANX_ATTN_INLINE void forward_head(const AttentionParams& p, std::int64_t hea
     const std::int64_t j_end = p.causal ? std::min(S, i0 + nr) : S;
     for (std::int64_t j0 = 0; j0 < j_end; j0 += kBc) {
       const std::int64_t nc = std::min(kBc, S - j0);
-      gemm<kLevel, false, false>(nr, kBc, E, q + i0 * E, E, w.kt + j0, s_pad, w.st, kBc);
+      const bool diagonal = p.causal && i0 - j0 < kBc - 1;  // the tile has masked entries
+      tile_gemm<kLevel, Skip::kCols, false, false>(diagonal, i0 - j0, nr, kBc, E, q + i0 * E, E, w.kt + j0, s_pad, w.st, kBc);
       masker.template apply<kLevel>(w.st, nr, nc, i0, j0);
       // Each row's new running maximum ...
       for (std::int64_t r = 0; r < nr; ++r) {
@@ -376,7 +411,8 @@ PHALANX_ATTN_INLINE void forward_head(const AttentionParams& p, std::int64_t hea
           for (std::int64_t c = 0; c < ev_pad; c += W) store<kLevel>(acc + c, load<kLevel>(acc + c) * av);
         }
       }
-      gemm<kLevel, false, true>(nr, ev_pad, nc, w.st, kBc, w.vp + j0 * ev_pad, ev_pad, w.acc, ev_pad);
+      tile_gemm<kLevel, Skip::kDepth, false, true>(diagonal, i0 - j0, nr, ev_pad, nc, w.st, kBc, w.vp + j0 * ev_pad, ev_pad,
+                                                   w.acc, ev_pad);
     }
     for (std::int64_t r = 0; r < nr; ++r) {
       // A row with every score masked has l = 0: 0 / 0 = NaN, as PyTorch's softmax gives.
@@ -443,7 +479,10 @@ PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t he
     const std::int64_t i_begin = p.causal ? j0 / kBr * kBr : 0;
     for (std::int64_t i0 = i_begin; i0 < L; i0 += kBr) {
       const std::int64_t nr = std::min(kBr, L - i0);
-      gemm<kLevel, false, false>(nr, kBc, E, w.qp + i0 * e_pad, e_pad, w.kt + j0, s_pad, w.st, kBc);
+      const bool diagonal = p.causal && i0 - j0 < kBc - 1;  // the tile has masked entries
+      const std::int64_t diag = i0 - j0;
+      tile_gemm<kLevel, Skip::kCols, false, false>(diagonal, diag, nr, kBc, E, w.qp + i0 * e_pad, e_pad, w.kt + j0, s_pad,
+                                                   w.st, kBc);
       masker.template apply<kLevel>(w.st, nr, nc, i0, j0);
       for (std::int64_t r = 0; r < nr; ++r) {  // P = exp(s - lse): a fully masked row gives NaN
         float* row = w.st + r * kBc;
@@ -451,7 +490,8 @@ PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t he
         for (std::int64_t c = 0; c < kBc; c += W) store<kLevel>(row + c, exp_v<kLevel>(load<kLevel>(row + c) - lv));
       }
       // dP (of the dropped weights) = dO V^T
-      gemm<kLevel, false, false>(nr, kBc, Ev, w.dop + i0 * ev_pad, ev_pad, w.vt + j0, s_pad, w.dp, kBc);
+      tile_gemm<kLevel, Skip::kCols, false, false>(diagonal, diag, nr, kBc, Ev, w.dop + i0 * ev_pad, ev_pad, w.vt + j0,
+                                                   s_pad, w.dp, kBc);
       if (drop.on) {
         // dV += (P * Z)^T dO and dP *= Z, Z the dropout factor of each weight.
         for (std::int64_t r = 0; r < nr; ++r) {
@@ -464,9 +504,12 @@ PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t he
             pzrow[c] = prow[c] * z;
           }
         }
-        if (dv) gemm<kLevel, true, true>(nc, ev_pad, nr, w.pz, kBc, w.dop + i0 * ev_pad, ev_pad, w.dv, ev_pad);
+        if (dv)
+          tile_gemm<kLevel, Skip::kDepth, true, true>(diagonal, diag, nc, ev_pad, nr, w.pz, kBc, w.dop + i0 * ev_pad,
+                                                      ev_pad, w.dv, ev_pad);
       } else if (dv) {
-        gemm<kLevel, true, true>(nc, ev_pad, nr, w.st, kBc, w.dop + i0 * ev_pad, ev_pad, w.dv, ev_pad);
+        tile_gemm<kLevel, Skip::kDepth, true, true>(diagonal, diag, nc, ev_pad, nr, w.st, kBc, w.dop + i0 * ev_pad, ev_pad,
+                                                    w.dv, ev_pad);
       }
       // dS = P * (dP - rowsum(dO * O)) * scale (the scale of the scores folded in)
       for (std::int64_t r = 0; r < nr; ++r) {
@@ -480,8 +523,12 @@ PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t he
           store<kLevel>(drow + c, ds);
         }
       }
-      if (dq) gemm<kLevel, false, true>(nr, e_pad, nc, w.dp, kBc, w.kp + j0 * e_pad, e_pad, w.dqp + i0 * e_pad, e_pad);
-      if (dk) gemm<kLevel, true, true>(nc, e_pad, nr, w.dp, kBc, w.qp + i0 * e_pad, e_pad, w.dk, e_pad);
+      if (dq)
+        tile_gemm<kLevel, Skip::kDepth, false, true>(diagonal, diag, nr, e_pad, nc, w.dp, kBc, w.kp + j0 * e_pad, e_pad,
+                                                     w.dqp + i0 * e_pad, e_pad);
+      if (dk)
+        tile_gemm<kLevel, Skip::kDepth, true, true>(diagonal, diag, nc, e_pad, nr, w.dp, kBc, w.qp + i0 * e_pad, e_pad,
+                                                    w.dk, e_pad);
     }
     for (std::int64_t c = 0; c < nc; ++c) {
       if (dk) std::memcpy(dk + (j0 + c) * E, w.dk + c * e_pad, sizeof(float) * E);
