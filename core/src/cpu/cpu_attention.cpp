@@ -144,6 +144,29 @@ PHALANX_ATTN_INLINE void transpose_into(const float* src, std::int64_t rows, std
   }
 }
 
+/// dst [dst_rows, ld] = src [rows, cols] with zeros in the padding (columns >= cols, rows >=
+/// rows): one copy when nothing is padded on the right.
+PHALANX_ATTN_INLINE void copy_padded(const float* src, std::int64_t rows, std::int64_t cols, float* dst,
+                                     std::int64_t ld, std::int64_t dst_rows) {
+  if (cols == ld) {
+    std::memcpy(dst, src, sizeof(float) * rows * cols);
+  } else {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::memcpy(dst + r * ld, src + r * cols, sizeof(float) * cols);
+      std::fill(dst + r * ld + cols, dst + (r + 1) * ld, 0.f);
+    }
+  }
+  std::fill(dst + rows * ld, dst + dst_rows * ld, 0.f);
+}
+
+/// dst [cols, ld] = src [rows, cols] transposed, zeros in columns >= rows.
+PHALANX_ATTN_INLINE void transpose_padded(const float* src, std::int64_t rows, std::int64_t cols, float* dst,
+                                          std::int64_t ld) {
+  transpose_into(src, rows, cols, dst, ld);
+  if (rows < ld)
+    for (std::int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld + rows, dst + (c + 1) * ld, 0.f);
+}
+
 // ---- tile products ----
 
 /// C[R x NV vectors] (+)= op(A) B for one register block: op(A)(r, p) is a[r * lda + p], or
@@ -348,10 +371,8 @@ PHALANX_ATTN_INLINE void forward_head(const AttentionParams& p, std::int64_t hea
   const std::int64_t s_pad = round_up(S, kBc), ev_pad = round_up(Ev, kPad);
   using V = Vec<kLevel>;
   constexpr std::int64_t W = kVW<kLevel>;
-  std::fill(w.kt, w.kt + E * s_pad, 0.f);
-  transpose_into(k, S, E, w.kt, s_pad);
-  std::fill(w.vp, w.vp + s_pad * ev_pad, 0.f);
-  for (std::int64_t j = 0; j < S; ++j) std::memcpy(w.vp + j * ev_pad, v + j * Ev, sizeof(float) * Ev);
+  transpose_padded(k, S, E, w.kt, s_pad);
+  copy_padded(v, S, Ev, w.vp, ev_pad, s_pad);
   const TileMasker masker{p, fmask, bmask};
   const Dropout drop = make_dropout(p);
 
@@ -451,17 +472,12 @@ PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t he
   const std::int64_t s_pad = round_up(S, kBc), e_pad = round_up(E, kPad), ev_pad = round_up(Ev, kPad);
   using V = Vec<kLevel>;
   constexpr std::int64_t W = kVW<kLevel>;
-  std::fill(w.kt, w.kt + E * s_pad, 0.f);
-  std::fill(w.vt, w.vt + Ev * s_pad, 0.f);
-  std::fill(w.kp, w.kp + s_pad * e_pad, 0.f);
-  transpose_into(k, S, E, w.kt, s_pad);
-  transpose_into(v, S, Ev, w.vt, s_pad);
-  for (std::int64_t j = 0; j < S; ++j) std::memcpy(w.kp + j * e_pad, k + j * E, sizeof(float) * E);
-  std::fill(w.qp, w.qp + L * e_pad, 0.f);
-  std::fill(w.dop, w.dop + L * ev_pad, 0.f);
+  transpose_padded(k, S, E, w.kt, s_pad);
+  transpose_padded(v, S, Ev, w.vt, s_pad);
+  copy_padded(k, S, E, w.kp, e_pad, s_pad);
+  copy_padded(q, L, E, w.qp, e_pad, L);
+  copy_padded(dout, L, Ev, w.dop, ev_pad, L);
   for (std::int64_t i = 0; i < L; ++i) {
-    std::memcpy(w.qp + i * e_pad, q + i * E, sizeof(float) * E);
-    std::memcpy(w.dop + i * ev_pad, dout + i * Ev, sizeof(float) * Ev);
     float s = 0.f;
     for (std::int64_t d = 0; d < Ev; ++d) s += dout[i * Ev + d] * out[i * Ev + d];
     w.dsum[i] = s;
