@@ -398,6 +398,42 @@ class CheckedKernels final : public DeviceKernels {
     call("clamp").on("x", x).on("out", out).f32("x", x).f32("out", out).numel("out", out, numel_of(x), "x's numel");
     k_.clamp(x, lo, hi, out);
   }
+  // ---- layout and masks ----
+  void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) override {
+    Call c = call("strided_copy");
+    c.on("src", src).on("dst", dst).dtype("dst", dst, dtype_of(src))
+        .that(l.ndim >= 0 && l.ndim <= kMaxLayoutDims, "ndim must be in [0, kMaxLayoutDims]")
+        .that(l.src_offset >= 0 && l.dst_offset >= 0, "offsets must be >= 0");
+    // The last element each side reaches lies inside its tensor (nothing when a size is 0).
+    std::int64_t src_end = l.src_offset, dst_end = l.dst_offset;
+    bool empty = false;
+    for (int d = 0; d < l.ndim; ++d) {
+      c.that(l.sizes[d] >= 0 && l.src_strides[d] >= 0 && l.dst_strides[d] >= 0, "sizes and steps must be >= 0");
+      if (l.sizes[d] == 0) empty = true;
+      src_end += (l.sizes[d] - 1) * l.src_strides[d];
+      dst_end += (l.sizes[d] - 1) * l.dst_strides[d];
+    }
+    if (!empty)
+      c.that(src_end < numel_of(src), "the layout reaches past the end of src")
+          .that(dst_end < numel_of(dst), "the layout reaches past the end of dst");
+    k_.strided_copy(src, l, dst);
+  }
+  void masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) override {
+    const std::int64_t p = numel_of(mask);
+    call("masked_fill").on("x", x).on("mask", mask).on("out", out).f32("x", x).f32("out", out)
+        .dtype("mask", mask, DType::Bool).numel("out", out, numel_of(x), "x's numel")
+        .that(p > 0 ? numel_of(x) % p == 0 : numel_of(x) == 0, "mask's numel must divide x's");
+    k_.masked_fill(x, mask, value, out);
+  }
+  void triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal, bool upper,
+                Tensor& out) override {
+    call("triangle").on("x", x).on("out", out).dtype("out", out, dtype_of(x))
+        .numel("out", out, numel_of(x), "x's numel")
+        .that(rows >= 0 && cols >= 0 && (rows * cols == 0 ? numel_of(x) == 0 : numel_of(x) % (rows * cols) == 0),
+              "x must be a batch of rows x cols matrices");
+    k_.triangle(x, rows, cols, diagonal, upper, out);
+  }
+  // ---- end layout and masks ----
   // ---- attention ----
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                          const AttentionParams& p, Tensor& out, Tensor& lse) override {

@@ -82,6 +82,12 @@ class CpuKernels final : public DeviceKernels {
   void argmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override;
   void clamp(const Tensor& x, float lo, float hi, Tensor& out) override;
   // ---- end normalisation, embedding, argmax, clamp ----
+  // ---- layout and masks (cpu_layout.cpp) ----
+  void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) override;
+  void masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) override;
+  void triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal, bool upper,
+                Tensor& out) override;
+  // ---- end layout and masks ----
   // ---- attention (cpu_attention.cpp) ----
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                          const AttentionParams& p, Tensor& out, Tensor& lse) override;

@@ -117,6 +117,22 @@ class SimKernels final : public DeviceKernels {
     cpu().transpose(host_view(in, "transpose"), d0, d1, o);
   }
 
+  // ---- layout and masks ----
+  void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) override {
+    Tensor o = host_view(dst, "strided_copy");
+    cpu().strided_copy(host_view(src, "strided_copy"), l, o);
+  }
+  void masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) override {
+    Tensor o = host_view(out, "masked_fill");
+    cpu().masked_fill(host_view(x, "masked_fill"), host_view(mask, "masked_fill"), value, o);
+  }
+  void triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal, bool upper,
+                Tensor& out) override {
+    Tensor o = host_view(out, "triangle");
+    cpu().triangle(host_view(x, "triangle"), rows, cols, diagonal, upper, o);
+  }
+  // ---- end layout and masks ----
+
   void log_softmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override {
     Tensor o = host_view(out, "log_softmax");
     cpu().log_softmax(host_view(x, "log_softmax"), outer, d, inner, o);

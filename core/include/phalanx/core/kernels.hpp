@@ -65,6 +65,21 @@ struct Window2d {
 };
 // ---- end convolution and pooling geometry ----
 
+// ---- layout and masks geometry ----
+/// The most dims a strided copy walks (after merging dims that are contiguous on both sides).
+constexpr int kMaxLayoutDims = 8;
+/// The index space of a strided copy: `ndim` dims of `sizes`, and per dim the step, in
+/// elements, through the source and through the destination. A source step of 0 repeats the
+/// source along that dim (broadcast). Offsets are in elements from each tensor's first element.
+/// Steps are >= 0; every element the copy writes is distinct.
+struct StridedLayout {
+  int ndim = 0;
+  std::int64_t sizes[kMaxLayoutDims] = {};
+  std::int64_t src_strides[kMaxLayoutDims] = {};
+  std::int64_t dst_strides[kMaxLayoutDims] = {};
+  std::int64_t src_offset = 0, dst_offset = 0;
+};
+// ---- end layout and masks geometry ----
 // ---- attention geometry ----
 /// One scaled_dot_product_attention call as its kernels see it: `batch` independent heads
 /// (the leading dims flattened, `lead` of them, sizes in lead_sizes), each q [l, e],
@@ -240,6 +255,20 @@ class DeviceKernels {
   virtual void clamp(const Tensor& x, float lo, float hi, Tensor& out) = 0;
   // ---- end normalisation, embedding, argmax, clamp ----
 
+  // ---- layout and masks (CPU: core/src/cpu/cpu_layout.cpp) ----
+  /// dst[dst_offset + sum_d i_d * dst_strides[d]] = src[src_offset + sum_d i_d * src_strides[d]]
+  /// for every index i of l.sizes; src and dst of one dtype (any), not overlapping. Serves
+  /// permute, cat, stack, split, chunk and the broadcast of a mask.
+  virtual void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) = 0;
+  /// out = value where mask is true, x elsewhere: x and out float32 of one numel (out may be
+  /// x), mask Bool whose numel divides x's and which repeats with its numel as period (the
+  /// suffix broadcasting of binary(); other broadcasts are expanded with strided_copy first).
+  virtual void masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) = 0;
+  /// x (any dtype) viewed as [batch, rows, cols]: out keeps element (i, j) where j - i <=
+  /// diagonal (lower) or j - i >= diagonal (upper) and is zero elsewhere (out may be x).
+  virtual void triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal,
+                        bool upper, Tensor& out) = 0;
+  // ---- end layout and masks ----
   // ---- attention (CPU: core/src/cpu/cpu_attention.cpp, docs/attention.md) ----
   /// out [batch, l, ev] = softmax(q k^T * scale + mask, causal) (dropped out) v, and
   /// lse [batch, l] = the log-sum-exp of each row of the masked, scaled scores (-inf for a
