@@ -1,7 +1,8 @@
 // scaled_dot_product_attention (docs/attention.md): the fused kernel against a reference
 // composed of existing 2-D ops, head by head; finite-difference gradients; the dropout
-// stream; masks and their broadcasting; fully masked rows; the three SIMD levels; the sim
-// device; bad input; and peak memory growing linearly with the sequence length.
+// stream; float and Bool masks and their broadcasting; fully masked rows; the three SIMD
+// levels; the sim device; bad input; PyTorch 1.13 parity; and peak memory growing linearly
+// with the sequence length.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -367,7 +368,9 @@ TEST_CASE("attention: bad input is one line naming the shapes") {
                   {"leading dims", "k [3, 5, 3]"});
   one_line_naming(error_of<ShapeError>([&] { scaled_dot_product_attention(randn_t({4}, 1), k, v); }), {"q [4]"});
   one_line_naming(error_of<TypeError>([&] { scaled_dot_product_attention(q, k, v, zeros({4, 5}, DType::Int64)); }),
-                  {"attn_mask", "int64"});
+                  {"attn_mask must be bool", "int64 [4, 5]"});
+  one_line_naming(error_of<ShapeError>([&] { scaled_dot_product_attention(q, k, v, ones({2, 5, 5}, DType::Bool)); }),
+                  {"attn_mask [2, 5, 5]", "[2, 4, 5]"});
   one_line_naming(error_of<ValueError>([&] { scaled_dot_product_attention(q, k, v, Tensor(), 1.5f); }),
                   {"dropout_p", "1.5"});
 }
@@ -417,4 +420,75 @@ TEST_CASE("attention: PyTorch 1.13 parity (softmax(q k^T * scale + mask) v), out
     CHECK(max_rel_err(k.grad(), at("gk")) < 1e-5);
     CHECK(max_rel_err(v.grad(), at("gv")) < 1e-5);
   }
+}
+
+namespace {
+/// The Bool mask that keeps what `mask` (float, 0 or -inf) keeps: true where it is finite.
+Tensor to_bool_mask(const Tensor& mask) {
+  Tensor b = Tensor::empty(mask.shape(), DType::Bool);
+  const auto m = mask.to_vector<float>();
+  auto* p = static_cast<unsigned char*>(b.raw_data());
+  for (std::size_t i = 0; i < m.size(); ++i) p[i] = m[i] != -kInf;
+  return b;
+}
+/// A float mask of 0 and -inf (never a whole row at -inf).
+Tensor keep_or_drop_mask(const Shape& s, std::uint64_t seed) {
+  Generator g(seed);
+  Tensor t = Tensor::empty(s);
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = (i % s.back() != 0 && g.uniform() < 0.3f) ? -kInf : 0.f;
+  return t;
+}
+}  // namespace
+
+TEST_CASE("attention: a Bool mask (true: takes part) equals the float mask of 0 and -inf, on CPU and sim") {
+  const Device sim = Device::sim(0);
+  struct BoolCase {
+    Shape lead;
+    std::int64_t l, s, e, ev;
+    bool causal;
+    Shape mask;
+    float dropout_p;
+  };
+  const BoolCase cases[] = {
+      {{2, 3}, 9, 11, 8, 8, false, {2, 1, 1, 11}, 0.f},  // padding
+      {{2}, 70, 90, 16, 12, true, {70, 90}, 0.f},        // [L, S] across tiles, with causal
+      {{1, 2}, 65, 65, 8, 8, false, {2, 1, 65}, 0.2f},   // per head, broadcast over rows, dropout
+  };
+  for (const BoolCase& c : cases) {
+    CAPTURE(shape_str(c.mask));
+    const Tensor fmask = keep_or_drop_mask(c.mask, 3), bmask = to_bool_mask(fmask);
+    Tensor results[3][4];  // float on CPU, bool on CPU, bool on sim: out, gq, gk, gv
+    for (int variant = 0; variant < 3; ++variant) {
+      const Device dev = variant == 2 ? sim : Device::cpu();
+      Tensor q = randn_t(with(c.lead, c.l, c.e), 1).to(dev).requires_grad_(true),
+             k = randn_t(with(c.lead, c.s, c.e), 2).to(dev).requires_grad_(true),
+             v = randn_t(with(c.lead, c.s, c.ev), 3).to(dev).requires_grad_(true);
+      Generator gen(8);
+      Tensor out = scaled_dot_product_attention(q, k, v, (variant == 0 ? fmask : bmask).to(dev), c.dropout_p,
+                                                c.causal, std::nullopt, &gen);
+      out.backward(randn_t(out.shape(), 4).to(dev));
+      results[variant][0] = out.to(Device::cpu());
+      results[variant][1] = q.grad().to(Device::cpu());
+      results[variant][2] = k.grad().to(Device::cpu());
+      results[variant][3] = v.grad().to(Device::cpu());
+    }
+    for (int i = 0; i < 4; ++i) {
+      CAPTURE(i);
+      CHECK(max_rel_err(results[1][i], results[0][i]) == 0.0);
+      CHECK(max_rel_err(results[2][i], results[1][i]) == 0.0);
+    }
+  }
+}
+
+TEST_CASE("attention: PyTorch parity with the padding mask given as Bool") {
+  const TensorMap f = load_npz(std::string(PHALANX_FIXTURES) + "/attention_parity.npz");
+  Tensor q = f.at("padding.q").detach().requires_grad_(true), k = f.at("padding.k").detach().requires_grad_(true),
+         v = f.at("padding.v").detach().requires_grad_(true);
+  Tensor out = scaled_dot_product_attention(q, k, v, to_bool_mask(f.at("padding.mask")));
+  out.backward(f.at("padding.gout"));
+  CHECK(max_rel_err(out, f.at("padding.out")) < 1e-5);
+  CHECK(max_rel_err(q.grad(), f.at("padding.gq")) < 1e-5);
+  CHECK(max_rel_err(k.grad(), f.at("padding.gk")) < 1e-5);
+  CHECK(max_rel_err(v.grad(), f.at("padding.gv")) < 1e-5);
 }
