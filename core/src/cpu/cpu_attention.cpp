@@ -294,10 +294,44 @@ struct Dropout {
   float p, keep_scale;
   std::uint64_t seed;
   std::int64_t l, s;
-  PHALANX_ATTN_INLINE float factor(std::int64_t head, std::int64_t i, std::int64_t j) const {
-    const std::uint64_t n = static_cast<std::uint64_t>((head * l + i) * s + j);
+  PHALANX_ATTN_INLINE float factor_at(std::uint64_t n) const {
     const float u = static_cast<float>(split_mix(seed + n * 0x9e3779b97f4a7c15ULL) >> 40) * 0x1p-24f;
     return u >= p ? keep_scale : 0.f;
+  }
+  /// z[c] = the factor of weight (head, i, j0 + c) for c < nc; 8 at a time with AVX-512
+  /// (64-bit lanes, AVX-512DQ's multiply), 4 with AVX2.
+  template <int kLevel>
+  PHALANX_ATTN_INLINE void factors(std::int64_t head, std::int64_t i, std::int64_t j0, std::int64_t nc, float* z) const {
+    const auto n0 = static_cast<std::uint64_t>((head * l + i) * s + j0);
+    std::int64_t c = 0;
+    if constexpr (kLevel == 2) {
+      typedef std::uint64_t u64x8 __attribute__((vector_size(64)));
+      const u64x8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+      for (; c + 8 <= nc; c += 8) {
+        u64x8 x = seed + (n0 + static_cast<std::uint64_t>(c) + lane) * 0x9e3779b97f4a7c15ULL;
+        x += 0x9e3779b97f4a7c15ULL;
+        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+        x ^= x >> 31;
+        const v8 u = __builtin_convertvector(__builtin_convertvector(x >> 40, i8), v8) * 0x1p-24f;
+        const v8 f = u >= p ? v8{} + keep_scale : v8{};
+        *reinterpret_cast<v8u*>(z + c) = f;
+      }
+    } else if constexpr (kLevel == 1) {  // 4 lanes; GCC builds the 64-bit multiplies from vpmuludq
+      typedef std::uint64_t u64x4 __attribute__((vector_size(32)));
+      const u64x4 lane = {0, 1, 2, 3};
+      for (; c + 4 <= nc; c += 4) {
+        u64x4 x = seed + (n0 + static_cast<std::uint64_t>(c) + lane) * 0x9e3779b97f4a7c15ULL;
+        x += 0x9e3779b97f4a7c15ULL;
+        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+        x ^= x >> 31;
+        const v4 u = __builtin_convertvector(__builtin_convertvector(x >> 40, i4), v4) * 0x1p-24f;
+        const v4 f = u >= p ? v4{} + keep_scale : v4{};
+        *reinterpret_cast<v4u*>(z + c) = f;
+      }
+    }
+    for (; c < nc; ++c) z[c] = factor_at(n0 + static_cast<std::uint64_t>(c));
   }
 };
 
@@ -424,8 +458,11 @@ PHALANX_ATTN_INLINE void forward_head(const AttentionParams& p, std::int64_t hea
         }
         w.lrow[r] = w.lrow[r] * alpha + hsum(sum);
         w.mrow[r] = m_new;
-        if (drop.on)
-          for (std::int64_t c = 0; c < nc; ++c) row[c] *= drop.factor(head, i0 + r, j0 + c);
+        if (drop.on) {
+          float z[kBc];
+          drop.template factors<kLevel>(head, i0 + r, j0, nc, z);
+          for (std::int64_t c = 0; c < nc; ++c) row[c] *= z[c];
+        }
         if (alpha != 1.f) {
           float* acc = w.acc + r * ev_pad;
           const V av = splat<kLevel>(alpha);
@@ -514,10 +551,11 @@ PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t he
           const float* prow = w.st + r * kBc;
           float* pzrow = w.pz + r * kBc;
           float* drow = w.dp + r * kBc;
+          float z[kBc];
+          drop.template factors<kLevel>(head, i0 + r, j0, nc, z);
           for (std::int64_t c = 0; c < nc; ++c) {
-            const float z = drop.factor(head, i0 + r, j0 + c);
-            drow[c] *= z;
-            pzrow[c] = prow[c] * z;
+            drow[c] *= z[c];
+            pzrow[c] = prow[c] * z[c];
           }
         }
         if (dv)
@@ -578,10 +616,11 @@ using BackwardFn = void (*)(const AttentionParams&, std::int64_t, const float*, 
 PHALANX_ATTN_LEVEL(scalar, , 0)
 #ifdef PHALANX_ATTN_X86
 PHALANX_ATTN_LEVEL(avx2, PHALANX_ATTN_TARGET("avx2,fma"), 1)
-PHALANX_ATTN_LEVEL(avx512, PHALANX_ATTN_TARGET("avx512f,fma"), 2)
+PHALANX_ATTN_LEVEL(avx512, PHALANX_ATTN_TARGET("avx512f,avx512dq,fma"), 2)
 #endif
 
-int simd_level() { return cpu::simd_level("PHALANX_ATTENTION_SIMD"); }
+/// AVX-512 with DQ (the dropout hash's 64-bit multiplies), else AVX2, else baseline.
+int simd_level() { return cpu::simd_level("PHALANX_ATTENTION_SIMD", true); }
 
 ForwardFn forward_fn(int level) {
 #ifdef PHALANX_ATTN_X86
