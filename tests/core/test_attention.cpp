@@ -290,23 +290,58 @@ TEST_CASE("attention: the dropout stream drops about p of the weights, p = 1 dro
   CHECK(max_rel_err(b1, b3) == 0.0);
 }
 
-TEST_CASE("attention: a row whose every score is masked is NaN (PyTorch's softmax of -inf), others unaffected") {
-  Tensor q = randn_t({1, 4, 3}, 1), k = randn_t({1, 5, 3}, 2), v = randn_t({1, 5, 2}, 3);
-  std::vector<float> m(20, 0.f);
-  for (int j = 0; j < 5; ++j) m[2 * 5 + j] = -kInf;  // row 2 fully masked
-  m[0 * 5 + 1] = -kInf;
-  Tensor mask = tensor(m, {4, 5});
-  Tensor out = scaled_dot_product_attention(q, k, v, mask);
-  const auto o = out.to_vector<float>();
-  for (int r = 0; r < 4; ++r)
-    for (int c = 0; c < 2; ++c) {
-      CAPTURE(r);
-      CHECK(std::isnan(o[r * 2 + c]) == (r == 2));
+TEST_CASE("attention: a row whose every score is masked gives zeros and no gradient (PyTorch 2.5+)") {
+  // Row 2 fully masked (float -inf, or Bool false), row 0 partly; tiles of 64 cross row 70.
+  for (const bool as_bool : {false, true}) {
+    CAPTURE(as_bool);
+    const std::int64_t l = 72, s = 70;
+    std::vector<float> m(static_cast<std::size_t>(l * s), 0.f);
+    for (std::int64_t j = 0; j < s; ++j) m[static_cast<std::size_t>(2 * s + j)] = -kInf;
+    for (std::int64_t j = 0; j < s; ++j) m[static_cast<std::size_t>(70 * s + j)] = -kInf;
+    m[1] = -kInf;
+    Tensor fmask = tensor(m, {l, s});
+    Tensor mask = fmask;
+    if (as_bool) {
+      mask = Tensor::empty({l, s}, DType::Bool);
+      auto* p = static_cast<unsigned char*>(mask.raw_data());
+      for (std::size_t i = 0; i < m.size(); ++i) p[i] = m[i] == 0.f;
     }
-  // The other rows equal the attention of those rows alone.
-  Tensor rows = scaled_dot_product_attention(reshape(narrow(q, 1, 0, 2), {1, 2, 3}), k, v, narrow(mask, 0, 0, 2));
-  const auto ro = rows.to_vector<float>();
-  for (int i = 0; i < 4; ++i) CHECK(o[i] == doctest::Approx(ro[i]).epsilon(1e-6));
+    Tensor q = randn_t({2, l, 8}, 1).requires_grad_(true), k = randn_t({2, s, 8}, 2).requires_grad_(true),
+           v = randn_t({2, s, 4}, 3).requires_grad_(true);
+    Tensor out = scaled_dot_product_attention(q, k, v, mask);
+    Tensor r = randn_t(out.shape(), 4);
+    out.backward(r);
+    const auto o = out.to_vector<float>(), gq = q.grad().to_vector<float>();
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t i = 0; i < l; ++i) {
+        const bool masked = i == 2 || i == 70;
+        for (std::int64_t c = 0; c < 4; ++c) CHECK((o[static_cast<std::size_t>((h * l + i) * 4 + c)] == 0.f) == masked);
+        for (std::int64_t c = 0; c < 8; ++c) {
+          const float g = gq[static_cast<std::size_t>((h * l + i) * 8 + c)];
+          CHECK(std::isfinite(g));
+          if (masked) CHECK(g == 0.f);
+        }
+      }
+    // k and v get what the other rows give them: the masked rows' weights are zero.
+    Tensor q2 = q.detach().requires_grad_(true), k2 = k.detach().requires_grad_(true),
+           v2 = v.detach().requires_grad_(true);
+    std::vector<float> rz = r.to_vector<float>();
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t c = 0; c < 4; ++c) {
+        rz[static_cast<std::size_t>((h * l + 2) * 4 + c)] = 0.f;
+        rz[static_cast<std::size_t>((h * l + 70) * 4 + c)] = 0.f;
+      }
+    // The same op with rows 2 and 70 unmasked and their upstream gradient zeroed.
+    std::vector<float> mr = m;
+    for (std::int64_t j = 0; j < s; ++j) {
+      mr[static_cast<std::size_t>(2 * s + j)] = 0.f;
+      mr[static_cast<std::size_t>(70 * s + j)] = 0.f;
+    }
+    Tensor out2 = scaled_dot_product_attention(q2, k2, v2, tensor(mr, {l, s}));
+    out2.backward(tensor(rz, out2.shape()));
+    CHECK(max_rel_err(k.grad(), k2.grad()) < 1e-6);
+    CHECK(max_rel_err(v.grad(), v2.grad()) < 1e-6);
+  }
 }
 
 TEST_CASE("attention: the sim device gives the CPU's bits, outputs and gradients") {

@@ -473,11 +473,15 @@ PHALANX_ATTN_INLINE void forward_head(const AttentionParams& p, std::int64_t hea
                                                    w.acc, ev_pad);
     }
     for (std::int64_t r = 0; r < nr; ++r) {
-      // A row with every score masked has l = 0: 0 / 0 = NaN, as PyTorch's softmax gives.
+      // A row with every score masked (m = -inf, l = 0) gives zeros and lse = -inf, as PyTorch
+      // 2.5+'s _safe_softmax (docs/attention.md, "Masks").
       const float l = w.lrow[r];
       const float* a = w.acc + r * ev_pad;
       float* o = out + (i0 + r) * Ev;
-      for (std::int64_t c = 0; c < Ev; ++c) o[c] = a[c] / l;
+      if (w.mrow[r] == kNegInf)
+        std::fill(o, o + Ev, 0.f);
+      else
+        for (std::int64_t c = 0; c < Ev; ++c) o[c] = a[c] / l;
       lse[i0 + r] = w.mrow[r] + std::log(l);
     }
   }
@@ -537,9 +541,14 @@ PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t he
       tile_gemm<kLevel, Skip::kCols, false, false>(diagonal, diag, nr, kBc, E, w.qp + i0 * e_pad, e_pad, w.kt + j0, s_pad,
                                                    w.st, kBc);
       masker.template apply<kLevel>(w.st, nr, nc, i0, j0);
-      for (std::int64_t r = 0; r < nr; ++r) {  // P = exp(s - lse): a fully masked row gives NaN
+      for (std::int64_t r = 0; r < nr; ++r) {  // P = exp(s - lse); 0 in a fully masked row (lse = -inf)
         float* row = w.st + r * kBc;
-        const V lv = splat<kLevel>(lse[i0 + r]);
+        const float lse_r = lse[i0 + r];
+        if (lse_r == kNegInf) {
+          std::fill(row, row + kBc, 0.f);
+          continue;
+        }
+        const V lv = splat<kLevel>(lse_r);
         for (std::int64_t c = 0; c < kBc; c += W) store<kLevel>(row + c, exp_v<kLevel>(load<kLevel>(row + c) - lv));
       }
       // dP (of the dropped weights) = dO V^T
