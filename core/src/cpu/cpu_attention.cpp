@@ -7,12 +7,14 @@
 // tile of scores: the working memory is the per-head padded copies of q, k, v (and do, dq)
 // and grows linearly with L and S.
 //
-// The tile products are small GEMMs with the output held in registers (4 rows x up to 64
-// columns, GCC vector types); the whole per-head loop is compiled three times, for
-// AVX-512F, AVX2 and baseline x86-64, and the best the CPU has is picked at each call
-// (PHALANX_ATTENTION_SIMD=scalar|avx2|avx512 caps it; the tests compare the three).
-// exp is a vectorised Cephes polynomial (about 2 ulp), as PyTorch's own vectorised
-// softmax uses Sleef's rather than libm's.
+// The tile products are small GEMMs with the output held in registers (at AVX-512, 4 rows
+// x 64 columns or 8 x 32; GCC vector types in each level's native width); on tiles the
+// causal diagonal crosses they skip the masked part. The whole per-head loop is compiled
+// three times, for AVX-512F+DQ, AVX2 and baseline x86-64, and the best the CPU has is
+// picked at each call (PHALANX_ATTENTION_SIMD=scalar|avx2|avx512 caps it; the tests
+// compare the three). exp is a vectorised Cephes polynomial (about 2 ulp), as PyTorch's own
+// vectorised softmax uses Sleef's rather than libm's. A row whose every score is masked
+// gives zeros (PyTorch 2.5+).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
