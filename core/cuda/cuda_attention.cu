@@ -103,7 +103,8 @@ __global__ void attn_fwd_k(AttentionParams p, int tile, const float* q, const fl
     }
   }
   if (!active) return;
-  for (std::int64_t d = 0; d < p.ev; ++d) oi[d] = oi[d] / l;  // l = 0: NaN, as PyTorch
+  // Every score masked (m = -inf, l = 0): zeros, as PyTorch 2.5+'s _safe_softmax.
+  for (std::int64_t d = 0; d < p.ev; ++d) oi[d] = m == -INFINITY ? 0.f : oi[d] / l;
   lse[head * p.l + i] = m + logf(l);
 }
 
@@ -113,6 +114,9 @@ __global__ void attn_dsum_k(std::int64_t rows, std::int64_t ev, const float* g, 
        r += (std::int64_t)blockDim.x * gridDim.x)
     dsum[r] = dot(g + r * ev, o + r * ev, ev);
 }
+
+// The weight recomputed from its score and its row's log-sum-exp; 0 in a fully masked row.
+__device__ float weight(float s, float lse_i) { return lse_i == -INFINITY ? 0.f : expf(s - lse_i); }
 
 // dS of (i, j), scale folded in; 0 for a masked weight.
 __device__ float grad_score(const AttentionParams& p, float w, float dp, float dsum_i) {
@@ -149,7 +153,7 @@ __global__ void attn_bwd_q_k(AttentionParams p, int tile, const float* q, const 
     if (!active) continue;
     for (std::int64_t jj = 0; jj < n; ++jj) {
       const std::int64_t j = j0 + jj;
-      const float w = expf(masked_score(p, fm, bm, i, j, dot(qi, ks + jj * p.e, p.e)) - lse_i);
+      const float w = weight(masked_score(p, fm, bm, i, j, dot(qi, ks + jj * p.e, p.e)), lse_i);
       const float dp = dot(gi, vs + jj * p.ev, p.ev) * drop_factor(p, head, i, j);
       const float ds = grad_score(p, w, dp, dsum_i);
       for (std::int64_t d = 0; d < p.e; ++d) gqi[d] += ds * ks[jj * p.e + d];
@@ -195,7 +199,7 @@ __global__ void attn_bwd_kv_k(AttentionParams p, int tile, const float* q, const
     if (!active) continue;
     for (std::int64_t ii = 0; ii < n; ++ii) {
       const std::int64_t i = i0 + ii;
-      const float w = expf(masked_score(p, fm, bm, i, j, dot(qs + ii * p.e, kj, p.e)) - ls[ii]);
+      const float w = weight(masked_score(p, fm, bm, i, j, dot(qs + ii * p.e, kj, p.e)), ls[ii]);
       const float z = drop_factor(p, head, i, j);
       const float* gi = gs + ii * p.ev;
       if (gvj)

@@ -1,7 +1,8 @@
 // scaled_dot_product_attention (docs/attention.md): the fused kernel against a reference
 // composed of existing 2-D ops, head by head; finite-difference gradients; the dropout
-// stream; masks and their broadcasting; fully masked rows; the three SIMD levels; the sim
-// device; bad input; and peak memory growing linearly with the sequence length.
+// stream; float and Bool masks and their broadcasting; fully masked rows; the three SIMD
+// levels; the sim device; bad input; PyTorch 1.13 parity; and peak memory growing linearly
+// with the sequence length.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -289,23 +290,58 @@ TEST_CASE("attention: the dropout stream drops about p of the weights, p = 1 dro
   CHECK(max_rel_err(b1, b3) == 0.0);
 }
 
-TEST_CASE("attention: a row whose every score is masked is NaN (PyTorch's softmax of -inf), others unaffected") {
-  Tensor q = randn_t({1, 4, 3}, 1), k = randn_t({1, 5, 3}, 2), v = randn_t({1, 5, 2}, 3);
-  std::vector<float> m(20, 0.f);
-  for (int j = 0; j < 5; ++j) m[2 * 5 + j] = -kInf;  // row 2 fully masked
-  m[0 * 5 + 1] = -kInf;
-  Tensor mask = tensor(m, {4, 5});
-  Tensor out = scaled_dot_product_attention(q, k, v, mask);
-  const auto o = out.to_vector<float>();
-  for (int r = 0; r < 4; ++r)
-    for (int c = 0; c < 2; ++c) {
-      CAPTURE(r);
-      CHECK(std::isnan(o[r * 2 + c]) == (r == 2));
+TEST_CASE("attention: a row whose every score is masked gives zeros and no gradient (PyTorch 2.5+)") {
+  // Row 2 fully masked (float -inf, or Bool false), row 0 partly; tiles of 64 cross row 70.
+  for (const bool as_bool : {false, true}) {
+    CAPTURE(as_bool);
+    const std::int64_t l = 72, s = 70;
+    std::vector<float> m(static_cast<std::size_t>(l * s), 0.f);
+    for (std::int64_t j = 0; j < s; ++j) m[static_cast<std::size_t>(2 * s + j)] = -kInf;
+    for (std::int64_t j = 0; j < s; ++j) m[static_cast<std::size_t>(70 * s + j)] = -kInf;
+    m[1] = -kInf;
+    Tensor fmask = tensor(m, {l, s});
+    Tensor mask = fmask;
+    if (as_bool) {
+      mask = Tensor::empty({l, s}, DType::Bool);
+      auto* p = static_cast<unsigned char*>(mask.raw_data());
+      for (std::size_t i = 0; i < m.size(); ++i) p[i] = m[i] == 0.f;
     }
-  // The other rows equal the attention of those rows alone.
-  Tensor rows = scaled_dot_product_attention(reshape(narrow(q, 1, 0, 2), {1, 2, 3}), k, v, narrow(mask, 0, 0, 2));
-  const auto ro = rows.to_vector<float>();
-  for (int i = 0; i < 4; ++i) CHECK(o[i] == doctest::Approx(ro[i]).epsilon(1e-6));
+    Tensor q = randn_t({2, l, 8}, 1).requires_grad_(true), k = randn_t({2, s, 8}, 2).requires_grad_(true),
+           v = randn_t({2, s, 4}, 3).requires_grad_(true);
+    Tensor out = scaled_dot_product_attention(q, k, v, mask);
+    Tensor r = randn_t(out.shape(), 4);
+    out.backward(r);
+    const auto o = out.to_vector<float>(), gq = q.grad().to_vector<float>();
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t i = 0; i < l; ++i) {
+        const bool masked = i == 2 || i == 70;
+        for (std::int64_t c = 0; c < 4; ++c) CHECK((o[static_cast<std::size_t>((h * l + i) * 4 + c)] == 0.f) == masked);
+        for (std::int64_t c = 0; c < 8; ++c) {
+          const float g = gq[static_cast<std::size_t>((h * l + i) * 8 + c)];
+          CHECK(std::isfinite(g));
+          if (masked) CHECK(g == 0.f);
+        }
+      }
+    // k and v get what the other rows give them: the masked rows' weights are zero.
+    Tensor q2 = q.detach().requires_grad_(true), k2 = k.detach().requires_grad_(true),
+           v2 = v.detach().requires_grad_(true);
+    std::vector<float> rz = r.to_vector<float>();
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t c = 0; c < 4; ++c) {
+        rz[static_cast<std::size_t>((h * l + 2) * 4 + c)] = 0.f;
+        rz[static_cast<std::size_t>((h * l + 70) * 4 + c)] = 0.f;
+      }
+    // The same op with rows 2 and 70 unmasked and their upstream gradient zeroed.
+    std::vector<float> mr = m;
+    for (std::int64_t j = 0; j < s; ++j) {
+      mr[static_cast<std::size_t>(2 * s + j)] = 0.f;
+      mr[static_cast<std::size_t>(70 * s + j)] = 0.f;
+    }
+    Tensor out2 = scaled_dot_product_attention(q2, k2, v2, tensor(mr, {l, s}));
+    out2.backward(tensor(rz, out2.shape()));
+    CHECK(max_rel_err(k.grad(), k2.grad()) < 1e-6);
+    CHECK(max_rel_err(v.grad(), v2.grad()) < 1e-6);
+  }
 }
 
 TEST_CASE("attention: the sim device gives the CPU's bits, outputs and gradients") {
@@ -367,7 +403,9 @@ TEST_CASE("attention: bad input is one line naming the shapes") {
                   {"leading dims", "k [3, 5, 3]"});
   one_line_naming(error_of<ShapeError>([&] { scaled_dot_product_attention(randn_t({4}, 1), k, v); }), {"q [4]"});
   one_line_naming(error_of<TypeError>([&] { scaled_dot_product_attention(q, k, v, zeros({4, 5}, DType::Int64)); }),
-                  {"attn_mask", "int64"});
+                  {"attn_mask must be bool", "int64 [4, 5]"});
+  one_line_naming(error_of<ShapeError>([&] { scaled_dot_product_attention(q, k, v, ones({2, 5, 5}, DType::Bool)); }),
+                  {"attn_mask [2, 5, 5]", "[2, 4, 5]"});
   one_line_naming(error_of<ValueError>([&] { scaled_dot_product_attention(q, k, v, Tensor(), 1.5f); }),
                   {"dropout_p", "1.5"});
 }
@@ -417,4 +455,75 @@ TEST_CASE("attention: PyTorch 1.13 parity (softmax(q k^T * scale + mask) v), out
     CHECK(max_rel_err(k.grad(), at("gk")) < 1e-5);
     CHECK(max_rel_err(v.grad(), at("gv")) < 1e-5);
   }
+}
+
+namespace {
+/// The Bool mask that keeps what `mask` (float, 0 or -inf) keeps: true where it is finite.
+Tensor to_bool_mask(const Tensor& mask) {
+  Tensor b = Tensor::empty(mask.shape(), DType::Bool);
+  const auto m = mask.to_vector<float>();
+  auto* p = static_cast<unsigned char*>(b.raw_data());
+  for (std::size_t i = 0; i < m.size(); ++i) p[i] = m[i] != -kInf;
+  return b;
+}
+/// A float mask of 0 and -inf (never a whole row at -inf).
+Tensor keep_or_drop_mask(const Shape& s, std::uint64_t seed) {
+  Generator g(seed);
+  Tensor t = Tensor::empty(s);
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = (i % s.back() != 0 && g.uniform() < 0.3f) ? -kInf : 0.f;
+  return t;
+}
+}  // namespace
+
+TEST_CASE("attention: a Bool mask (true: takes part) equals the float mask of 0 and -inf, on CPU and sim") {
+  const Device sim = Device::sim(0);
+  struct BoolCase {
+    Shape lead;
+    std::int64_t l, s, e, ev;
+    bool causal;
+    Shape mask;
+    float dropout_p;
+  };
+  const BoolCase cases[] = {
+      {{2, 3}, 9, 11, 8, 8, false, {2, 1, 1, 11}, 0.f},  // padding
+      {{2}, 70, 90, 16, 12, true, {70, 90}, 0.f},        // [L, S] across tiles, with causal
+      {{1, 2}, 65, 65, 8, 8, false, {2, 1, 65}, 0.2f},   // per head, broadcast over rows, dropout
+  };
+  for (const BoolCase& c : cases) {
+    CAPTURE(shape_str(c.mask));
+    const Tensor fmask = keep_or_drop_mask(c.mask, 3), bmask = to_bool_mask(fmask);
+    Tensor results[3][4];  // float on CPU, bool on CPU, bool on sim: out, gq, gk, gv
+    for (int variant = 0; variant < 3; ++variant) {
+      const Device dev = variant == 2 ? sim : Device::cpu();
+      Tensor q = randn_t(with(c.lead, c.l, c.e), 1).to(dev).requires_grad_(true),
+             k = randn_t(with(c.lead, c.s, c.e), 2).to(dev).requires_grad_(true),
+             v = randn_t(with(c.lead, c.s, c.ev), 3).to(dev).requires_grad_(true);
+      Generator gen(8);
+      Tensor out = scaled_dot_product_attention(q, k, v, (variant == 0 ? fmask : bmask).to(dev), c.dropout_p,
+                                                c.causal, std::nullopt, &gen);
+      out.backward(randn_t(out.shape(), 4).to(dev));
+      results[variant][0] = out.to(Device::cpu());
+      results[variant][1] = q.grad().to(Device::cpu());
+      results[variant][2] = k.grad().to(Device::cpu());
+      results[variant][3] = v.grad().to(Device::cpu());
+    }
+    for (int i = 0; i < 4; ++i) {
+      CAPTURE(i);
+      CHECK(max_rel_err(results[1][i], results[0][i]) == 0.0);
+      CHECK(max_rel_err(results[2][i], results[1][i]) == 0.0);
+    }
+  }
+}
+
+TEST_CASE("attention: PyTorch parity with the padding mask given as Bool") {
+  const TensorMap f = load_npz(std::string(PHALANX_FIXTURES) + "/attention_parity.npz");
+  Tensor q = f.at("padding.q").detach().requires_grad_(true), k = f.at("padding.k").detach().requires_grad_(true),
+         v = f.at("padding.v").detach().requires_grad_(true);
+  Tensor out = scaled_dot_product_attention(q, k, v, to_bool_mask(f.at("padding.mask")));
+  out.backward(f.at("padding.gout"));
+  CHECK(max_rel_err(out, f.at("padding.out")) < 1e-5);
+  CHECK(max_rel_err(q.grad(), f.at("padding.gq")) < 1e-5);
+  CHECK(max_rel_err(k.grad(), f.at("padding.gk")) < 1e-5);
+  CHECK(max_rel_err(v.grad(), f.at("padding.gv")) < 1e-5);
 }

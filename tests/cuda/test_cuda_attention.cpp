@@ -53,3 +53,22 @@ TEST_CASE("CUDA: scaled_dot_product_attention equals the CPU kernel, outputs and
     CHECK(max_rel_err(vg.grad().to(Device::cpu()), vc.grad()) < 1e-5);
   }
 }
+
+TEST_CASE("CUDA: scaled_dot_product_attention with a Bool mask equals the CPU") {
+  Tensor bm = Tensor::empty({2, 1, 1, 90}, DType::Bool);
+  auto* p = static_cast<unsigned char*>(bm.raw_data());
+  for (int i = 0; i < 180; ++i) p[i] = (i % 90) < (i < 90 ? 80 : 50);  // padding: 80 and 50 keys
+  Tensor qc = rnd({2, 2, 33, 8}, 1).requires_grad_(true), kc = rnd({2, 2, 90, 8}, 2).requires_grad_(true),
+         vc = rnd({2, 2, 90, 20}, 3).requires_grad_(true);
+  Tensor qg = qc.detach().to(kGpu).requires_grad_(true), kg = kc.detach().to(kGpu).requires_grad_(true),
+         vg = vc.detach().to(kGpu).requires_grad_(true);
+  Tensor oc = scaled_dot_product_attention(qc, kc, vc, bm, 0.f, true);
+  Tensor og = scaled_dot_product_attention(qg, kg, vg, bm.to(kGpu), 0.f, true);
+  CHECK(max_rel_err(og.to(Device::cpu()), oc) < 1e-5);
+  Tensor r = rnd(oc.shape(), 5);
+  oc.backward(r);
+  og.backward(r.to(kGpu));
+  CHECK(max_rel_err(qg.grad().to(Device::cpu()), qc.grad()) < 1e-5);
+  CHECK(max_rel_err(kg.grad().to(Device::cpu()), kc.grad()) < 1e-5);
+  CHECK(max_rel_err(vg.grad().to(Device::cpu()), vc.grad()) < 1e-5);
+}

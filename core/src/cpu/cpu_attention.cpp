@@ -7,12 +7,14 @@
 // tile of scores: the working memory is the per-head padded copies of q, k, v (and do, dq)
 // and grows linearly with L and S.
 //
-// The tile products are small GEMMs with the output held in registers (4 rows x up to 64
-// columns, GCC vector types); the whole per-head loop is compiled three times, for
-// AVX-512F, AVX2 and baseline x86-64, and the best the CPU has is picked at each call
-// (PHALANX_ATTENTION_SIMD=scalar|avx2|avx512 caps it; the tests compare the three).
-// exp is a vectorised Cephes polynomial (about 2 ulp), as PyTorch's own vectorised
-// softmax uses Sleef's rather than libm's.
+// The tile products are small GEMMs with the output held in registers (at AVX-512, 4 rows
+// x 64 columns or 8 x 32; GCC vector types in each level's native width); on tiles the
+// causal diagonal crosses they skip the masked part. The whole per-head loop is compiled
+// three times, for AVX-512F+DQ, AVX2 and baseline x86-64, and the best the CPU has is
+// picked at each call (PHALANX_ATTENTION_SIMD=scalar|avx2|avx512 caps it; the tests
+// compare the three). exp is a vectorised Cephes polynomial (about 2 ulp), as PyTorch's own
+// vectorised softmax uses Sleef's rather than libm's. A row whose every score is masked
+// gives zeros (PyTorch 2.5+).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -41,111 +43,237 @@ namespace {
 #define PHALANX_ATTN_INLINE inline __attribute__((always_inline))
 
 constexpr std::int64_t kBr = 64;  // query rows per tile
-constexpr std::int64_t kBc = 64;  // key columns per tile (4 vectors of 16)
-constexpr std::int64_t kW = 16;   // floats per vector
+constexpr std::int64_t kBc = 64;  // key columns per tile
+constexpr std::int64_t kPad = 16; // head dims are padded to a multiple of this (one AVX-512 vector)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef std::int32_t i16 __attribute__((vector_size(64)));
 
 std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
 
-PHALANX_ATTN_INLINE v16 load(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-PHALANX_ATTN_INLINE void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
-PHALANX_ATTN_INLINE v16 splat(float x) { return v16{} + x; }
+// ---- vectors: each level computes in its native width ----
+// GCC's generic vectors wider than the target's registers are lowered badly (arrays of them
+// spill through integer registers), so the AVX-512 code uses 16 floats, the AVX2 code 8 and
+// the baseline code 4. Loads and stores are unaligned and may alias.
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+typedef std::int32_t i16 __attribute__((vector_size(64)));
+typedef std::int32_t i8 __attribute__((vector_size(32)));
+typedef std::int32_t i4 __attribute__((vector_size(16)));
+typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
+typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
+typedef float v4u __attribute__((vector_size(16), aligned(4), may_alias));
+
+template <int kLevel> struct Simd;
+template <> struct Simd<2> { using V = v16; using I = i16; using U = v16u; };
+template <> struct Simd<1> { using V = v8; using I = i8; using U = v8u; };
+template <> struct Simd<0> { using V = v4; using I = i4; using U = v4u; };
+
+template <int kLevel> using Vec = typename Simd<kLevel>::V;
+/// Floats per native vector.
+template <int kLevel> constexpr std::int64_t kVW = sizeof(Vec<kLevel>) / sizeof(float);
+
+template <int kLevel>
+PHALANX_ATTN_INLINE Vec<kLevel> load(const float* p) { return *reinterpret_cast<const typename Simd<kLevel>::U*>(p); }
+template <int kLevel>
+PHALANX_ATTN_INLINE void store(float* p, Vec<kLevel> v) { *reinterpret_cast<typename Simd<kLevel>::U*>(p) = v; }
+template <int kLevel>
+PHALANX_ATTN_INLINE Vec<kLevel> splat(float x) { return Vec<kLevel>{} + x; }
 
 /// exp(x) for x <= 88 (scores minus their row maximum are <= 0): Cephes' expf, 2^n by
 /// exponent bits. Below -87.3 (where expf underflows to denormals) and at -inf it gives 0;
 /// NaN stays NaN.
-PHALANX_ATTN_INLINE v16 exp_v(v16 x) {
-  const v16 lo = splat(-87.3f), hi = splat(88.f);
-  v16 xc = x < lo ? lo : x;
+template <int kLevel>
+PHALANX_ATTN_INLINE Vec<kLevel> exp_v(Vec<kLevel> x) {
+  using V = Vec<kLevel>;
+  using I = typename Simd<kLevel>::I;
+  const V lo = V{} - 87.3f, hi = V{} + 88.f, zero = V{};
+  V xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  v16 fx = xc * 1.44269504088896341f + 0.5f;
-  const i16 t = __builtin_convertvector(fx, i16);  // truncation toward zero
-  v16 tf = __builtin_convertvector(t, v16);
-  const i16 gt = tf > fx;
-  tf = gt ? tf - 1.f : tf;  // floor
-  v16 r = xc - tf * 0.693359375f;
+  const V fx = xc * 1.44269504088896341f + 0.5f;
+  V tf = __builtin_convertvector(__builtin_convertvector(fx, I), V);  // truncation toward zero
+  tf = tf > fx ? tf - 1.f : tf;                                        // floor
+  V r = xc - tf * 0.693359375f;
   r = r - tf * -2.12194440e-4f;
-  const v16 r2 = r * r;
-  v16 y = splat(1.9875691500E-4f);
+  const V r2 = r * r;
+  V y = zero + 1.9875691500E-4f;
   y = y * r + 1.3981999507E-3f;
   y = y * r + 8.3334519073E-3f;
   y = y * r + 4.1665795894E-2f;
   y = y * r + 1.6666665459E-1f;
   y = y * r + 5.0000001201E-1f;
   y = y * r2 + r + 1.f;
-  const i16 e = (__builtin_convertvector(tf, i16) + 127) << 23;
-  v16 pow2;
-  std::memcpy(&pow2, &e, sizeof pow2);
-  v16 out = y * pow2;
-  out = x < lo ? splat(0.f) : out;
+  const I e = (__builtin_convertvector(tf, I) + 127) << 23;
+  V out = y * (V)e;  // GCC vector cast: the same bits, reinterpreted
+  out = x < lo ? zero : out;
   out = x != x ? x : out;
   return out;
 }
 
+// Horizontal max and sum by halving, not a chain of dependent scalar steps.
+PHALANX_ATTN_INLINE float hmax(v4 c) {
+  const float x = c[0] > c[1] ? c[0] : c[1], y = c[2] > c[3] ? c[2] : c[3];
+  return x > y ? x : y;
+}
+PHALANX_ATTN_INLINE float hmax(v8 v) {
+  const v4 a = __builtin_shufflevector(v, v, 0, 1, 2, 3), b = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  return hmax(a > b ? a : b);
+}
 PHALANX_ATTN_INLINE float hmax(v16 v) {
-  float m = v[0];
-  for (int i = 1; i < kW; ++i) m = v[i] > m ? v[i] : m;
-  return m;
+  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+           b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  return hmax(a > b ? a : b);
+}
+PHALANX_ATTN_INLINE float hsum(v4 c) { return (c[0] + c[2]) + (c[1] + c[3]); }
+PHALANX_ATTN_INLINE float hsum(v8 v) {
+  return hsum(__builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7));
 }
 PHALANX_ATTN_INLINE float hsum(v16 v) {
-  float s = 0.f;
-  for (int i = 0; i < kW; ++i) s += v[i];
-  return s;
+  return hsum(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+              __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
-/// C[R x 16 NV] (+)= op(A) B for one register block: op(A)(r, p) is a[r * lda + p], or
+/// dst[c * ld + r] = src[r * cols + c] for r < rows, c < cols: 16 source rows at a time, so
+/// the rows read stay in L1 and each destination row is written 16 floats at once.
+PHALANX_ATTN_INLINE void transpose_into(const float* src, std::int64_t rows, std::int64_t cols, float* dst,
+                                        std::int64_t ld) {
+  for (std::int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const std::int64_t n = std::min<std::int64_t>(16, rows - r0);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      float* d = dst + c * ld + r0;
+      const float* s = src + r0 * cols + c;
+      for (std::int64_t r = 0; r < n; ++r) d[r] = s[r * cols];
+    }
+  }
+}
+
+/// dst [dst_rows, ld] = src [rows, cols] with zeros in the padding (columns >= cols, rows >=
+/// rows): one copy when nothing is padded on the right.
+PHALANX_ATTN_INLINE void copy_padded(const float* src, std::int64_t rows, std::int64_t cols, float* dst,
+                                     std::int64_t ld, std::int64_t dst_rows) {
+  if (cols == ld) {
+    std::memcpy(dst, src, sizeof(float) * rows * cols);
+  } else {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::memcpy(dst + r * ld, src + r * cols, sizeof(float) * cols);
+      std::fill(dst + r * ld + cols, dst + (r + 1) * ld, 0.f);
+    }
+  }
+  std::fill(dst + rows * ld, dst + dst_rows * ld, 0.f);
+}
+
+/// dst [cols, ld] = src [rows, cols] transposed, zeros in columns >= rows.
+PHALANX_ATTN_INLINE void transpose_padded(const float* src, std::int64_t rows, std::int64_t cols, float* dst,
+                                          std::int64_t ld) {
+  transpose_into(src, rows, cols, dst, ld);
+  if (rows < ld)
+    for (std::int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld + rows, dst + (c + 1) * ld, 0.f);
+}
+
+// ---- tile products ----
+
+/// C[R x NV vectors] (+)= op(A) B for one register block: op(A)(r, p) is a[r * lda + p], or
 /// a[p * lda + r] when kTA; B is row-major with ldb and NV vectors of columns readable.
-template <int R, int NV, bool kTA, bool kAcc>
+template <int kLevel, int R, int NV, bool kTA, bool kAcc>
 PHALANX_ATTN_INLINE void block(const float* a, std::int64_t lda, const float* b, std::int64_t ldb, std::int64_t k,
                                float* c, std::int64_t ldc) {
-  v16 acc[R][NV];
+  using V = Vec<kLevel>;
+  constexpr std::int64_t W = kVW<kLevel>;
+  V acc[R][NV];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = kAcc ? load(c + r * ldc + v * kW) : v16{};
+    for (int v = 0; v < NV; ++v) acc[r][v] = kAcc ? load<kLevel>(c + r * ldc + v * W) : V{};
   for (std::int64_t p = 0; p < k; ++p) {
-    v16 bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = load(b + p * ldb + v * kW);
+    V bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = load<kLevel>(b + p * ldb + v * W);
     for (int r = 0; r < R; ++r) {
       const float ar = kTA ? a[p * lda + r] : a[r * lda + p];
       for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) store(c + r * ldc + v * kW, acc[r][v]);
+    for (int v = 0; v < NV; ++v) store<kLevel>(c + r * ldc + v * W, acc[r][v]);
 }
 
-template <int NV, bool kTA, bool kAcc>
+/// Rows of a register block for NV column vectors: enough independent accumulators to
+/// cover the FMA latency without spilling (AVX-512: 32 registers; AVX2 and SSE: 16).
+template <int kLevel, int NV>
+constexpr int block_rows() {
+  return kLevel == 2 ? (NV >= 3 ? 4 : NV == 2 ? 8 : 12) : kLevel == 1 ? 6 : 4;
+}
+/// Column vectors per block: AVX-512 up to 4 (64 columns); AVX2 and SSE 2.
+template <int kLevel>
+constexpr int max_nv() {
+  return kLevel == 2 ? 4 : 2;
+}
+
+template <int kLevel, int R, int NV, bool kTA, bool kAcc>
+PHALANX_ATTN_INLINE void rows_tail(std::int64_t rows, const float* a, std::int64_t lda, const float* b,
+                                   std::int64_t ldb, std::int64_t k, float* c, std::int64_t ldc) {
+  if constexpr (R > 1) {
+    if (rows == R - 1) {
+      block<kLevel, R - 1, NV, kTA, kAcc>(a, lda, b, ldb, k, c, ldc);
+      return;
+    }
+    rows_tail<kLevel, R - 1, NV, kTA, kAcc>(rows, a, lda, b, ldb, k, c, ldc);
+  }
+}
+
+template <int kLevel, int NV, bool kTA, bool kAcc>
 PHALANX_ATTN_INLINE void rows_block(std::int64_t m, const float* a, std::int64_t lda, const float* b,
                                     std::int64_t ldb, std::int64_t k, float* c, std::int64_t ldc) {
+  constexpr int R = block_rows<kLevel, NV>();
   std::int64_t i = 0;
-  for (; i + 4 <= m; i += 4)
-    block<4, NV, kTA, kAcc>(kTA ? a + i : a + i * lda, lda, b, ldb, k, c + i * ldc, ldc);
-  const float* ai = kTA ? a + i : a + i * lda;
-  switch (m - i) {
-    case 3: block<3, NV, kTA, kAcc>(ai, lda, b, ldb, k, c + i * ldc, ldc); break;
-    case 2: block<2, NV, kTA, kAcc>(ai, lda, b, ldb, k, c + i * ldc, ldc); break;
-    case 1: block<1, NV, kTA, kAcc>(ai, lda, b, ldb, k, c + i * ldc, ldc); break;
+  for (; i + R <= m; i += R)
+    block<kLevel, R, NV, kTA, kAcc>(kTA ? a + i : a + i * lda, lda, b, ldb, k, c + i * ldc, ldc);
+  if (i < m) rows_tail<kLevel, R, NV, kTA, kAcc>(m - i, kTA ? a + i : a + i * lda, lda, b, ldb, k, c + i * ldc, ldc);
+}
+
+/// C[m x n] (+)= op(A)[m x k] B[k x n], n a multiple of kPad (the padded widths), row-major.
+template <int kLevel, bool kTA, bool kAcc>
+PHALANX_ATTN_INLINE void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+                              const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
+  constexpr int kNV = max_nv<kLevel>();
+  constexpr std::int64_t W = kVW<kLevel>;
+  std::int64_t j = 0;
+  for (; j + kNV * W <= n; j += kNV * W) rows_block<kLevel, kNV, kTA, kAcc>(m, a, lda, b + j, ldb, k, c + j, ldc);
+  switch ((n - j) / W) {  // n is a multiple of 16 floats: whole vectors remain
+    case 3: rows_block<kLevel, 3, kTA, kAcc>(m, a, lda, b + j, ldb, k, c + j, ldc); break;
+    case 2: rows_block<kLevel, 2, kTA, kAcc>(m, a, lda, b + j, ldb, k, c + j, ldc); break;
+    case 1: rows_block<kLevel, 1, kTA, kAcc>(m, a, lda, b + j, ldb, k, c + j, ldc); break;
     default: break;
   }
 }
 
-/// C[m x n] (+)= op(A)[m x k] B[k x n], n a multiple of 16 (the padded widths), row-major.
-template <bool kTA, bool kAcc>
-PHALANX_ATTN_INLINE void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                              const float* b, std::int64_t ldb, float* c, std::int64_t ldc) {
-  std::int64_t j = 0;
-  for (; j + 4 * kW <= n; j += 4 * kW) rows_block<4, kTA, kAcc>(m, a, lda, b + j, ldb, k, c + j, ldc);
-  switch ((n - j) / kW) {
-    case 3: rows_block<3, kTA, kAcc>(m, a, lda, b + j, ldb, k, c + j, ldc); break;
-    case 2: rows_block<2, kTA, kAcc>(m, a, lda, b + j, ldb, k, c + j, ldc); break;
-    case 1: rows_block<1, kTA, kAcc>(m, a, lda, b + j, ldb, k, c + j, ldc); break;
-    default: break;
+/// What a causal tile can skip. On a tile the diagonal crosses (diag = i0 - j0: tile row r
+/// sees tile columns c <= r + diag), a product whose output rows are query rows needs only
+/// the columns (kCols: the scores, dP) or the depth (kDepth: weights times v, dS times k)
+/// up to r + diag; one whose output rows are keys (kTA: dV, dK) only the query rows from
+/// c - diag on. Skipped outputs are masked (their scores become -inf) and skipped terms are
+/// zero weights, so results are unchanged; about 3/8 of a diagonal tile's work is saved.
+enum class Skip { kCols, kDepth };
+template <int kLevel, Skip kSkip, bool kTA, bool kAcc>
+PHALANX_ATTN_INLINE void tile_gemm(bool diagonal, std::int64_t diag, std::int64_t m, std::int64_t n, std::int64_t k,
+                                   const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                                   std::int64_t ldc) {
+  if (!diagonal) {
+    gemm<kLevel, kTA, kAcc>(m, n, k, a, lda, b, ldb, c, ldc);
+    return;
+  }
+  constexpr std::int64_t kRows = block_rows<kLevel, max_nv<kLevel>()>();
+  constexpr std::int64_t W = kVW<kLevel>;
+  for (std::int64_t i = 0; i < m; i += kRows) {
+    const std::int64_t rows = std::min(kRows, m - i);
+    if constexpr (kTA) {
+      static_assert(kAcc, "key-row products accumulate");
+      const std::int64_t p0 = std::clamp<std::int64_t>(i - diag, 0, k);
+      if (p0 < k) gemm<kLevel, true, true>(rows, n, k - p0, a + p0 * lda + i, lda, b + p0 * ldb, ldb, c + i * ldc, ldc);
+    } else if constexpr (kSkip == Skip::kCols) {
+      const std::int64_t need = std::min(n, round_up(std::max<std::int64_t>(0, i + rows + diag), W));
+      if (need > 0) gemm<kLevel, false, kAcc>(rows, need, k, a + i * lda, lda, b, ldb, c + i * ldc, ldc);
+    } else {
+      static_assert(kAcc, "depth-limited products accumulate");
+      const std::int64_t depth = std::clamp<std::int64_t>(i + rows + diag, 0, k);
+      if (depth > 0) gemm<kLevel, false, true>(rows, n, depth, a + i * lda, lda, b, ldb, c + i * ldc, ldc);
+    }
   }
 }
 
@@ -168,10 +296,44 @@ struct Dropout {
   float p, keep_scale;
   std::uint64_t seed;
   std::int64_t l, s;
-  PHALANX_ATTN_INLINE float factor(std::int64_t head, std::int64_t i, std::int64_t j) const {
-    const std::uint64_t n = static_cast<std::uint64_t>((head * l + i) * s + j);
+  PHALANX_ATTN_INLINE float factor_at(std::uint64_t n) const {
     const float u = static_cast<float>(split_mix(seed + n * 0x9e3779b97f4a7c15ULL) >> 40) * 0x1p-24f;
     return u >= p ? keep_scale : 0.f;
+  }
+  /// z[c] = the factor of weight (head, i, j0 + c) for c < nc; 8 at a time with AVX-512
+  /// (64-bit lanes, AVX-512DQ's multiply), 4 with AVX2.
+  template <int kLevel>
+  PHALANX_ATTN_INLINE void factors(std::int64_t head, std::int64_t i, std::int64_t j0, std::int64_t nc, float* z) const {
+    const auto n0 = static_cast<std::uint64_t>((head * l + i) * s + j0);
+    std::int64_t c = 0;
+    if constexpr (kLevel == 2) {
+      typedef std::uint64_t u64x8 __attribute__((vector_size(64)));
+      const u64x8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+      for (; c + 8 <= nc; c += 8) {
+        u64x8 x = seed + (n0 + static_cast<std::uint64_t>(c) + lane) * 0x9e3779b97f4a7c15ULL;
+        x += 0x9e3779b97f4a7c15ULL;
+        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+        x ^= x >> 31;
+        const v8 u = __builtin_convertvector(__builtin_convertvector(x >> 40, i8), v8) * 0x1p-24f;
+        const v8 f = u >= p ? v8{} + keep_scale : v8{};
+        *reinterpret_cast<v8u*>(z + c) = f;
+      }
+    } else if constexpr (kLevel == 1) {  // 4 lanes; GCC builds the 64-bit multiplies from vpmuludq
+      typedef std::uint64_t u64x4 __attribute__((vector_size(32)));
+      const u64x4 lane = {0, 1, 2, 3};
+      for (; c + 4 <= nc; c += 4) {
+        u64x4 x = seed + (n0 + static_cast<std::uint64_t>(c) + lane) * 0x9e3779b97f4a7c15ULL;
+        x += 0x9e3779b97f4a7c15ULL;
+        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+        x ^= x >> 31;
+        const v4 u = __builtin_convertvector(__builtin_convertvector(x >> 40, i4), v4) * 0x1p-24f;
+        const v4 f = u >= p ? v4{} + keep_scale : v4{};
+        *reinterpret_cast<v4u*>(z + c) = f;
+      }
+    }
+    for (; c < nc; ++c) z[c] = factor_at(n0 + static_cast<std::uint64_t>(c));
   }
 };
 
@@ -198,11 +360,13 @@ struct TileMasker {
   const AttentionParams& p;
   const float* fmask;
   const unsigned char* bmask;
+  template <int kLevel>
   PHALANX_ATTN_INLINE void apply(float* st, std::int64_t nr, std::int64_t nc, std::int64_t i0, std::int64_t j0) const {
-    const v16 sc = splat(p.scale);
+    constexpr std::int64_t W = kVW<kLevel>;
+    const Vec<kLevel> sc = splat<kLevel>(p.scale);
     for (std::int64_t r = 0; r < nr; ++r) {
       float* row = st + r * kBc;
-      for (int v = 0; v < kBc / kW; ++v) store(row + v * kW, load(row + v * kW) * sc);
+      for (std::int64_t c = 0; c < kBc; c += W) store<kLevel>(row + c, load<kLevel>(row + c) * sc);
       const std::int64_t i = i0 + r;
       if (p.mask_kind == AttentionMask::Float) {
         const float* m = fmask + i * p.mask_row_stride + j0 * p.mask_col_stride;
@@ -231,71 +395,95 @@ struct ForwardScratch {
   float* acc;   // [kBr, ev_pad]: the unnormalised output of a query tile
   float* mrow;  // [kBr]: running maxima
   float* lrow;  // [kBr]: running sums
+  float* mnew;  // [kBr]: the maxima after this tile
+  float* alpha; // [kBr]: exp(old maximum - new maximum)
 };
 
+template <int kLevel>
 PHALANX_ATTN_INLINE void forward_head(const AttentionParams& p, std::int64_t head, const float* q, const float* k,
                                       const float* v, const float* fmask, const unsigned char* bmask, float* out,
                                       float* lse, const ForwardScratch& w) {
   const std::int64_t L = p.l, S = p.s, E = p.e, Ev = p.ev;
-  const std::int64_t s_pad = round_up(S, kBc), ev_pad = round_up(Ev, kW);
-  std::fill(w.kt, w.kt + E * s_pad, 0.f);
-  for (std::int64_t j = 0; j < S; ++j)
-    for (std::int64_t d = 0; d < E; ++d) w.kt[d * s_pad + j] = k[j * E + d];
-  std::fill(w.vp, w.vp + s_pad * ev_pad, 0.f);
-  for (std::int64_t j = 0; j < S; ++j) std::memcpy(w.vp + j * ev_pad, v + j * Ev, sizeof(float) * Ev);
+  const std::int64_t s_pad = round_up(S, kBc), ev_pad = round_up(Ev, kPad);
+  using V = Vec<kLevel>;
+  constexpr std::int64_t W = kVW<kLevel>;
+  transpose_padded(k, S, E, w.kt, s_pad);
+  copy_padded(v, S, Ev, w.vp, ev_pad, s_pad);
   const TileMasker masker{p, fmask, bmask};
   const Dropout drop = make_dropout(p);
 
   for (std::int64_t i0 = 0; i0 < L; i0 += kBr) {
     const std::int64_t nr = std::min(kBr, L - i0);
-    std::fill(w.mrow, w.mrow + nr, kNegInf);
+    std::fill(w.mrow, w.mrow + kBr, kNegInf);
+    std::fill(w.mnew, w.mnew + kBr, kNegInf);
     std::fill(w.lrow, w.lrow + nr, 0.f);
     std::fill(w.acc, w.acc + nr * ev_pad, 0.f);
     // Causal: key tiles wholly right of the tile's last row take no part.
     const std::int64_t j_end = p.causal ? std::min(S, i0 + nr) : S;
     for (std::int64_t j0 = 0; j0 < j_end; j0 += kBc) {
       const std::int64_t nc = std::min(kBc, S - j0);
-      gemm<false, false>(nr, kBc, E, q + i0 * E, E, w.kt + j0, s_pad, w.st, kBc);
-      masker.apply(w.st, nr, nc, i0, j0);
+      const bool diagonal = p.causal && i0 - j0 < kBc - 1;  // the tile has masked entries
+      tile_gemm<kLevel, Skip::kCols, false, false>(diagonal, i0 - j0, nr, kBc, E, q + i0 * E, E, w.kt + j0, s_pad, w.st, kBc);
+      masker.template apply<kLevel>(w.st, nr, nc, i0, j0);
+      // Each row's new running maximum ...
       for (std::int64_t r = 0; r < nr; ++r) {
-        float* row = w.st + r * kBc;
-        v16 mx = load(row);
-        for (int c = 1; c < kBc / kW; ++c) {
-          const v16 x = load(row + c * kW);
+        const float* row = w.st + r * kBc;
+        V mx = load<kLevel>(row);
+        for (std::int64_t c = W; c < kBc; c += W) {
+          const V x = load<kLevel>(row + c);
           mx = x > mx ? x : mx;
         }
-        const float m_old = w.mrow[r];
-        const float m_new = std::max(m_old, hmax(mx));
+        w.mnew[r] = std::max(w.mrow[r], hmax(mx));
+      }
+      // ... the rescaling of what was summed before, exp(m_old - m_new), 16 rows at a time
+      // (1 where every score so far is masked: nothing was summed) ...
+      for (std::int64_t r = 0; r < nr; r += W) {
+        const V mn = load<kLevel>(w.mnew + r);
+        const V a = exp_v<kLevel>(load<kLevel>(w.mrow + r) - mn);
+        store<kLevel>(w.alpha + r, mn == kNegInf ? splat<kLevel>(1.f) : a);
+      }
+      // ... and the weights exp(s - m_new), their sum, the output rescaled.
+      for (std::int64_t r = 0; r < nr; ++r) {
+        float* row = w.st + r * kBc;
+        const float m_new = w.mnew[r];
         if (m_new == kNegInf) {  // every score so far masked: nothing to add yet
           std::fill(row, row + kBc, 0.f);
           continue;
         }
-        const float alpha = std::exp(m_old - m_new);  // 0 when m_old is -inf
-        v16 sum{};
-        const v16 mv = splat(m_new);
-        for (int c = 0; c < kBc / kW; ++c) {
-          const v16 e = exp_v(load(row + c * kW) - mv);
+        const float alpha = w.alpha[r];
+        V sum{};
+        const V mv = splat<kLevel>(m_new);
+        for (std::int64_t c = 0; c < kBc; c += W) {
+          const V e = exp_v<kLevel>(load<kLevel>(row + c) - mv);
           sum += e;
-          store(row + c * kW, e);
+          store<kLevel>(row + c, e);
         }
         w.lrow[r] = w.lrow[r] * alpha + hsum(sum);
         w.mrow[r] = m_new;
-        if (drop.on)
-          for (std::int64_t c = 0; c < nc; ++c) row[c] *= drop.factor(head, i0 + r, j0 + c);
+        if (drop.on) {
+          float z[kBc];
+          drop.template factors<kLevel>(head, i0 + r, j0, nc, z);
+          for (std::int64_t c = 0; c < nc; ++c) row[c] *= z[c];
+        }
         if (alpha != 1.f) {
-          float* a = w.acc + r * ev_pad;
-          const v16 av = splat(alpha);
-          for (std::int64_t c = 0; c < ev_pad; c += kW) store(a + c, load(a + c) * av);
+          float* acc = w.acc + r * ev_pad;
+          const V av = splat<kLevel>(alpha);
+          for (std::int64_t c = 0; c < ev_pad; c += W) store<kLevel>(acc + c, load<kLevel>(acc + c) * av);
         }
       }
-      gemm<false, true>(nr, ev_pad, nc, w.st, kBc, w.vp + j0 * ev_pad, ev_pad, w.acc, ev_pad);
+      tile_gemm<kLevel, Skip::kDepth, false, true>(diagonal, i0 - j0, nr, ev_pad, nc, w.st, kBc, w.vp + j0 * ev_pad, ev_pad,
+                                                   w.acc, ev_pad);
     }
     for (std::int64_t r = 0; r < nr; ++r) {
-      // A row with every score masked has l = 0: 0 / 0 = NaN, as PyTorch's softmax gives.
+      // A row with every score masked (m = -inf, l = 0) gives zeros and lse = -inf, as PyTorch
+      // 2.5+'s _safe_softmax (docs/attention.md, "Masks").
       const float l = w.lrow[r];
       const float* a = w.acc + r * ev_pad;
       float* o = out + (i0 + r) * Ev;
-      for (std::int64_t c = 0; c < Ev; ++c) o[c] = a[c] / l;
+      if (w.mrow[r] == kNegInf)
+        std::fill(o, o + Ev, 0.f);
+      else
+        for (std::int64_t c = 0; c < Ev; ++c) o[c] = a[c] / l;
       lse[i0 + r] = w.mrow[r] + std::log(l);
     }
   }
@@ -318,25 +506,21 @@ struct BackwardScratch {
   float* dv;    // [kBc, ev_pad]
 };
 
+template <int kLevel>
 PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t head, const float* q, const float* k,
                                        const float* v, const float* fmask, const unsigned char* bmask,
                                        const float* out, const float* lse, const float* dout, float* dq, float* dk,
                                        float* dv, const BackwardScratch& w) {
   const std::int64_t L = p.l, S = p.s, E = p.e, Ev = p.ev;
-  const std::int64_t s_pad = round_up(S, kBc), e_pad = round_up(E, kW), ev_pad = round_up(Ev, kW);
-  std::fill(w.kt, w.kt + E * s_pad, 0.f);
-  std::fill(w.vt, w.vt + Ev * s_pad, 0.f);
-  std::fill(w.kp, w.kp + s_pad * e_pad, 0.f);
-  for (std::int64_t j = 0; j < S; ++j) {
-    for (std::int64_t d = 0; d < E; ++d) w.kt[d * s_pad + j] = k[j * E + d];
-    for (std::int64_t d = 0; d < Ev; ++d) w.vt[d * s_pad + j] = v[j * Ev + d];
-    std::memcpy(w.kp + j * e_pad, k + j * E, sizeof(float) * E);
-  }
-  std::fill(w.qp, w.qp + L * e_pad, 0.f);
-  std::fill(w.dop, w.dop + L * ev_pad, 0.f);
+  const std::int64_t s_pad = round_up(S, kBc), e_pad = round_up(E, kPad), ev_pad = round_up(Ev, kPad);
+  using V = Vec<kLevel>;
+  constexpr std::int64_t W = kVW<kLevel>;
+  transpose_padded(k, S, E, w.kt, s_pad);
+  transpose_padded(v, S, Ev, w.vt, s_pad);
+  copy_padded(k, S, E, w.kp, e_pad, s_pad);
+  copy_padded(q, L, E, w.qp, e_pad, L);
+  copy_padded(dout, L, Ev, w.dop, ev_pad, L);
   for (std::int64_t i = 0; i < L; ++i) {
-    std::memcpy(w.qp + i * e_pad, q + i * E, sizeof(float) * E);
-    std::memcpy(w.dop + i * ev_pad, dout + i * Ev, sizeof(float) * Ev);
     float s = 0.f;
     for (std::int64_t d = 0; d < Ev; ++d) s += dout[i * Ev + d] * out[i * Ev + d];
     w.dsum[i] = s;
@@ -344,7 +528,7 @@ PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t he
   if (dq) std::fill(w.dqp, w.dqp + L * e_pad, 0.f);
   const TileMasker masker{p, fmask, bmask};
   const Dropout drop = make_dropout(p);
-  const v16 scale = splat(p.scale);
+  const V scale = splat<kLevel>(p.scale);
 
   for (std::int64_t j0 = 0; j0 < S; j0 += kBc) {
     const std::int64_t nc = std::min(kBc, S - j0);
@@ -354,45 +538,62 @@ PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t he
     const std::int64_t i_begin = p.causal ? j0 / kBr * kBr : 0;
     for (std::int64_t i0 = i_begin; i0 < L; i0 += kBr) {
       const std::int64_t nr = std::min(kBr, L - i0);
-      gemm<false, false>(nr, kBc, E, w.qp + i0 * e_pad, e_pad, w.kt + j0, s_pad, w.st, kBc);
-      masker.apply(w.st, nr, nc, i0, j0);
-      for (std::int64_t r = 0; r < nr; ++r) {  // P = exp(s - lse): a fully masked row gives NaN
+      const bool diagonal = p.causal && i0 - j0 < kBc - 1;  // the tile has masked entries
+      const std::int64_t diag = i0 - j0;
+      tile_gemm<kLevel, Skip::kCols, false, false>(diagonal, diag, nr, kBc, E, w.qp + i0 * e_pad, e_pad, w.kt + j0, s_pad,
+                                                   w.st, kBc);
+      masker.template apply<kLevel>(w.st, nr, nc, i0, j0);
+      for (std::int64_t r = 0; r < nr; ++r) {  // P = exp(s - lse); 0 in a fully masked row (lse = -inf)
         float* row = w.st + r * kBc;
-        const v16 lv = splat(lse[i0 + r]);
-        for (int c = 0; c < kBc / kW; ++c) store(row + c * kW, exp_v(load(row + c * kW) - lv));
+        const float lse_r = lse[i0 + r];
+        if (lse_r == kNegInf) {
+          std::fill(row, row + kBc, 0.f);
+          continue;
+        }
+        const V lv = splat<kLevel>(lse_r);
+        for (std::int64_t c = 0; c < kBc; c += W) store<kLevel>(row + c, exp_v<kLevel>(load<kLevel>(row + c) - lv));
       }
       // dP (of the dropped weights) = dO V^T
-      gemm<false, false>(nr, kBc, Ev, w.dop + i0 * ev_pad, ev_pad, w.vt + j0, s_pad, w.dp, kBc);
+      tile_gemm<kLevel, Skip::kCols, false, false>(diagonal, diag, nr, kBc, Ev, w.dop + i0 * ev_pad, ev_pad, w.vt + j0,
+                                                   s_pad, w.dp, kBc);
       if (drop.on) {
         // dV += (P * Z)^T dO and dP *= Z, Z the dropout factor of each weight.
         for (std::int64_t r = 0; r < nr; ++r) {
           const float* prow = w.st + r * kBc;
           float* pzrow = w.pz + r * kBc;
           float* drow = w.dp + r * kBc;
+          float z[kBc];
+          drop.template factors<kLevel>(head, i0 + r, j0, nc, z);
           for (std::int64_t c = 0; c < nc; ++c) {
-            const float z = drop.factor(head, i0 + r, j0 + c);
-            drow[c] *= z;
-            pzrow[c] = prow[c] * z;
+            drow[c] *= z[c];
+            pzrow[c] = prow[c] * z[c];
           }
         }
-        if (dv) gemm<true, true>(nc, ev_pad, nr, w.pz, kBc, w.dop + i0 * ev_pad, ev_pad, w.dv, ev_pad);
+        if (dv)
+          tile_gemm<kLevel, Skip::kDepth, true, true>(diagonal, diag, nc, ev_pad, nr, w.pz, kBc, w.dop + i0 * ev_pad,
+                                                      ev_pad, w.dv, ev_pad);
       } else if (dv) {
-        gemm<true, true>(nc, ev_pad, nr, w.st, kBc, w.dop + i0 * ev_pad, ev_pad, w.dv, ev_pad);
+        tile_gemm<kLevel, Skip::kDepth, true, true>(diagonal, diag, nc, ev_pad, nr, w.st, kBc, w.dop + i0 * ev_pad, ev_pad,
+                                                    w.dv, ev_pad);
       }
       // dS = P * (dP - rowsum(dO * O)) * scale (the scale of the scores folded in)
       for (std::int64_t r = 0; r < nr; ++r) {
         const float* prow = w.st + r * kBc;
         float* drow = w.dp + r * kBc;
-        const v16 dsv = splat(w.dsum[i0 + r]);
-        for (int c = 0; c < kBc / kW; ++c) {
-          const v16 pv = load(prow + c * kW);
-          v16 ds = pv * (load(drow + c * kW) - dsv) * scale;
-          ds = pv == 0.f ? splat(0.f) : ds;  // masked weights: no gradient, even where dP is inf
-          store(drow + c * kW, ds);
+        const V dsv = splat<kLevel>(w.dsum[i0 + r]);
+        for (std::int64_t c = 0; c < kBc; c += W) {
+          const V pv = load<kLevel>(prow + c);
+          V ds = pv * (load<kLevel>(drow + c) - dsv) * scale;
+          ds = pv == 0.f ? splat<kLevel>(0.f) : ds;  // masked weights: no gradient, even where dP is inf
+          store<kLevel>(drow + c, ds);
         }
       }
-      if (dq) gemm<false, true>(nr, e_pad, nc, w.dp, kBc, w.kp + j0 * e_pad, e_pad, w.dqp + i0 * e_pad, e_pad);
-      if (dk) gemm<true, true>(nc, e_pad, nr, w.dp, kBc, w.qp + i0 * e_pad, e_pad, w.dk, e_pad);
+      if (dq)
+        tile_gemm<kLevel, Skip::kDepth, false, true>(diagonal, diag, nr, e_pad, nc, w.dp, kBc, w.kp + j0 * e_pad, e_pad,
+                                                     w.dqp + i0 * e_pad, e_pad);
+      if (dk)
+        tile_gemm<kLevel, Skip::kDepth, true, true>(diagonal, diag, nc, e_pad, nr, w.dp, kBc, w.qp + i0 * e_pad, e_pad,
+                                                    w.dk, e_pad);
     }
     for (std::int64_t c = 0; c < nc; ++c) {
       if (dk) std::memcpy(dk + (j0 + c) * E, w.dk + c * e_pad, sizeof(float) * E);
@@ -411,25 +612,26 @@ using BackwardFn = void (*)(const AttentionParams&, std::int64_t, const float*, 
                             const float*, const unsigned char*, const float*, const float*, const float*, float*,
                             float*, float*, const BackwardScratch&);
 
-#define PHALANX_ATTN_LEVEL(suffix, target)                                                                    \
+#define PHALANX_ATTN_LEVEL(suffix, target, level)                                                                    \
   target void forward_##suffix(const AttentionParams& p, std::int64_t head, const float* q, const float* k,    \
                                const float* v, const float* fm, const unsigned char* bm, float* out, float* lse, \
                                const ForwardScratch& w) {                                                     \
-    forward_head(p, head, q, k, v, fm, bm, out, lse, w);                                                      \
+    forward_head<level>(p, head, q, k, v, fm, bm, out, lse, w);                                                    \
   }                                                                                                           \
   target void backward_##suffix(const AttentionParams& p, std::int64_t head, const float* q, const float* k,   \
                                 const float* v, const float* fm, const unsigned char* bm, const float* out,     \
                                 const float* lse, const float* dout, float* dq, float* dk, float* dv,          \
                                 const BackwardScratch& w) {                                                   \
-    backward_head(p, head, q, k, v, fm, bm, out, lse, dout, dq, dk, dv, w);                                   \
+    backward_head<level>(p, head, q, k, v, fm, bm, out, lse, dout, dq, dk, dv, w);                                 \
   }
-PHALANX_ATTN_LEVEL(scalar, )
+PHALANX_ATTN_LEVEL(scalar, , 0)
 #ifdef PHALANX_ATTN_X86
-PHALANX_ATTN_LEVEL(avx2, PHALANX_ATTN_TARGET("avx2,fma"))
-PHALANX_ATTN_LEVEL(avx512, PHALANX_ATTN_TARGET("avx512f,fma"))
+PHALANX_ATTN_LEVEL(avx2, PHALANX_ATTN_TARGET("avx2,fma"), 1)
+PHALANX_ATTN_LEVEL(avx512, PHALANX_ATTN_TARGET("avx512f,avx512dq,fma"), 2)
 #endif
 
-int simd_level() { return cpu::simd_level("PHALANX_ATTENTION_SIMD"); }
+/// AVX-512 with DQ (the dropout hash's 64-bit multiplies), else AVX2, else baseline.
+int simd_level() { return cpu::simd_level("PHALANX_ATTENTION_SIMD", true); }
 
 ForwardFn forward_fn(int level) {
 #ifdef PHALANX_ATTN_X86
@@ -462,8 +664,8 @@ Tensor scratch(std::int64_t n) { return Tensor::empty({std::max<std::int64_t>(n,
 
 void CpuKernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                                    const AttentionParams& p, Tensor& out, Tensor& lse) {
-  const std::int64_t s_pad = round_up(p.s, kBc), ev_pad = round_up(p.ev, kW);
-  Tensor buf = scratch(p.e * s_pad + s_pad * ev_pad + kBr * kBc + kBr * ev_pad + 2 * kBr);
+  const std::int64_t s_pad = round_up(p.s, kBc), ev_pad = round_up(p.ev, kPad);
+  Tensor buf = scratch(p.e * s_pad + s_pad * ev_pad + kBr * kBc + kBr * ev_pad + 4 * kBr);
   float* b = buf.data<float>();
   ForwardScratch w;
   w.kt = b, b += p.e * s_pad;
@@ -471,7 +673,9 @@ void CpuKernels::attention_forward(const Tensor& q, const Tensor& k, const Tenso
   w.st = b, b += kBr * kBc;
   w.acc = b, b += kBr * ev_pad;
   w.mrow = b, b += kBr;
-  w.lrow = b;
+  w.lrow = b, b += kBr;
+  w.mnew = b, b += kBr;
+  w.alpha = b;
   const ForwardFn fn = forward_fn(simd_level());
   const float* fm = fmask_of(mask, p);
   const unsigned char* bm = bmask_of(mask, p);
@@ -487,7 +691,7 @@ void CpuKernels::attention_forward(const Tensor& q, const Tensor& k, const Tenso
 void CpuKernels::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                                     const Tensor& out, const Tensor& lse, const Tensor& grad_out,
                                     const AttentionParams& p, Tensor& grad_q, Tensor& grad_k, Tensor& grad_v) {
-  const std::int64_t s_pad = round_up(p.s, kBc), e_pad = round_up(p.e, kW), ev_pad = round_up(p.ev, kW);
+  const std::int64_t s_pad = round_up(p.s, kBc), e_pad = round_up(p.e, kPad), ev_pad = round_up(p.ev, kPad);
   Tensor buf = scratch(p.e * s_pad + p.ev * s_pad + s_pad * e_pad + p.l * e_pad + p.l * ev_pad +
                        (grad_q.defined() ? p.l * e_pad : 0) + p.l + 3 * kBr * kBc + kBc * e_pad + kBc * ev_pad);
   float* b = buf.data<float>();

@@ -54,11 +54,11 @@ std::string shapes(const Tensor& q, const Tensor& k, const Tensor& v) {
 void mask_geometry(const Tensor& mask, const Tensor& q, const Shape& scores, AttentionParams& p) {
   if (mask.dtype() == DType::Float32) {
     p.mask_kind = AttentionMask::Float;
+  } else if (mask.dtype() == DType::Bool) {
+    p.mask_kind = AttentionMask::Bool;  // one byte per element, read as "takes part" when nonzero
   } else {
-    // A Bool mask (true: takes part) is read by the kernels already (AttentionMask::Bool,
-    // one byte per element); accepting it here is all that remains once DType::Bool exists.
-    throw TypeError(detail::concat(kOp, ": attn_mask must be float32 (added to the scores), got ",
-                                   dtype_name(mask.dtype()), " ", shape_str(mask.shape())));
+    throw TypeError(detail::concat(kOp, ": attn_mask must be bool (true: takes part) or float32 (added to the "
+                                   "scores), got ", dtype_name(mask.dtype()), " ", shape_str(mask.shape())));
   }
   check_same_device(mask, q, kOp);
   const Shape& ms = mask.shape();

@@ -272,8 +272,8 @@ class DeviceKernels {
   // ---- attention (CPU: core/src/cpu/cpu_attention.cpp, docs/attention.md) ----
   /// out [batch, l, ev] = softmax(q k^T * scale + mask, causal) (dropped out) v, and
   /// lse [batch, l] = the log-sum-exp of each row of the masked, scaled scores (-inf for a
-  /// row whose every score is masked: its output is NaN, as PyTorch's). Never holds an
-  /// l x s matrix.
+  /// row whose every score is masked: its output is 0, as PyTorch 2.5+'s, and its weights
+  /// count as 0 in the backward). Never holds an l x s matrix.
   virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                                  const AttentionParams& p, Tensor& out, Tensor& lse) = 0;
   /// FlashAttention-2's backward: recomputes the weights tile by tile from q, k and lse,
