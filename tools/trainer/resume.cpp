@@ -55,10 +55,11 @@ void restore(TrainingSetup& s, parallel::LoadedCheckpoint& ck, StartPoint& sp) {
 
 StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
   StartPoint sp;
+  if (s.data.text_val) sp.test_curve.label = "validation loss";
   const int world = s.world, rank = s.rank;
   // (Under --zero a checkpoint holds the replicated optimizer's format: the same as a fresh one's.)
   const TensorMap model_now = s.net->state_dict(),
-                  opt_now = s.zero ? make_optimizer(c, s.model->parameters(), s.plan.lr)->state_dict() : s.opt->state_dict();
+                  opt_now = s.zero ? make_optimizer(c, s.model->parameters(), s.plan.lr, s.no_decay.empty() ? nullptr : &s.no_decay)->state_dict() : s.opt->state_dict();
   parallel::CheckpointExpect expect;
   expect.world_size = world;
   expect.global_batch = c.global_batch;
