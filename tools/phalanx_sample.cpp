@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
       ->default_val(1.0);
   app.add_option("--top-k", o.top_k, "draw from the K most likely bytes only, in [0, 256] (0: all)")->default_val(0);
   app.add_option("--seed", o.seed, "seed of the draws")->default_val(0);
+  for (auto* opt : app.get_options()) opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the later wins
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
