@@ -63,6 +63,9 @@ class CudaKernels final : public DeviceKernels {
   void argmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override;
   void clamp(const Tensor& x, float lo, float hi, Tensor& out) override;
   // ---- end normalisation, embedding, argmax, clamp ----
+  // ---- layout and masks (cuda_layout.cu) ----
+  void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) override;
+  // ---- end layout and masks ----
   // ---- convolution and pooling ----
   void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) override;
   void col2im(const Tensor& col, std::int64_t image, const Window2d& g, Tensor& grad_x) override;

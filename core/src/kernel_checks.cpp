@@ -398,6 +398,27 @@ class CheckedKernels final : public DeviceKernels {
     call("clamp").on("x", x).on("out", out).f32("x", x).f32("out", out).numel("out", out, numel_of(x), "x's numel");
     k_.clamp(x, lo, hi, out);
   }
+  // ---- layout and masks ----
+  void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) override {
+    Call c = call("strided_copy");
+    c.on("src", src).on("dst", dst).dtype("dst", dst, dtype_of(src))
+        .that(l.ndim >= 0 && l.ndim <= kMaxLayoutDims, "ndim must be in [0, kMaxLayoutDims]")
+        .that(l.src_offset >= 0 && l.dst_offset >= 0, "offsets must be >= 0");
+    // The last element each side reaches lies inside its tensor (nothing when a size is 0).
+    std::int64_t src_end = l.src_offset, dst_end = l.dst_offset;
+    bool empty = false;
+    for (int d = 0; d < l.ndim; ++d) {
+      c.that(l.sizes[d] >= 0 && l.src_strides[d] >= 0 && l.dst_strides[d] >= 0, "sizes and steps must be >= 0");
+      if (l.sizes[d] == 0) empty = true;
+      src_end += (l.sizes[d] - 1) * l.src_strides[d];
+      dst_end += (l.sizes[d] - 1) * l.dst_strides[d];
+    }
+    if (!empty)
+      c.that(src_end < numel_of(src), "the layout reaches past the end of src")
+          .that(dst_end < numel_of(dst), "the layout reaches past the end of dst");
+    k_.strided_copy(src, l, dst);
+  }
+  // ---- end layout and masks ----
   std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override {
     call("find_label_out_of_range").on("target", target).i64("target", target);
     return k_.find_label_out_of_range(target, classes);

@@ -82,6 +82,9 @@ class CpuKernels final : public DeviceKernels {
   void argmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override;
   void clamp(const Tensor& x, float lo, float hi, Tensor& out) override;
   // ---- end normalisation, embedding, argmax, clamp ----
+  // ---- layout and masks (cpu_layout.cpp) ----
+  void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) override;
+  // ---- end layout and masks ----
   void convert(const Tensor& src, Tensor& dst) override;
   void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer,
                   const SgdUpdate& u) override;

@@ -1,5 +1,9 @@
 // matmul and linear: one GEMM forward, one GEMM per wanted gradient backward; transposes
-// are GEMM flags, never materialised copies.
+// are GEMM flags, never materialised copies. Batched matmul is one GEMM per batch on the
+// device table at pointer offsets (a broadcast operand is read in place, never copied), or a
+// single GEMM when the right operand has no batch dims (the batch folds into the rows).
+#include <string>
+
 #include "ops/op_support.hpp"
 #include "phalanx/core/ops.hpp"
 
@@ -38,6 +42,160 @@ class MatmulBackward final : public Node {
  private:
   Tensor a_, b_;
 };
+
+// torch.matmul beyond 2-D x 2-D: 1-D operands promoted (a: [K] -> [1, K], b: [K] -> [K, 1]),
+// batch dims (all but the last two) broadcast against each other.
+struct MatmulPlan {
+  Shape a_shape, b_shape, out_shape;
+  std::int64_t m = 0, k = 0, n = 0;
+  Shape batch;                       // the broadcast batch dims
+  std::vector<std::int64_t> sa, sb;  // per batch dim: step in matrices through a / b (0: broadcast)
+  std::int64_t count = 1;            // matrices in the batch
+  bool fold = false;                 // b has no batch dims: one GEMM over [count * m, k] rows
+};
+
+std::string batch_str(const Shape& s, std::size_t drop) {
+  return shape_str(Shape(s.begin(), s.end() - static_cast<std::ptrdiff_t>(std::min(drop, s.size()))));
+}
+
+MatmulPlan plan_matmul(const Shape& as, const Shape& bs) {
+  MatmulPlan p;
+  p.a_shape = as;
+  p.b_shape = bs;
+  if (as.empty() || bs.empty())
+    throw ShapeError("matmul: both operands need at least one dim, got " + shape_str(as) + " x " + shape_str(bs));
+  const std::size_t da = as.size(), db = bs.size();
+  p.m = da == 1 ? 1 : as[da - 2];
+  p.k = as[da - 1];
+  const std::int64_t kb = db == 1 ? bs[0] : bs[db - 2];
+  p.n = db == 1 ? 1 : bs[db - 1];
+  if (p.k != kb)
+    throw ShapeError(detail::concat("matmul: ", shape_str(as), " x ", shape_str(bs), ": a's last dim (", p.k,
+                                    ") must equal b's ", db == 1 ? "only" : "second-to-last", " dim (", kb, ")"));
+  const std::size_t na = da > 2 ? da - 2 : 0, nb = db > 2 ? db - 2 : 0;
+  const std::size_t nbatch = std::max(na, nb);
+  p.batch.assign(nbatch, 1);
+  for (std::size_t i = 0; i < nbatch; ++i) {  // right-aligned, as numpy broadcasting
+    const std::int64_t x = i + na >= nbatch ? as[i + na - nbatch] : 1;
+    const std::int64_t y = i + nb >= nbatch ? bs[i + nb - nbatch] : 1;
+    if (x != y && x != 1 && y != 1)
+      throw ShapeError(detail::concat("matmul: the batch dims of ", shape_str(as), " and ", shape_str(bs), " (",
+                                      batch_str(as, 2), " and ", batch_str(bs, 2), ") do not broadcast"));
+    p.batch[i] = x == 1 ? y : x;
+  }
+  // Steps in matrices, innermost batch dim last; 0 along a dim the operand broadcasts.
+  p.sa.assign(nbatch, 0);
+  p.sb.assign(nbatch, 0);
+  std::int64_t acc_a = 1, acc_b = 1;
+  for (std::size_t i = nbatch; i-- > 0;) {
+    const std::int64_t x = i + na >= nbatch ? as[i + na - nbatch] : 1;
+    const std::int64_t y = i + nb >= nbatch ? bs[i + nb - nbatch] : 1;
+    if (x != 1) p.sa[i] = acc_a;
+    if (y != 1) p.sb[i] = acc_b;
+    acc_a *= x;
+    acc_b *= y;
+  }
+  for (std::int64_t d : p.batch) p.count *= d;
+  p.fold = nb == 0;
+  p.out_shape = p.batch;
+  if (da > 1) p.out_shape.push_back(p.m);
+  if (db > 1) p.out_shape.push_back(p.n);
+  return p;
+}
+
+// Calls f(i, a_off, b_off, first_a, first_b) for every matrix i of the batch: the offsets (in
+// matrices) of its operands, and whether this is the first visit of that a / b matrix (row-major
+// order: every index along the dims the operand broadcasts is 0), which a backward uses to
+// write (beta = 0) rather than accumulate (beta = 1) a broadcast operand's gradient.
+template <typename F>
+void for_each_matrix(const MatmulPlan& p, F&& f) {
+  const std::size_t nd = p.batch.size();
+  std::vector<std::int64_t> idx(nd, 0);
+  std::int64_t a_off = 0, b_off = 0;
+  for (std::int64_t i = 0; i < p.count; ++i) {
+    bool first_a = true, first_b = true;
+    for (std::size_t d = 0; d < nd; ++d)
+      if (idx[d] != 0) {
+        if (p.sa[d] == 0) first_a = false;
+        if (p.sb[d] == 0) first_b = false;
+      }
+    f(i, a_off, b_off, first_a, first_b);
+    for (std::size_t d = nd; d-- > 0;) {
+      a_off += p.sa[d];
+      b_off += p.sb[d];
+      if (++idx[d] < p.batch[d]) break;
+      a_off -= p.sa[d] * p.batch[d];
+      b_off -= p.sb[d] * p.batch[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+class BatchedMatmulBackward final : public Node {
+ public:
+  BatchedMatmulBackward(MatmulPlan p, Tensor a, Tensor b) : p_(std::move(p)), a_(std::move(a)), b_(std::move(b)) {}
+  std::vector<Tensor> apply(const Tensor& g) override {
+    DeviceKernels& kern = kernels_for(g.device());
+    const std::int64_t m = p_.m, k = p_.k, n = p_.n;
+    const bool want_a = needs_grad(*this, 0), want_b = needs_grad(*this, 1);
+    Tensor ga, gb;
+    if (want_a) ga = autograd::gradient_buffer(*this, 0, p_.a_shape, g.device());
+    if (want_b) gb = autograd::gradient_buffer(*this, 1, p_.b_shape, g.device());
+    if (m * n * k * p_.count == 0) {  // an empty product: the gradients are zeros (GEMM needs ld >= 1)
+      if (want_a) kern.fill(ga, 0.0);
+      if (want_b) kern.fill(gb, 0.0);
+      return {ga, gb};
+    }
+    if (p_.fold) {
+      const std::int64_t rows = p_.count * m;
+      if (want_a)  // dA = dC B^T
+        kern.gemm(false, true, rows, k, n, 1.f, dptr(g), n, dptr(b_), n, 0.f, dptr(ga), k);
+      if (want_b)  // dB = A^T dC, summed over the folded batch by the GEMM itself
+        kern.gemm(true, false, k, n, rows, 1.f, dptr(a_), k, dptr(g), n, 0.f, dptr(gb), n);
+      return {ga, gb};
+    }
+    const float *pa = dptr(a_), *pb = dptr(b_), *pg = dptr(g);
+    float* pga = want_a ? dptr(ga) : nullptr;
+    float* pgb = want_b ? dptr(gb) : nullptr;
+    for_each_matrix(p_, [&](std::int64_t i, std::int64_t ao, std::int64_t bo, bool first_a, bool first_b) {
+      const float* gi = pg + i * m * n;
+      if (want_a)
+        kern.gemm(false, true, m, k, n, 1.f, gi, n, pb + bo * k * n, n, first_a ? 0.f : 1.f, pga + ao * m * k, k);
+      if (want_b)
+        kern.gemm(true, false, k, n, m, 1.f, pa + ao * m * k, k, gi, n, first_b ? 0.f : 1.f, pgb + bo * k * n, n);
+    });
+    return {ga, gb};
+  }
+  const char* name() const override { return "MatmulBackward"; }
+  void release_saved() override { a_ = Tensor(); b_ = Tensor(); }
+
+ private:
+  MatmulPlan p_;
+  Tensor a_, b_;
+};
+
+Tensor batched_matmul(const Tensor& a, const Tensor& b) {
+  MatmulPlan p = plan_matmul(a.shape(), b.shape());
+  Tensor out = Tensor::empty(p.out_shape, DType::Float32, a.device());
+  DeviceKernels& kern = kernels_for(a.device());
+  const std::int64_t m = p.m, k = p.k, n = p.n;
+  if (out.numel() > 0) {
+    if (k == 0) {
+      kern.fill(out, 0.0);
+    } else if (p.fold) {
+      kern.gemm(false, false, p.count * m, n, k, 1.f, dptr(a), k, dptr(b), n, 0.f, dptr(out), n);
+    } else {
+      const float *pa = dptr(a), *pb = dptr(b);
+      float* po = dptr(out);
+      for_each_matrix(p, [&](std::int64_t i, std::int64_t ao, std::int64_t bo, bool, bool) {
+        kern.gemm(false, false, m, n, k, 1.f, pa + ao * m * k, k, pb + bo * k * n, n, 0.f, po + i * m * n, n);
+      });
+    }
+  }
+  if (grad_mode_enabled() && (a.requires_grad() || b.requires_grad()))
+    autograd::record(std::make_shared<BatchedMatmulBackward>(std::move(p), a.detach(), b.detach()), {&a, &b}, out);
+  return out;
+}
 
 class LinearBackward final : public Node {
  public:
@@ -78,7 +236,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   check_float(a, "matmul", "a");
   check_float(b, "matmul", "b");
   check_same_device(a, b, "matmul");
-  if (a.dim() != 2 || b.dim() != 2 || a.shape()[1] != b.shape()[0])
+  if (a.dim() != 2 || b.dim() != 2) return batched_matmul(a, b);
+  if (a.shape()[1] != b.shape()[0])
     throw ShapeError("matmul: expected [M, K] x [K, N], got " + shape_str(a.shape()) + " x " +
                      shape_str(b.shape()));
   const std::int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];

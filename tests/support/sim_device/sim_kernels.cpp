@@ -117,6 +117,13 @@ class SimKernels final : public DeviceKernels {
     cpu().transpose(host_view(in, "transpose"), d0, d1, o);
   }
 
+  // ---- layout and masks ----
+  void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) override {
+    Tensor o = host_view(dst, "strided_copy");
+    cpu().strided_copy(host_view(src, "strided_copy"), l, o);
+  }
+  // ---- end layout and masks ----
+
   void log_softmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override {
     Tensor o = host_view(out, "log_softmax");
     cpu().log_softmax(host_view(x, "log_softmax"), outer, d, inner, o);

@@ -65,6 +65,22 @@ struct Window2d {
 };
 // ---- end convolution and pooling geometry ----
 
+// ---- layout and masks geometry ----
+/// The most dims a strided copy walks (after merging dims that are contiguous on both sides).
+constexpr int kMaxLayoutDims = 8;
+/// The index space of a strided copy: `ndim` dims of `sizes`, and per dim the step, in
+/// elements, through the source and through the destination. A source step of 0 repeats the
+/// source along that dim (broadcast). Offsets are in elements from each tensor's first element.
+/// Steps are >= 0; every element the copy writes is distinct.
+struct StridedLayout {
+  int ndim = 0;
+  std::int64_t sizes[kMaxLayoutDims] = {};
+  std::int64_t src_strides[kMaxLayoutDims] = {};
+  std::int64_t dst_strides[kMaxLayoutDims] = {};
+  std::int64_t src_offset = 0, dst_offset = 0;
+};
+// ---- end layout and masks geometry ----
+
 class DeviceKernels {
  public:
   virtual ~DeviceKernels() = default;
@@ -214,6 +230,13 @@ class DeviceKernels {
   /// out = min(max(x, lo), hi); NaN stays NaN.
   virtual void clamp(const Tensor& x, float lo, float hi, Tensor& out) = 0;
   // ---- end normalisation, embedding, argmax, clamp ----
+
+  // ---- layout and masks (CPU: core/src/cpu/cpu_layout.cpp) ----
+  /// dst[dst_offset + sum_d i_d * dst_strides[d]] = src[src_offset + sum_d i_d * src_strides[d]]
+  /// for every index i of l.sizes; src and dst of one dtype (any), not overlapping. Serves
+  /// permute, cat, stack, split, chunk and the broadcast of a mask.
+  virtual void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) = 0;
+  // ---- end layout and masks ----
 
   /// Checks that every int64 label is in [0, classes); returns the first bad index or -1.
   /// A device table may instead check asynchronously (CUDA: no copy per step): it returns -1

@@ -1,0 +1,342 @@
+// The transformer's layout ops: permute, contiguous, cat, stack, split, chunk. Each is one or
+// a few calls of the device's strided_copy (kernels.hpp, "layout and masks"); a slice along
+// dim 0 (or any slice that is one block of memory) is a view, as narrow's is. Phalanx tensors
+// are always contiguous, so permute materialises its result and contiguous() is the identity
+// (docs/transformer_ops.md).
+#include <algorithm>
+#include <numeric>
+
+#include "ops/op_support.hpp"
+#include "phalanx/core/ops.hpp"
+
+namespace phalanx {
+
+using namespace ops_detail;
+
+namespace {
+
+std::string dims_str(const std::vector<std::int64_t>& v) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + (v.size() == 1 ? ",)" : ")");
+}
+
+/// Row-major element strides of `s`.
+std::vector<std::int64_t> strides_of(const Shape& s) {
+  std::vector<std::int64_t> st(s.size());
+  std::int64_t acc = 1;
+  for (std::size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
+/// A StridedLayout from per-dim sizes and steps: size-1 dims dropped and neighbours that are
+/// contiguous on both sides merged, so that any shape an op builds fits kMaxLayoutDims unless
+/// it really walks more dims than that (a ShapeError naming `op`).
+StridedLayout make_layout(const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& ss,
+                          const std::vector<std::int64_t>& ds, std::int64_t src_off, std::int64_t dst_off,
+                          const char* op, const Shape& shape) {
+  std::vector<std::int64_t> sz, s, d;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 1) continue;
+    if (!sz.empty() && s.back() == ss[i] * sizes[i] && d.back() == ds[i] * sizes[i]) {
+      sz.back() *= sizes[i];
+      s.back() = ss[i];
+      d.back() = ds[i];
+    } else {
+      sz.push_back(sizes[i]);
+      s.push_back(ss[i]);
+      d.push_back(ds[i]);
+    }
+  }
+  if (sz.size() > static_cast<std::size_t>(kMaxLayoutDims))
+    throw ShapeError(detail::concat(op, ": ", shape_str(shape), " needs a copy over ", sz.size(),
+                                    " dims that cannot be merged; at most ", kMaxLayoutDims, " are supported"));
+  StridedLayout l;
+  l.ndim = static_cast<int>(sz.size());
+  for (int i = 0; i < l.ndim; ++i) {
+    l.sizes[i] = sz[i];
+    l.src_strides[i] = s[i];
+    l.dst_strides[i] = d[i];
+  }
+  l.src_offset = src_off;
+  l.dst_offset = dst_off;
+  return l;
+}
+
+/// Connects `node` to a list of inputs (record() takes a fixed list).
+void record_inputs(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs, Tensor& out) {
+  if (!grad_mode_enabled()) return;
+  if (std::none_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.requires_grad(); })) return;
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& t : inputs) node->next_edges.push_back(autograd::gradient_edge(t));
+  out.impl()->ensure_autograd().grad_fn = node;
+}
+
+std::vector<std::int64_t> inverse(const std::vector<std::int64_t>& perm) {
+  std::vector<std::int64_t> inv(perm.size());
+  for (std::size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<std::int64_t>(i);
+  return inv;
+}
+
+// out = x with its dims reordered by `perm` (already validated).
+Tensor permute_copy(const Tensor& x, const std::vector<std::int64_t>& perm) {
+  const Shape& s = x.shape();
+  Shape os(s.size());
+  const auto xs = strides_of(s);
+  std::vector<std::int64_t> src(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    os[i] = s[perm[i]];
+    src[i] = xs[perm[i]];
+  }
+  Tensor out = Tensor::empty(os, x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  const StridedLayout l = make_layout(os, src, strides_of(os), 0, 0, "permute", s);
+  kernels_for(x.device()).strided_copy(x, l, out);
+  return out;
+}
+
+class PermuteBackward final : public Node {
+ public:
+  explicit PermuteBackward(std::vector<std::int64_t> inv) : inv_(std::move(inv)) {}
+  std::vector<Tensor> apply(const Tensor& g) override { return {permute_copy(g, inv_)}; }
+  const char* name() const override { return "PermuteBackward"; }
+
+ private:
+  std::vector<std::int64_t> inv_;
+};
+
+// x viewed as [outer, d, inner]: copies [outer, len, inner] between the slice at `start` of a
+// full tensor and a compact one (to_slice: full -> compact).
+void copy_slab(const Tensor& from, Tensor& to, std::int64_t outer, std::int64_t d, std::int64_t inner,
+               std::int64_t start, std::int64_t len, bool to_slice, const char* op) {
+  if (outer == 0 || len == 0 || inner == 0) return;
+  const std::vector<std::int64_t> sizes{outer, len * inner};
+  const std::vector<std::int64_t> full{d * inner, 1}, part{len * inner, 1};
+  const StridedLayout l = to_slice ? make_layout(sizes, full, part, start * inner, 0, op, from.shape())
+                                   : make_layout(sizes, part, full, 0, start * inner, op, from.shape());
+  kernels_for(from.device()).strided_copy(from, l, to);
+}
+
+struct Slab {
+  std::int64_t outer = 1, d = 1, inner = 1;
+};
+Slab slab_of(const Shape& s, int dim) {
+  Slab b;
+  for (int i = 0; i < dim; ++i) b.outer *= s[i];
+  b.d = s[dim];
+  for (std::size_t i = dim + 1; i < s.size(); ++i) b.inner *= s[i];
+  return b;
+}
+
+class SliceBackward final : public Node {
+ public:
+  SliceBackward(Shape in, Slab b, std::int64_t start, std::int64_t len)
+      : in_(std::move(in)), b_(b), start_(start), len_(len) {}
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor gx = Tensor::empty(in_, g.dtype(), g.device());
+    kernels_for(g.device()).fill(gx, 0.0);
+    copy_slab(g, gx, b_.outer, b_.d, b_.inner, start_, len_, false, "split");
+    return {gx};
+  }
+  const char* name() const override { return "SplitBackward"; }
+
+ private:
+  Shape in_;
+  Slab b_;
+  std::int64_t start_, len_;
+};
+
+// Elements [start, start + len) of dim `dim` (validated): a view when they are one block.
+Tensor slice(const Tensor& x, int dim, std::int64_t start, std::int64_t len) {
+  const Slab b = slab_of(x.shape(), dim);
+  Shape os = x.shape();
+  os[dim] = len;
+  Tensor out;
+  if (b.outer == 1 || len == b.d) {
+    if (len == b.d) {  // the whole dim: the same storage under a new handle with its own history
+      out = Tensor(std::make_shared<TensorImpl>(x.impl()->storage(), x.impl()->byte_offset(), os, x.dtype()));
+    } else {
+      const std::size_t offset = static_cast<std::size_t>(start * b.inner) * element_size(x.dtype());
+      out = Tensor(std::make_shared<TensorImpl>(x.impl()->storage(), x.impl()->byte_offset() + offset, os,
+                                                x.dtype()));
+    }
+  } else {
+    out = Tensor::empty(os, x.dtype(), x.device());
+    copy_slab(x, out, b.outer, b.d, b.inner, start, len, true, "split");
+  }
+  if (grad_mode_enabled() && x.requires_grad())
+    autograd::record(std::make_shared<SliceBackward>(x.shape(), b, start, len), {&x}, out);
+  return out;
+}
+
+class CatBackward final : public Node {
+ public:
+  CatBackward(std::vector<Shape> shapes, int dim) : shapes_(std::move(shapes)), dim_(dim) {}
+  std::vector<Tensor> apply(const Tensor& g) override {
+    std::vector<Tensor> grads(shapes_.size());
+    const Slab full = slab_of(g.shape(), dim_);
+    std::int64_t start = 0;
+    for (std::size_t i = 0; i < shapes_.size(); ++i) {
+      const std::int64_t len = shapes_[i][dim_];
+      if (needs_grad(*this, i)) {
+        grads[i] = Tensor::empty(shapes_[i], g.dtype(), g.device());
+        copy_slab(g, grads[i], full.outer, full.d, full.inner, start, len, true, "cat");
+      }
+      start += len;
+    }
+    return grads;
+  }
+  const char* name() const override { return "CatBackward"; }
+
+ private:
+  std::vector<Shape> shapes_;
+  int dim_;
+};
+
+int split_dim(const Tensor& x, std::int64_t dim, const char* op) {
+  check_defined(x, op, "input");
+  if (x.dim() == 0) throw ShapeError(detail::concat(op, ": the input is a scalar (0-d); it has no dimension to split"));
+  return normalize_dim(dim, x.shape().size(), op);
+}
+
+std::vector<Tensor> split_sizes(const Tensor& x, const std::vector<std::int64_t>& sizes, int dim) {
+  std::vector<Tensor> out;
+  out.reserve(sizes.size());
+  std::int64_t start = 0;
+  for (std::int64_t len : sizes) {
+    out.push_back(slice(x, dim, start, len));
+    start += len;
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims) {
+  check_defined(x, "permute", "input");
+  const std::size_t n = x.shape().size();
+  if (dims.size() != n)
+    throw ShapeError(detail::concat("permute: dims ", dims_str(dims), " name ", dims.size(), " dims but the input ",
+                                    shape_str(x.shape()), " has ", n));
+  std::vector<std::int64_t> perm(n);
+  std::vector<bool> seen(n, false);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t d = dims[i];
+    if (d < -static_cast<std::int64_t>(n) || d >= static_cast<std::int64_t>(n))
+      throw ShapeError(detail::concat("permute: dim ", d, " in ", dims_str(dims), " is out of range for ",
+                                      shape_str(x.shape())));
+    perm[i] = d < 0 ? d + static_cast<std::int64_t>(n) : d;
+    if (seen[perm[i]])
+      throw ShapeError(detail::concat("permute: dims ", dims_str(dims), " repeat dim ", perm[i],
+                                      "; give each dim of ", shape_str(x.shape()), " once"));
+    seen[perm[i]] = true;
+  }
+  Tensor out = permute_copy(x, perm);
+  if (grad_mode_enabled() && x.requires_grad())
+    autograd::record(std::make_shared<PermuteBackward>(inverse(perm)), {&x}, out);
+  return out;
+}
+
+Tensor contiguous(const Tensor& x) {
+  check_defined(x, "contiguous", "input");
+  return x;
+}
+
+Tensor cat(const std::vector<Tensor>& xs, std::int64_t dim) {
+  if (xs.empty()) throw ValueError("cat: expected a non-empty list of tensors");
+  for (std::size_t i = 0; i < xs.size(); ++i) check_defined(xs[i], "cat", "tensors");
+  const Tensor& x0 = xs[0];
+  if (x0.dim() == 0) throw ShapeError("cat: zero-dimensional tensor 0 cannot be concatenated");
+  const int d = normalize_dim(dim, x0.shape().size(), "cat");
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = xs[i];
+    if (x.dtype() != x0.dtype())
+      throw TypeError(detail::concat("cat: tensor ", i, " is ", dtype_name(x.dtype()), " but tensor 0 is ",
+                                     dtype_name(x0.dtype()), "; convert them to one dtype"));
+    check_same_device(x0, x, "cat");
+    bool ok = x.dim() == x0.dim();
+    for (std::size_t k = 0; ok && k < x.shape().size(); ++k)
+      if (static_cast<int>(k) != d && x.shape()[k] != x0.shape()[k]) ok = false;
+    if (!ok)
+      throw ShapeError(detail::concat("cat: tensor ", i, " is ", shape_str(x.shape()), " but tensor 0 is ",
+                                      shape_str(x0.shape()), "; they must match in every dim but dim ", d));
+    total += x.shape()[d];
+  }
+  Shape os = x0.shape();
+  os[d] = total;
+  Tensor out = Tensor::empty(os, x0.dtype(), x0.device());
+  const Slab full = slab_of(os, d);
+  std::int64_t start = 0;
+  for (const Tensor& x : xs) {
+    const std::int64_t len = x.shape()[d];
+    copy_slab(x, out, full.outer, full.d, full.inner, start, len, false, "cat");
+    start += len;
+  }
+  if (grad_mode_enabled()) {
+    std::vector<Shape> shapes;
+    shapes.reserve(xs.size());
+    for (const Tensor& x : xs) shapes.push_back(x.shape());
+    record_inputs(std::make_shared<CatBackward>(std::move(shapes), d), xs, out);
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& xs, std::int64_t dim) {
+  if (xs.empty()) throw ValueError("stack: expected a non-empty list of tensors");
+  for (std::size_t i = 0; i < xs.size(); ++i) check_defined(xs[i], "stack", "tensors");
+  const Shape& s0 = xs[0].shape();
+  for (std::size_t i = 1; i < xs.size(); ++i)
+    if (xs[i].shape() != s0)
+      throw ShapeError(detail::concat("stack: tensor ", i, " is ", shape_str(xs[i].shape()), " but tensor 0 is ",
+                                      shape_str(s0), "; stack needs equal shapes"));
+  const int d = normalize_dim(dim, s0.size() + 1, "stack");
+  Shape unsq = s0;
+  unsq.insert(unsq.begin() + d, 1);
+  std::vector<Tensor> parts;
+  parts.reserve(xs.size());
+  for (const Tensor& x : xs) parts.push_back(reshape(x, unsq));
+  return cat(parts, d);
+}
+
+std::vector<Tensor> split(const Tensor& x, std::int64_t split_size, std::int64_t dim) {
+  const int d = split_dim(x, dim, "split");
+  const std::int64_t n = x.shape()[d];
+  if (split_size < 0 || (split_size == 0 && n != 0))
+    throw ValueError(detail::concat("split: split_size must be positive, got ", split_size, " (dim ", d, " of ",
+                                    shape_str(x.shape()), ")"));
+  std::vector<std::int64_t> sizes;
+  if (n == 0) {
+    sizes.push_back(0);
+  } else {
+    for (std::int64_t start = 0; start < n; start += split_size) sizes.push_back(std::min(split_size, n - start));
+  }
+  return split_sizes(x, sizes, d);
+}
+
+std::vector<Tensor> split(const Tensor& x, const std::vector<std::int64_t>& sizes, std::int64_t dim) {
+  const int d = split_dim(x, dim, "split");
+  std::int64_t total = 0;
+  for (std::int64_t s : sizes) {
+    if (s < 0)
+      throw ValueError(detail::concat("split: sizes ", dims_str(sizes), " contain a negative size"));
+    total += s;
+  }
+  if (total != x.shape()[d])
+    throw ShapeError(detail::concat("split: sizes ", dims_str(sizes), " sum to ", total, " but dim ", d, " of ",
+                                    shape_str(x.shape()), " is ", x.shape()[d]));
+  return split_sizes(x, sizes, d);
+}
+
+std::vector<Tensor> chunk(const Tensor& x, std::int64_t chunks, std::int64_t dim) {
+  const int d = split_dim(x, dim, "chunk");
+  if (chunks <= 0) throw ValueError(detail::concat("chunk: chunks must be positive, got ", chunks));
+  const std::int64_t n = x.shape()[d];
+  // torch.chunk: pieces of ceil(n / chunks), so fewer than `chunks` can come back.
+  return split(x, n == 0 ? 0 : (n + chunks - 1) / chunks, d);
+}
+
+}  // namespace phalanx
