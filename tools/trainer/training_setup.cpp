@@ -213,8 +213,12 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   // and broadcast (a different --model would otherwise fail there, or hang).
   parallel::check_consistent({{"global batch", std::to_string(c.global_batch)},
                               {"model", model_desc + " " + c.activation + (c.sync_bn ? " sync-bn" : "") + (c.zero ? " zero" : "") +
-                                            (c.init.empty() ? "" : " init " + c.init)},
-                              {"optimizer", c.optimizer + " lr " + fmt_g(plan.lr) + " momentum " + fmt_g(c.momentum) +
+                                            (c.init.empty() ? "" : " init " + c.init) +
+                                            (c.is_gpt() ? " stride " + std::to_string(c.stride) + " dropout " + fmt_g(c.dropout)
+                                                        : std::string()) +
+                                            (c.clip_grad_norm > 0 ? " clip " + fmt_g(c.clip_grad_norm) : std::string())},
+                              {"optimizer", c.optimizer + " lr " + fmt_g(plan.lr) + " betas " + fmt_g(c.beta1) + "," +
+                                                fmt_g(c.beta2) + " momentum " + fmt_g(c.momentum) +
                                                 " weight decay " + fmt_g(c.weight_decay) + (c.nesterov ? " nesterov" : "")},
                               {"lr schedule", c.lr_schedule + " warmup " + std::to_string(c.warmup_steps) + " step size " +
                                                   std::to_string(c.lr_step_size) + " milestones " + widths_str(c.lr_milestones) +
