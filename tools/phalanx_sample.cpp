@@ -52,7 +52,7 @@ std::shared_ptr<nn::GPT> load_model(const SampleOptions& o) {
                                            .bias(true),
                                        &init);
   try {
-    gpt->load_state_dict(w);
+    gpt->load_state_dict(trainer::nanogpt_weights(w, gpt->state_dict()));
   } catch (const std::exception& e) {
     usage_error("--weights " + o.weights + " do not fit --model " + o.model + ": " + e.what());
   }

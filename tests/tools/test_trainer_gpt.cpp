@@ -186,6 +186,21 @@ TEST_CASE("phalanx-sample: the same seed gives the same text; errors are one lin
   CHECK(a.out.size() == 7 + 60 + 1);  // prompt, continuation, newline
   CHECK(a.out == b.out);
   CHECK(a.out != c.out);
+  // nanoGPT's own file: the causal masks saved as buffers (transformer.h.<i>.attn.bias),
+  // and no lm_head.weight (it is wte): the same text.
+  {
+    TensorMap nano;
+    for (const auto& [k, v] : load_npz(w))
+      if (k != "lm_head.weight") nano.set(k, v);
+    nano.set("transformer.h.0.attn.bias", ones({1, 1, 32, 32}));
+    nano.set("transformer.h.1.attn.bias", ones({1, 1, 32, 32}));
+    save_npz(dir() + "/nano.npz", nano);
+    const Result n = sample("--model gpt:2-2-16:32 --weights " + dir() + "/nano.npz --prompt 'the cat' --tokens 60 "
+                            "--top-k 20 --seed 1 --temperature 0.8");
+    CAPTURE(n.out);
+    CHECK(n.out == a.out);
+    CHECK(run(kSmall + text_data() + "--epochs 1 --init " + dir() + "/nano.npz").code == 0);
+  }
   // A prompt longer than the context: the model sees its last 32 bytes (nanoGPT's crop).
   CHECK(sample("--model gpt:2-2-16:32 --weights " + w + " --tokens 5 --prompt '" + std::string(50, 'a') + "'").code == 0);
 

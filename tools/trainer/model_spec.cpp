@@ -73,6 +73,19 @@ std::int64_t gpt_param_count(const GptSpec& s) {
   return all;
 }
 
+TensorMap nanogpt_weights(const TensorMap& saved, const TensorMap& model) {
+  TensorMap out;
+  const std::string mask = ".attn.bias";
+  for (const auto& [name, t] : saved) {
+    const bool is_mask = name.size() > mask.size() && name.compare(name.size() - mask.size(), mask.size(), mask) == 0 &&
+                         t.dim() == 4;
+    if (!is_mask) out.set(name, t);
+  }
+  if (!out.contains("lm_head.weight") && model.contains("lm_head.weight"))
+    if (const Tensor* wte = out.find("transformer.wte.weight")) out.set("lm_head.weight", *wte);
+  return out;
+}
+
 bool is_cnn_spec(const std::string& text) { return text.rfind("cnn:", 0) == 0 || text == "cnn"; }
 
 CnnSpec parse_cnn_spec(const std::string& text) {

@@ -12,6 +12,7 @@
 #include <phalanx/core/generator.hpp>
 #include <phalanx/core/nn/sequential.hpp>
 #include <phalanx/core/shape.hpp>
+#include <phalanx/core/tensor_map.hpp>
 
 namespace phalanx::trainer {
 
@@ -38,6 +39,12 @@ std::string gpt_spec_str(const GptSpec& spec);
 
 /// The GPT's parameter count (the tied embedding once), or -1 when it overflows.
 std::int64_t gpt_param_count(const GptSpec& spec);
+
+/// nanoGPT's saved weights as nn::GPT loads them: the causal masks an older nanoGPT keeps as
+/// buffers (transformer.h.<i>.attn.bias, [1, 1, T, T]) are dropped, as nanoGPT's own
+/// from_pretrained drops them, and lm_head.weight (the tied wte) is added when only
+/// transformer.wte.weight was saved and `model` (the GPT's state_dict) lists it.
+TensorMap nanogpt_weights(const TensorMap& saved, const TensorMap& model);
 
 /// True when `text` names a CNN ("cnn:...").
 bool is_cnn_spec(const std::string& text);

@@ -105,8 +105,9 @@ nn::GPTConfig gpt_config(const GptSpec& g, double dropout) {
 // --init: a GPT's weights by nanoGPT's names. Its position table must cover the context
 // (a checkpoint of a model with a shorter one cannot run windows of this length).
 void load_init(nn::Module& net, const TrainConfig& c) {
-  const TensorMap m = load_npz(c.init);
+  TensorMap m = load_npz(c.init);
   if (!c.is_gpt()) return net.load_state_dict(m);
+  m = nanogpt_weights(m, net.state_dict());
   if (c.is_gpt())
     if (const Tensor* wpe = m.find("transformer.wpe.weight"); wpe && wpe->dim() == 2 && wpe->shape()[0] < c.gpt_context)
       throw DataUsageError(detail::concat("--init ", c.init, ": transformer.wpe.weight has ", wpe->shape()[0],
