@@ -91,7 +91,7 @@ int run(int argc, char** argv) {
 
   // [4] AdamW with nanoGPT's two groups; warm-up then cosine.
   const nn::DecayGroups groups = nn::decay_groups(*gpt);
-  optim::AdamW opt(groups.decay, optim::AdamWOptions(1e-3).weight_decay(0.1).betas(0.9, 0.99));
+  optim::AdamW opt(groups.decay, optim::AdamWOptions(2e-3).weight_decay(0.1).betas(0.9, 0.99));
   opt.add_param_group(groups.no_decay, {{"weight_decay", 0.0}});
   const std::int64_t warmup = std::min<std::int64_t>(100, total / 2);
   auto warm = std::make_shared<optim::LinearLR>(opt, 0.5, 1.0, std::max<std::int64_t>(1, warmup));
