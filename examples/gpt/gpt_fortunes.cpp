@@ -1,15 +1,15 @@
 // A small GPT learns English from Debian's fortune cookies, on 2 workers, then writes some.
 //
-//   phalanx-run --nproc-per-node 2 build/examples/gpt_fortunes [--epochs 2] [--max-steps N]
-//       [--plot loss.svg] [--save gpt.npz] [--sample-chars 200]
+//   phalanx-run --nproc-per-node 2 build/examples/gpt_fortunes [--epochs N] [--max-steps N]
+//       [--plot loss.svg] [--save gpt.npz] [--sample-chars 200]   (--epochs: 1 by default)
 //
 // nanoGPT's GPT (4 layers, 4 heads, width 128, context 128: 0.8 M parameters) over bytes: the
 // fortune files concatenated are the tokens, the first 90 % train and the last 10 % validate
 // (samplers::TextDataset). Each step every worker takes 8 windows of 128 bytes (a global batch
 // of 16 x 128 tokens); AdamW with nanoGPT's groups (no decay on biases, LayerNorms and the
-// embeddings), 100 warm-up steps, then a cosine to 0, gradients clipped at norm 1. Each epoch
-// ends with the validation loss (every worker its shard of the windows); rank 0 then draws a
-// sample. The walk-through with the loss curve and a real run's output: examples/gpt/README.md.
+// embeddings), 100 warm-up steps, then a cosine to 0, gradients clipped at norm 1. Every 250
+// steps (--eval-every) and at each epoch's end the validation loss (every worker its shard of
+// the windows); rank 0 then draws a sample. The walk-through with the loss curve and a real run's output: examples/gpt/README.md.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -51,19 +51,20 @@ double validation_loss(parallel::DDP& model, const std::shared_ptr<TextDataset>&
 }  // namespace
 
 int run(int argc, char** argv) {
-  int epochs = 2;
-  std::int64_t max_steps = 0, sample_chars = 200;
+  int epochs = 1;  // ~2 min on an idle 2-core machine, under 10 loaded (examples/gpt/README.md)
+  std::int64_t max_steps = 0, sample_chars = 200, eval_every = 250;
   std::string plot, save;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--epochs" && i + 1 < argc) epochs = std::max(1, std::atoi(argv[++i]));
     else if (a == "--max-steps" && i + 1 < argc) max_steps = std::atoll(argv[++i]);
+    else if (a == "--eval-every" && i + 1 < argc) eval_every = std::max<std::int64_t>(1, std::atoll(argv[++i]));
     else if (a == "--plot" && i + 1 < argc) plot = argv[++i];
     else if (a == "--save" && i + 1 < argc) save = argv[++i];
     else if (a == "--sample-chars" && i + 1 < argc) sample_chars = std::max<std::int64_t>(1, std::atoll(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: gpt_fortunes [--epochs N] [--max-steps N] [--plot F.svg] [--save F.npz] "
-                           "[--sample-chars N]\n");
+      std::fprintf(stderr, "usage: gpt_fortunes [--epochs N] [--max-steps N] [--eval-every N] [--plot F.svg] "
+                           "[--save F.npz] [--sample-chars N]\n");
       return 2;
     }
   }
@@ -126,11 +127,15 @@ int run(int argc, char** argv) {
         train_curve.y.push_back(window_sum / window_n);
         window_sum = 0, window_n = 0;
       }
-      if (rank == 0 && (step + 1) % 200 == 0)
-        std::printf("step %lld: loss %.4f\n", static_cast<long long>(step + 1), loss.item());
       if (++step == total) break;
+      if (step % eval_every == 0) {
+        const double v = validation_loss(*model, val, *pg);
+        val_curve.x.push_back(static_cast<double>(step));
+        val_curve.y.push_back(v);
+        if (rank == 0) std::printf("step %lld: loss %.4f, validation loss %.4f\n", static_cast<long long>(step), loss.item(), v);
+      }
     }
-    const double v = validation_loss(*model, val, *pg);
+    const double v = validation_loss(*model, val, *pg);  // every epoch's end
     val_curve.x.push_back(static_cast<double>(step));
     val_curve.y.push_back(v);
     if (rank == 0) std::printf("epoch %d (step %lld): validation loss %.4f\n", epoch + 1, static_cast<long long>(step), v);
