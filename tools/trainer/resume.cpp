@@ -34,6 +34,9 @@ void restore(TrainingSetup& s, parallel::LoadedCheckpoint& ck, StartPoint& sp) {
   }
   sp.step = ck.state.step;
   sp.start_epoch = ck.state.epoch;
+  // Each rank's dropout stream is not in the checkpoint (rank 0 writes it): a resumed run
+  // draws from stream `rank` of seed + step, the same for every resume from this step.
+  if (s.dropout_gen) s.dropout_gen->seed_pcg(s.seed + static_cast<std::uint64_t>(sp.step), static_cast<std::uint64_t>(rank));
   sp.skip_batches = ck.state.step_in_epoch;
   if (sp.skip_batches > steps_per_epoch || sp.step != sp.start_epoch * steps_per_epoch + sp.skip_batches)
     throw ConfigError(detail::concat("checkpoint ", resume_path, " is at step ", sp.step, " (epoch ", sp.start_epoch + 1,

@@ -163,6 +163,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std
 
 TrainingSetup set_up_training(const TrainConfig& c) {
   TrainingSetup s;
+  s.seed = c.seed;
   // The device is decided by init (--device; "cuda" = each worker on GPU LOCAL_RANK), which
   // loads its plugin, or says why it cannot, before the rendezvous.
   parallel::InitOptions io;
@@ -236,8 +237,10 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   Generator gen(c.seed);
   std::shared_ptr<nn::Module>& net = s.net;
   if (c.is_gpt()) {
-    // Each rank its own dropout masks, reproducible from the seed and the rank.
-    s.dropout_gen = std::make_unique<Generator>(c.seed ^ (0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(rank + 1)));
+    // Each rank its own dropout masks, reproducible from the seed and the rank: PCG stream
+    // `rank` of state `seed` (docs/gpt.md); a resumed run re-derives it (resume.cpp).
+    s.dropout_gen = std::make_unique<Generator>();
+    s.dropout_gen->seed_pcg(c.seed, static_cast<std::uint64_t>(rank));
     auto gpt = std::make_shared<nn::GPT>(gpt_config(gpt_spec, c.dropout), &gen, s.dropout_gen.get());
     if (c.optimizer == "adamw") s.no_decay = nn::decay_groups(*gpt).no_decay;
     net = gpt;

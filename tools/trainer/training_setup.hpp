@@ -46,8 +46,10 @@ struct TrainingSetup {
   std::string model_desc;  ///< the MLP's widths, the CNN's spec with its classes ("cnn:32-64:10"), or "gpt:4-4-128:128"
   /// A GPT's tensors without weight decay (nn::decay_groups), for make_optimizer.
   std::vector<Tensor> no_decay;
-  /// A GPT's dropout stream: from --seed and the rank (each rank its own masks).
+  /// A GPT's dropout stream: PCG stream `rank` of --seed (each rank its own masks); a run
+  /// resumed at step S draws from stream `rank` of --seed + S.
   std::unique_ptr<Generator> dropout_gen;
+  std::uint64_t seed = 0;  ///< --seed
   std::int64_t n = 0;      ///< training samples (a GPT's: windows)
   optim::ScalingPlan plan{};
   std::shared_ptr<nn::Module> net;
