@@ -122,6 +122,18 @@ TEST_CASE("two workers shard the windows; --zero keeps the result of the replica
   CHECK(trainer_test::max_weight_diff(dir() + "/plain.npz", dir() + "/zero.npz") < 1e-5);
 }
 
+TEST_CASE("--dropout: each worker its stream from the seed and its rank, the same in every run") {
+  const std::string base = kSmall + text_data() + "--epochs 1 --dropout 0.2 ";
+  const Result a = run(base + "--save " + dir() + "/d1.npz", 2), b = run(base + "--save " + dir() + "/d2.npz", 2),
+               off = run(kSmall + text_data() + "--epochs 1 --save " + dir() + "/d0.npz", 2);
+  CAPTURE(a.out);
+  REQUIRE(a.code == 0);
+  REQUIRE(b.code == 0);
+  REQUIRE(off.code == 0);
+  CHECK(trainer_test::max_weight_diff(dir() + "/d1.npz", dir() + "/d2.npz") == 0);
+  CHECK(trainer_test::max_weight_diff(dir() + "/d1.npz", dir() + "/d0.npz") > 1e-6);  // the masks did something
+}
+
 TEST_CASE("a checkpointed GPT run resumes to the weights of an uninterrupted one") {
   const std::string ck = dir() + "/ck";
   std::system(("rm -rf " + ck).c_str());
