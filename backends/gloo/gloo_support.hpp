@@ -45,6 +45,7 @@ void by_dtype(const Tensor& t, Fn&& fn) {
   switch (t.dtype()) {
     case DType::Float32: fn(static_cast<float*>(nullptr)); break;
     case DType::Int64: fn(static_cast<std::int64_t*>(nullptr)); break;
+    case DType::Bool: fn(static_cast<std::uint8_t*>(nullptr)); break;  // moved, never reduced
     default: fn(static_cast<std::uint16_t*>(nullptr)); break;
   }
 }

@@ -63,6 +63,7 @@ inline MPI_Datatype mpi_type(DType dt) {
     case DType::Int64: return MPI_INT64_T;
     case DType::Float16:
     case DType::BFloat16: return MPI_UINT16_T;
+    case DType::Bool: return MPI_UINT8_T;  // moved, never reduced (ProcessGroup refuses)
   }
   return MPI_BYTE;
 }

@@ -50,6 +50,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::Int64: return ncclInt64;
     case DType::Float16: return ncclFloat16;
     case DType::BFloat16: return ncclBfloat16;
+    case DType::Bool: return ncclUint8;  // moved, never reduced (ProcessGroup refuses)
   }
   return ncclFloat32;
 }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "phalanx/core/error.hpp"
 #include "phalanx/core/half.hpp"
 
 namespace phalanx::shm {
@@ -113,6 +114,7 @@ void reduce_into(DType dtype, ReduceOp op, void* dst, void* dst2, const void* co
     case DType::Int64: reduce_i64(op, dst, dst2, src, nsrc, n, divisor); break;
     case DType::Float16: sum16<fp16_to_float, float_to_fp16>(dst, dst2, src, nsrc, n); break;
     case DType::BFloat16: sum16<bf16_to_float, float_to_bf16>(dst, dst2, src, nsrc, n); break;
+    case DType::Bool: throw TypeError("shm: bool tensors cannot be reduced");  // ProcessGroup refuses them first
   }
 }
 

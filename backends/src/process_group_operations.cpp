@@ -85,6 +85,7 @@ const std::string kNoSignature;  // no collective check set: nothing to build, c
 WorkPtr ProcessGroup::allreduce(const Tensor& t, ReduceOp op) {
   check_tensor(t, "allreduce", "tensor");
   const DType dt = t.impl()->dtype();  // inline (defined: checked)
+  if (dt == DType::Bool) throw TypeError("allreduce: bool tensors cannot be reduced; convert them to int64 or float32");
   if ((dt == DType::Float16 || dt == DType::BFloat16) && op != ReduceOp::Sum)
     throw TypeError(std::string("allreduce: ") + dtype_name(dt) + " tensors support sum only");
   if (op == ReduceOp::Avg && dt != DType::Float32)
@@ -122,6 +123,8 @@ WorkPtr ProcessGroup::allgather(const std::vector<Tensor>& outputs, const Tensor
 WorkPtr ProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op) {
   check_tensor(output, "reduce_scatter", "output");
   check_list(inputs, output, size_, "reduce_scatter", "input");
+  if (output.dtype() == DType::Bool)
+    throw TypeError("reduce_scatter: bool tensors cannot be reduced; convert them to int64 or float32");
   if ((output.dtype() == DType::Float16 || output.dtype() == DType::BFloat16) && op != ReduceOp::Sum)
     throw TypeError(std::string("reduce_scatter: ") + dtype_name(output.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && output.dtype() != DType::Float32)
@@ -143,6 +146,7 @@ WorkPtr ProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Ten
 WorkPtr ProcessGroup::reduce(const Tensor& t, int root, ReduceOp op) {
   check_tensor(t, "reduce", "tensor");
   check_root(root, "reduce");
+  if (t.dtype() == DType::Bool) throw TypeError("reduce: bool tensors cannot be reduced; convert them to int64 or float32");
   if ((t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16) && op != ReduceOp::Sum)
     throw TypeError(std::string("reduce: ") + dtype_name(t.dtype()) + " tensors support sum only");
   if (op == ReduceOp::Avg && t.dtype() != DType::Float32) throw TypeError("reduce: avg needs a float32 tensor");

@@ -317,6 +317,9 @@ void CudaKernels::fill(Tensor& out, double v) {
       fill_u16<<<blocks_for(n), kThreads>>>(static_cast<unsigned short*>(out.raw_data()), bits, n);
       break;
     }
+    case DType::Bool:  // one byte, 1 for any non-zero value (as the CPU fill)
+      PHALANX_CUDA_CHECK(cudaMemset(out.raw_data(), v != 0.0 ? 1 : 0, static_cast<std::size_t>(n)));
+      break;
   }
   after_launch("fill kernel");
 }
@@ -433,6 +436,9 @@ void CudaKernels::transpose(const Tensor& in, int d0, int d1, Tensor& out) {
   if (!n) return;
   if (element_size(in.dtype()) == 4)
     transpose_k<float><<<blocks_for(n), kThreads>>>(cf(in), mf(out), A, s[d0], B, s[d1], C);
+  else if (element_size(in.dtype()) == 1)
+    transpose_k<unsigned char><<<blocks_for(n), kThreads>>>(static_cast<const unsigned char*>(in.raw_data()),
+                                                            static_cast<unsigned char*>(out.raw_data()), A, s[d0], B, s[d1], C);
   else if (element_size(in.dtype()) == 8)
     transpose_k<long long><<<blocks_for(n), kThreads>>>(static_cast<const long long*>(in.raw_data()),
                                                         static_cast<long long*>(out.raw_data()), A, s[d0], B, s[d1], C);

@@ -65,6 +65,9 @@ class CudaKernels final : public DeviceKernels {
   // ---- end normalisation, embedding, argmax, clamp ----
   // ---- layout and masks (cuda_layout.cu) ----
   void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) override;
+  void masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) override;
+  void triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal, bool upper,
+                Tensor& out) override;
   // ---- end layout and masks ----
   // ---- convolution and pooling ----
   void im2col(const Tensor& x, std::int64_t image, const Window2d& g, Tensor& col) override;
@@ -80,6 +83,13 @@ class CudaKernels final : public DeviceKernels {
   void add_channel_bias(const Tensor& bias, std::int64_t outer, std::int64_t inner, Tensor& out) override;
   void channel_sum(const Tensor& g, std::int64_t outer, std::int64_t inner, Tensor& out) override;
   // ---- end convolution and pooling ----
+  // ---- attention (cuda_attention.cu) ----
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                         const AttentionParams& p, Tensor& out, Tensor& lse) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
+                          const Tensor& lse, const Tensor& grad_out, const AttentionParams& p, Tensor& grad_q,
+                          Tensor& grad_k, Tensor& grad_v) override;
+  // ---- end attention ----
   void convert(const Tensor& src, Tensor& dst) override;
   void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdUpdate& u) override;
   void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& max_exp_avg_sq,

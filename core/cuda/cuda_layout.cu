@@ -35,7 +35,59 @@ __global__ void strided_copy_k(const T* src, T* dst, StridedLayout l, std::int64
   }
 }
 
+__global__ void masked_fill_k(const float* x, const unsigned char* m, float v, float* o, std::int64_t n,
+                              std::int64_t p) {
+  LAYOUT_GRID_LOOP(i, n) o[i] = m[i % p] ? v : x[i];
+}
+
+template <typename T>
+__global__ void triangle_k(const T* x, T* o, std::int64_t n, std::int64_t rows, std::int64_t cols,
+                           std::int64_t diagonal, bool upper) {
+  LAYOUT_GRID_LOOP(i, n) {
+    const std::int64_t j = i % cols, r = (i / cols) % rows;
+    const bool keep = upper ? j - r >= diagonal : j - r <= diagonal;
+    o[i] = keep ? x[i] : T(0);
+  }
+}
+
 }  // namespace
+
+void CudaKernels::masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) {
+  PHALANX_CUDA_CHECK(cudaSetDevice(x.device().index));
+  const std::int64_t n = x.numel();
+  if (n == 0) return;
+  masked_fill_k<<<blocks_for(n), kThreads>>>(static_cast<const float*>(x.raw_data()),
+                                             static_cast<const unsigned char*>(mask.raw_data()), value,
+                                             static_cast<float*>(out.raw_data()), n, mask.numel());
+  after_launch("masked_fill kernel");
+}
+
+void CudaKernels::triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal, bool upper,
+                           Tensor& out) {
+  PHALANX_CUDA_CHECK(cudaSetDevice(x.device().index));
+  const std::int64_t n = x.numel();
+  if (n == 0) return;
+  const void* s = x.raw_data();
+  void* d = out.raw_data();
+  switch (element_size(x.dtype())) {
+    case 1:
+      triangle_k<<<blocks_for(n), kThreads>>>(static_cast<const unsigned char*>(s), static_cast<unsigned char*>(d), n,
+                                              rows, cols, diagonal, upper);
+      break;
+    case 2:
+      triangle_k<<<blocks_for(n), kThreads>>>(static_cast<const unsigned short*>(s), static_cast<unsigned short*>(d), n,
+                                              rows, cols, diagonal, upper);
+      break;
+    case 4:
+      triangle_k<<<blocks_for(n), kThreads>>>(static_cast<const unsigned int*>(s), static_cast<unsigned int*>(d), n,
+                                              rows, cols, diagonal, upper);
+      break;
+    default:
+      triangle_k<<<blocks_for(n), kThreads>>>(static_cast<const unsigned long long*>(s),
+                                              static_cast<unsigned long long*>(d), n, rows, cols, diagonal, upper);
+  }
+  after_launch("triangle kernel");
+}
 
 void CudaKernels::strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) {
   PHALANX_CUDA_CHECK(cudaSetDevice(src.device().index));

@@ -43,6 +43,7 @@ const char* dtype_name(DType t) {
     case DType::Int64: return "int64";
     case DType::Float16: return "float16";
     case DType::BFloat16: return "bfloat16";
+    case DType::Bool: return "bool";
   }
   return "?";
 }

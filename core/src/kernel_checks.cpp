@@ -418,7 +418,43 @@ class CheckedKernels final : public DeviceKernels {
           .that(dst_end < numel_of(dst), "the layout reaches past the end of dst");
     k_.strided_copy(src, l, dst);
   }
+  void masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) override {
+    const std::int64_t p = numel_of(mask);
+    call("masked_fill").on("x", x).on("mask", mask).on("out", out).f32("x", x).f32("out", out)
+        .dtype("mask", mask, DType::Bool).numel("out", out, numel_of(x), "x's numel")
+        .that(p > 0 ? numel_of(x) % p == 0 : numel_of(x) == 0, "mask's numel must divide x's");
+    k_.masked_fill(x, mask, value, out);
+  }
+  void triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal, bool upper,
+                Tensor& out) override {
+    call("triangle").on("x", x).on("out", out).dtype("out", out, dtype_of(x))
+        .numel("out", out, numel_of(x), "x's numel")
+        .that(rows >= 0 && cols >= 0 && (rows * cols == 0 ? numel_of(x) == 0 : numel_of(x) % (rows * cols) == 0),
+              "x must be a batch of rows x cols matrices");
+    k_.triangle(x, rows, cols, diagonal, upper, out);
+  }
   // ---- end layout and masks ----
+  // ---- attention ----
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                         const AttentionParams& p, Tensor& out, Tensor& lse) override {
+    attention_inputs("attention_forward", q, k, v, mask, p).on("out", out).on("lse", lse).f32("out", out)
+        .f32("lse", lse).numel("out", out, p.batch * p.l * p.ev, "batch * l * ev")
+        .numel("lse", lse, p.batch * p.l, "batch * l");
+    k_.attention_forward(q, k, v, mask, p, out, lse);
+  }
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
+                          const Tensor& lse, const Tensor& grad_out, const AttentionParams& p, Tensor& grad_q,
+                          Tensor& grad_k, Tensor& grad_v) override {
+    attention_inputs("attention_backward", q, k, v, mask, p).on("out", out).on("lse", lse).on("grad_out", grad_out)
+        .on_opt("grad_q", grad_q).on_opt("grad_k", grad_k).on_opt("grad_v", grad_v).f32("out", out)
+        .f32("lse", lse).f32("grad_out", grad_out).f32_opt("grad_q", grad_q).f32_opt("grad_k", grad_k)
+        .f32_opt("grad_v", grad_v).numel("out", out, p.batch * p.l * p.ev, "batch * l * ev")
+        .numel("grad_out", grad_out, p.batch * p.l * p.ev, "batch * l * ev")
+        .numel("lse", lse, p.batch * p.l, "batch * l").numel_opt("grad_q", grad_q, numel_of(q), "q's numel")
+        .numel_opt("grad_k", grad_k, numel_of(k), "k's numel").numel_opt("grad_v", grad_v, numel_of(v), "v's numel");
+    k_.attention_backward(q, k, v, mask, out, lse, grad_out, p, grad_q, grad_k, grad_v);
+  }
+  // ---- end attention ----
   std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override {
     call("find_label_out_of_range").on("target", target).i64("target", target);
     return k_.find_label_out_of_range(target, classes);
@@ -426,6 +462,30 @@ class CheckedKernels final : public DeviceKernels {
 
  private:
   Call call(const char* kernel) const { return Call(name_, type_, kernel); }
+  Call attention_inputs(const char* kernel, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                        const AttentionParams& p) const {
+    // The furthest mask element the kernels read (strides 0 where the mask broadcasts).
+    std::int64_t reach = (p.l - 1) * p.mask_row_stride + (p.s - 1) * p.mask_col_stride;
+    bool lead_ok = p.lead >= 0 && p.lead <= AttentionParams::kMaxLead;
+    std::int64_t heads = 1;
+    for (int d = 0; lead_ok && d < p.lead; ++d) {
+      reach += (p.lead_sizes[d] - 1) * p.mask_lead_strides[d];
+      heads *= p.lead_sizes[d];
+    }
+    Call c = call(kernel);
+    c.on("q", q).on("k", k).on("v", v).f32("q", q).f32("k", k).f32("v", v)
+        .that(lead_ok && heads == p.batch, "the leading sizes multiply to batch")
+        .numel("q", q, p.batch * p.l * p.e, "batch * l * e").numel("k", k, p.batch * p.s * p.e, "batch * s * e")
+        .numel("v", v, p.batch * p.s * p.ev, "batch * s * ev")
+        .that((p.mask_kind == AttentionMask::None) == !mask.defined(), "a mask is given exactly when mask_kind says so");
+    if (mask.defined()) {
+      c.on("mask", mask).that(p.mask_kind == AttentionMask::Float ? dtype_of(mask) == DType::Float32
+                                                                   : element_size(dtype_of(mask)) == 1,
+                              "the mask's dtype is mask_kind's (float32, or one byte for Bool)")
+          .that(reach < numel_of(mask), "the mask's strides stay inside it");
+    }
+    return c;
+  }
   void pool_forward(const char* kernel, const Tensor& x, const Window2d& g, Tensor& out) const {
     call(kernel).on("x", x).on("out", out).f32("x", x).f32("out", out)
         .numel("x", x, input_numel(g), "n * c * h * w").numel("out", out, output_numel(g), "n * c * oh * ow");

@@ -37,7 +37,7 @@ void* Tensor::raw_data() const { return need(impl_, "raw_data()").data(); }
 float Tensor::item() const {
   if (numel() != 1)
     throw ShapeError("item(): expected a tensor with one element, got shape " + shape_str(shape()));
-  if (dtype() == DType::Int64) return static_cast<float>(item_int());
+  if (dtype() == DType::Int64 || dtype() == DType::Bool) return static_cast<float>(item_int());
   if (dtype() != DType::Float32)
     throw TypeError(std::string("item(): convert a ") + dtype_name(dtype()) + " tensor to float32 first");
   float v;
@@ -50,6 +50,13 @@ std::int64_t Tensor::item_int() const {
     throw ShapeError("item_int(): expected a tensor with one element, got shape " +
                      shape_str(shape()));
   if (dtype() == DType::Float32) return static_cast<std::int64_t>(item());
+  if (dtype() == DType::Bool) {
+    std::uint8_t b;
+    kernels_for(device()).copy_to_host(&b, raw_data(), 1);
+    return b != 0;
+  }
+  if (dtype() != DType::Int64)
+    throw TypeError(std::string("item_int(): convert a ") + dtype_name(dtype()) + " tensor to float32 first");
   std::int64_t v;
   kernels_for(device()).copy_to_host(&v, raw_data(), sizeof v);
   return v;
@@ -63,6 +70,15 @@ std::vector<T> Tensor::to_vector() const {
   std::vector<T> out(static_cast<std::size_t>(numel()));
   kernels_for(device()).copy_to_host(out.data(), raw_data(), nbytes());
   return out;
+}
+// std::vector<bool> packs bits: the bytes go through a staging vector.
+template <>
+std::vector<bool> Tensor::to_vector<bool>() const {
+  if (dtype() != DType::Bool)
+    throw TypeError(detail::concat("to_vector<T>(): tensor is ", dtype_name(dtype()), ", asked for bool"));
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(numel()));
+  kernels_for(device()).copy_to_host(bytes.data(), raw_data(), nbytes());
+  return std::vector<bool>(bytes.begin(), bytes.end());
 }
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<std::int64_t> Tensor::to_vector<std::int64_t>() const;

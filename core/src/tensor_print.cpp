@@ -28,10 +28,17 @@ std::string special(double v) {  // Python's spelling of the non-finite values
 }
 
 struct Formatter {
-  bool floating = true, int_mode = true, sci_mode = false;
+  bool floating = true, int_mode = true, sci_mode = false, boolean = false;
   std::size_t width = 1;
 
-  Formatter(const std::vector<double>& vals, bool is_float) : floating(is_float) {
+  Formatter(const std::vector<double>& vals, bool is_float, bool is_bool = false)
+      : floating(is_float && !is_bool), boolean(is_bool) {
+    if (boolean) {  // "True" / "False", right-aligned to the widest shown
+      width = 4;
+      for (double v : vals)
+        if (v == 0) width = 5;
+      return;
+    }
     if (!floating) {
       for (double v : vals) width = std::max(width, std::to_string(static_cast<long long>(v)).size());
       return;
@@ -58,7 +65,9 @@ struct Formatter {
 
   std::string format(double v) const {
     std::string r;
-    if (!floating) {
+    if (boolean) {
+      r = v != 0 ? "True" : "False";
+    } else if (!floating) {
       r = std::to_string(static_cast<long long>(v));
     } else if (!std::isfinite(v)) {
       r = special(v);
@@ -146,6 +155,7 @@ std::vector<double> host_values(const Tensor& t) {
       case DType::Int64: out[i] = static_cast<double>(c.data<std::int64_t>()[i]); break;
       case DType::Float16: out[i] = fp16_to_float(static_cast<const std::uint16_t*>(c.raw_data())[i]); break;
       case DType::BFloat16: out[i] = bf16_to_float(static_cast<const std::uint16_t*>(c.raw_data())[i]); break;
+      case DType::Bool: out[i] = static_cast<const std::uint8_t*>(c.raw_data())[i] != 0; break;
     }
   }
   return out;
@@ -170,6 +180,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   const std::string dtype_suffix = std::string("dtype=torch.") + (dt == DType::Float16 ? "float16"
                                                                   : dt == DType::BFloat16 ? "bfloat16"
                                                                   : dt == DType::Int64  ? "int64"
+                                                                  : dt == DType::Bool   ? "bool"
                                                                                         : "float32");
   std::string body;
   if (t.numel() == 0) {
@@ -183,7 +194,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
     std::vector<double> shown;
     if (p.summarize)
       p.collect(0, 0, shown);
-    const Formatter f(p.summarize ? shown : vals, is_float);
+    const Formatter f(p.summarize ? shown : vals, is_float, dt == DType::Bool);
     body = p.str(0, 0, indent, f);
   }
   if (t.grad_fn())

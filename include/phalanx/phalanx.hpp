@@ -25,6 +25,7 @@
 #include "phalanx/core/nn/loss.hpp"
 #include "phalanx/core/nn/module.hpp"
 #include "phalanx/core/nn/sequential.hpp"
+#include "phalanx/core/nn/gpt.hpp"
 #include "phalanx/optim.hpp"
 #include "phalanx/samplers.hpp"
 #include "phalanx/parallel.hpp"

@@ -154,3 +154,25 @@ TEST_CASE("16-bit floats: gloo's reduce sums them as floats; reduce and reduce_s
                                           ReduceOp::Min),
                        doctest::Contains("reduce_scatter: bfloat16 tensors support sum only"), TypeError);
 }
+
+TEST_CASE("Bool tensors (masks) are broadcast and gathered byte for byte, never reduced") {
+  auto store = std::make_shared<MemoryStore>();
+  CHECK_NOTHROW(run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("gloo", rank, 2, std::make_shared<PrefixStore>("bool", store));
+    Tensor m = rank == 0 ? tril(ones({3, 3}, DType::Bool)) : zeros({3, 3}, DType::Bool);
+    pg->broadcast(m, 0)->wait();
+    const bool same = m.to_vector<bool>() == tril(ones({3, 3}, DType::Bool)).to_vector<bool>();
+    REQUIRE_RANK(rank, same, "broadcast");
+    std::vector<Tensor> all{zeros({2}, DType::Bool), zeros({2}, DType::Bool)};
+    pg->allgather(all, full({2}, rank, DType::Bool))->wait();
+    const bool gathered = all[0].to_vector<bool>() == std::vector<bool>(2, false) &&
+                          all[1].to_vector<bool>() == std::vector<bool>(2, true);
+    REQUIRE_RANK(rank, gathered, "allgather");
+  }));
+  BackendConfig cfg;
+  auto pg = create_process_group("single", cfg);
+  CHECK_THROWS_WITH_AS(pg->allreduce(ones({2}, DType::Bool)),
+                       "allreduce: bool tensors cannot be reduced; convert them to int64 or float32", TypeError);
+  CHECK_THROWS_AS(pg->reduce(ones({2}, DType::Bool), 0), TypeError);
+  CHECK_THROWS_AS(pg->reduce_scatter(ones({2}, DType::Bool), {ones({2}, DType::Bool)}), TypeError);
+}

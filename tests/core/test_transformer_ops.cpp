@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <sstream>
 
 #include "phalanx/core/kernels.hpp"
 #include "support/gradcheck.hpp"
@@ -213,12 +214,35 @@ TEST_CASE("permute: values, gradients, the attention layout and the identity") {
   CHECK(b.shape() == Shape{2, 3, 5, 4});
   CHECK(same_bits(permute(b, {0, 2, 1, 3}), a));
   CHECK(same_bits(b, transpose(a, 1, 2)));
-  // a full transpose (the tiled path) against transpose()
+  // full transposes (the tiled path, partial tiles at the edges) against loops; transpose()
+  // runs on the same kernel
   Tensor big = away_from_zero({37, 53}, 10);
+  const auto bv = big.to_vector<float>(), tv = permute(big, {1, 0}).to_vector<float>();
+  for (int i = 0; i < 37; ++i)
+    for (int j = 0; j < 53; ++j) REQUIRE(tv[j * 37 + i] == bv[i * 53 + j]);
   CHECK(same_bits(permute(big, {1, 0}), transpose(big, 0, 1)));
   Tensor big3 = away_from_zero({3, 19, 41}, 11);
+  const auto b3 = big3.to_vector<float>(), t3 = permute(big3, {0, 2, 1}).to_vector<float>(),
+             r3 = permute(big3, {2, 1, 0}).to_vector<float>();
+  for (int a = 0; a < 3; ++a)
+    for (int i = 0; i < 19; ++i)
+      for (int j = 0; j < 41; ++j) {
+        REQUIRE(t3[(a * 41 + j) * 19 + i] == b3[(a * 19 + i) * 41 + j]);
+        REQUIRE(r3[(j * 19 + i) * 3 + a] == b3[(a * 19 + i) * 41 + j]);
+      }
   CHECK(same_bits(permute(big3, {0, 2, 1}), transpose(big3, 1, 2)));
   CHECK(same_bits(permute(big3, {2, 1, 0}), transpose(big3, 0, 2)));
+  // 1-, 2- and 8-byte elements through the tiled path
+  Tensor h = to_dtype(big, DType::Float16);
+  CHECK(same_bits(to_dtype(permute(h, {1, 0}), DType::Float32), to_dtype(to_dtype(permute(big, {1, 0}), DType::Float16), DType::Float32)));
+  Tensor i64 = arange(37 * 53, DType::Int64).reshape({37, 53});
+  const auto iv = permute(i64, {1, 0}).to_vector<std::int64_t>();
+  for (int i = 0; i < 37; ++i)
+    for (int j = 0; j < 53; ++j) REQUIRE(iv[j * 37 + i] == i * 53 + j);
+  Tensor m = triu(ones({37, 53}, DType::Bool));
+  const auto mv = permute(m, {1, 0}).to_vector<bool>();
+  for (int i = 0; i < 37; ++i)
+    for (int j = 0; j < 53; ++j) REQUIRE(mv[j * 37 + i] == (j >= i));
   // int64 and scalars
   Tensor i = tensor(std::vector<std::int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
   CHECK(permute(i, {1, 0}).to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 4, 2, 5, 3, 6});
@@ -325,6 +349,38 @@ TEST_CASE("split and chunk: both forms, views along dim 0, copies elsewhere, gra
   }, {away_from_zero({2, 4, 3}, 24)});
 }
 
+TEST_CASE("split's backward: unused pieces, a second pass, the input used elsewhere too") {
+  // only the middle piece used: the other slots of the gradient are zero
+  Tensor x = away_from_zero({2, 6}, 25).requires_grad_();
+  auto p = split(x, 2, 1);
+  sum(mul(p[1], 3.f)).backward();
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{0, 0, 3, 3, 0, 0, 0, 0, 3, 3, 0, 0});
+  // retain_graph: a second pass assembles the gradient again (and accumulates into .grad)
+  Tensor y = away_from_zero({4, 3}, 26).requires_grad_();
+  auto q = split(y, 3, 0);  // pieces of 3 and 1 rows: views
+  Tensor loss = add(sum(q[0]), mul(sum(q[1]), 2.f));
+  loss.backward(Tensor(), true);
+  const std::vector<float> once{1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2};
+  CHECK(y.grad().to_vector<float>() == once);
+  loss.backward();
+  std::vector<float> twice = once;
+  for (float& v : twice) v *= 2;
+  CHECK(y.grad().to_vector<float>() == twice);
+  CHECK_THROWS_AS(loss.backward(), AutogradError);
+  // x used by two splits and directly: the gradients add up
+  gradcheck([](auto& in) {
+    auto a = split(in[0], 1, 1);
+    auto b = chunk(in[0], 2, 0);
+    return add(mul(in[0], 0.5f), add(b[1].reshape({3}), sum(mul(a[0], a[2]))));
+  }, {away_from_zero({2, 3}, 27)});
+  // a piece whose path multiplies its gradient by zero
+  Tensor z = away_from_zero({2, 4}, 28).requires_grad_();
+  auto r = split(z, 2, 1);
+  Tensor unused_path = mul(r[0], 0.f);
+  sum(add(r[1], mul(sum(unused_path), 0.f))).backward();
+  CHECK(z.grad().to_vector<float>() == std::vector<float>{0, 0, 1, 1, 0, 0, 1, 1});
+}
+
 TEST_CASE("split and chunk: bad input") {
   CHECK_THROWS_WITH_AS(split(zeros({5, 2}), std::vector<std::int64_t>{2, 2}, 0),
                        "split: sizes (2, 2) sum to 4 but dim 0 of [5, 2] is 5", ShapeError);
@@ -348,4 +404,218 @@ TEST_CASE("layout ops on the sim device equal the CPU bit for bit") {
     return add(p[0], mul(p[1], 3.f));
   }, {away_from_zero({3, 4}, 42)});
   same_on_sim([](auto& in) { return chunk(in[0], 3, 0)[1]; }, {away_from_zero({6, 2}, 43)});
+}
+
+// ---------------------------------------------------------------- Bool, masks, triangles
+
+TEST_CASE("Bool: one byte per element, created, printed, saved and read back as numpy's bool") {
+  CHECK(element_size(DType::Bool) == 1);
+  CHECK(std::string(dtype_name(DType::Bool)) == "bool");
+  Tensor t = ones({2, 3}, DType::Bool);
+  CHECK(t.nbytes() == 6);
+  CHECK(t.to_vector<bool>() == std::vector<bool>(6, true));
+  CHECK(zeros({3}, DType::Bool).to_vector<bool>() == std::vector<bool>(3, false));
+  CHECK(full({2}, 0.5, DType::Bool).to_vector<bool>() == std::vector<bool>{true, true});
+  CHECK(full({1}, 0.0, DType::Bool).item_int() == 0);
+  CHECK(ones({1}, DType::Bool).item() == 1.f);
+  CHECK_THROWS_AS(t.to_vector<float>(), TypeError);
+  CHECK_THROWS_AS(zeros({2}).to_vector<bool>(), TypeError);
+  std::ostringstream os;
+  os << tril(ones({2, 3}, DType::Bool));
+  CHECK(os.str() == "tensor([[ True, False, False],\n        [ True,  True, False]])");
+  std::ostringstream os2;
+  os2 << ones({3}, DType::Bool) << " " << zeros({0}, DType::Bool) << " " << zeros({2, 0}, DType::Bool);
+  CHECK(os2.str() == "tensor([True, True, True]) tensor([], dtype=torch.bool) tensor([], size=(2, 0), dtype=torch.bool)");
+  // npy: '|b1' both ways, any non-zero byte reads as true
+  Tensor m = tril(ones({3, 3}, DType::Bool));
+  const std::string bytes = serialize_npy(m);
+  CHECK(bytes.find("'descr': '|b1'") != std::string::npos);
+  Tensor back = parse_npy(bytes.data(), bytes.size(), "m");
+  CHECK(back.dtype() == DType::Bool);
+  CHECK(back.shape() == Shape{3, 3});
+  CHECK(same_bits(back, m));
+  std::string odd = bytes;
+  odd[odd.size() - 1] = 7;  // the last element (true) stored as 7
+  CHECK(static_cast<const std::uint8_t*>(parse_npy(odd.data(), odd.size(), "odd").raw_data())[8] == 1);
+  // layout ops carry bools
+  CHECK(permute(m, {1, 0}).to_vector<bool>() == triu(ones({3, 3}, DType::Bool)).to_vector<bool>());
+  CHECK(cat({m, m}, 0).shape() == Shape{6, 3});
+  CHECK(transpose(m, 0, 1).to_vector<bool>() == triu(ones({3, 3}, DType::Bool)).to_vector<bool>());
+  // on the sim device
+  CHECK(same_bits(tril(ones({3, 3}, DType::Bool, kSim)), m));
+  CHECK(ones({2}, DType::Bool, kSim).to_vector<bool>() == std::vector<bool>{true, true});
+}
+
+TEST_CASE("tril and triu: PyTorch's diagonals, batches, dtypes, gradients") {
+  Tensor x = arange(12).reshape({3, 4});
+  CHECK(tril(x).to_vector<float>() == std::vector<float>{0, 0, 0, 0, 4, 5, 0, 0, 8, 9, 10, 0});
+  CHECK(tril(x, 1).to_vector<float>() == std::vector<float>{0, 1, 0, 0, 4, 5, 6, 0, 8, 9, 10, 11});
+  CHECK(tril(x, -1).to_vector<float>() == std::vector<float>{0, 0, 0, 0, 4, 0, 0, 0, 8, 9, 0, 0});
+  CHECK(triu(x).to_vector<float>() == std::vector<float>{0, 1, 2, 3, 0, 5, 6, 7, 0, 0, 10, 11});
+  CHECK(triu(x, 2).to_vector<float>() == std::vector<float>{0, 0, 2, 3, 0, 0, 0, 7, 0, 0, 0, 0});
+  CHECK(triu(x, -1).to_vector<float>() == std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 0, 9, 10, 11});
+  CHECK(tril(x, 10).to_vector<float>() == x.to_vector<float>());
+  CHECK(triu(x, -10).to_vector<float>() == x.to_vector<float>());
+  CHECK(tril(x, -10).to_vector<float>() == std::vector<float>(12, 0.f));
+  // a batch: every matrix the same triangle
+  Tensor b = tril(ones({2, 2, 3, 3}));
+  const auto bv = b.to_vector<float>();
+  for (int m = 0; m < 4; ++m)
+    CHECK(std::vector<float>(bv.begin() + m * 9, bv.begin() + m * 9 + 9) ==
+          std::vector<float>{1, 0, 0, 1, 1, 0, 1, 1, 1});
+  Tensor i = tensor(std::vector<std::int64_t>{1, 2, 3, 4}, {2, 2});
+  CHECK(triu(i).to_vector<std::int64_t>() == std::vector<std::int64_t>{1, 2, 0, 4});
+  // NaN outside the triangle becomes 0, as in PyTorch
+  Tensor n = full({2, 2}, std::nan(""));
+  CHECK(tril(n).to_vector<float>()[1] == 0.f);
+  for (std::int64_t d : {-1, 0, 2}) {
+    gradcheck([d](auto& in) { return tril(in[0], d); }, {away_from_zero({2, 3, 4}, 50)});
+    gradcheck([d](auto& in) { return triu(in[0], d); }, {away_from_zero({3, 4}, 51)});
+  }
+  CHECK_THROWS_WITH_AS(tril(zeros({3})), "tril: the input [3] has fewer than 2 dims; it works on the last two (matrices)",
+                       ShapeError);
+  CHECK_THROWS_AS(triu(Tensor()), ValueError);
+}
+
+TEST_CASE("masked_fill: values, broadcast masks, gradients zero where masked") {
+  Tensor x = arange(6).reshape({2, 3});
+  Tensor m = triu(ones({2, 3}, DType::Bool), 1);  // [[F, T, T], [F, F, T]]
+  CHECK(masked_fill(x, m, -1.f).to_vector<float>() == std::vector<float>{0, -1, -1, 3, 4, -1});
+  // a row mask (suffix broadcast) and a column mask (expanded)
+  Tensor row = permute(triu(ones({3, 1}, DType::Bool), 0), {1, 0});  // [[T, F, F]]
+  CHECK(masked_fill(x, row, 9.f).to_vector<float>() == std::vector<float>{9, 1, 2, 9, 4, 5});
+  Tensor col = narrow(tril(ones({2, 2}, DType::Bool)), 1, 1, 1);  // [[F], [T]]
+  CHECK(col.shape() == Shape{2, 1});
+  CHECK(masked_fill(x, col, 7.f).to_vector<float>() == std::vector<float>{0, 1, 2, 7, 7, 7});
+  CHECK(masked_fill(x, ones({}, DType::Bool), 2.f).to_vector<float>() == std::vector<float>(6, 2.f));
+  // the attention pattern: a causal [T, T] mask over [B, H, T, T] scores, filled with -inf
+  const std::int64_t T = 5;
+  Tensor scores = away_from_zero({2, 3, T, T}, 52);
+  Tensor causal = triu(ones({T, T}, DType::Bool), 1);
+  const auto f = masked_fill(scores, causal, -INFINITY).to_vector<float>(), s = scores.to_vector<float>();
+  for (std::int64_t k = 0; k < 6 * T * T; ++k) {
+    const std::int64_t i = (k / T) % T, j = k % T;
+    if (j > i)
+      CHECK(std::isinf(f[k]));
+    else
+      CHECK(f[k] == s[k]);
+  }
+  // the mask broadcast over a middle dim: [B, 1, 1, T] (padding) over [B, H, T, T]
+  Tensor pad = cat({zeros({2, 1, 1, 3}, DType::Bool), ones({2, 1, 1, 2}, DType::Bool)}, 3);
+  const auto pf = masked_fill(scores, pad, 0.f).to_vector<float>();
+  for (std::int64_t k = 0; k < 6 * T * T; ++k) CHECK(pf[k] == (k % T >= 3 ? 0.f : s[k]));
+  gradcheck([m](auto& in) { return masked_fill(in[0], m, 3.f); }, {away_from_zero({2, 3}, 53)});
+  gradcheck([col](auto& in) { return masked_fill(in[0], col, 3.f); }, {away_from_zero({2, 3}, 54)});
+  gradcheck([pad](auto& in) { return masked_fill(in[0], pad, 0.f); }, {away_from_zero({2, 2, 3, 5}, 55)});
+  Tensor g = away_from_zero({2, 3}, 56).requires_grad_();
+  sum(masked_fill(g, m, 5.f)).backward();
+  CHECK(g.grad().to_vector<float>() == std::vector<float>{1, 0, 0, 1, 1, 0});
+}
+
+TEST_CASE("masked_fill: bad masks") {
+  CHECK_THROWS_WITH_AS(masked_fill(zeros({2, 3}), ones({3, 3}, DType::Bool), 0.f),
+                       "masked_fill: the mask [3, 3] does not broadcast to the input [2, 3]", ShapeError);
+  CHECK_THROWS_WITH_AS(masked_fill(zeros({3}), ones({2, 3}, DType::Bool), 0.f),
+                       "masked_fill: the mask [2, 3] does not broadcast to the input [3]", ShapeError);
+  CHECK_THROWS_WITH_AS(masked_fill(zeros({2, 3}), ones({2, 3}), 0.f),
+                       doctest::Contains("masked_fill: the mask must be bool, got float32 [2, 3]"), TypeError);
+  CHECK_THROWS_AS(masked_fill(zeros({2}, DType::Int64), ones({2}, DType::Bool), 0.f), TypeError);
+  CHECK_THROWS_AS(masked_fill(zeros({2}), ones({2}, DType::Bool, kSim), 0.f), TypeError);
+}
+
+TEST_CASE("masks on the sim device equal the CPU bit for bit") {
+  Tensor causal = triu(ones({4, 4}, DType::Bool), 1);
+  same_on_sim([](auto& in) { return masked_fill(in[0], in[1], -INFINITY); }, {away_from_zero({2, 4, 4}, 60), causal});
+  Tensor col = narrow(tril(ones({2, 2}, DType::Bool)), 1, 1, 1);
+  same_on_sim([](auto& in) { return masked_fill(in[0], in[1], 1.f); }, {away_from_zero({2, 3}, 61), col});
+  same_on_sim([](auto& in) { return tril(in[0], -1); }, {away_from_zero({2, 3, 4}, 62)});
+  same_on_sim([](auto& in) { return triu(in[0], 1); }, {away_from_zero({4, 3}, 63)});
+}
+
+TEST_CASE("the kernel boundary refuses layouts that leave their tensors") {
+  DeviceKernels& k = kernels_for(Device::cpu());
+  Tensor src = zeros({6}), dst = zeros({6});
+  StridedLayout l;
+  l.ndim = 2;
+  l.sizes[0] = 2;
+  l.sizes[1] = 3;
+  l.src_strides[0] = 3;
+  l.src_strides[1] = 1;
+  l.dst_strides[0] = 4;  // reaches element 4 + 2 = 6 of a 6-element dst
+  l.dst_strides[1] = 1;
+  CHECK_THROWS_WITH_AS(k.strided_copy(src, l, dst), doctest::Contains("reaches past the end of dst"), InternalError);
+  l.dst_strides[0] = 3;
+  k.strided_copy(src, l, dst);  // fits
+  Tensor bad_dtype = zeros({6}, DType::Int64);
+  CHECK_THROWS_AS(k.strided_copy(src, l, bad_dtype), InternalError);
+  Tensor x = zeros({6});
+  CHECK_THROWS_AS(k.masked_fill(x, ones({4}, DType::Bool), 0.f, x), InternalError);
+  CHECK_THROWS_AS(k.masked_fill(x, ones({3}), 0.f, x), InternalError);
+  CHECK_THROWS_AS(k.triangle(x, 4, 4, 0, false, x), InternalError);
+}
+
+// ---------------------------------------------------------------- PyTorch 1.13 parity
+
+TEST_CASE("PyTorch 1.13 parity: matmul, permute, cat, split, masked_fill, tril/triu (within 1e-5)") {
+  // made by scripts/fixtures/transformer_ops.py
+  const TensorMap f = load_npz(std::string(PHALANX_FIXTURES) + "/transformer_ops_parity.npz");
+  for (int i = 0; f.contains("mm" + std::to_string(i) + ".a"); ++i) {
+    const std::string p = "mm" + std::to_string(i) + ".";
+    CAPTURE(p);
+    Tensor a = f.at(p + "a").clone().requires_grad_(), b = f.at(p + "b").clone().requires_grad_();
+    Tensor y = matmul(a, b);
+    check_close(y, f.at(p + "out"));
+    y.backward(f.at(p + "gy"));
+    check_close(a.grad(), f.at(p + "ga"));
+    check_close(b.grad(), f.at(p + "gb"));
+  }
+  for (int i = 0; f.contains("perm" + std::to_string(i) + ".x"); ++i) {
+    const std::string p = "perm" + std::to_string(i) + ".";
+    CAPTURE(p);
+    Tensor x = f.at(p + "x").clone().requires_grad_();
+    Tensor y = permute(x, f.at(p + "dims").to_vector<std::int64_t>());
+    CHECK(same_bits(y, f.at(p + "out")));
+    y.backward(f.at(p + "gy"));
+    CHECK(same_bits(x.grad(), f.at(p + "gx")));
+  }
+  {
+    std::vector<Tensor> xs;
+    for (int j = 0; j < 3; ++j) xs.push_back(f.at("cat.x" + std::to_string(j)).clone().requires_grad_());
+    Tensor y = cat(xs, f.at("cat.dim").item_int());
+    CHECK(same_bits(y, f.at("cat.out")));
+    y.backward(f.at("cat.gy"));
+    for (int j = 0; j < 3; ++j) CHECK(same_bits(xs[j].grad(), f.at("cat.gx" + std::to_string(j))));
+  }
+  {
+    Tensor x = f.at("split.x").clone().requires_grad_();
+    auto parts = split(x, f.at("split.sizes").to_vector<std::int64_t>(), f.at("split.dim").item_int());
+    REQUIRE(parts.size() == 3);
+    Tensor loss;
+    for (int j = 0; j < 3; ++j) {
+      CHECK(same_bits(parts[j], f.at("split.out" + std::to_string(j))));
+      Tensor term = sum(mul(parts[j], f.at("split.gy" + std::to_string(j))));
+      loss = j ? add(loss, term) : term;
+    }
+    loss.backward();
+    check_close(x.grad(), f.at("split.gx"));
+  }
+  {
+    Tensor x = f.at("mf.x").clone().requires_grad_();
+    const Tensor& mask = f.at("mf.mask");
+    CHECK(mask.dtype() == DType::Bool);
+    Tensor y = masked_fill(x, mask, -1e9f);
+    CHECK(same_bits(y, f.at("mf.out")));
+    y.backward(f.at("mf.gy"));
+    CHECK(same_bits(x.grad(), f.at("mf.gx")));
+  }
+  {
+    Tensor x = f.at("tri.x").clone().requires_grad_();
+    for (int d : {-1, 0, 1}) {
+      CAPTURE(d);
+      CHECK(same_bits(tril(x, d), f.at("tril" + std::to_string(d))));
+      CHECK(same_bits(triu(x, d), f.at("triu" + std::to_string(d))));
+    }
+    tril(x, 1).backward(f.at("tri.gy"));
+    CHECK(same_bits(x.grad(), f.at("trilgx1")));
+  }
 }

@@ -1,16 +1,31 @@
 #include "cpu/cpu_allocator.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <new>
 
 #include "phalanx/core/env.hpp"
+#include "phalanx/core/memory_stats.hpp"
 
 namespace phalanx {
 
 namespace {
 constexpr std::size_t kAlign = 64;  // a cache line: full-width SIMD loads, no false sharing
+// cpu_memory_stats(): relaxed atomics, two per allocation (no lock on the allocation path).
+std::atomic<std::size_t> g_allocated{0}, g_peak{0};
+void count_allocation(std::size_t bytes) {
+  const std::size_t now = g_allocated.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  std::size_t peak = g_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
 }
+}  // namespace
+
+MemoryStats cpu_memory_stats() {
+  return {g_allocated.load(std::memory_order_relaxed), g_peak.load(std::memory_order_relaxed)};
+}
+void reset_cpu_peak_memory() { g_peak.store(g_allocated.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 // A caching allocator: a training step frees and re-allocates the same sizes every step
 // (activations, gradients), and glibc answers large requests with mmap/munmap and
@@ -63,16 +78,22 @@ std::size_t round_up(std::size_t nbytes) {
 
 void* CpuAllocator::allocate(std::size_t nbytes) {
   const std::size_t rounded = round_up(nbytes);
-  if (void* p = cache_.take(rounded)) return p;
+  if (void* p = cache_.take(rounded)) {
+    count_allocation(rounded);
+    return p;
+  }
   void* p = std::aligned_alloc(kAlign, rounded);
   if (!p) {
     cache_.release_all();  // give cached blocks back and try once more
     p = std::aligned_alloc(kAlign, rounded);
     if (!p) throw std::bad_alloc();
   }
+  count_allocation(rounded);
   return p;
 }
 void CpuAllocator::deallocate(void* p, std::size_t nbytes) {
-  if (!cache_.give(p, round_up(nbytes))) std::free(p);
+  const std::size_t rounded = round_up(nbytes);
+  g_allocated.fetch_sub(rounded, std::memory_order_relaxed);
+  if (!cache_.give(p, rounded)) std::free(p);
 }
 }  // namespace phalanx

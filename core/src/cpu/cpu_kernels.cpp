@@ -39,6 +39,8 @@ void CpuKernels::fill(Tensor& out, double value) {
   } else if (out.dtype() == DType::Int64) {
     auto* p = out.data<std::int64_t>();
     std::fill(p, p + n, static_cast<std::int64_t>(value));
+  } else if (out.dtype() == DType::Bool) {  // PyTorch: any non-zero value (NaN too) is true
+    std::memset(out.raw_data(), value != 0.0 ? 1 : 0, static_cast<std::size_t>(n));
   } else {  // float16 / bfloat16: one 2-byte pattern per element, rounded as convert() does
     const float v = static_cast<float>(value);
     const std::uint16_t bits = out.dtype() == DType::Float16 ? float_to_fp16(v) : float_to_bf16(v);
@@ -154,25 +156,26 @@ void CpuKernels::broadcast_rows(const Tensor& row, Tensor& out) {
 
 void CpuKernels::transpose(const Tensor& in, int d0, int d1, Tensor& out) {
   const Shape& s = in.shape();
-  const std::size_t esz = element_size(in.dtype());
-  const auto* src = static_cast<const char*>(in.raw_data());
-  auto* dst = static_cast<char*>(out.raw_data());
   if (d0 > d1) std::swap(d0, d1);
-  // View as [A, n0, B, n1, C] and write [A, n1, B, n0, C].
+  // View as [A, n0, B, n1, C] and write [A, n1, B, n0, C]: one strided copy (cpu_layout.cpp),
+  // whose tiled path serves the swaps of the last dim (k^T in attention) that a copy of C
+  // elements at a time made one call per element.
   std::int64_t A = 1, B = 1, C = 1;
   for (int i = 0; i < d0; ++i) A *= s[i];
   for (int i = d0 + 1; i < d1; ++i) B *= s[i];
   for (std::size_t i = d1 + 1; i < s.size(); ++i) C *= s[i];
   const std::int64_t n0 = s[d0], n1 = s[d1];
-  const std::size_t cb = C * esz;
-  for (std::int64_t a = 0; a < A; ++a)
-    for (std::int64_t i1 = 0; i1 < n1; ++i1)
-      for (std::int64_t b = 0; b < B; ++b)
-        for (std::int64_t i0 = 0; i0 < n0; ++i0) {
-          const std::int64_t src_idx = (((a * n0 + i0) * B + b) * n1 + i1) * C;
-          const std::int64_t dst_idx = (((a * n1 + i1) * B + b) * n0 + i0) * C;
-          std::memcpy(dst + dst_idx * esz, src + src_idx * esz, cb);
-        }
+  StridedLayout l;
+  l.ndim = 5;
+  const std::int64_t sizes[5] = {A, n1, B, n0, C};
+  const std::int64_t src[5] = {n0 * B * n1 * C, C, n1 * C, B * n1 * C, 1};
+  const std::int64_t dst[5] = {n1 * B * n0 * C, B * n0 * C, n0 * C, C, 1};
+  for (int i = 0; i < 5; ++i) {
+    l.sizes[i] = sizes[i];
+    l.src_strides[i] = src[i];
+    l.dst_strides[i] = dst[i];
+  }
+  strided_copy(in, l, out);
 }
 
 void CpuKernels::log_softmax(const Tensor& x, std::int64_t outer, std::int64_t d,

@@ -84,7 +84,17 @@ class CpuKernels final : public DeviceKernels {
   // ---- end normalisation, embedding, argmax, clamp ----
   // ---- layout and masks (cpu_layout.cpp) ----
   void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) override;
+  void masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) override;
+  void triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal, bool upper,
+                Tensor& out) override;
   // ---- end layout and masks ----
+  // ---- attention (cpu_attention.cpp) ----
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                         const AttentionParams& p, Tensor& out, Tensor& lse) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                          const Tensor& out, const Tensor& lse, const Tensor& grad_out, const AttentionParams& p,
+                          Tensor& grad_q, Tensor& grad_k, Tensor& grad_v) override;
+  // ---- end attention ----
   void convert(const Tensor& src, Tensor& dst) override;
   void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer,
                   const SgdUpdate& u) override;

@@ -10,11 +10,24 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define PHALANX_LAYOUT_X86 1
+#endif
+
 #include "cpu/cpu_kernels.hpp"
 
 namespace phalanx {
 
 namespace {
+
+// The memory-bound inner loops are compiled for AVX-512F, AVX2 and baseline x86-64, picked at
+// load time (as cpu_elementwise.cpp's): moves and selects only, the same bits on each.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PHALANX_LAYOUT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PHALANX_LAYOUT_CLONES
+#endif
 
 struct Walk {
   int n = 0;
@@ -109,8 +122,8 @@ void strided_row_bytes(const char* src, char* dst, std::int64_t n, std::int64_t 
 // dst[i * dp + j] = src[i + j * sn] for i < rows, j < cols: src's unit step is along i, dst's
 // along j. Tiles of kTile x kTile keep both sides' cache lines in use.
 template <typename T>
-void tiled_transpose(const char* src, char* dst, std::int64_t rows, std::int64_t cols, std::int64_t sn,
-                     std::int64_t dp) {
+PHALANX_LAYOUT_CLONES void tiled_transpose(const char* src, char* dst, std::int64_t rows, std::int64_t cols,
+                                           std::int64_t sn, std::int64_t dp) {
   constexpr std::int64_t kTile = 16;
   const T* s = reinterpret_cast<const T*>(src);
   T* d = reinterpret_cast<T*>(dst);
@@ -123,6 +136,61 @@ void tiled_transpose(const char* src, char* dst, std::int64_t rows, std::int64_t
     }
   }
 }
+
+#ifdef PHALANX_LAYOUT_X86
+// One 8 x 8 block of 4-byte elements through AVX registers: d[l * dp + k] = s[l + k * sn].
+__attribute__((target("avx"))) inline void transpose8x8(const float* s, std::int64_t sn, float* d, std::int64_t dp) {
+  const __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + sn), r2 = _mm256_loadu_ps(s + 2 * sn),
+               r3 = _mm256_loadu_ps(s + 3 * sn), r4 = _mm256_loadu_ps(s + 4 * sn), r5 = _mm256_loadu_ps(s + 5 * sn),
+               r6 = _mm256_loadu_ps(s + 6 * sn), r7 = _mm256_loadu_ps(s + 7 * sn);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+               t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+               t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
+               u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)),
+               u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)), u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2)),
+               u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)), u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(d + dp, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(d + 2 * dp, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(d + 3 * dp, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(d + 4 * dp, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(d + 5 * dp, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(d + 6 * dp, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(d + 7 * dp, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+// tiled_transpose for 4-byte elements with 8 x 8 register blocks (about 3x the scalar tiles
+// when the data is in cache); the edges of a tile that are not whole blocks stay scalar.
+// Pure moves: the same bits as the scalar path.
+__attribute__((target("avx"))) void tiled_transpose32_avx(const char* src, char* dst, std::int64_t rows,
+                                                         std::int64_t cols, std::int64_t sn, std::int64_t dp) {
+  constexpr std::int64_t kTile = 16;
+  // float lanes only carry the bits (no arithmetic): any 4-byte element goes through them
+  const float* s = reinterpret_cast<const float*>(src);
+  float* d = reinterpret_cast<float*>(dst);
+  for (std::int64_t i0 = 0; i0 < rows; i0 += kTile) {
+    const std::int64_t i1 = std::min(rows, i0 + kTile);
+    for (std::int64_t j0 = 0; j0 < cols; j0 += kTile) {
+      const std::int64_t j1 = std::min(cols, j0 + kTile);
+      std::int64_t i = i0;
+      for (; i + 8 <= i1; i += 8) {
+        std::int64_t j = j0;
+        for (; j + 8 <= j1; j += 8) transpose8x8(s + i + j * sn, sn, d + i * dp + j, dp);
+        for (std::int64_t ii = i; ii < i + 8; ++ii)
+          for (std::int64_t jj = j; jj < j1; ++jj) std::memcpy(d + ii * dp + jj, s + ii + jj * sn, 4);
+      }
+      for (; i < i1; ++i)
+        for (std::int64_t j = j0; j < j1; ++j) std::memcpy(d + i * dp + j, s + i + j * sn, 4);
+    }
+  }
+}
+
+bool have_avx() {
+  static const bool yes = __builtin_cpu_supports("avx");
+  return yes;
+}
+#endif
 
 }  // namespace
 
@@ -141,8 +209,8 @@ void CpuKernels::strided_copy(const Tensor& src, const StridedLayout& l, Tensor&
   int outer_dims[kMaxLayoutDims];
   const std::int64_t n = w.size[inner];
   if (w.ss[inner] == 1 && w.ds[inner] == 1) {  // contiguous rows
-    for (int i = 0; i < inner; ++i) outer_dims[i] = i;
     const std::size_t row = static_cast<std::size_t>(n) * es;
+    for (int i = 0; i < inner; ++i) outer_dims[i] = i;
     odometer(w, outer_dims, inner, es, s, o, [row](const char* a, char* b) { std::memcpy(b, a, row); });
     return;
   }
@@ -160,7 +228,11 @@ void CpuKernels::strided_copy(const Tensor& src, const StridedLayout& l, Tensor&
       switch (es) {
         case 1: return tiled_transpose<std::uint8_t>(a, b, rows, n, sn, dp);
         case 2: return tiled_transpose<std::uint16_t>(a, b, rows, n, sn, dp);
-        case 4: return tiled_transpose<std::uint32_t>(a, b, rows, n, sn, dp);
+        case 4:
+#ifdef PHALANX_LAYOUT_X86
+          if (have_avx()) return tiled_transpose32_avx(a, b, rows, n, sn, dp);
+#endif
+          return tiled_transpose<std::uint32_t>(a, b, rows, n, sn, dp);
         default: return tiled_transpose<std::uint64_t>(a, b, rows, n, sn, dp);
       }
     });
@@ -170,6 +242,65 @@ void CpuKernels::strided_copy(const Tensor& src, const StridedLayout& l, Tensor&
   const std::int64_t ss = w.ss[inner], ds = w.ds[inner];
   odometer(w, outer_dims, inner, es, s, o,
            [&](const char* a, char* b) { strided_row_bytes(a, b, n, ss, ds, es); });
+}
+
+namespace {
+PHALANX_LAYOUT_CLONES
+void masked_fill_rows(const float* x, const std::uint8_t* __restrict m, float value, float* o, std::int64_t n,
+                      std::int64_t p) {
+  for (std::int64_t base = 0; base < n; base += p) {  // a select the compiler vectorises
+    const float* xs = x + base;
+    float* os = o + base;
+    for (std::int64_t j = 0; j < p; ++j) os[j] = m[j] ? value : xs[j];
+  }
+}
+}  // namespace
+
+void CpuKernels::masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) {
+  const std::int64_t n = x.numel(), p = mask.numel();
+  if (n == 0) return;
+  masked_fill_rows(x.data<float>(), static_cast<const std::uint8_t*>(mask.raw_data()), value, out.data<float>(), n, p);
+}
+
+namespace {
+template <typename T>
+void triangle_rows(const T* x, T* o, std::int64_t batch, std::int64_t rows, std::int64_t cols,
+                   std::int64_t diagonal, bool upper) {
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const T* xr = x + (b * rows + i) * cols;
+      T* orow = o + (b * rows + i) * cols;
+      // lower keeps j <= i + diagonal, upper keeps j >= i + diagonal
+      const std::int64_t edge = std::clamp<std::int64_t>(i + diagonal + (upper ? 0 : 1), 0, cols);
+      const std::int64_t keep_from = upper ? edge : 0, keep_to = upper ? cols : edge;
+      for (std::int64_t j = 0; j < keep_from; ++j) orow[j] = T{};
+      if (o != x)
+        for (std::int64_t j = keep_from; j < keep_to; ++j) orow[j] = xr[j];
+      for (std::int64_t j = keep_to; j < cols; ++j) orow[j] = T{};
+    }
+}
+}  // namespace
+
+void CpuKernels::triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal, bool upper,
+                          Tensor& out) {
+  if (x.numel() == 0) return;
+  const std::int64_t batch = x.numel() / (rows * cols);
+  const void* s = x.raw_data();
+  void* o = out.raw_data();
+  switch (element_size(x.dtype())) {
+    case 1:
+      return triangle_rows(static_cast<const std::uint8_t*>(s), static_cast<std::uint8_t*>(o), batch, rows, cols,
+                           diagonal, upper);
+    case 2:
+      return triangle_rows(static_cast<const std::uint16_t*>(s), static_cast<std::uint16_t*>(o), batch, rows, cols,
+                           diagonal, upper);
+    case 4:
+      return triangle_rows(static_cast<const std::uint32_t*>(s), static_cast<std::uint32_t*>(o), batch, rows, cols,
+                           diagonal, upper);
+    default:
+      return triangle_rows(static_cast<const std::uint64_t*>(s), static_cast<std::uint64_t*>(o), batch, rows, cols,
+                           diagonal, upper);
+  }
 }
 
 }  // namespace phalanx

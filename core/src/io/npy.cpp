@@ -166,14 +166,24 @@ Tensor parse_npy(const void* bytes, std::size_t size, const std::string& what) {
     }
     return t;
   }
-  bad(what, "unsupported dtype '" + descr + "' (supported: <f4, <f2, <f8, <i8, <i4, |u1, |i1)");
+  if (descr == "|b1") {  // numpy's bool: one byte each; any non-zero byte is true
+    need(1);
+    Tensor t = Tensor::empty(shape, DType::Bool);
+    auto* o = static_cast<std::uint8_t*>(t.raw_data());
+    for (std::int64_t i = 0; i < n; ++i) o[i] = data[i] != 0;
+    return t;
+  }
+  bad(what, "unsupported dtype '" + descr + "' (supported: <f4, <f2, <f8, <i8, <i4, |u1, |i1, |b1)");
 }
 
 std::string serialize_npy(const Tensor& t) {
   const Tensor host = t.to(Device::cpu());
   if (host.dtype() == DType::BFloat16)
     throw TypeError("save_npy: NumPy has no bfloat16; convert to float32 first");
-  const char* descr = host.dtype() == DType::Float32 ? "<f4" : host.dtype() == DType::Float16 ? "<f2" : "<i8";
+  const char* descr = host.dtype() == DType::Float32   ? "<f4"
+                      : host.dtype() == DType::Float16 ? "<f2"
+                      : host.dtype() == DType::Bool    ? "|b1"
+                                                       : "<i8";
   std::string shape = "(";
   for (std::size_t i = 0; i < host.shape().size(); ++i)
     shape += std::to_string(host.shape()[i]) + (host.shape().size() == 1 ? "," : i + 1 < host.shape().size() ? ", " : "");
@@ -201,7 +211,7 @@ std::size_t descr_size(const std::string& d) {
   if (d == "<f8" || d == "<i8" || d == "<u8") return 8;
   if (d == "<f4" || d == "<i4") return 4;
   if (d == "<f2") return 2;
-  if (d == "|u1" || d == "|i1") return 1;
+  if (d == "|u1" || d == "|i1" || d == "|b1") return 1;
   return 0;
 }
 

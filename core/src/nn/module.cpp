@@ -27,18 +27,39 @@ Tensor Module::register_buffer(const std::string& name, Tensor t) {
   return buffers_.back().second;
 }
 
-void Module::collect(const std::string& prefix, bool buffers,
-                     std::vector<std::pair<std::string, Tensor>>& out) const {
-  for (const auto& [name, t] : buffers ? buffers_ : params_)
-    if (t.defined()) out.emplace_back(prefix + name, t);
-  // An unnamed child (a wrapper's inner module) contributes under the parent's own prefix.
-  for (const auto& [name, child] : children_)
-    child->collect(name.empty() ? prefix : prefix + name + ".", buffers, out);
+Tensor Module::replace_parameter(const std::string& name, const Tensor& t) {
+  for (auto& [n, p] : params_) {
+    if (n != name) continue;
+    if (!t.defined()) throw ValueError("replace_parameter('" + name + "'): the tensor is undefined");
+    if (p.defined() && p.shape() != t.shape())
+      throw ShapeError("replace_parameter('" + name + "'): the tensor has shape " + shape_str(t.shape()) +
+                       " but the parameter has " + shape_str(p.shape()));
+    if (p.defined() && p.dtype() != t.dtype())
+      throw TypeError("replace_parameter('" + name + "'): the tensor is " + dtype_name(t.dtype()) +
+                      " but the parameter is " + dtype_name(p.dtype()));
+    if (!t.requires_grad()) Tensor(t).requires_grad_(true);
+    p = t;
+    return t;
+  }
+  std::string have;
+  for (const auto& [n, p] : params_) have += (have.empty() ? "" : ", ") + n;
+  throw ValueError(short_type_name(typeid(*this)) + " has no parameter '" + name + "' to replace (it has: " +
+                   (have.empty() ? std::string("none") : have) + ")");
 }
 
-std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+void Module::collect(const std::string& prefix, bool buffers, std::vector<std::pair<std::string, Tensor>>& out,
+                     std::set<const TensorImpl*>* seen) const {
+  for (const auto& [name, t] : buffers ? buffers_ : params_)
+    if (t.defined() && (!seen || seen->insert(t.impl()).second)) out.emplace_back(prefix + name, t);
+  // An unnamed child (a wrapper's inner module) contributes under the parent's own prefix.
+  for (const auto& [name, child] : children_)
+    child->collect(name.empty() ? prefix : prefix + name + ".", buffers, out, seen);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool remove_duplicate) const {
   std::vector<std::pair<std::string, Tensor>> out;
-  collect("", false, out);
+  std::set<const TensorImpl*> seen;
+  collect("", false, out, remove_duplicate ? &seen : nullptr);
   return out;
 }
 
@@ -48,22 +69,24 @@ std::vector<Tensor> Module::parameters() const {
   return out;
 }
 
-std::vector<std::pair<std::string, Tensor>> Module::named_buffers() const {
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool remove_duplicate) const {
   std::vector<std::pair<std::string, Tensor>> out;
-  collect("", true, out);
+  std::set<const TensorImpl*> seen;
+  collect("", true, out, remove_duplicate ? &seen : nullptr);
   return out;
 }
 
 TensorMap Module::state_dict() const {
   TensorMap m;
-  for (auto& [n, t] : named_parameters()) m.set(n, t.detach());
-  for (auto& [n, t] : named_buffers()) m.set(n, t.detach());
+  for (auto& [n, t] : named_parameters(false)) m.set(n, t.detach());
+  for (auto& [n, t] : named_buffers(false)) m.set(n, t.detach());
   return m;
 }
 
 void Module::load_state_dict(const TensorMap& state, bool strict) {
-  auto entries = named_parameters();
-  auto bufs = named_buffers();
+  // Every name, a tied tensor's included: PyTorch's strict load wants each of them.
+  auto entries = named_parameters(false);
+  auto bufs = named_buffers(false);
   entries.insert(entries.end(), bufs.begin(), bufs.end());
   std::set<std::string> expected;
   std::string missing;

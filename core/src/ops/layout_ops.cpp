@@ -1,12 +1,12 @@
-// The transformer's layout ops: permute, contiguous, cat, stack, split, chunk. Each is one or
-// a few calls of the device's strided_copy (kernels.hpp, "layout and masks"); a slice along
-// dim 0 (or any slice that is one block of memory) is a view, as narrow's is. Phalanx tensors
-// are always contiguous, so permute materialises its result and contiguous() is the identity
-// (docs/transformer_ops.md).
+// The transformer's layout and mask ops: permute, contiguous, cat, stack, split, chunk,
+// masked_fill, tril/triu. The layout ops are each one or a few calls of the device's
+// strided_copy (kernels.hpp, "layout and masks"); a slice along dim 0 (or any slice that is
+// one block of memory) is a view, as narrow's is. Phalanx tensors are always contiguous, so
+// permute materialises its result and contiguous() is the identity (docs/transformer_ops.md).
 #include <algorithm>
-#include <numeric>
 
 #include "ops/op_support.hpp"
+#include "phalanx/core/creation.hpp"
 #include "phalanx/core/ops.hpp"
 
 namespace phalanx {
@@ -131,44 +131,76 @@ Slab slab_of(const Shape& s, int dim) {
   return b;
 }
 
-class SliceBackward final : public Node {
+// split's backward. The pieces of one split are one op with several outputs, which the tape
+// (one output per node) does not have; summing one full-size gradient per piece would cost a
+// zero fill and an add of the whole input per piece. Instead each piece's node copies its
+// gradient into its slot of one shared buffer and sends a one-element token on to a join node;
+// the join runs once every piece of this pass has (the engine counts it as their dependant),
+// zeroes the slots no gradient reached, and passes the buffer on as the input's gradient.
+struct SplitGrad {
+  Shape in;
+  Slab b;
+  std::vector<std::int64_t> starts, lens;
+  Tensor buf;                  // the input's gradient being assembled in this pass
+  std::vector<char> written;   // which slots a piece has filled in this pass
+};
+
+class SplitJoinBackward final : public Node {
  public:
-  SliceBackward(Shape in, Slab b, std::int64_t start, std::int64_t len)
-      : in_(std::move(in)), b_(b), start_(start), len_(len) {}
-  std::vector<Tensor> apply(const Tensor& g) override {
-    Tensor gx = Tensor::empty(in_, g.dtype(), g.device());
-    kernels_for(g.device()).fill(gx, 0.0);
-    copy_slab(g, gx, b_.outer, b_.d, b_.inner, start_, len_, false, "split");
+  explicit SplitJoinBackward(std::shared_ptr<SplitGrad> s) : s_(std::move(s)) {}
+  std::vector<Tensor> apply(const Tensor&) override {
+    SplitGrad& s = *s_;
+    Tensor gx = std::move(s.buf);
+    s.buf = Tensor();
+    for (std::size_t i = 0; i < s.lens.size(); ++i)
+      if (!s.written[i] && s.lens[i] > 0) {  // no gradient reached this piece: zeros, broadcast from one
+        const Tensor zero = zeros({1}, gx.dtype(), gx.device());
+        const std::vector<std::int64_t> sizes{s.b.outer, s.lens[i] * s.b.inner}, none{0, 0},
+            full{s.b.d * s.b.inner, 1};
+        kernels_for(gx.device())
+            .strided_copy(zero, make_layout(sizes, none, full, 0, s.starts[i] * s.b.inner, "split", s.in), gx);
+      }
+    std::fill(s.written.begin(), s.written.end(), 0);
     return {gx};
+  }
+  const char* name() const override { return "SplitBackward"; }
+  void release_saved() override { s_->buf = Tensor(); }
+
+ private:
+  std::shared_ptr<SplitGrad> s_;
+};
+
+class SplitPieceBackward final : public Node {
+ public:
+  SplitPieceBackward(std::shared_ptr<SplitGrad> s, std::size_t i) : s_(std::move(s)), i_(i) {}
+  std::vector<Tensor> apply(const Tensor& g) override {
+    SplitGrad& s = *s_;
+    if (!s.buf.defined()) {
+      s.buf = Tensor::empty(s.in, g.dtype(), g.device());
+      s.written.assign(s.lens.size(), 0);
+    }
+    copy_slab(g, s.buf, s.b.outer, s.b.d, s.b.inner, s.starts[i_], s.lens[i_], false, "split");
+    s.written[i_] = 1;
+    return {zeros({}, DType::Float32, g.device())};  // the token: "this piece is in"
   }
   const char* name() const override { return "SplitBackward"; }
 
  private:
-  Shape in_;
-  Slab b_;
-  std::int64_t start_, len_;
+  std::shared_ptr<SplitGrad> s_;
+  std::size_t i_;
 };
 
-// Elements [start, start + len) of dim `dim` (validated): a view when they are one block.
-Tensor slice(const Tensor& x, int dim, std::int64_t start, std::int64_t len) {
-  const Slab b = slab_of(x.shape(), dim);
+// Elements [start, start + len) of dim `dim` (validated), without history: a view when they
+// are one block of memory, else a copy.
+Tensor slice(const Tensor& x, int dim, const Slab& b, std::int64_t start, std::int64_t len) {
   Shape os = x.shape();
   os[dim] = len;
-  Tensor out;
   if (b.outer == 1 || len == b.d) {
-    if (len == b.d) {  // the whole dim: the same storage under a new handle with its own history
-      out = Tensor(std::make_shared<TensorImpl>(x.impl()->storage(), x.impl()->byte_offset(), os, x.dtype()));
-    } else {
-      const std::size_t offset = static_cast<std::size_t>(start * b.inner) * element_size(x.dtype());
-      out = Tensor(std::make_shared<TensorImpl>(x.impl()->storage(), x.impl()->byte_offset() + offset, os,
-                                                x.dtype()));
-    }
-  } else {
-    out = Tensor::empty(os, x.dtype(), x.device());
-    copy_slab(x, out, b.outer, b.d, b.inner, start, len, true, "split");
+    const std::size_t offset = static_cast<std::size_t>(start * b.inner) * element_size(x.dtype());
+    return Tensor(std::make_shared<TensorImpl>(x.impl()->storage(), x.impl()->byte_offset() + offset, os, x.dtype()));
   }
-  if (grad_mode_enabled() && x.requires_grad())
-    autograd::record(std::make_shared<SliceBackward>(x.shape(), b, start, len), {&x}, out);
+  Tensor out = Tensor::empty(os, x.dtype(), x.device());
+  copy_slab(x, out, b.outer, b.d, b.inner, start, len, true, "split");
   return out;
 }
 
@@ -203,17 +235,126 @@ int split_dim(const Tensor& x, std::int64_t dim, const char* op) {
 }
 
 std::vector<Tensor> split_sizes(const Tensor& x, const std::vector<std::int64_t>& sizes, int dim) {
+  const Slab b = slab_of(x.shape(), dim);
   std::vector<Tensor> out;
   out.reserve(sizes.size());
+  std::vector<std::int64_t> starts;
   std::int64_t start = 0;
   for (std::int64_t len : sizes) {
-    out.push_back(slice(x, dim, start, len));
+    out.push_back(slice(x, dim, b, start, len));
+    starts.push_back(start);
     start += len;
+  }
+  if (grad_mode_enabled() && x.requires_grad()) {
+    auto s = std::make_shared<SplitGrad>();
+    s->in = x.shape();
+    s->b = b;
+    s->starts = std::move(starts);
+    s->lens = sizes;
+    s->written.assign(sizes.size(), 0);
+    auto join = std::make_shared<SplitJoinBackward>(s);
+    join->next_edges.push_back(autograd::gradient_edge(x));
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      auto piece = std::make_shared<SplitPieceBackward>(s, i);
+      piece->next_edges.push_back(Edge{join});
+      out[i].impl()->ensure_autograd().grad_fn = piece;
+    }
   }
   return out;
 }
 
+// masked_fill's mask as the kernel takes it: one that repeats with its numel as period (it
+// already is one when, leading 1s dropped, it equals x's trailing dims), else expanded to x's
+// shape by one strided copy with step 0 along the broadcast dims.
+Tensor mask_for(const Tensor& mask, const Shape& xs) {
+  const Shape& ms = mask.shape();
+  std::size_t lead = 0;
+  while (lead < ms.size() && ms[lead] == 1) ++lead;
+  if (std::equal(ms.begin() + static_cast<std::ptrdiff_t>(lead), ms.end(),
+                 xs.end() - static_cast<std::ptrdiff_t>(ms.size() - lead)))
+    return mask;
+  Tensor full = Tensor::empty(xs, DType::Bool, mask.device());
+  const auto mst = strides_of(ms);
+  std::vector<std::int64_t> src(xs.size(), 0);
+  const std::size_t off = xs.size() - ms.size();
+  for (std::size_t i = 0; i < ms.size(); ++i) src[off + i] = ms[i] == 1 ? 0 : mst[i];
+  if (full.numel() > 0)
+    kernels_for(mask.device()).strided_copy(mask, make_layout(xs, src, strides_of(xs), 0, 0, "masked_fill", xs), full);
+  return full;
+}
+
+class MaskedFillBackward final : public Node {
+ public:
+  explicit MaskedFillBackward(Tensor mask) : mask_(std::move(mask)) {}
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor gx = empty_like(g);
+    kernels_for(g.device()).masked_fill(g, mask_, 0.f, gx);
+    return {gx};
+  }
+  const char* name() const override { return "MaskedFillBackward"; }
+  void release_saved() override { mask_ = Tensor(); }
+
+ private:
+  Tensor mask_;
+};
+
+class TriangleBackward final : public Node {
+ public:
+  TriangleBackward(std::int64_t diagonal, bool upper) : diagonal_(diagonal), upper_(upper) {}
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor gx = empty_like(g);
+    const Shape& s = g.shape();
+    kernels_for(g.device()).triangle(g, s[s.size() - 2], s.back(), diagonal_, upper_, gx);
+    return {gx};
+  }
+  const char* name() const override { return upper_ ? "TriuBackward" : "TrilBackward"; }
+
+ private:
+  std::int64_t diagonal_;
+  bool upper_;
+};
+
+Tensor triangle(const Tensor& x, std::int64_t diagonal, bool upper) {
+  const char* op = upper ? "triu" : "tril";
+  check_defined(x, op, "input");
+  if (x.dim() < 2)
+    throw ShapeError(detail::concat(op, ": the input ", shape_str(x.shape()),
+                                    " has fewer than 2 dims; it works on the last two (matrices)"));
+  const Shape& s = x.shape();
+  Tensor out = empty_like(x);
+  kernels_for(x.device()).triangle(x, s[s.size() - 2], s.back(), diagonal, upper, out);
+  if (grad_mode_enabled() && x.requires_grad())
+    autograd::record(std::make_shared<TriangleBackward>(diagonal, upper), {&x}, out);
+  return out;
+}
+
 }  // namespace
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
+  check_float(x, "masked_fill", "input");
+  check_defined(mask, "masked_fill", "mask");
+  if (mask.dtype() != DType::Bool)
+    throw TypeError(detail::concat("masked_fill: the mask must be bool, got ", dtype_name(mask.dtype()), " ",
+                                   shape_str(mask.shape()), " (build it with tril(ones(shape, DType::Bool)) or a comparison)"));
+  check_same_device(x, mask, "masked_fill");
+  const Shape &xs = x.shape(), &ms = mask.shape();
+  bool ok = ms.size() <= xs.size();
+  for (std::size_t i = 0; ok && i < ms.size(); ++i) {
+    const std::int64_t m = ms[ms.size() - 1 - i], d = xs[xs.size() - 1 - i];
+    if (m != d && m != 1) ok = false;
+  }
+  if (!ok)
+    throw ShapeError("masked_fill: the mask " + shape_str(ms) + " does not broadcast to the input " + shape_str(xs));
+  const Tensor m = mask_for(mask, xs);
+  Tensor out = empty_like(x);
+  kernels_for(x.device()).masked_fill(x, m, value, out);
+  if (grad_mode_enabled() && x.requires_grad())
+    autograd::record(std::make_shared<MaskedFillBackward>(m), {&x}, out);
+  return out;
+}
+
+Tensor tril(const Tensor& x, std::int64_t diagonal) { return triangle(x, diagonal, false); }
+Tensor triu(const Tensor& x, std::int64_t diagonal) { return triangle(x, diagonal, true); }
 
 Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims) {
   check_defined(x, "permute", "input");

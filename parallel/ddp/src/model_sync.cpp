@@ -106,7 +106,7 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<Tensor>& tensors, i
   NoGradGuard no_grad;
   const Device device = tensors.front().device();
   DeviceKernels& k = kernels_for(device);
-  for (DType dt : {DType::Float32, DType::Int64, DType::Float16, DType::BFloat16}) {  // every dtype: none skipped
+  for (DType dt : {DType::Float32, DType::Int64, DType::Float16, DType::BFloat16, DType::Bool}) {  // every dtype: none skipped
     std::int64_t total = 0;
     for (const auto& t : tensors)
       if (t.dtype() == dt) {

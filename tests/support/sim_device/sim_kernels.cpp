@@ -122,6 +122,15 @@ class SimKernels final : public DeviceKernels {
     Tensor o = host_view(dst, "strided_copy");
     cpu().strided_copy(host_view(src, "strided_copy"), l, o);
   }
+  void masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) override {
+    Tensor o = host_view(out, "masked_fill");
+    cpu().masked_fill(host_view(x, "masked_fill"), host_view(mask, "masked_fill"), value, o);
+  }
+  void triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal, bool upper,
+                Tensor& out) override {
+    Tensor o = host_view(out, "triangle");
+    cpu().triangle(host_view(x, "triangle"), rows, cols, diagonal, upper, o);
+  }
   // ---- end layout and masks ----
 
   void log_softmax(const Tensor& x, std::int64_t outer, std::int64_t d, std::int64_t inner, Tensor& out) override {
@@ -174,6 +183,22 @@ class SimKernels final : public DeviceKernels {
     cpu().fixed_point_to_float(host_view(acc, "fixed_point_to_float"), scale, count, o);
   }
 
+  // ---- attention ----
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                         const AttentionParams& p, Tensor& out, Tensor& lse) override {
+    Tensor o = host_view(out, "attention_forward"), l = host_view(lse, "attention_forward");
+    cpu().attention_forward(host_view(q, "attention_forward"), host_view(k, "attention_forward"),
+                            host_view(v, "attention_forward"), host_view(mask, "attention_forward"), p, o, l);
+  }
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
+                          const Tensor& lse, const Tensor& grad_out, const AttentionParams& p, Tensor& grad_q,
+                          Tensor& grad_k, Tensor& grad_v) override {
+    const char* op = "attention_backward";
+    Tensor gq = host_view(grad_q, op), gk = host_view(grad_k, op), gv = host_view(grad_v, op);
+    cpu().attention_backward(host_view(q, op), host_view(k, op), host_view(v, op), host_view(mask, op),
+                             host_view(out, op), host_view(lse, op), host_view(grad_out, op), p, gq, gk, gv);
+  }
+  // ---- end attention ----
   // ---- normalisation, embedding, argmax, clamp ----
   void batch_norm_stats(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner, Tensor& mean,
                         Tensor& var) override {

@@ -80,6 +80,30 @@ struct StridedLayout {
   std::int64_t src_offset = 0, dst_offset = 0;
 };
 // ---- end layout and masks geometry ----
+// ---- attention geometry ----
+/// One scaled_dot_product_attention call as its kernels see it: `batch` independent heads
+/// (the leading dims flattened, `lead` of them, sizes in lead_sizes), each q [l, e],
+/// k [s, e], v [s, ev] and out [l, ev], contiguous float32. The optional mask (kind) is
+/// read at mask[offset(head) + i * mask_row_stride + j * mask_col_stride], where offset
+/// sums head index * mask_lead_strides over the leading dims (stride 0: broadcast); strides
+/// are in elements. Dropout (p > 0) keeps weight (head, i, j) when the counter-based hash
+/// of (dropout_seed, (head * l + i) * s + j) is >= p (docs/attention.md), scaling kept
+/// weights by 1 / (1 - p).
+enum class AttentionMask : std::uint8_t { None, Float, Bool };
+struct AttentionParams {
+  static constexpr int kMaxLead = 8;
+  std::int64_t batch, l, s, e, ev;
+  float scale;
+  bool causal;  ///< masks j > i (top-left aligned, PyTorch's tril(ones(L, S)))
+  AttentionMask mask_kind;
+  int lead;
+  std::int64_t lead_sizes[kMaxLead];
+  std::int64_t mask_lead_strides[kMaxLead];
+  std::int64_t mask_row_stride, mask_col_stride;
+  float dropout_p;
+  std::uint64_t dropout_seed;
+};
+// ---- end attention geometry ----
 
 class DeviceKernels {
  public:
@@ -236,7 +260,30 @@ class DeviceKernels {
   /// for every index i of l.sizes; src and dst of one dtype (any), not overlapping. Serves
   /// permute, cat, stack, split, chunk and the broadcast of a mask.
   virtual void strided_copy(const Tensor& src, const StridedLayout& l, Tensor& dst) = 0;
+  /// out = value where mask is true, x elsewhere: x and out float32 of one numel (out may be
+  /// x), mask Bool whose numel divides x's and which repeats with its numel as period (the
+  /// suffix broadcasting of binary(); other broadcasts are expanded with strided_copy first).
+  virtual void masked_fill(const Tensor& x, const Tensor& mask, float value, Tensor& out) = 0;
+  /// x (any dtype) viewed as [batch, rows, cols]: out keeps element (i, j) where j - i <=
+  /// diagonal (lower) or j - i >= diagonal (upper) and is zero elsewhere (out may be x).
+  virtual void triangle(const Tensor& x, std::int64_t rows, std::int64_t cols, std::int64_t diagonal,
+                        bool upper, Tensor& out) = 0;
   // ---- end layout and masks ----
+  // ---- attention (CPU: core/src/cpu/cpu_attention.cpp, docs/attention.md) ----
+  /// out [batch, l, ev] = softmax(q k^T * scale + mask, causal) (dropped out) v, and
+  /// lse [batch, l] = the log-sum-exp of each row of the masked, scaled scores (-inf for a
+  /// row whose every score is masked: its output is NaN, as PyTorch's). Never holds an
+  /// l x s matrix.
+  virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                 const AttentionParams& p, Tensor& out, Tensor& lse) = 0;
+  /// FlashAttention-2's backward: recomputes the weights tile by tile from q, k and lse,
+  /// with rowsum(grad_out * out) per row; writes grad_q, grad_k, grad_v (each overwritten;
+  /// one that is undefined is not wanted, though it may still be computed internally).
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                  const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                                  const AttentionParams& p, Tensor& grad_q, Tensor& grad_k,
+                                  Tensor& grad_v) = 0;
+  // ---- end attention ----
 
   /// Checks that every int64 label is in [0, classes); returns the first bad index or -1.
   /// A device table may instead check asynchronously (CUDA: no copy per step): it returns -1

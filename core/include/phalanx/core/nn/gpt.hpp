@@ -16,6 +16,14 @@
 
 namespace phalanx::nn {
 
+class Embedding;
+class Linear;
+class Dropout;
+namespace gpt_internal {
+class Block;
+class LayerNorm;
+}  // namespace gpt_internal
+
 /// nanoGPT's GPTConfig, chainable in libtorch's options style:
 ///   GPTConfig().n_layer(4).n_head(4).n_embd(128).block_size(128)
 struct GPTConfig {
@@ -60,7 +68,16 @@ class GPT : public Module {
   std::string describe() const override;
 
  private:
+  /// ln_f's output [B, T, E] for checked ids.
+  Tensor hidden(const Tensor& idx);
+  /// Throws the one-line errors for ids that forward cannot take.
+  void check_ids(const Tensor& idx) const;
   GPTConfig config_;
+  std::shared_ptr<Embedding> wte_, wpe_;
+  std::shared_ptr<Dropout> drop_;
+  std::vector<std::shared_ptr<gpt_internal::Block>> blocks_;
+  std::shared_ptr<gpt_internal::LayerNorm> ln_f_;
+  std::shared_ptr<Linear> lm_head_;
 };
 
 /// The two AdamW groups nanoGPT configures: weights of Linear layers decay; biases,

@@ -1,6 +1,7 @@
 #pragma once
 // Module: named parameters, buffers and submodules with PyTorch's naming ("0.weight").
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,18 +24,31 @@ class Module {
   /// ("Linear(in_features=64, out_features=10, bias=True)").
   virtual std::string describe() const;
 
-  /// Parameters in registration order, depth first, with dotted names.
-  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  /// Parameters in registration order, depth first, with dotted names. A tensor registered
+  /// under several names (a tied weight: nanoGPT's lm_head.weight is transformer.wte.weight)
+  /// is listed once, under the first name, as PyTorch's remove_duplicate: DDP reduces it
+  /// once, an optimizer steps it once, ZeRO owns it once. remove_duplicate false lists every
+  /// name (what state_dict() stores).
+  std::vector<std::pair<std::string, Tensor>> named_parameters(bool remove_duplicate = true) const;
   std::vector<Tensor> parameters() const;
-  std::vector<std::pair<std::string, Tensor>> named_buffers() const;
+  std::vector<std::pair<std::string, Tensor>> named_buffers(bool remove_duplicate = true) const;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const {
     return children_;
   }
 
   /// Parameters then buffers, sharing storage with the module (like PyTorch's state_dict).
+  /// A tied tensor appears under each of its names, as in PyTorch.
   TensorMap state_dict() const;
-  /// Copies values in. strict: every name must match both ways; shapes always must.
+  /// Copies values in. strict: every name must match both ways (a tied tensor's every name
+  /// too, as PyTorch); shapes always must. A tied tensor given under several names takes the
+  /// value of the last of them in state_dict() order (PyTorch's order).
   void load_state_dict(const TensorMap& state, bool strict = true);
+
+  /// Makes this module's parameter `name` (registered here, not dotted) the tensor `t` itself,
+  /// as PyTorch's `module.weight = other.weight`: the way to tie weights. Shape and dtype must
+  /// match (ShapeError / TypeError); an unknown name is a ValueError. Returns `t`: a layer that
+  /// keeps a handle must take it, `head->weight = head->replace_parameter("weight", emb->weight)`.
+  Tensor replace_parameter(const std::string& name, const Tensor& t);
 
   virtual void train(bool on = true);
   void eval() { train(false); }
@@ -59,8 +73,8 @@ class Module {
   }
 
  private:
-  void collect(const std::string& prefix, bool buffers,
-               std::vector<std::pair<std::string, Tensor>>& out) const;
+  void collect(const std::string& prefix, bool buffers, std::vector<std::pair<std::string, Tensor>>& out,
+               std::set<const TensorImpl*>* seen) const;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

@@ -1,0 +1,160 @@
+// scaled_dot_product_attention (docs/attention.md): checks, the mask's broadcast strides,
+// the dropout seed, and one autograd node whose backward recomputes the weights from the
+// saved per-row log-sum-exp (the kernels are the device table's attention_* entries).
+#include <cmath>
+#include <string>
+
+#include "ops/op_support.hpp"
+#include "phalanx/core/creation.hpp"
+#include "phalanx/core/generator.hpp"
+#include "phalanx/core/ops.hpp"
+
+namespace phalanx {
+
+using namespace ops_detail;
+
+namespace {
+
+constexpr const char* kOp = "scaled_dot_product_attention";
+
+class AttentionBackward final : public Node {
+ public:
+  AttentionBackward(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor out, Tensor lse, const AttentionParams& p)
+      : q_(std::move(q)), k_(std::move(k)), v_(std::move(v)), mask_(std::move(mask)), out_(std::move(out)),
+        lse_(std::move(lse)), p_(p) {}
+  std::vector<Tensor> apply(const Tensor& g) override {
+    Tensor gq, gk, gv;
+    if (needs_grad(*this, 0)) gq = autograd::gradient_buffer(*this, 0, q_.shape(), g.device());
+    if (needs_grad(*this, 1)) gk = autograd::gradient_buffer(*this, 1, k_.shape(), g.device());
+    if (needs_grad(*this, 2)) gv = autograd::gradient_buffer(*this, 2, v_.shape(), g.device());
+    kernels_for(g.device()).attention_backward(q_, k_, v_, mask_, out_, lse_, g, p_, gq, gk, gv);
+    return {gq, gk, gv};
+  }
+  const char* name() const override { return "ScaledDotProductAttentionBackward"; }
+  void release_saved() override {
+    q_ = Tensor();
+    k_ = Tensor();
+    v_ = Tensor();
+    mask_ = Tensor();
+    out_ = Tensor();
+    lse_ = Tensor();
+  }
+
+ private:
+  Tensor q_, k_, v_, mask_, out_, lse_;
+  AttentionParams p_;
+};
+
+std::string shapes(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return "q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape());
+}
+
+/// The mask's kind and its broadcast strides against [lead..., L, S] (right-aligned, each
+/// dim 1 or equal), or a ShapeError naming both shapes.
+void mask_geometry(const Tensor& mask, const Tensor& q, const Shape& scores, AttentionParams& p) {
+  if (mask.dtype() == DType::Float32) {
+    p.mask_kind = AttentionMask::Float;
+  } else {
+    // A Bool mask (true: takes part) is read by the kernels already (AttentionMask::Bool,
+    // one byte per element); accepting it here is all that remains once DType::Bool exists.
+    throw TypeError(detail::concat(kOp, ": attn_mask must be float32 (added to the scores), got ",
+                                   dtype_name(mask.dtype()), " ", shape_str(mask.shape())));
+  }
+  check_same_device(mask, q, kOp);
+  const Shape& ms = mask.shape();
+  const std::size_t nd = scores.size();
+  bool ok = ms.size() <= nd;
+  for (std::size_t i = 0; ok && i < ms.size(); ++i) {
+    const std::int64_t m = ms[ms.size() - 1 - i], s = scores[nd - 1 - i];
+    ok = m == 1 || m == s;
+  }
+  if (!ok)
+    throw ShapeError(detail::concat(kOp, ": attn_mask ", shape_str(ms), " does not broadcast to the scores ",
+                                    shape_str(scores), " ([..., L, S] of q ", shape_str(q.shape()), ")"));
+  // Element strides of the mask (0 where broadcast), aligned to the scores' dims.
+  std::vector<std::int64_t> stride(nd, 0);
+  std::int64_t run = 1;
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const std::size_t md = ms.size() - 1 - i, sd = nd - 1 - i;
+    stride[sd] = ms[md] == 1 ? 0 : run;
+    run *= ms[md];
+  }
+  p.mask_row_stride = stride[nd - 2];
+  p.mask_col_stride = stride[nd - 1];
+  for (int d = 0; d < p.lead; ++d) p.mask_lead_strides[d] = stride[d];
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                    float dropout_p, bool is_causal, std::optional<double> scale, Generator* gen) {
+  check_float(q, kOp, "query");
+  check_float(k, kOp, "key");
+  check_float(v, kOp, "value");
+  check_same_device(q, k, kOp);
+  check_same_device(q, v, kOp);
+  const std::int64_t nd = q.dim();
+  if (nd < 2 || k.dim() != nd || v.dim() != nd)
+    throw ShapeError(detail::concat(kOp, ": expected q [..., L, E], k [..., S, E], v [..., S, Ev] with the same "
+                                    "number of dims (at least 2), got ", shapes(q, k, v)));
+  const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
+  for (std::int64_t d = 0; d < nd - 2; ++d)
+    if (ks[d] != qs[d] || vs[d] != qs[d])
+      throw ShapeError(detail::concat(kOp, ": q, k and v must have the same leading dims, got ", shapes(q, k, v)));
+  if (ks[nd - 1] != qs[nd - 1])
+    throw ShapeError(detail::concat(kOp, ": q and k must have the same last dim E, got ", shapes(q, k, v)));
+  if (vs[nd - 2] != ks[nd - 2])
+    throw ShapeError(detail::concat(kOp, ": k and v must have the same number of keys S, got ", shapes(q, k, v)));
+  if (nd - 2 > AttentionParams::kMaxLead)
+    throw ShapeError(detail::concat(kOp, ": at most ", AttentionParams::kMaxLead, " leading dims, got ",
+                                    shapes(q, k, v)));
+  if (!(dropout_p >= 0.f && dropout_p <= 1.f))
+    throw ValueError(detail::concat(kOp, ": dropout_p must be in [0, 1], got ", dropout_p));
+  if (scale && !std::isfinite(*scale))
+    throw ValueError(detail::concat(kOp, ": scale must be finite, got ", *scale));
+
+  AttentionParams p{};
+  p.l = qs[nd - 2];
+  p.s = ks[nd - 2];
+  p.e = qs[nd - 1];
+  p.ev = vs[nd - 1];
+  p.lead = static_cast<int>(nd - 2);
+  p.batch = 1;
+  for (int d = 0; d < p.lead; ++d) {
+    p.lead_sizes[d] = qs[d];
+    p.batch *= qs[d];
+  }
+  // PyTorch: 1 / sqrt(E) computed in double, then float.
+  p.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(p.e)));
+  p.causal = is_causal;
+  p.mask_kind = AttentionMask::None;
+  Shape scores(qs.begin(), qs.end() - 2);
+  scores.push_back(p.l);
+  scores.push_back(p.s);
+  if (attn_mask.defined()) mask_geometry(attn_mask, q, scores, p);
+  p.dropout_p = dropout_p;
+  p.dropout_seed = 0;
+  if (dropout_p > 0.f) {  // one draw per call: the kernels derive every weight's decision from it
+    GeneratorGuard guard(gen);
+    p.dropout_seed = guard.get().next_u64();
+  }
+
+  Shape out_shape(qs.begin(), qs.end() - 1);
+  out_shape.push_back(p.ev);
+  if (p.batch == 0 || p.l == 0 || p.s == 0) {
+    // No keys: softmax over an empty row times an empty v is zeros (PyTorch's matmul); no
+    // graph is recorded (nothing depends on the inputs).
+    return zeros(out_shape, DType::Float32, q.device());
+  }
+  Tensor out = Tensor::empty(out_shape, DType::Float32, q.device());
+  Tensor lse = Tensor::empty({p.batch, p.l}, DType::Float32, q.device());
+  kernels_for(q.device()).attention_forward(q, k, v, attn_mask, p, out, lse);
+  if (grad_mode_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+    autograd::record(std::make_shared<AttentionBackward>(q.detach(), k.detach(), v.detach(),
+                                                         attn_mask.defined() ? attn_mask.detach() : Tensor(),
+                                                         out.detach(), lse, p),
+                     {&q, &k, &v}, out);
+  return out;
+}
+
+}  // namespace phalanx
