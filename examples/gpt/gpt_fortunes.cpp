@@ -51,7 +51,7 @@ double validation_loss(parallel::DDP& model, const std::shared_ptr<TextDataset>&
 }  // namespace
 
 int run(int argc, char** argv) {
-  int epochs = 1;  // ~2 min on an idle 2-core machine, under 10 loaded (examples/gpt/README.md)
+  int epochs = 1;  // 4 min 20 s on this 2-core machine at load 2-3 (examples/gpt/README.md)
   std::int64_t max_steps = 0, sample_chars = 200, eval_every = 250;
   std::string plot, save;
   for (int i = 1; i < argc; ++i) {
