@@ -37,7 +37,7 @@ if [ ! -f "$BUILD/CMakeCache.txt" ]; then
 fi
 known=$(cmake --build "$BUILD" --target help 2>/dev/null | sed -n 's/^\.\.\. \([a-z_-]*\).*/\1/p')
 has() { grep -qx "$1" <<<"$known"; }
-targets=(bench_mlp_step bench_optim_step bench_conv_step bench_loader_throughput bench_data_memory bench_ddp_step bench_trainer_step
+targets=(bench_mlp_step bench_optim_step bench_conv_step bench_gpt_step bench_loader_throughput bench_data_memory bench_ddp_step bench_trainer_step
          bench_exact_step)
 targets+=(bench_attention)
 for t in bench_allreduce_sweep bench_mpi_allreduce phalanx_shm phalanx_gloo phalanx_mpi phalanx-run phalanx-train; do
@@ -78,6 +78,7 @@ run bench_mlp_step 240 "$B/bench_mlp_step"
 run bench_optim_step 180 "$B/bench_optim_step"
 run bench_conv_step 150 "$B/bench_conv_step" --runs 5
 run bench_attention 240 "$B/bench_attention" --runs 5
+run bench_gpt_step 240 "$B/bench_gpt_step"
 run bench_loader_throughput 90 "$B/bench_loader_throughput"
 run bench_data_memory 120 "$B/bench_data_memory"
 run bench_ddp_step_demo 150 "$B/bench_ddp_step" --runs 5 --only demo

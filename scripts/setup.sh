@@ -14,6 +14,7 @@ PACKAGES=(
   slurmd slurmctld slurm-client munge
   python3 python3-venv
   dataset-fashion-mnist
+  fortunes
 )
 
 missing=()

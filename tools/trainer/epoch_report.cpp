@@ -44,7 +44,11 @@ void EpochReporter::report(bool summed) {
     nlohmann::json rec{{"epoch", p.epoch + 1}, {whole ? "train_loss" : "train_loss_rank0", last_epoch_loss_}};
     train_curve_.x.push_back(static_cast<double>(p.epoch + 1));
     train_curve_.y.push_back(last_epoch_loss_);
-    if (ctx_.has_test) {
+    if (ctx_.validation) {
+      rec["val_loss"] = p.test_loss;
+      test_curve_.x.push_back(static_cast<double>(p.epoch + 1));
+      test_curve_.y.push_back(p.test_loss);
+    } else if (ctx_.has_test) {
       rec["test_loss"] = p.test_loss;
       rec["test_acc"] = p.test_acc;
       test_acc_ = p.test_acc;
@@ -56,7 +60,10 @@ void EpochReporter::report(bool summed) {
       char line[1024];  // room for two doubles of 309 digits (a diverged loss in %.4f)
       std::size_t len = static_cast<std::size_t>(std::snprintf(
           line, sizeof line, "epoch %lld: train loss %.4f", static_cast<long long>(p.epoch + 1), last_epoch_loss_));
-      if (ctx_.has_test && len < sizeof line)
+      if (ctx_.validation && len < sizeof line)
+        len += static_cast<std::size_t>(
+            std::snprintf(line + len, sizeof line - len, ", validation loss %.4f", p.test_loss));
+      else if (ctx_.has_test && len < sizeof line)
         len += static_cast<std::size_t>(std::snprintf(line + len, sizeof line - len, ", test loss %.4f, test accuracy %.4f",
                                                       p.test_loss, p.test_acc));
       if (!whole && len < sizeof line)

@@ -28,6 +28,9 @@ class EpochReporter {
     Device device;
     bool agreed;    ///< the losses are the same on every rank (exact mode): no sum over the ranks
     bool has_test;  ///< a test set: test loss and accuracy in each report
+    /// A language model's validation set (has_test too): its loss in each report as
+    /// "validation loss" (val_loss in the metrics), no accuracy.
+    bool validation = false;
   };
   /// `train_curve`/`test_curve`: the curves so far (a resumed run's, from its checkpoint).
   EpochReporter(Context ctx, MetricsLog& metrics, ProgressBar& progress, tools::Series train_curve,

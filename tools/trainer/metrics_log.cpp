@@ -213,6 +213,7 @@ void MetricsLog::record_epoch(const nlohmann::json& rec) {
     tb_scalar("epoch/train_loss", rec["train_loss"].get<double>(), at);
     if (rec.contains("test_loss")) tb_scalar("epoch/test_loss", rec["test_loss"].get<double>(), at);
     if (rec.contains("test_acc")) tb_scalar("epoch/test_accuracy", rec["test_acc"].get<double>(), at);
+    if (rec.contains("val_loss")) tb_scalar("epoch/val_loss", rec["val_loss"].get<double>(), at);
   }
   if (!out_.is_open()) return;
   out_ << rec.dump() << "\n";

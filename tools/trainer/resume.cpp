@@ -34,6 +34,9 @@ void restore(TrainingSetup& s, parallel::LoadedCheckpoint& ck, StartPoint& sp) {
   }
   sp.step = ck.state.step;
   sp.start_epoch = ck.state.epoch;
+  // Each rank's dropout stream is not in the checkpoint (rank 0 writes it): a resumed run
+  // draws from stream `rank` of seed + step, the same for every resume from this step.
+  if (s.dropout_gen) s.dropout_gen->seed_pcg(s.seed + static_cast<std::uint64_t>(sp.step), static_cast<std::uint64_t>(rank));
   sp.skip_batches = ck.state.step_in_epoch;
   if (sp.skip_batches > steps_per_epoch || sp.step != sp.start_epoch * steps_per_epoch + sp.skip_batches)
     throw ConfigError(detail::concat("checkpoint ", resume_path, " is at step ", sp.step, " (epoch ", sp.start_epoch + 1,
@@ -55,10 +58,11 @@ void restore(TrainingSetup& s, parallel::LoadedCheckpoint& ck, StartPoint& sp) {
 
 StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
   StartPoint sp;
+  if (s.data.text_val) sp.test_curve.label = "validation loss";
   const int world = s.world, rank = s.rank;
   // (Under --zero a checkpoint holds the replicated optimizer's format: the same as a fresh one's.)
   const TensorMap model_now = s.net->state_dict(),
-                  opt_now = s.zero ? make_optimizer(c, s.model->parameters(), s.plan.lr)->state_dict() : s.opt->state_dict();
+                  opt_now = s.zero ? make_optimizer(c, s.model->parameters(), s.plan.lr, s.no_decay.empty() ? nullptr : &s.no_decay)->state_dict() : s.opt->state_dict();
   parallel::CheckpointExpect expect;
   expect.world_size = world;
   expect.global_batch = c.global_batch;

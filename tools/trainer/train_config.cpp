@@ -9,6 +9,7 @@
 #include <phalanx/core/error.hpp>
 #include <phalanx/core/file_safety.hpp>
 
+#include "text_format.hpp"
 #include "train_options.hpp"
 
 namespace phalanx::trainer {
@@ -67,6 +68,41 @@ void apply_options(const CLI::App& app, const BoundOptions& b, TrainConfig& c) {
   }
 }
 
+bool is_text_dataset(const std::string& d) { return d == "fortunes" || d.rfind("text:", 0) == 0; }
+
+// A GPT trains on text (byte tokens) and text needs a GPT; the options that only mean
+// something for one of them are refused with the other.
+void check_gpt_combination(const CLI::App& app, const TrainConfig& c) {
+  if (c.is_gpt()) {
+    if (!c.train_x.empty() || !c.test_x.empty())
+      throw ValueError("--model " + c.model_text + " trains on text: give --dataset text:FILE[,FILE...] or --dataset "
+                       "fortunes instead of --train-x/--test-x");
+    if (!is_text_dataset(c.dataset))
+      throw ValueError("--model " + c.model_text + " trains on text: --dataset must be text:FILE[,FILE...] or fortunes, "
+                       "not '" + c.dataset + "'");
+    if (c.dataset == "text:" || c.dataset.find(",,") != std::string::npos || c.dataset.back() == ',')
+      throw ValueError("--dataset '" + c.dataset + "': name the files as text:FILE[,FILE...]");
+    for (const char* o : {"--classes", "--activation"})
+      if (app.count(o) > 0)
+        throw ValueError(std::string(o) + " does not apply to --model " + c.model_text +
+                         " (a GPT predicts the next byte of 256, with GELU activations)");
+    if (c.zero && c.optimizer == "adamw" && c.weight_decay > 0)
+      throw ValueError("--zero and --optimizer adamw --weight-decay " + fmt_g(c.weight_decay) + " with --model " +
+                       c.model_text + " conflict: the GPT's AdamW has two parameter groups (no decay on biases, "
+                       "LayerNorms and embeddings) and ZeroRedundancyOptimizer takes one; drop --zero or use "
+                       "--weight-decay 0");
+    if (c.exact && c.dropout > 0)
+      throw ValueError("--exact and --dropout conflict: each worker draws its own dropout masks, so the weights would "
+                       "depend on the number of workers; drop one of them");
+    return;
+  }
+  if (is_text_dataset(c.dataset))
+    throw ValueError("--dataset " + c.dataset + " is text, for a language model: --model gpt:LAYERS-HEADS-WIDTH:CONTEXT, "
+                     "e.g. gpt:4-4-128:128");
+  for (const char* o : {"--stride", "--dropout"})
+    if (app.count(o) > 0) throw ValueError(std::string(o) + " needs --model gpt:LAYERS-HEADS-WIDTH:CONTEXT");
+}
+
 // Rules between options, checked once on the final values.
 void check_combination(const CLI::App& app, TrainConfig& c) {
   if (c.dataset.empty() == c.train_x.empty()) throw ValueError("give either --train-x/--train-y or --dataset");
@@ -107,6 +143,7 @@ void check_combination(const CLI::App& app, TrainConfig& c) {
   if (c.exact && c.global_batch % c.micro_batch != 0)
     throw ValueError(detail::concat("--micro-batch ", c.micro_batch, " does not divide --global-batch ", c.global_batch,
                                     ": choose a divisor of ", c.global_batch));
+  check_gpt_combination(app, c);
   if (c.sync_bn && !c.is_cnn())
     throw ValueError("--sync-bn needs a model with BatchNorm: --model cnn:C1-C2... (an MLP has none)");
   if (c.exact && c.is_cnn())
@@ -274,7 +311,7 @@ void parse_args(std::vector<std::string> args, TrainConfig& c, CLI::App& app, co
 }
 
 const char* kDescription =
-    "phalanx-train: train an MLP or a small CNN with DDP, alone or under phalanx-run.\n"
+    "phalanx-train: train an MLP, a small CNN or a GPT with DDP, alone or under phalanx-run.\n"
     "Every option can also come from --config F.json (the same names without dashes).\n"
     "Numbers are checked against the ranges below; a bad one is an error (exit 2).";
 

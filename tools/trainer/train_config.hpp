@@ -11,12 +11,19 @@
 namespace phalanx::trainer {
 
 struct TrainConfig {
-  std::string train_x, train_y, dataset;  // dataset: "fashion-mnist[:DIR]"
+  std::string train_x, train_y, dataset;  // dataset: "fashion-mnist[:DIR]", "text:F[,F...]" or "fortunes"
   std::string test_x, test_y;
   std::string model_text = "64-32-10";        ///< --model as given
   std::vector<std::int64_t> model{64, 32, 10};  ///< an MLP's layer widths (empty for a CNN)
   std::vector<std::int64_t> cnn_channels;       ///< --model cnn:C1-C2...: conv channels (empty for an MLP)
   std::int64_t cnn_classes = 0;                 ///< cnn:...:K; 0 = the dataset's
+  /// --model gpt:L-H-W:C: nanoGPT's GPT (layers 0 when the model is not one).
+  std::int64_t gpt_layers = 0, gpt_heads = 0, gpt_width = 0, gpt_context = 0;
+  bool is_gpt() const { return gpt_layers > 0; }
+  std::int64_t stride = 0;     ///< --stride: bytes between text windows (0: the context)
+  double dropout = 0;          ///< --dropout: the GPT's dropout probability
+  double clip_grad_norm = 0;   ///< --clip-grad-norm: the gradients' 2-norm at most this (0: off)
+  double beta1 = 0.9, beta2 = 0.999;  ///< --beta1/--beta2: Adam's and AdamW's betas
   /// --classes C: the number of classes, for labels that do not show every class (0: the
   /// largest label + 1). The model's last width (a CNN's K) must be C.
   std::int64_t classes = 0;

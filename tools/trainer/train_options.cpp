@@ -195,7 +195,26 @@ void apply_milestones(const std::string& name, const std::string& text, TrainCon
 // --model: an MLP's widths or a CNN's spec, each checked against this machine's memory.
 void apply_model(const std::string&, const std::string& text, TrainConfig& c) {
   c.model_text = text;
-  if (is_cnn_spec(text)) {
+  c.gpt_layers = c.gpt_heads = c.gpt_width = c.gpt_context = 0;
+  if (is_gpt_spec(text)) {
+    const GptSpec spec = parse_gpt_spec(text);
+    c.model.clear();
+    c.cnn_channels.clear();
+    c.cnn_classes = 0;
+    c.gpt_layers = spec.layers;
+    c.gpt_heads = spec.heads;
+    c.gpt_width = spec.width;
+    c.gpt_context = spec.context;
+    const std::int64_t params = gpt_param_count(spec);
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    const double have = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+    if (params < 0) throw ValueError("--model " + text + ": the parameter count does not fit in a 64-bit integer");
+    const double need = static_cast<double>(params) * 4 * 2;
+    if (have > 0 && need > have)
+      throw ValueError("--model " + text + ": " + std::to_string(params) + " parameters need " + bytes_str(need) +
+                       " for float32 weights and gradients alone, more than this machine's " + bytes_str(have) +
+                       " of memory; use fewer layers or a smaller width");
+  } else if (is_cnn_spec(text)) {
     const CnnSpec spec = parse_cnn_spec(text);
     c.model.clear();
     c.cnn_channels = spec.channels;
@@ -236,14 +255,23 @@ std::vector<OptionSpec> make_options() {
   std::vector<OptionSpec> o = {
       text("--train-x", &T::train_x, "training features, float32 [N, D]: F.npy or F.npz:KEY"),
       text("--train-y", &T::train_y, "training labels, integer [N]: F.npy or F.npz:KEY"),
-      text("--dataset", &T::dataset, "a built-in dataset instead: fashion-mnist[:DIR]"),
+      text("--dataset", &T::dataset,
+           "a built-in dataset instead: fashion-mnist[:DIR]; for --model gpt:..., text:FILE[,FILE...] (the bytes "
+           "of the files; the first 90 % train, the last 10 % validate) or fortunes (Debian's fortunes package)"),
       text("--test-x", &T::test_x, "test features: F.npy or F.npz:KEY"),
       text("--test-y", &T::test_y, "test labels: F.npy or F.npz:KEY"),
       flag("--no-data-check", &T::check_data, "skip the scan of the features for NaN/inf (for huge data)", false),
       {"--model", OptionKind::Text,
        "an MLP's layer widths, e.g. 784-256-10, or a CNN: cnn:32-64[:CLASSES] (conv blocks "
-       "Conv3x3-BatchNorm-activation-MaxPool2, then Linear)",
+       "Conv3x3-BatchNorm-activation-MaxPool2, then Linear), or nanoGPT's GPT over bytes: "
+       "gpt:LAYERS-HEADS-WIDTH:CONTEXT, e.g. gpt:4-4-128:128",
        kDefaults.model_text, {}, apply_model},
+      integer("--stride", &T::stride, 1, "GPT: bytes between the starts of two training windows, >= 1",
+              "the context"),
+      real("--dropout", &T::dropout, {0, false, 1, true, "a number in [0, 1)"},
+           "GPT: dropout probability, in [0, 1) (each worker's stream from --seed and its rank)"),
+      real("--clip-grad-norm", &T::clip_grad_norm, {0, true, kInf, false, "a finite number > 0"},
+           "scale the gradients so that their 2-norm is at most this, > 0", "off"),
       then(integer("--classes", &T::classes, 1,
                    "the number of classes, >= 1, when the labels do not show every class (the model must end in it)",
                    "the largest label + 1"),
@@ -252,13 +280,19 @@ std::vector<OptionSpec> make_options() {
            "CNN: BatchNorm statistics over the global batch (SyncBatchNorm) instead of each worker's"),
       flag("--zero", &T::zero, "shard the optimizer state over the workers (ZeroRedundancyOptimizer, ZeRO stage 1)"),
       choice("--activation", &T::activation, "relu or tanh", {"relu", "tanh"}),
-      text("--init", &T::init, "initial weights .npz with PyTorch state_dict names (0.weight, ...)"),
+      text("--init", &T::init,
+           "initial weights .npz with PyTorch state_dict names (0.weight, ...; a GPT's are nanoGPT's: "
+           "transformer.wte.weight, ...)"),
       {"--seed", OptionKind::Integer, "seed of the initialisation and the shuffle, in [0, 2^64)",
        default_text(kDefaults.seed), {}, apply_seed},
-      choice("--optimizer", &T::optimizer, "sgd, adam or adamw", {"sgd", "adam", "adamw"}),
+      choice("--optimizer", &T::optimizer,
+             "sgd, adam or adamw (a GPT's adamw: no weight decay on biases, LayerNorms and embeddings, as nanoGPT)",
+             {"sgd", "adam", "adamw"}),
       real("--lr", &T::lr, kPositive, "learning rate > 0 (or --base-lr with --base-batch)", default_text(kDefaultLr)),
       real("--momentum", &T::momentum, {0, false, 1, true, "a number in [0, 1)"}, "SGD momentum, in [0, 1)"),
       flag("--nesterov", &T::nesterov, "Nesterov momentum (SGD)"),
+      real("--beta1", &T::beta1, {0, false, 1, true, "a number in [0, 1)"}, "Adam/AdamW beta1, in [0, 1)"),
+      real("--beta2", &T::beta2, {0, false, 1, true, "a number in [0, 1)"}, "Adam/AdamW beta2, in [0, 1)"),
       real("--weight-decay", &T::weight_decay, {0, false, kInf, false, "a finite number >= 0"}, "weight decay, >= 0"),
       integer("--global-batch", &T::global_batch, 1,
               "samples per step over all workers (each gets B / world size), >= 1"),

@@ -155,7 +155,8 @@ TrainingLoop::TrainingLoop(const TrainConfig& c, TrainingSetup& s, StartPoint& s
       rank_(s.rank),
       t0_(Clock::now()),
       progress_(ProgressBar::wanted(s.rank), c.epochs, s.steps_per_epoch, c.global_batch),
-      reporter_({s.pg.get(), s.dev, s.step->losses_agreed(), s.data.test != nullptr}, metrics_, progress_,
+      reporter_({s.pg.get(), s.dev, s.step->losses_agreed(), s.data.has_test(), s.data.text_val != nullptr}, metrics_,
+                progress_,
                 std::move(sp.train_curve), std::move(sp.test_curve)),
       plan_(*s.step) {
   if (rank_ == 0 && !c.metrics.empty()) {
@@ -166,7 +167,7 @@ TrainingLoop::TrainingLoop(const TrainConfig& c, TrainingSetup& s, StartPoint& s
   cadence_.epochs = c.epochs;
   cadence_.checkpoint_every = c.checkpoint_every;
   cadence_.checkpoint_dir = sp.ckdir != nullptr;
-  cadence_.test_set = s.data.test != nullptr;
+  cadence_.test_set = s.data.has_test();
   // Every epoch is reported as it ends under a progress bar: rank 0 draws it; the ranks agree here.
   cadence_.report_every_epoch = progress_anywhere(progress_.enabled(), *s.pg, s.dev);
   stop_signals_.emplace();
@@ -186,8 +187,10 @@ void TrainingLoop::announce() const {
   if (rank_ != 0) return;
   const std::int64_t step = sp_.step, start_epoch = sp_.start_epoch;
   const std::string& resume_path = sp_.resume_path;
-  std::printf("phalanx-train: %lld samples, model %s%s%s, %s%s, %d worker(s) on %s; %s\n", static_cast<long long>(s_.n),
-              s_.model_desc.c_str(), c_.is_cnn() ? (" on " + shape_str(s_.data.input) + " inputs").c_str() : "",
+  std::printf("phalanx-train: %lld %s, model %s%s%s, %s%s, %d worker(s) on %s; %s\n", static_cast<long long>(s_.n),
+              c_.is_gpt() ? "windows" : "samples", s_.model_desc.c_str(), c_.is_cnn()   ? (" on " + shape_str(s_.data.input) + " inputs").c_str()
+              : c_.is_gpt() ? (" on windows of " + std::to_string(c_.gpt_context) + " bytes").c_str()
+                            : "",
               c_.sync_bn ? " with SyncBatchNorm" : "", c_.optimizer.c_str(), c_.zero ? " (ZeRO: state sharded)" : "", world_,
               s_.pg->backend_name().c_str(), s_.plan.describe().c_str());
   if (const std::string how = plan_.describe(); !how.empty()) std::printf("phalanx-train: %s\n", how.c_str());
@@ -270,7 +273,7 @@ void TrainingLoop::run_epoch(std::int64_t epoch) {
 void TrainingLoop::forward_backward(const Batch& b, std::int64_t epoch, std::int64_t batch_index, std::int64_t micro) {
   const Device dev = s_.dev;
   const std::int64_t step = sp_.step, steps_per_epoch = s_.steps_per_epoch;
-  Tensor loss = cross_entropy(s_.model->forward(b.x.to(dev)), b.y.to(dev));
+  Tensor loss = model_loss(s_.model->forward(b.x.to(dev)), b.y.to(dev));
   const float l = loss.item();
   // A non-finite loss stops here, before its gradients reach any weight (and before any
   // checkpoint could hold them): the last good checkpoint stays the newest.
@@ -299,6 +302,8 @@ void TrainingLoop::take_step(std::int64_t epoch, std::int64_t batch_index) {
                                     "; check the data, lower --lr, or pass --allow-nonfinite to train on"));
   }
   const double grad_norm = metrics_.wants_grad_norm() ? gradient_norm(params_) : 0;
+  // The gradients are the same on every rank here (after DDP's reduction), so is the scale.
+  if (c_.clip_grad_norm > 0) nn::clip_grad_norm_(params_, c_.clip_grad_norm);
   s_.opt->step();
   s_.schedule.step();
   ++step;
@@ -316,6 +321,9 @@ void TrainingLoop::end_epoch(std::int64_t epoch, std::int64_t batches) {
   if (s_.data.test) {
     s_.model->eval();
     std::tie(done.test_loss, done.test_acc) = evaluate(*s_.model, s_.data.test, *s_.pg);
+  } else if (s_.data.text_val) {
+    s_.model->eval();
+    done.test_loss = evaluate_lm(*s_.model, s_.data.text_val, *s_.pg);
   }
   reporter_.add(done, batches);
   const bool checkpoint_now = cadence_.checkpoint_after_epoch(epoch);
@@ -362,7 +370,8 @@ int TrainingLoop::finish() {
   double final_loss = reporter_.last_epoch_loss();
   if (c_.eval_train) {
     s_.model->eval();
-    final_loss = evaluate(*s_.model, s_.data.train, *s_.pg).first;
+    final_loss = s_.data.text_train ? evaluate_lm(*s_.model, s_.data.text_train, *s_.pg)
+                                    : evaluate(*s_.model, s_.data.train, *s_.pg).first;
     if (rank_ == 0) std::printf("final mean loss over the training set: %.6f\n", final_loss);
     metrics_.record(nlohmann::json{{"eval_train_loss", final_loss}});
   }
@@ -381,6 +390,7 @@ int TrainingLoop::finish() {
     nlohmann::json summary{{"final_train_loss", final_loss}, {"steps", sp_.step}, {"seconds", secs},
                            {"world_size", world_}, {"backend", s_.pg->backend_name()}};
     if (reporter_.test_acc() >= 0) summary["test_acc"] = reporter_.test_acc();
+    if (s_.data.text_val && !reporter_.test_curve().y.empty()) summary["val_loss"] = reporter_.test_curve().y.back();
     std::printf("%s\n", summary.dump().c_str());
   }
   parallel::destroy_process_group();

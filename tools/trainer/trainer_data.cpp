@@ -71,6 +71,13 @@ void check_data_files(const TrainConfig& c) {
       throw IoError(std::string(option) + " " + e.what());  // e.what() starts with the file's name
     }
   }
+  for (const std::string& f : text_files(c)) {  // fortunes: IoError naming the package when missing
+    try {
+      files::check_regular(f);
+    } catch (const IoError& e) {
+      throw IoError(std::string("--dataset ") + e.what());
+    }
+  }
 }
 
 namespace {
@@ -114,7 +121,47 @@ std::int64_t mlp_classes(const TrainConfig& c, const Datasets& d) {
 
 }  // namespace
 
+std::vector<std::string> text_files(const TrainConfig& c) {
+  if (c.dataset == "fortunes") return samplers::fortune_files();
+  if (c.dataset.rfind("text:", 0) != 0) return {};
+  std::vector<std::string> files;
+  std::size_t start = 5;
+  while (true) {
+    const auto comma = c.dataset.find(',', start);
+    files.push_back(c.dataset.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return files;
+}
+
+namespace {
+
+Datasets load_text(const TrainConfig& c) {
+  Datasets d;
+  samplers::TextCorpus corpus;
+  try {
+    corpus = samplers::load_text_corpus(text_files(c));
+    if (c.dataset == "fortunes") corpus.name = "--dataset fortunes (" + std::string(samplers::kFortunesDir) + ")";
+    d.text_train = std::make_shared<samplers::TextDataset>(corpus, samplers::TextSplit::Train, c.gpt_context, c.stride);
+    d.text_val = std::make_shared<samplers::TextDataset>(corpus, samplers::TextSplit::Validation, c.gpt_context);
+  } catch (const ValueError& e) {  // not text, too short: the data does not fit the options
+    throw DataUsageError(e.what());
+  }
+  d.input = {c.gpt_context};
+  d.classes = 256;
+  if (c.global_batch > d.text_train->size())
+    throw DataUsageError(detail::concat("--global-batch ", c.global_batch, " is larger than the training set (",
+                                        d.text_train->size(), " windows of ", c.gpt_context, " bytes at stride ",
+                                        d.text_train->stride(), "); use --global-batch ", d.text_train->size(),
+                                        " or less, a smaller --stride, or more text"));
+  return d;
+}
+
+}  // namespace
+
 Datasets load_data(const TrainConfig& c) {
+  if (c.is_gpt()) return load_text(c);
   Datasets d;
   std::int64_t classes = c.is_cnn() ? c.cnn_classes : c.model.back();
   if (!c.dataset.empty()) {

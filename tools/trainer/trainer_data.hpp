@@ -2,6 +2,8 @@
 // phalanx-train's data: the training (and optional test) set named by the options,
 // checked against the model before any training starts.
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <phalanx/samplers.hpp>
 
@@ -17,11 +19,26 @@ class DataUsageError : public ValueError {
 };
 
 struct Datasets {
-  std::shared_ptr<samplers::TensorDataset> train, test;
-  Shape input;                ///< one sample's features: [D] (an MLP) or [C, H, W] (a CNN)
-  std::int64_t classes = 0;   ///< the model's outputs
+  std::shared_ptr<samplers::TensorDataset> train, test;  ///< an MLP's or a CNN's
+  /// A GPT's: the windows of the text's first 90 % and of its last 10 % (the validation set).
+  std::shared_ptr<samplers::TextDataset> text_train, text_val;
+  Shape input;                ///< one sample's features: [D] (an MLP), [C, H, W] (a CNN) or [T] (a GPT)
+  std::int64_t classes = 0;   ///< the model's outputs (a GPT: 256, its vocabulary)
+  /// The training set the loader batches.
+  samplers::DatasetPtr training() const {
+    return text_train ? samplers::DatasetPtr(text_train) : samplers::DatasetPtr(train);
+  }
+  /// A set evaluated at each epoch's end: the test set, or the text's validation part.
+  bool has_test() const { return test != nullptr || text_val != nullptr; }
 };
 
+/// The files of --dataset text:F1,F2 or fortunes (Debian's package); empty for other datasets.
+std::vector<std::string> text_files(const TrainConfig& config);
+
+/// A GPT's text (--dataset text:... or fortunes): the windows of its context over the first
+/// 90 % (stride --stride) and the last 10 % (stride the context: every byte predicted once);
+/// a file that is not text, or text too short for one window, is a DataUsageError naming
+/// the file and the limit.
 /// Loads --dataset or --train-x/--train-y (and --test-x/--test-y), each F.npy or F.npz:KEY;
 /// throws a one-line error when the data does not fit the model (features, label dtype,
 /// label range) or, unless --no-data-check, holds a NaN/inf (naming the file and row).

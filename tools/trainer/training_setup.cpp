@@ -4,10 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include <phalanx/core/nn/gpt.hpp>
 
 #include "text_format.hpp"
 
@@ -63,6 +66,13 @@ std::map<std::string, std::string> resume_settings(const TrainConfig& c, double 
       {"drop-last", c.drop_last ? "on" : "off"},
   };
   if (c.lr_schedule == "cosine") m["epochs"] = std::to_string(c.epochs);  // the cosine's length
+  // Absent at their defaults: checkpoints of older runs still match.
+  if (c.is_gpt()) {
+    m["stride"] = std::to_string(c.stride);
+    m["dropout"] = fmt_exact(c.dropout);
+  }
+  if (c.clip_grad_norm > 0) m["clip-grad-norm"] = fmt_exact(c.clip_grad_norm);
+  if (c.beta1 != 0.9 || c.beta2 != 0.999) m["betas"] = fmt_exact(c.beta1) + "," + fmt_exact(c.beta2);
   if (c.sync_bn) m["sync-bn"] = "on";  // absent when off: checkpoints of older runs still match
   return m;
 }
@@ -81,6 +91,35 @@ void check_writable(const char* option, const std::string& path) {
     throw IoError(std::string(option) + " " + path + ": the file exists and is not writable");
 }
 
+nn::GPTConfig gpt_config(const GptSpec& g, double dropout) {
+  return nn::GPTConfig()
+      .n_layer(g.layers)
+      .n_head(g.heads)
+      .n_embd(g.width)
+      .block_size(g.context)
+      .vocab_size(256)
+      .dropout(static_cast<float>(dropout))
+      .bias(true);
+}
+
+// --init: a GPT's weights by nanoGPT's names. Its position table must cover the context
+// (a checkpoint of a model with a shorter one cannot run windows of this length).
+void load_init(nn::Module& net, const TrainConfig& c) {
+  TensorMap m = load_npz(c.init);
+  if (!c.is_gpt()) return net.load_state_dict(m);
+  m = nanogpt_weights(m, net.state_dict());
+  if (c.is_gpt())
+    if (const Tensor* wpe = m.find("transformer.wpe.weight"); wpe && wpe->dim() == 2 && wpe->shape()[0] < c.gpt_context)
+      throw DataUsageError(detail::concat("--init ", c.init, ": transformer.wpe.weight has ", wpe->shape()[0],
+                                          " positions, fewer than --model ", c.model_text, "'s context ",
+                                          c.gpt_context, "; use a context of at most ", wpe->shape()[0]));
+  try {
+    net.load_state_dict(m);
+  } catch (const Error& e) {
+    throw DataUsageError("--init " + c.init + ": " + e.what());
+  }
+}
+
 // The sampler and the loader of the training data.
 void set_up_loader(TrainingSetup& s) {
   // The step plan's split: each rank a shard of every global batch, or (exact mode) its
@@ -92,24 +131,39 @@ void set_up_loader(TrainingSetup& s) {
   // compete with the workers for the cores (with 2 workers on 2 cores it cost ~40 us a step:
   // docs/benchmarks.md).
   lo.prefetch(0);
-  s.loader = std::make_unique<samplers::DataLoader>(s.data.train, lo, s.sampler);
+  s.loader = std::make_unique<samplers::DataLoader>(s.data.training(), lo, s.sampler);
   s.steps_per_epoch = s.step->steps_per_epoch(*s.loader);
 }
 
 }  // namespace
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& ps, double lr) {
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& ps, double lr,
+                                                 const std::vector<Tensor>* no_decay) {
   if (c.optimizer == "sgd") {
     return std::make_unique<optim::SGD>(
         ps, optim::SGDOptions(lr).momentum(c.momentum).weight_decay(c.weight_decay).nesterov(c.nesterov));
   }
   if (c.optimizer == "adam")
-    return std::make_unique<optim::Adam>(ps, optim::AdamOptions(lr).weight_decay(c.weight_decay));
-  return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions(lr).weight_decay(c.weight_decay));
+    return std::make_unique<optim::Adam>(
+        ps, optim::AdamOptions(lr).weight_decay(c.weight_decay).betas(c.beta1, c.beta2));
+  const auto options = optim::AdamWOptions(lr).weight_decay(c.weight_decay).betas(c.beta1, c.beta2);
+  if (!no_decay) return std::make_unique<optim::AdamW>(ps, options);
+  // nanoGPT's configure_optimizers: group 0 decays (the Linear weights), group 1 does not
+  // (biases, LayerNorms, embeddings), in the order of `ps`.
+  std::vector<Tensor> decay, keep;
+  for (const Tensor& p : ps) {
+    const bool exempt = std::any_of(no_decay->begin(), no_decay->end(), [&](const Tensor& t) { return t.is_same(p); });
+    (exempt ? keep : decay).push_back(p);
+  }
+  if (decay.empty()) return std::make_unique<optim::AdamW>(keep, optim::AdamWOptions(options).weight_decay(0.0));
+  auto opt = std::make_unique<optim::AdamW>(decay, options);
+  if (!keep.empty()) opt->add_param_group(keep, {{"weight_decay", 0.0}});
+  return opt;
 }
 
 TrainingSetup set_up_training(const TrainConfig& c) {
   TrainingSetup s;
+  s.seed = c.seed;
   // The device is decided by init (--device; "cuda" = each worker on GPU LOCAL_RANK), which
   // loads its plugin, or says why it cannot, before the rendezvous.
   parallel::InitOptions io;
@@ -123,12 +177,16 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   const int world = s.world, rank = s.rank;
   s.data = load_data(c);
   const Datasets& data = s.data;
-  // The model as text: the MLP's widths, or the CNN's spec with its classes ("cnn:32-64:10").
+  // The model as text: the MLP's widths, the CNN's spec with its classes ("cnn:32-64:10"),
+  // or the GPT's ("gpt:4-4-128:128").
   const CnnSpec cnn_spec{c.cnn_channels, data.classes};
-  s.model_desc = c.is_cnn() ? cnn_spec_str(cnn_spec, data.classes) : widths_str(c.model);
+  const GptSpec gpt_spec{c.gpt_layers, c.gpt_heads, c.gpt_width, c.gpt_context};
+  s.model_desc = c.is_gpt()   ? gpt_spec_str(gpt_spec)
+                 : c.is_cnn() ? cnn_spec_str(cnn_spec, data.classes)
+                              : widths_str(c.model);
   const std::string& model_desc = s.model_desc;
   if (c.is_cnn()) cnn_feature_shape(cnn_spec, data.input, c.model_text);  // the images survive the pooling
-  s.n = data.train->size();
+  s.n = data.training()->size();
   const std::int64_t n = s.n;
   // How a step runs; exact mode's check (the world size divides the micro-batches of a step)
   // comes before the linear scaling's, W dividing B, which follows from it.
@@ -157,8 +215,12 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   // and broadcast (a different --model would otherwise fail there, or hang).
   parallel::check_consistent({{"global batch", std::to_string(c.global_batch)},
                               {"model", model_desc + " " + c.activation + (c.sync_bn ? " sync-bn" : "") + (c.zero ? " zero" : "") +
-                                            (c.init.empty() ? "" : " init " + c.init)},
-                              {"optimizer", c.optimizer + " lr " + fmt_g(plan.lr) + " momentum " + fmt_g(c.momentum) +
+                                            (c.init.empty() ? "" : " init " + c.init) +
+                                            (c.is_gpt() ? " stride " + std::to_string(c.stride) + " dropout " + fmt_g(c.dropout)
+                                                        : std::string()) +
+                                            (c.clip_grad_norm > 0 ? " clip " + fmt_g(c.clip_grad_norm) : std::string())},
+                              {"optimizer", c.optimizer + " lr " + fmt_g(plan.lr) + " betas " + fmt_g(c.beta1) + "," +
+                                                fmt_g(c.beta2) + " momentum " + fmt_g(c.momentum) +
                                                 " weight decay " + fmt_g(c.weight_decay) + (c.nesterov ? " nesterov" : "")},
                               {"lr schedule", c.lr_schedule + " warmup " + std::to_string(c.warmup_steps) + " step size " +
                                                   std::to_string(c.lr_step_size) + " milestones " + widths_str(c.lr_milestones) +
@@ -174,9 +236,20 @@ TrainingSetup set_up_training(const TrainConfig& c) {
 
   Generator gen(c.seed);
   std::shared_ptr<nn::Module>& net = s.net;
-  if (c.is_cnn()) net = build_cnn(cnn_spec, data.input, data.classes, c.activation, &gen);
-  else net = nn::mlp(c.model, c.activation, &gen);
-  if (!c.init.empty()) net->load_state_dict(load_npz(c.init));
+  if (c.is_gpt()) {
+    // Each rank its own dropout masks, reproducible from the seed and the rank: PCG stream
+    // `rank` of state `seed` (docs/gpt.md); a resumed run re-derives it (resume.cpp).
+    s.dropout_gen = std::make_unique<Generator>();
+    s.dropout_gen->seed_pcg(c.seed, static_cast<std::uint64_t>(rank));
+    auto gpt = std::make_shared<nn::GPT>(gpt_config(gpt_spec, c.dropout), &gen, s.dropout_gen.get());
+    if (c.optimizer == "adamw") s.no_decay = nn::decay_groups(*gpt).no_decay;
+    net = gpt;
+  } else if (c.is_cnn()) {
+    net = build_cnn(cnn_spec, data.input, data.classes, c.activation, &gen);
+  } else {
+    net = nn::mlp(c.model, c.activation, &gen);
+  }
+  if (!c.init.empty()) load_init(*net, c);
   // --sync-bn: every BatchNorm becomes a SyncBatchNorm over the group (the same names, weights
   // and buffers), whose training statistics are those of the global batch.
   if (c.sync_bn) net = parallel::convert_sync_batchnorm(net, pg);
@@ -185,13 +258,14 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   auto& model = s.model;
   // --zero: each rank keeps the optimizer state of its shard of the parameters only
   // (ZeroRedundancyOptimizer over the same optimizer); the weights stay replicated.
+  const std::vector<Tensor>* no_decay = s.no_decay.empty() ? nullptr : &s.no_decay;
   if (c.zero) {
     auto z = std::make_unique<parallel::ZeroRedundancyOptimizer>(
         model->parameters(), [&](std::vector<Tensor> shard) { return make_optimizer(c, shard, plan.lr); }, pg);
     s.zero = z.get();
     s.opt = std::move(z);
   } else {
-    s.opt = make_optimizer(c, model->parameters(), plan.lr);
+    s.opt = make_optimizer(c, model->parameters(), plan.lr, no_decay);
   }
   set_up_loader(s);
   s.schedule = make_schedule(c, *s.opt, plan.scale, s.steps_per_epoch * c.epochs);

@@ -32,16 +32,25 @@ struct Schedule {
   }
 };
 
-/// The optimizer of --optimizer over `params` at rate `lr`.
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& params, double lr);
+/// The optimizer of --optimizer over `params` at rate `lr`. With `no_decay` (a GPT under
+/// adamw: nn::decay_groups' no_decay tensors), AdamW gets nanoGPT's two groups: the
+/// parameters in `no_decay` without weight decay, the others with --weight-decay.
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& params, double lr,
+                                                 const std::vector<Tensor>* no_decay = nullptr);
 
 struct TrainingSetup {
   ProcessGroupPtr pg;
   Device dev;
   int world = 1, rank = 0;
   Datasets data;
-  std::string model_desc;  ///< the MLP's widths, or the CNN's spec with its classes ("cnn:32-64:10")
-  std::int64_t n = 0;      ///< training samples
+  std::string model_desc;  ///< the MLP's widths, the CNN's spec with its classes ("cnn:32-64:10"), or "gpt:4-4-128:128"
+  /// A GPT's tensors without weight decay (nn::decay_groups), for make_optimizer.
+  std::vector<Tensor> no_decay;
+  /// A GPT's dropout stream: PCG stream `rank` of --seed (each rank its own masks); a run
+  /// resumed at step S draws from stream `rank` of --seed + S.
+  std::unique_ptr<Generator> dropout_gen;
+  std::uint64_t seed = 0;  ///< --seed
+  std::int64_t n = 0;      ///< training samples (a GPT's: windows)
   optim::ScalingPlan plan{};
   std::shared_ptr<nn::Module> net;
   std::shared_ptr<parallel::DDP> model;
