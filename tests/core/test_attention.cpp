@@ -240,6 +240,22 @@ TEST_CASE("attention: the fused kernel equals softmax(q k^T * scale + mask) v, o
   for (const Case& c : cases) check_against_reference(c);
 }
 
+TEST_CASE("attention: a float attn_mask that requires grad is refused under grad mode, accepted without") {
+  Tensor q = randn_t({2, 4, 3}, 1), k = randn_t({2, 5, 3}, 2), v = randn_t({2, 5, 3}, 3);
+  Tensor bias = randn_t({4, 5}, 4).requires_grad_(true);
+  try {
+    scaled_dot_product_attention(q, k, v, bias);
+    FAIL("no error for a mask that requires grad");
+  } catch (const ValueError& e) {
+    CHECK(std::string(e.what()) ==
+          "scaled_dot_product_attention: attn_mask requires grad, but its gradient is not computed: detach() it, "
+          "or add the bias to the scores with matmul/softmax");
+  }
+  CHECK_NOTHROW(scaled_dot_product_attention(q, k, v, bias.detach()));
+  NoGradGuard no_grad;
+  CHECK_NOTHROW(scaled_dot_product_attention(q, k, v, bias));
+}
+
 TEST_CASE("attention: a row masked with -1e9 or lowest() gets weights 1/S in the backward too") {
   for (const float m : {-1e9f, std::numeric_limits<float>::lowest()}) {
     CAPTURE(m);

@@ -131,7 +131,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   Shape scores(qs.begin(), qs.end() - 2);
   scores.push_back(p.l);
   scores.push_back(p.s);
-  if (attn_mask.defined()) mask_geometry(attn_mask, q, scores, p);
+  if (attn_mask.defined()) {
+    mask_geometry(attn_mask, q, scores, p);
+    // The kernels compute no gradient for the mask (a learned bias would get none, silently).
+    if (grad_mode_enabled() && attn_mask.requires_grad())
+      throw ValueError(detail::concat(kOp, ": attn_mask requires grad, but its gradient is not computed: detach() "
+                                      "it, or add the bias to the scores with matmul/softmax"));
+  }
   p.dropout_p = dropout_p;
   p.dropout_seed = 0;
   if (dropout_p > 0.f) {  // one draw per call: the kernels derive every weight's decision from it
