@@ -633,8 +633,9 @@ PHALANX_ATTN_LEVEL(avx2, PHALANX_ATTN_TARGET("avx2,fma"), 1)
 PHALANX_ATTN_LEVEL(avx512, PHALANX_ATTN_TARGET("avx512f,avx512dq,fma"), 2)
 #endif
 
-/// AVX-512 with DQ (the dropout hash's 64-bit multiplies), else AVX2, else baseline.
-int simd_level() { return cpu::simd_level("PHALANX_ATTENTION_SIMD", true); }
+/// AVX-512 with DQ (the dropout hash's 64-bit multiplies), else AVX2, else baseline; both
+/// vector levels are compiled with FMA, so they need it too.
+int simd_level() { return cpu::simd_level("PHALANX_ATTENTION_SIMD", true, true); }
 
 ForwardFn forward_fn(int level) {
 #ifdef PHALANX_ATTN_X86
