@@ -6,6 +6,7 @@
 // rowsum(grad_out * out) computed first. No atomics: every output element has one writer,
 // so results do not depend on scheduling. The dropout decisions are the CPU's (the same
 // SplitMix64 counter hash), so CPU and CUDA drop the same weights for the same seed.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 
@@ -227,6 +228,7 @@ const unsigned char* bmask_of(const Tensor& mask, const AttentionParams& p) {
 /// Rows staged per tile so that `floats_per_row` floats a row (plus `extra`) fit the
 /// default shared memory; throws when not even one row fits.
 int tile_rows(std::int64_t floats_per_row) {
+  floats_per_row = std::max<std::int64_t>(floats_per_row, 1);  // the op refuses E = 0; stay safe
   const std::int64_t fit = static_cast<std::int64_t>(kSharedBytes / sizeof(float)) / floats_per_row;
   if (fit < 1)
     throw CudaError(detail::concat("scaled_dot_product_attention on CUDA: head dims too large for shared memory (",

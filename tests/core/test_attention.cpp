@@ -493,6 +493,16 @@ TEST_CASE("attention: bad input is one line naming the shapes") {
                   {"attn_mask [2, 5, 5]", "[2, 4, 5]"});
   one_line_naming(error_of<ValueError>([&] { scaled_dot_product_attention(q, k, v, Tensor(), 1.5f); }),
                   {"dropout_p", "1.5"});
+  one_line_naming(error_of<ShapeError>([&] {
+                    scaled_dot_product_attention(zeros({2, 4, 0}), zeros({2, 5, 0}), v);
+                  }),
+                  {"last dim E of at least 1", "q [2, 4, 0]"});
+}
+
+TEST_CASE("attention: Ev = 0 gives an empty output without running the kernels") {
+  Tensor q = randn_t({2, 4, 3}, 1), k = randn_t({2, 5, 3}, 2);
+  Tensor out = scaled_dot_product_attention(q, k, zeros({2, 5, 0}), ones({4, 5}, DType::Bool));
+  CHECK(out.shape() == Shape{2, 4, 0});
 }
 
 TEST_CASE("attention: peak memory grows linearly with the sequence length (no T x T matrix)") {

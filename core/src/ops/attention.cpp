@@ -103,6 +103,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
       throw ShapeError(detail::concat(kOp, ": q, k and v must have the same leading dims, got ", shapes(q, k, v)));
   if (ks[nd - 1] != qs[nd - 1])
     throw ShapeError(detail::concat(kOp, ": q and k must have the same last dim E, got ", shapes(q, k, v)));
+  if (qs[nd - 1] == 0)  // the default scale would be 1/sqrt(0)
+    throw ShapeError(detail::concat(kOp, ": q and k need a last dim E of at least 1, got ", shapes(q, k, v)));
   if (vs[nd - 2] != ks[nd - 2])
     throw ShapeError(detail::concat(kOp, ": k and v must have the same number of keys S, got ", shapes(q, k, v)));
   if (nd - 2 > AttentionParams::kMaxLead)
@@ -147,9 +149,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 
   Shape out_shape(qs.begin(), qs.end() - 1);
   out_shape.push_back(p.ev);
-  if (p.batch == 0 || p.l == 0 || p.s == 0) {
+  if (p.batch == 0 || p.l == 0 || p.s == 0 || p.ev == 0) {
     // No keys: softmax over an empty row times an empty v is zeros (PyTorch's matmul); no
-    // graph is recorded (nothing depends on the inputs).
+    // graph is recorded (nothing depends on the inputs). Ev = 0: the output is empty.
     return zeros(out_shape, DType::Float32, q.device());
   }
   Tensor out = Tensor::empty(out_shape, DType::Float32, q.device());
