@@ -241,8 +241,16 @@ void check_launch(const char* what) {
   if (e != cudaSuccess) throw_cuda(what, e, __FILE__, __LINE__);
 }
 
+/// One block per 64 rows of each head, on gridDim.x (at most 2^31 - 1 blocks): throws
+/// rather than letting the count wrap when cast to unsigned.
 unsigned blocks(std::int64_t batch, std::int64_t rows) {
-  return static_cast<unsigned>(batch * ((rows + kRows - 1) / kRows));
+  constexpr std::int64_t kMaxGrid = 2147483647;
+  const std::int64_t per_head = (rows + kRows - 1) / kRows;
+  if (per_head > 0 && batch > kMaxGrid / per_head)
+    throw CudaError(detail::concat("scaled_dot_product_attention on CUDA: ", batch, " heads x ", per_head,
+                                   " blocks of ", kRows, " rows exceed the grid limit of ", kMaxGrid,
+                                   " blocks; split the batch into several calls"));
+  return static_cast<unsigned>(batch * per_head);
 }
 
 }  // namespace
