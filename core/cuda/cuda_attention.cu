@@ -2,10 +2,11 @@
 // thread per query row (forward, grad_q) or per key row (grad_k, grad_v); the rows it loops
 // over are staged through shared memory a tile at a time. The forward keeps the online
 // softmax's running maximum and sum per row (no L x S matrix anywhere); the backward
-// recomputes each weight from q, k and the saved log-sum-exp, as the CPU kernel does, with
+// recomputes each weight from q, k and the saved row maximum and sum, as the CPU kernel does, with
 // rowsum(grad_out * out) computed first. No atomics: every output element has one writer,
 // so results do not depend on scheduling. The dropout decisions are the CPU's (the same
 // SplitMix64 counter hash), so CPU and CUDA drop the same weights for the same seed.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 
@@ -66,7 +67,7 @@ __device__ void stage(float* dst, const float* src, std::int64_t r0, std::int64_
 
 // Forward: thread = query row i of head `head`; key/value tiles staged in shared memory.
 __global__ void attn_fwd_k(AttentionParams p, int tile, const float* q, const float* k, const float* v,
-                           const float* fmask, const unsigned char* bmask, float* out, float* lse) {
+                           const float* fmask, const unsigned char* bmask, float* out, float* stats) {
   extern __shared__ float sm[];
   const std::int64_t tiles_per_head = (p.l + kRows - 1) / kRows;
   const std::int64_t head = blockIdx.x / tiles_per_head;
@@ -105,7 +106,9 @@ __global__ void attn_fwd_k(AttentionParams p, int tile, const float* q, const fl
   if (!active) return;
   // Every score masked (m = -inf, l = 0): zeros, as PyTorch 2.5+'s _safe_softmax.
   for (std::int64_t d = 0; d < p.ev; ++d) oi[d] = m == -INFINITY ? 0.f : oi[d] / l;
-  lse[head * p.l + i] = m + logf(l);
+  // m and l apart, not m + log l: that rounds to m for a row of -1e9 scores (weights of 1).
+  stats[2 * (head * p.l + i)] = m;
+  stats[2 * (head * p.l + i) + 1] = l;
 }
 
 // rowsum(grad_out * out) per row.
@@ -115,8 +118,9 @@ __global__ void attn_dsum_k(std::int64_t rows, std::int64_t ev, const float* g, 
     dsum[r] = dot(g + r * ev, o + r * ev, ev);
 }
 
-// The weight recomputed from its score and its row's log-sum-exp; 0 in a fully masked row.
-__device__ float weight(float s, float lse_i) { return lse_i == -INFINITY ? 0.f : expf(s - lse_i); }
+// The weight recomputed from its score, its row's maximum m and 1 / (its sum); 0 in a
+// fully masked row (m = -inf).
+__device__ float weight(float s, float m_i, float inv_l_i) { return m_i == -INFINITY ? 0.f : expf(s - m_i) * inv_l_i; }
 
 // dS of (i, j), scale folded in; 0 for a masked weight.
 __device__ float grad_score(const AttentionParams& p, float w, float dp, float dsum_i) {
@@ -125,7 +129,7 @@ __device__ float grad_score(const AttentionParams& p, float w, float dp, float d
 
 // grad_q: thread = query row i; key/value tiles staged.
 __global__ void attn_bwd_q_k(AttentionParams p, int tile, const float* q, const float* k, const float* v,
-                             const float* fmask, const unsigned char* bmask, const float* lse, const float* dsum,
+                             const float* fmask, const unsigned char* bmask, const float* stats, const float* dsum,
                              const float* gout, float* gq) {
   extern __shared__ float sm[];
   const std::int64_t tiles_per_head = (p.l + kRows - 1) / kRows;
@@ -139,7 +143,7 @@ __global__ void attn_bwd_q_k(AttentionParams p, int tile, const float* q, const 
   const float* qi = q + row * p.e;
   const float* gi = gout + row * p.ev;
   float* gqi = gq + row * p.e;
-  const float lse_i = lse[row], dsum_i = dsum[row];
+  const float m_i = stats[2 * row], inv_l_i = 1.f / stats[2 * row + 1], dsum_i = dsum[row];
   float* ks = sm;
   float* vs = sm + tile * p.e;
   if (active)
@@ -153,7 +157,7 @@ __global__ void attn_bwd_q_k(AttentionParams p, int tile, const float* q, const 
     if (!active) continue;
     for (std::int64_t jj = 0; jj < n; ++jj) {
       const std::int64_t j = j0 + jj;
-      const float w = weight(masked_score(p, fm, bm, i, j, dot(qi, ks + jj * p.e, p.e)), lse_i);
+      const float w = weight(masked_score(p, fm, bm, i, j, dot(qi, ks + jj * p.e, p.e)), m_i, inv_l_i);
       const float dp = dot(gi, vs + jj * p.ev, p.ev) * drop_factor(p, head, i, j);
       const float ds = grad_score(p, w, dp, dsum_i);
       for (std::int64_t d = 0; d < p.e; ++d) gqi[d] += ds * ks[jj * p.e + d];
@@ -161,9 +165,9 @@ __global__ void attn_bwd_q_k(AttentionParams p, int tile, const float* q, const 
   }
 }
 
-// grad_k, grad_v: thread = key row j; query rows (q, grad_out, lse, dsum) staged.
+// grad_k, grad_v: thread = key row j; query rows (q, grad_out, stats, dsum) staged.
 __global__ void attn_bwd_kv_k(AttentionParams p, int tile, const float* q, const float* k, const float* v,
-                              const float* fmask, const unsigned char* bmask, const float* lse, const float* dsum,
+                              const float* fmask, const unsigned char* bmask, const float* stats, const float* dsum,
                               const float* gout, float* gk, float* gv) {
   extern __shared__ float sm[];
   const std::int64_t tiles_per_head = (p.s + kRows - 1) / kRows;
@@ -181,7 +185,7 @@ __global__ void attn_bwd_kv_k(AttentionParams p, int tile, const float* q, const
   float* qs = sm;
   float* gs = qs + tile * p.e;
   float* ls = gs + tile * p.ev;
-  float* ds_s = ls + tile;
+  float* ds_s = ls + 2 * tile;  // ls: (m, l) per row
   if (active) {
     if (gkj)
       for (std::int64_t d = 0; d < p.e; ++d) gkj[d] = 0.f;
@@ -193,13 +197,13 @@ __global__ void attn_bwd_kv_k(AttentionParams p, int tile, const float* q, const
     __syncthreads();
     stage(qs, q + head * p.l * p.e, i0, n, p.e);
     stage(gs, gout + head * p.l * p.ev, i0, n, p.ev);
-    stage(ls, lse + head * p.l, i0, n, 1);
+    stage(ls, stats + 2 * head * p.l, i0, n, 2);
     stage(ds_s, dsum + head * p.l, i0, n, 1);
     __syncthreads();
     if (!active) continue;
     for (std::int64_t ii = 0; ii < n; ++ii) {
       const std::int64_t i = i0 + ii;
-      const float w = weight(masked_score(p, fm, bm, i, j, dot(qs + ii * p.e, kj, p.e)), ls[ii]);
+      const float w = weight(masked_score(p, fm, bm, i, j, dot(qs + ii * p.e, kj, p.e)), ls[2 * ii], 1.f / ls[2 * ii + 1]);
       const float z = drop_factor(p, head, i, j);
       const float* gi = gs + ii * p.ev;
       if (gvj)
@@ -224,6 +228,7 @@ const unsigned char* bmask_of(const Tensor& mask, const AttentionParams& p) {
 /// Rows staged per tile so that `floats_per_row` floats a row (plus `extra`) fit the
 /// default shared memory; throws when not even one row fits.
 int tile_rows(std::int64_t floats_per_row) {
+  floats_per_row = std::max<std::int64_t>(floats_per_row, 1);  // the op refuses E = 0; stay safe
   const std::int64_t fit = static_cast<std::int64_t>(kSharedBytes / sizeof(float)) / floats_per_row;
   if (fit < 1)
     throw CudaError(detail::concat("scaled_dot_product_attention on CUDA: head dims too large for shared memory (",
@@ -236,24 +241,32 @@ void check_launch(const char* what) {
   if (e != cudaSuccess) throw_cuda(what, e, __FILE__, __LINE__);
 }
 
+/// One block per 64 rows of each head, on gridDim.x (at most 2^31 - 1 blocks): throws
+/// rather than letting the count wrap when cast to unsigned.
 unsigned blocks(std::int64_t batch, std::int64_t rows) {
-  return static_cast<unsigned>(batch * ((rows + kRows - 1) / kRows));
+  constexpr std::int64_t kMaxGrid = 2147483647;
+  const std::int64_t per_head = (rows + kRows - 1) / kRows;
+  if (per_head > 0 && batch > kMaxGrid / per_head)
+    throw CudaError(detail::concat("scaled_dot_product_attention on CUDA: ", batch, " heads x ", per_head,
+                                   " blocks of ", kRows, " rows exceed the grid limit of ", kMaxGrid,
+                                   " blocks; split the batch into several calls"));
+  return static_cast<unsigned>(batch * per_head);
 }
 
 }  // namespace
 
 void CudaKernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                    const AttentionParams& p, Tensor& out, Tensor& lse) {
+                                    const AttentionParams& p, Tensor& out, Tensor& stats) {
   PHALANX_CUDA_CHECK(cudaSetDevice(q.device().index));
   if (p.batch * p.l == 0) return;
   const int tile = tile_rows(p.e + p.ev);
   attn_fwd_k<<<blocks(p.batch, p.l), kRows, tile * (p.e + p.ev) * sizeof(float)>>>(
-      p, tile, cf(q), cf(k), cf(v), fmask_of(mask, p), bmask_of(mask, p), mf(out), mf(lse));
+      p, tile, cf(q), cf(k), cf(v), fmask_of(mask, p), bmask_of(mask, p), mf(out), mf(stats));
   check_launch("attention forward kernel");
 }
 
 void CudaKernels::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                     const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                                     const Tensor& out, const Tensor& stats, const Tensor& grad_out,
                                      const AttentionParams& p, Tensor& grad_q, Tensor& grad_k, Tensor& grad_v) {
   PHALANX_CUDA_CHECK(cudaSetDevice(q.device().index));
   if (p.batch * p.l == 0 || p.s == 0) return;
@@ -267,13 +280,13 @@ void CudaKernels::attention_backward(const Tensor& q, const Tensor& k, const Ten
   if (grad_q.defined()) {
     const int tile = tile_rows(p.e + p.ev);
     attn_bwd_q_k<<<blocks(p.batch, p.l), kRows, tile * (p.e + p.ev) * sizeof(float)>>>(
-        p, tile, cf(q), cf(k), cf(v), fm, bm, cf(lse), cf(dsum), cf(grad_out), mf(grad_q));
+        p, tile, cf(q), cf(k), cf(v), fm, bm, cf(stats), cf(dsum), cf(grad_out), mf(grad_q));
     check_launch("attention backward (grad_q) kernel");
   }
   if (grad_k.defined() || grad_v.defined()) {
-    const int tile = tile_rows(p.e + p.ev + 2);
-    attn_bwd_kv_k<<<blocks(p.batch, p.s), kRows, tile * (p.e + p.ev + 2) * sizeof(float)>>>(
-        p, tile, cf(q), cf(k), cf(v), fm, bm, cf(lse), cf(dsum), cf(grad_out), mf(grad_k), mf(grad_v));
+    const int tile = tile_rows(p.e + p.ev + 3);
+    attn_bwd_kv_k<<<blocks(p.batch, p.s), kRows, tile * (p.e + p.ev + 3) * sizeof(float)>>>(
+        p, tile, cf(q), cf(k), cf(v), fm, bm, cf(stats), cf(dsum), cf(grad_out), mf(grad_k), mf(grad_v));
     check_launch("attention backward (grad_k, grad_v) kernel");
   }
 }

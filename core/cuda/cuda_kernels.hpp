@@ -85,9 +85,9 @@ class CudaKernels final : public DeviceKernels {
   // ---- end convolution and pooling ----
   // ---- attention (cuda_attention.cu) ----
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                         const AttentionParams& p, Tensor& out, Tensor& lse) override;
+                         const AttentionParams& p, Tensor& out, Tensor& stats) override;
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
-                          const Tensor& lse, const Tensor& grad_out, const AttentionParams& p, Tensor& grad_q,
+                          const Tensor& stats, const Tensor& grad_out, const AttentionParams& p, Tensor& grad_q,
                           Tensor& grad_k, Tensor& grad_v) override;
   // ---- end attention ----
   void convert(const Tensor& src, Tensor& dst) override;

@@ -436,23 +436,23 @@ class CheckedKernels final : public DeviceKernels {
   // ---- end layout and masks ----
   // ---- attention ----
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                         const AttentionParams& p, Tensor& out, Tensor& lse) override {
-    attention_inputs("attention_forward", q, k, v, mask, p).on("out", out).on("lse", lse).f32("out", out)
-        .f32("lse", lse).numel("out", out, p.batch * p.l * p.ev, "batch * l * ev")
-        .numel("lse", lse, p.batch * p.l, "batch * l");
-    k_.attention_forward(q, k, v, mask, p, out, lse);
+                         const AttentionParams& p, Tensor& out, Tensor& stats) override {
+    attention_inputs("attention_forward", q, k, v, mask, p).on("out", out).on("stats", stats).f32("out", out)
+        .f32("stats", stats).numel("out", out, p.batch * p.l * p.ev, "batch * l * ev")
+        .numel("stats", stats, p.batch * p.l * 2, "batch * l * 2");
+    k_.attention_forward(q, k, v, mask, p, out, stats);
   }
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
-                          const Tensor& lse, const Tensor& grad_out, const AttentionParams& p, Tensor& grad_q,
+                          const Tensor& stats, const Tensor& grad_out, const AttentionParams& p, Tensor& grad_q,
                           Tensor& grad_k, Tensor& grad_v) override {
-    attention_inputs("attention_backward", q, k, v, mask, p).on("out", out).on("lse", lse).on("grad_out", grad_out)
+    attention_inputs("attention_backward", q, k, v, mask, p).on("out", out).on("stats", stats).on("grad_out", grad_out)
         .on_opt("grad_q", grad_q).on_opt("grad_k", grad_k).on_opt("grad_v", grad_v).f32("out", out)
-        .f32("lse", lse).f32("grad_out", grad_out).f32_opt("grad_q", grad_q).f32_opt("grad_k", grad_k)
+        .f32("stats", stats).f32("grad_out", grad_out).f32_opt("grad_q", grad_q).f32_opt("grad_k", grad_k)
         .f32_opt("grad_v", grad_v).numel("out", out, p.batch * p.l * p.ev, "batch * l * ev")
         .numel("grad_out", grad_out, p.batch * p.l * p.ev, "batch * l * ev")
-        .numel("lse", lse, p.batch * p.l, "batch * l").numel_opt("grad_q", grad_q, numel_of(q), "q's numel")
+        .numel("stats", stats, p.batch * p.l * 2, "batch * l * 2").numel_opt("grad_q", grad_q, numel_of(q), "q's numel")
         .numel_opt("grad_k", grad_k, numel_of(k), "k's numel").numel_opt("grad_v", grad_v, numel_of(v), "v's numel");
-    k_.attention_backward(q, k, v, mask, out, lse, grad_out, p, grad_q, grad_k, grad_v);
+    k_.attention_backward(q, k, v, mask, out, stats, grad_out, p, grad_q, grad_k, grad_v);
   }
   // ---- end attention ----
   std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) override {

@@ -5,6 +5,7 @@
 // with the sequence length.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -36,6 +37,19 @@ struct EnvGuard {
   EnvGuard(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
   ~EnvGuard() { ::unsetenv(name.c_str()); }
 };
+
+/// The vector levels PHALANX_ATTENTION_SIMD caps the kernel to. A level this CPU lacks falls
+/// back to a lower one silently, so the tests say when they could not run it.
+const char* const kLevels[3] = {"scalar", "avx2", "avx512"};
+bool level_available(int level) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (level == 2) return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  if (level == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return true;
+#else
+  return level == 0;
+#endif
+}
 
 /// [B, rows, cols] slice h as a [rows, cols] tensor (differentiable).
 Tensor head_of(const Tensor& t, std::int64_t h) {
@@ -106,6 +120,7 @@ struct Case {
   std::optional<double> scale;
   Shape mask_shape;  // empty: no mask
   float dropout_p = 0.f;
+  std::optional<float> masked_row;  // every mask entry of query row 0 set to this (a masked row)
 };
 
 std::string describe(const Case& c) {
@@ -113,7 +128,8 @@ std::string describe(const Case& c) {
          std::to_string(c.e) + " Ev " + std::to_string(c.ev) + (c.causal ? " causal" : "") +
          (c.scale ? " scale " + std::to_string(*c.scale) : "") +
          (c.mask_shape.empty() ? "" : " mask " + shape_str(c.mask_shape)) +
-         (c.dropout_p > 0 ? " dropout " + std::to_string(c.dropout_p) : "");
+         (c.dropout_p > 0 ? " dropout " + std::to_string(c.dropout_p) : "") +
+         (c.masked_row ? " row 0 masked with " + std::to_string(*c.masked_row) : "");
 }
 
 Shape with(Shape lead, std::int64_t a, std::int64_t b) {
@@ -142,6 +158,12 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
   Inputs in{randn_t(with(c.lead, c.l, c.e), seed), randn_t(with(c.lead, c.s, c.e), seed + 1),
             randn_t(with(c.lead, c.s, c.ev), seed + 2), Tensor()};
   if (!c.mask_shape.empty()) in.mask = make_mask(c.mask_shape, seed + 3);
+  if (c.masked_row) {
+    const std::int64_t rows = c.mask_shape.at(c.mask_shape.size() - 2), cols = c.mask_shape.back();
+    float* p = in.mask.data<float>();
+    for (std::int64_t i = 0; i < in.mask.numel(); ++i)
+      if (i / cols % rows == 0) p[i] = *c.masked_row;
+  }
   return in;
 }
 
@@ -149,6 +171,21 @@ std::int64_t heads(const Case& c) {
   std::int64_t b = 1;
   for (auto d : c.lead) b *= d;
   return b;
+}
+
+/// Each row's maximum (0 for a row of -inf), repeated along the row, as a constant: the
+/// reference subtracts it before log_softmax, whose x - (max + log sum) loses log sum when
+/// every score is about -1e9.
+Tensor row_max(const Tensor& scores) {
+  const std::int64_t rows = scores.shape()[0], cols = scores.shape()[1];
+  std::vector<float> s = scores.detach().to_vector<float>();
+  for (std::int64_t i = 0; i < rows; ++i) {
+    float* r = s.data() + i * cols;
+    float m = *std::max_element(r, r + cols);
+    if (m == -kInf) m = 0.f;
+    std::fill(r, r + cols, m);
+  }
+  return tensor(s, {rows, cols});
 }
 
 /// Compares the fused op's output and q/k/v gradients with the reference built head by
@@ -174,7 +211,7 @@ void check_against_reference(const Case& c, double tol = 2e-5) {
   for (std::int64_t h = 0; h < heads(c); ++h) {
     Tensor scores = add(mul(matmul(head_of(rq, h), transpose(head_of(rk, h), 0, 1)), scale),
                         head_mask(in.mask, c.lead, c.l, c.s, h, c.causal));
-    Tensor w = exp(log_softmax(scores, -1));
+    Tensor w = exp(log_softmax(sub(scores, row_max(scores)), -1));
     if (c.dropout_p > 0) w = mul(w, head_dropout(drop_seed, c.dropout_p, h, c.l, c.s));
     Tensor oh = matmul(w, head_of(rv, h));
     CHECK(max_rel_err(head_of(out, h).detach(), oh.detach()) < tol);
@@ -207,27 +244,75 @@ TEST_CASE("attention: the fused kernel equals softmax(q k^T * scale + mask) v, o
       {{1, 2}, 70, 80, 16, 20, false, std::nullopt, {80}, 0.5f},    // dropout, mask, tiles
       {{1}, 1, 1, 1, 1},
       {{}, 6, 5, 3, 2},                                             // no leading dims
+      // A row masked with a large finite value (every score rounds to it): its weights are
+      // 1/S, not exp(s - lse) = 1 (lse rounds to the scores too).
+      {{2}, 4, 8, 4, 4, false, std::nullopt, {4, 8}, 0.f, -1e9f},
+      {{2}, 4, 8, 4, 4, false, std::nullopt, {4, 8}, 0.f, std::numeric_limits<float>::lowest()},
+      {{2}, 70, 130, 8, 8, false, std::nullopt, {70, 130}, 0.f, -1e9f},  // across tiles
   };
-  for (const Case& c : cases) check_against_reference(c);
+  for (int level = 0; level < 3; ++level) {
+    if (!level_available(level)) {
+      MESSAGE("this CPU has no ", kLevels[level], " level: its reference cases ran at a lower level");
+      continue;
+    }
+    EnvGuard env("PHALANX_ATTENTION_SIMD", kLevels[level]);
+    CAPTURE(kLevels[level]);
+    for (const Case& c : cases) check_against_reference(c);
+  }
+}
+
+TEST_CASE("attention: a float attn_mask that requires grad is refused under grad mode, accepted without") {
+  Tensor q = randn_t({2, 4, 3}, 1), k = randn_t({2, 5, 3}, 2), v = randn_t({2, 5, 3}, 3);
+  Tensor bias = randn_t({4, 5}, 4).requires_grad_(true);
+  try {
+    scaled_dot_product_attention(q, k, v, bias);
+    FAIL("no error for a mask that requires grad");
+  } catch (const ValueError& e) {
+    CHECK(std::string(e.what()) ==
+          "scaled_dot_product_attention: attn_mask requires grad, but its gradient is not computed: detach() it, "
+          "or add the bias to the scores with matmul/softmax");
+  }
+  CHECK_NOTHROW(scaled_dot_product_attention(q, k, v, bias.detach()));
+  NoGradGuard no_grad;
+  CHECK_NOTHROW(scaled_dot_product_attention(q, k, v, bias));
+}
+
+TEST_CASE("attention: a row masked with -1e9 or lowest() gets weights 1/S in the backward too") {
+  for (const float m : {-1e9f, std::numeric_limits<float>::lowest()}) {
+    CAPTURE(m);
+    std::vector<float> mv(4 * 8, 0.f);
+    for (int j = 0; j < 8; ++j) mv[static_cast<std::size_t>(j)] = m;
+    Tensor q = randn_t({4, 2}, 1), k = randn_t({8, 2}, 2), v = randn_t({8, 1}, 3).requires_grad_(true);
+    Tensor out = scaled_dot_product_attention(q, k, v, tensor(mv, {4, 8}));
+    std::vector<float> g(4, 0.f);
+    g[0] = 1.f;  // d out[0] / d v[j] = weight (0, j) = 1/8
+    out.backward(tensor(g, {4, 1}));
+    const std::vector<float> dv = v.grad().to_vector<float>();
+    for (int j = 0; j < 8; ++j) CHECK(dv[static_cast<std::size_t>(j)] == doctest::Approx(0.125).epsilon(1e-6));
+  }
 }
 
 TEST_CASE("attention: the AVX-512, AVX2 and scalar paths agree") {
   const Case c{{2, 2}, 90, 100, 24, 40, true, std::nullopt, {2, 1, 90, 100}, 0.2f};
-  Tensor outs[3], grads[3];
-  const char* levels[3] = {"scalar", "avx2", "avx512"};
+  Tensor outs[3], gq[3], gk[3], gv[3];
   for (int i = 0; i < 3; ++i) {
-    EnvGuard env("PHALANX_ATTENTION_SIMD", levels[i]);
+    if (!level_available(i)) MESSAGE("this CPU has no ", kLevels[i], " level: compared a lower level in its place");
+    EnvGuard env("PHALANX_ATTENTION_SIMD", kLevels[i]);
     Inputs in = make_inputs(c, 3);
-    Tensor q = in.q.requires_grad_(true);
+    Tensor q = in.q.requires_grad_(true), k = in.k.requires_grad_(true), v = in.v.requires_grad_(true);
     Generator gen(4);
-    outs[i] = scaled_dot_product_attention(q, in.k, in.v, in.mask, c.dropout_p, c.causal, c.scale, &gen);
+    outs[i] = scaled_dot_product_attention(q, k, v, in.mask, c.dropout_p, c.causal, c.scale, &gen);
     outs[i].backward(randn_t(outs[i].shape(), 8));
-    grads[i] = q.grad();
+    gq[i] = q.grad();
+    gk[i] = k.grad();
+    gv[i] = v.grad();
   }
   for (int i = 0; i < 2; ++i) {
-    CAPTURE(levels[i]);
+    CAPTURE(kLevels[i]);
     CHECK(max_rel_err(outs[i], outs[2]) < 1e-5);
-    CHECK(max_rel_err(grads[i], grads[2]) < 1e-5);
+    CHECK(max_rel_err(gq[i], gq[2]) < 1e-5);
+    CHECK(max_rel_err(gk[i], gk[2]) < 1e-5);
+    CHECK(max_rel_err(gv[i], gv[2]) < 1e-5);
   }
   EnvGuard bad("PHALANX_ATTENTION_SIMD", "sse9");
   Inputs in = make_inputs(c, 3);
@@ -408,6 +493,16 @@ TEST_CASE("attention: bad input is one line naming the shapes") {
                   {"attn_mask [2, 5, 5]", "[2, 4, 5]"});
   one_line_naming(error_of<ValueError>([&] { scaled_dot_product_attention(q, k, v, Tensor(), 1.5f); }),
                   {"dropout_p", "1.5"});
+  one_line_naming(error_of<ShapeError>([&] {
+                    scaled_dot_product_attention(zeros({2, 4, 0}), zeros({2, 5, 0}), v);
+                  }),
+                  {"last dim E of at least 1", "q [2, 4, 0]"});
+}
+
+TEST_CASE("attention: Ev = 0 gives an empty output without running the kernels") {
+  Tensor q = randn_t({2, 4, 3}, 1), k = randn_t({2, 5, 3}, 2);
+  Tensor out = scaled_dot_product_attention(q, k, zeros({2, 5, 0}), ones({4, 5}, DType::Bool));
+  CHECK(out.shape() == Shape{2, 4, 0});
 }
 
 TEST_CASE("attention: peak memory grows linearly with the sequence length (no T x T matrix)") {

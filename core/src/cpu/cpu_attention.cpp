@@ -3,7 +3,7 @@
 // for each, the keys in tiles of kBc columns, keeping per row the running maximum m, the
 // running sum l of exp(score - m) and the unnormalised output (the online softmax); the
 // backward walks key tiles outer and query tiles inner, recomputing each tile of weights
-// from q, k and the saved per-row log-sum-exp. Neither ever holds more than one kBr x kBc
+// from q, k and the saved per-row maximum and sum. Neither ever holds more than one kBr x kBc
 // tile of scores: the working memory is the per-head padded copies of q, k, v (and do, dq)
 // and grows linearly with L and S.
 //
@@ -402,7 +402,7 @@ struct ForwardScratch {
 template <int kLevel>
 PHALANX_ATTN_INLINE void forward_head(const AttentionParams& p, std::int64_t head, const float* q, const float* k,
                                       const float* v, const float* fmask, const unsigned char* bmask, float* out,
-                                      float* lse, const ForwardScratch& w) {
+                                      float* stats, const ForwardScratch& w) {
   const std::int64_t L = p.l, S = p.s, E = p.e, Ev = p.ev;
   const std::int64_t s_pad = round_up(S, kBc), ev_pad = round_up(Ev, kPad);
   using V = Vec<kLevel>;
@@ -475,8 +475,9 @@ PHALANX_ATTN_INLINE void forward_head(const AttentionParams& p, std::int64_t hea
                                                    w.acc, ev_pad);
     }
     for (std::int64_t r = 0; r < nr; ++r) {
-      // A row with every score masked (m = -inf, l = 0) gives zeros and lse = -inf, as PyTorch
-      // 2.5+'s _safe_softmax (docs/attention.md, "Masks").
+      // A row with every score masked (m = -inf, l = 0) gives zeros, as PyTorch 2.5+'s
+      // _safe_softmax (docs/attention.md, "Masks"). m and l are saved apart: m + log l rounds
+      // to m for a row of -1e9 scores, and the backward's weights would become 1.
       const float l = w.lrow[r];
       const float* a = w.acc + r * ev_pad;
       float* o = out + (i0 + r) * Ev;
@@ -484,7 +485,8 @@ PHALANX_ATTN_INLINE void forward_head(const AttentionParams& p, std::int64_t hea
         std::fill(o, o + Ev, 0.f);
       else
         for (std::int64_t c = 0; c < Ev; ++c) o[c] = a[c] / l;
-      lse[i0 + r] = w.mrow[r] + std::log(l);
+      stats[2 * (i0 + r)] = w.mrow[r];
+      stats[2 * (i0 + r) + 1] = l;
     }
   }
 }
@@ -509,7 +511,7 @@ struct BackwardScratch {
 template <int kLevel>
 PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t head, const float* q, const float* k,
                                        const float* v, const float* fmask, const unsigned char* bmask,
-                                       const float* out, const float* lse, const float* dout, float* dq, float* dk,
+                                       const float* out, const float* stats, const float* dout, float* dq, float* dk,
                                        float* dv, const BackwardScratch& w) {
   const std::int64_t L = p.l, S = p.s, E = p.e, Ev = p.ev;
   const std::int64_t s_pad = round_up(S, kBc), e_pad = round_up(E, kPad), ev_pad = round_up(Ev, kPad);
@@ -543,15 +545,16 @@ PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t he
       tile_gemm<kLevel, Skip::kCols, false, false>(diagonal, diag, nr, kBc, E, w.qp + i0 * e_pad, e_pad, w.kt + j0, s_pad,
                                                    w.st, kBc);
       masker.template apply<kLevel>(w.st, nr, nc, i0, j0);
-      for (std::int64_t r = 0; r < nr; ++r) {  // P = exp(s - lse); 0 in a fully masked row (lse = -inf)
+      for (std::int64_t r = 0; r < nr; ++r) {  // P = exp(s - m) / l; 0 in a fully masked row (m = -inf)
         float* row = w.st + r * kBc;
-        const float lse_r = lse[i0 + r];
-        if (lse_r == kNegInf) {
+        const float m_r = stats[2 * (i0 + r)];
+        if (m_r == kNegInf) {
           std::fill(row, row + kBc, 0.f);
           continue;
         }
-        const V lv = splat<kLevel>(lse_r);
-        for (std::int64_t c = 0; c < kBc; c += W) store<kLevel>(row + c, exp_v<kLevel>(load<kLevel>(row + c) - lv));
+        const V mv = splat<kLevel>(m_r), inv_l = splat<kLevel>(1.f / stats[2 * (i0 + r) + 1]);
+        for (std::int64_t c = 0; c < kBc; c += W)
+          store<kLevel>(row + c, exp_v<kLevel>(load<kLevel>(row + c) - mv) * inv_l);
       }
       // dP (of the dropped weights) = dO V^T
       tile_gemm<kLevel, Skip::kCols, false, false>(diagonal, diag, nr, kBc, Ev, w.dop + i0 * ev_pad, ev_pad, w.vt + j0,
@@ -614,15 +617,15 @@ using BackwardFn = void (*)(const AttentionParams&, std::int64_t, const float*, 
 
 #define PHALANX_ATTN_LEVEL(suffix, target, level)                                                                    \
   target void forward_##suffix(const AttentionParams& p, std::int64_t head, const float* q, const float* k,    \
-                               const float* v, const float* fm, const unsigned char* bm, float* out, float* lse, \
+                               const float* v, const float* fm, const unsigned char* bm, float* out, float* stats, \
                                const ForwardScratch& w) {                                                     \
-    forward_head<level>(p, head, q, k, v, fm, bm, out, lse, w);                                                    \
+    forward_head<level>(p, head, q, k, v, fm, bm, out, stats, w);                                                    \
   }                                                                                                           \
   target void backward_##suffix(const AttentionParams& p, std::int64_t head, const float* q, const float* k,   \
                                 const float* v, const float* fm, const unsigned char* bm, const float* out,     \
-                                const float* lse, const float* dout, float* dq, float* dk, float* dv,          \
+                                const float* stats, const float* dout, float* dq, float* dk, float* dv,          \
                                 const BackwardScratch& w) {                                                   \
-    backward_head<level>(p, head, q, k, v, fm, bm, out, lse, dout, dq, dk, dv, w);                                 \
+    backward_head<level>(p, head, q, k, v, fm, bm, out, stats, dout, dq, dk, dv, w);                                 \
   }
 PHALANX_ATTN_LEVEL(scalar, , 0)
 #ifdef PHALANX_ATTN_X86
@@ -630,8 +633,9 @@ PHALANX_ATTN_LEVEL(avx2, PHALANX_ATTN_TARGET("avx2,fma"), 1)
 PHALANX_ATTN_LEVEL(avx512, PHALANX_ATTN_TARGET("avx512f,avx512dq,fma"), 2)
 #endif
 
-/// AVX-512 with DQ (the dropout hash's 64-bit multiplies), else AVX2, else baseline.
-int simd_level() { return cpu::simd_level("PHALANX_ATTENTION_SIMD", true); }
+/// AVX-512 with DQ (the dropout hash's 64-bit multiplies), else AVX2, else baseline; both
+/// vector levels are compiled with FMA, so they need it too.
+int simd_level() { return cpu::simd_level("PHALANX_ATTENTION_SIMD", true, true); }
 
 ForwardFn forward_fn(int level) {
 #ifdef PHALANX_ATTN_X86
@@ -663,7 +667,7 @@ Tensor scratch(std::int64_t n) { return Tensor::empty({std::max<std::int64_t>(n,
 }  // namespace
 
 void CpuKernels::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                   const AttentionParams& p, Tensor& out, Tensor& lse) {
+                                   const AttentionParams& p, Tensor& out, Tensor& stats) {
   const std::int64_t s_pad = round_up(p.s, kBc), ev_pad = round_up(p.ev, kPad);
   Tensor buf = scratch(p.e * s_pad + s_pad * ev_pad + kBr * kBc + kBr * ev_pad + 4 * kBr);
   float* b = buf.data<float>();
@@ -680,16 +684,16 @@ void CpuKernels::attention_forward(const Tensor& q, const Tensor& k, const Tenso
   const float* fm = fmask_of(mask, p);
   const unsigned char* bm = bmask_of(mask, p);
   const float *qd = q.data<float>(), *kd = k.data<float>(), *vd = v.data<float>();
-  float *od = out.data<float>(), *ld = lse.data<float>();
+  float *od = out.data<float>(), *ld = stats.data<float>();
   for (std::int64_t h = 0; h < p.batch; ++h) {
     const std::int64_t moff = p.mask_kind == AttentionMask::None ? 0 : mask_offset(p, h);
     fn(p, h, qd + h * p.l * p.e, kd + h * p.s * p.e, vd + h * p.s * p.ev, fm ? fm + moff : nullptr,
-       bm ? bm + moff : nullptr, od + h * p.l * p.ev, ld + h * p.l, w);
+       bm ? bm + moff : nullptr, od + h * p.l * p.ev, ld + 2 * h * p.l, w);
   }
 }
 
 void CpuKernels::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                    const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                                    const Tensor& out, const Tensor& stats, const Tensor& grad_out,
                                     const AttentionParams& p, Tensor& grad_q, Tensor& grad_k, Tensor& grad_v) {
   const std::int64_t s_pad = round_up(p.s, kBc), e_pad = round_up(p.e, kPad), ev_pad = round_up(p.ev, kPad);
   Tensor buf = scratch(p.e * s_pad + p.ev * s_pad + s_pad * e_pad + p.l * e_pad + p.l * ev_pad +
@@ -712,14 +716,14 @@ void CpuKernels::attention_backward(const Tensor& q, const Tensor& k, const Tens
   const float* fm = fmask_of(mask, p);
   const unsigned char* bm = bmask_of(mask, p);
   const float *qd = q.data<float>(), *kd = k.data<float>(), *vd = v.data<float>(), *od = out.data<float>(),
-              *ld = lse.data<float>(), *gd = grad_out.data<float>();
+              *ld = stats.data<float>(), *gd = grad_out.data<float>();
   float* dq = grad_q.defined() ? grad_q.data<float>() : nullptr;
   float* dk = grad_k.defined() ? grad_k.data<float>() : nullptr;
   float* dv = grad_v.defined() ? grad_v.data<float>() : nullptr;
   for (std::int64_t h = 0; h < p.batch; ++h) {
     const std::int64_t moff = p.mask_kind == AttentionMask::None ? 0 : mask_offset(p, h);
     fn(p, h, qd + h * p.l * p.e, kd + h * p.s * p.e, vd + h * p.s * p.ev, fm ? fm + moff : nullptr,
-       bm ? bm + moff : nullptr, od + h * p.l * p.ev, ld + h * p.l, gd + h * p.l * p.ev,
+       bm ? bm + moff : nullptr, od + h * p.l * p.ev, ld + 2 * h * p.l, gd + h * p.l * p.ev,
        dq ? dq + h * p.l * p.e : nullptr, dk ? dk + h * p.s * p.e : nullptr, dv ? dv + h * p.s * p.ev : nullptr, w);
   }
 }

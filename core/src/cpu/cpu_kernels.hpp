@@ -90,9 +90,9 @@ class CpuKernels final : public DeviceKernels {
   // ---- end layout and masks ----
   // ---- attention (cpu_attention.cpp) ----
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                         const AttentionParams& p, Tensor& out, Tensor& lse) override;
+                         const AttentionParams& p, Tensor& out, Tensor& stats) override;
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                          const Tensor& out, const Tensor& lse, const Tensor& grad_out, const AttentionParams& p,
+                          const Tensor& out, const Tensor& stats, const Tensor& grad_out, const AttentionParams& p,
                           Tensor& grad_q, Tensor& grad_k, Tensor& grad_v) override;
   // ---- end attention ----
   void convert(const Tensor& src, Tensor& dst) override;

@@ -1,6 +1,6 @@
 // scaled_dot_product_attention (docs/attention.md): checks, the mask's broadcast strides,
 // the dropout seed, and one autograd node whose backward recomputes the weights from the
-// saved per-row log-sum-exp (the kernels are the device table's attention_* entries).
+// saved per-row maximum and sum (the kernels are the device table's attention_* entries).
 #include <cmath>
 #include <string>
 
@@ -19,15 +19,15 @@ constexpr const char* kOp = "scaled_dot_product_attention";
 
 class AttentionBackward final : public Node {
  public:
-  AttentionBackward(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor out, Tensor lse, const AttentionParams& p)
+  AttentionBackward(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor out, Tensor stats, const AttentionParams& p)
       : q_(std::move(q)), k_(std::move(k)), v_(std::move(v)), mask_(std::move(mask)), out_(std::move(out)),
-        lse_(std::move(lse)), p_(p) {}
+        stats_(std::move(stats)), p_(p) {}
   std::vector<Tensor> apply(const Tensor& g) override {
     Tensor gq, gk, gv;
     if (needs_grad(*this, 0)) gq = autograd::gradient_buffer(*this, 0, q_.shape(), g.device());
     if (needs_grad(*this, 1)) gk = autograd::gradient_buffer(*this, 1, k_.shape(), g.device());
     if (needs_grad(*this, 2)) gv = autograd::gradient_buffer(*this, 2, v_.shape(), g.device());
-    kernels_for(g.device()).attention_backward(q_, k_, v_, mask_, out_, lse_, g, p_, gq, gk, gv);
+    kernels_for(g.device()).attention_backward(q_, k_, v_, mask_, out_, stats_, g, p_, gq, gk, gv);
     return {gq, gk, gv};
   }
   const char* name() const override { return "ScaledDotProductAttentionBackward"; }
@@ -37,11 +37,11 @@ class AttentionBackward final : public Node {
     v_ = Tensor();
     mask_ = Tensor();
     out_ = Tensor();
-    lse_ = Tensor();
+    stats_ = Tensor();
   }
 
  private:
-  Tensor q_, k_, v_, mask_, out_, lse_;
+  Tensor q_, k_, v_, mask_, out_, stats_;
   AttentionParams p_;
 };
 
@@ -103,6 +103,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
       throw ShapeError(detail::concat(kOp, ": q, k and v must have the same leading dims, got ", shapes(q, k, v)));
   if (ks[nd - 1] != qs[nd - 1])
     throw ShapeError(detail::concat(kOp, ": q and k must have the same last dim E, got ", shapes(q, k, v)));
+  if (qs[nd - 1] == 0)  // the default scale would be 1/sqrt(0)
+    throw ShapeError(detail::concat(kOp, ": q and k need a last dim E of at least 1, got ", shapes(q, k, v)));
   if (vs[nd - 2] != ks[nd - 2])
     throw ShapeError(detail::concat(kOp, ": k and v must have the same number of keys S, got ", shapes(q, k, v)));
   if (nd - 2 > AttentionParams::kMaxLead)
@@ -131,7 +133,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   Shape scores(qs.begin(), qs.end() - 2);
   scores.push_back(p.l);
   scores.push_back(p.s);
-  if (attn_mask.defined()) mask_geometry(attn_mask, q, scores, p);
+  if (attn_mask.defined()) {
+    mask_geometry(attn_mask, q, scores, p);
+    // The kernels compute no gradient for the mask (a learned bias would get none, silently).
+    if (grad_mode_enabled() && attn_mask.requires_grad())
+      throw ValueError(detail::concat(kOp, ": attn_mask requires grad, but its gradient is not computed: detach() "
+                                      "it, or add the bias to the scores with matmul/softmax"));
+  }
   p.dropout_p = dropout_p;
   p.dropout_seed = 0;
   if (dropout_p > 0.f) {  // one draw per call: the kernels derive every weight's decision from it
@@ -141,18 +149,18 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 
   Shape out_shape(qs.begin(), qs.end() - 1);
   out_shape.push_back(p.ev);
-  if (p.batch == 0 || p.l == 0 || p.s == 0) {
+  if (p.batch == 0 || p.l == 0 || p.s == 0 || p.ev == 0) {
     // No keys: softmax over an empty row times an empty v is zeros (PyTorch's matmul); no
-    // graph is recorded (nothing depends on the inputs).
+    // graph is recorded (nothing depends on the inputs). Ev = 0: the output is empty.
     return zeros(out_shape, DType::Float32, q.device());
   }
   Tensor out = Tensor::empty(out_shape, DType::Float32, q.device());
-  Tensor lse = Tensor::empty({p.batch, p.l}, DType::Float32, q.device());
-  kernels_for(q.device()).attention_forward(q, k, v, attn_mask, p, out, lse);
+  Tensor stats = Tensor::empty({p.batch, p.l, 2}, DType::Float32, q.device());
+  kernels_for(q.device()).attention_forward(q, k, v, attn_mask, p, out, stats);
   if (grad_mode_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
     autograd::record(std::make_shared<AttentionBackward>(q.detach(), k.detach(), v.detach(),
                                                          attn_mask.defined() ? attn_mask.detach() : Tensor(),
-                                                         out.detach(), lse, p),
+                                                         out.detach(), stats, p),
                      {&q, &k, &v}, out);
   return out;
 }

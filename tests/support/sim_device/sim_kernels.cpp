@@ -185,18 +185,18 @@ class SimKernels final : public DeviceKernels {
 
   // ---- attention ----
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                         const AttentionParams& p, Tensor& out, Tensor& lse) override {
-    Tensor o = host_view(out, "attention_forward"), l = host_view(lse, "attention_forward");
+                         const AttentionParams& p, Tensor& out, Tensor& stats) override {
+    Tensor o = host_view(out, "attention_forward"), l = host_view(stats, "attention_forward");
     cpu().attention_forward(host_view(q, "attention_forward"), host_view(k, "attention_forward"),
                             host_view(v, "attention_forward"), host_view(mask, "attention_forward"), p, o, l);
   }
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
-                          const Tensor& lse, const Tensor& grad_out, const AttentionParams& p, Tensor& grad_q,
+                          const Tensor& stats, const Tensor& grad_out, const AttentionParams& p, Tensor& grad_q,
                           Tensor& grad_k, Tensor& grad_v) override {
     const char* op = "attention_backward";
     Tensor gq = host_view(grad_q, op), gk = host_view(grad_k, op), gv = host_view(grad_v, op);
     cpu().attention_backward(host_view(q, op), host_view(k, op), host_view(v, op), host_view(mask, op),
-                             host_view(out, op), host_view(lse, op), host_view(grad_out, op), p, gq, gk, gv);
+                             host_view(out, op), host_view(stats, op), host_view(grad_out, op), p, gq, gk, gv);
   }
   // ---- end attention ----
   // ---- normalisation, embedding, argmax, clamp ----

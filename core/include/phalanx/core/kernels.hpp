@@ -271,16 +271,20 @@ class DeviceKernels {
   // ---- end layout and masks ----
   // ---- attention (CPU: core/src/cpu/cpu_attention.cpp, docs/attention.md) ----
   /// out [batch, l, ev] = softmax(q k^T * scale + mask, causal) (dropped out) v, and
-  /// lse [batch, l] = the log-sum-exp of each row of the masked, scaled scores (-inf for a
-  /// row whose every score is masked: its output is 0, as PyTorch 2.5+'s, and its weights
-  /// count as 0 in the backward). Never holds an l x s matrix.
+  /// stats [batch, l, 2] = per row of the masked, scaled scores its maximum m and
+  /// sum(exp(s - m)) l (m = -inf, l = 0 for a row whose every score is masked: its output is
+  /// 0, as PyTorch 2.5+'s, and its weights count as 0 in the backward). m and l stay apart,
+  /// not folded into a log-sum-exp: m + log l rounds to m when every score is about -1e9 (a
+  /// masked row), and exp(s - lse) would then give weights of 1 instead of 1/l. Never holds
+  /// an l x s matrix.
   virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                 const AttentionParams& p, Tensor& out, Tensor& lse) = 0;
-  /// FlashAttention-2's backward: recomputes the weights tile by tile from q, k and lse,
+                                 const AttentionParams& p, Tensor& out, Tensor& stats) = 0;
+  /// FlashAttention-2's backward: recomputes the weights tile by tile from q, k and stats
+  /// (P = exp(s - m) / l),
   /// with rowsum(grad_out * out) per row; writes grad_q, grad_k, grad_v (each overwritten;
   /// one that is undefined is not wanted, though it may still be computed internally).
   virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                  const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                                  const Tensor& out, const Tensor& stats, const Tensor& grad_out,
                                   const AttentionParams& p, Tensor& grad_q, Tensor& grad_k,
                                   Tensor& grad_v) = 0;
   // ---- end attention ----
