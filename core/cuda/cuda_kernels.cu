@@ -179,8 +179,8 @@ __global__ void log_softmax_k(const float* x, float* o, std::int64_t outer, std:
     for (std::int64_t i = 0; i < d; ++i) mx = fmaxf(mx, base[i * inner]);
     double s = 0;
     for (std::int64_t i = 0; i < d; ++i) s += exp(static_cast<double>(base[i * inner] - mx));
-    const float lse = mx + static_cast<float>(log(s));
-    for (std::int64_t i = 0; i < d; ++i) ob[i * inner] = base[i * inner] - lse;
+    const float log_sum = static_cast<float>(log(s));  // (x - max) - log(sum), as the CPU's
+    for (std::int64_t i = 0; i < d; ++i) ob[i * inner] = (base[i * inner] - mx) - log_sum;
   }
 }
 
@@ -207,7 +207,7 @@ __global__ void cross_entropy_k(const float* x, const long long* t, float* p, fl
     const float inv = 1.f / s;
     for (std::int64_t j = 0; j < c; ++j) prow[j] *= inv;
     const long long tr = t[r];  // a bad label (reported by the label check) gives NaN, never a stray read
-    l[r] = tr < 0 || tr >= c ? __int_as_float(0x7fffffff) : (mx + logf(s)) - row[tr];
+    l[r] = tr < 0 || tr >= c ? __int_as_float(0x7fffffff) : logf(s) - (row[tr] - mx);
   }
 }
 

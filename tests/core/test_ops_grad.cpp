@@ -150,6 +150,16 @@ TEST_CASE("log_softmax over each dimension") {
     }
 }
 
+TEST_CASE("log_softmax and cross_entropy keep log(sum) at large magnitudes") {
+  // Every value near -1e9 (a row masked with -1e9; floats there are 64 apart): the
+  // log-probabilities of 8 equal values are -log 8, not the 0 that x - (max + log sum) gives.
+  Tensor x = full({1, 8}, -1e9f);
+  for (float v : log_softmax(x, 1).to_vector<float>()) CHECK(v == doctest::Approx(-std::log(8.f)));
+  for (float v : softmax(x, 1).to_vector<float>()) CHECK(v == doctest::Approx(0.125f));
+  Tensor big = full({1, 8}, 1e9f);
+  CHECK(cross_entropy(big, zeros({1}, DType::Int64)).item() == doctest::Approx(std::log(8.f)));
+}
+
 TEST_CASE("losses") {
   for (std::int64_t n : {1, 4, 9}) {
     CAPTURE(n);

@@ -190,8 +190,10 @@ void CpuKernels::log_softmax(const Tensor& x, std::int64_t outer, std::int64_t d
       for (std::int64_t i = 0; i < d; ++i) mx = std::max(mx, base[i * inner]);
       double s = 0.0;
       for (std::int64_t i = 0; i < d; ++i) s += std::exp(static_cast<double>(base[i * inner] - mx));
-      const float lse = mx + static_cast<float>(std::log(s));
-      for (std::int64_t i = 0; i < d; ++i) obase[i * inner] = base[i * inner] - lse;
+      // (x - max) - log(sum), as PyTorch: x - (max + log(sum)) would round log(sum) away
+      // when |max| is large (a row masked with -1e9 would give log-probabilities of 0).
+      const float log_sum = static_cast<float>(std::log(s));
+      for (std::int64_t i = 0; i < d; ++i) obase[i * inner] = (base[i * inner] - mx) - log_sum;
     }
 }
 
@@ -230,7 +232,7 @@ void CpuKernels::cross_entropy(const Tensor& logits, const Tensor& target, Tenso
     }
     const float inv = 1.f / s;
     for (std::int64_t j = 0; j < c; ++j) prow[j] *= inv;
-    l[r] = (mx + std::log(s)) - row[t[r]];
+    l[r] = std::log(s) - (row[t[r]] - mx);  // not (mx + log s) - x: see log_softmax
   }
 }
 
