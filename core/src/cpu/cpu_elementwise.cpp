@@ -77,11 +77,20 @@ __attribute__((always_inline)) inline std::uint32_t float_to_bits(float f) {
   return u;
 }
 
+/// c ? a : b as bit operations: GCC does not if-convert a select between two float
+/// computations (with trapping math they could trap), it branches, and then the loop does not
+/// vectorise without AVX-512's masks.
+__attribute__((always_inline)) inline float select_bits(bool c, float a, float b) {
+  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+  return bits_to_float((float_to_bits(a) & m) | (float_to_bits(b) & ~m));
+}
+
 /// exp(r) for r in [-87, 0] (callers clamp): 2^k exp(f), |f| <= ln2 / 2, a degree-7 polynomial;
 /// within 1e-7 relative of exp. The result stays a normal float, so 2^k goes into the exponent bits.
 __attribute__((always_inline)) inline float exp_nonpositive(float r) {
   const float magic = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float k = std::fma(r, 1.44269504f, magic) - magic;
+  const float shifted = std::fma(r, 1.44269504f, magic);  // k in its low mantissa bits
+  const float k = shifted - magic;
   float f = std::fma(k, -0.693145752f, r);  // ln 2 in two parts (Cody-Waite)
   f = std::fma(k, -1.42860677e-6f, f);
   float p = 1.98756912e-4f;
@@ -91,8 +100,7 @@ __attribute__((always_inline)) inline float exp_nonpositive(float r) {
   p = std::fma(p, f, 1.66666657e-1f);
   p = std::fma(p, f, 5.0e-1f);
   p = std::fma(p, f * f, f) + 1.0f;
-  const auto ki = static_cast<std::int32_t>(k);
-  return bits_to_float(float_to_bits(p) + (static_cast<std::uint32_t>(ki) << 23));
+  return bits_to_float(float_to_bits(p) + ((float_to_bits(shifted) - float_to_bits(magic)) << 23));
 }
 
 /// erf(a) within 1.02 ulp of the exact value (checked against double erf over the float range):
@@ -107,7 +115,7 @@ __attribute__((always_inline)) inline float erf_float(float a) {
   r = std::fma(r, s, -3.76125336e-1f);
   r = std::fma(r, s, 1.28379166e-1f);
   const float small = std::fma(r, a, a);
-  const float tc = t < 4.0f ? t : 4.0f;
+  const float tc = select_bits(t < 4.0f, t, 4.0f);
   float u = std::fma(-1.72853470e-5f, tc, 3.83197126e-4f);
   const float v = std::fma(-3.88396438e-3f, tc, 2.42546219e-2f);
   u = std::fma(u, tc * tc, v);
@@ -116,7 +124,7 @@ __attribute__((always_inline)) inline float erf_float(float a) {
   u = std::fma(u, tc, -1.28717512e-1f);
   u = std::fma(u, tc, -tc);
   const float big = std::copysign(1.0f - exp_nonpositive(u), a);
-  return t > 0.927734375f ? big : small;
+  return select_bits(t > 0.927734375f, big, small);
 }
 
 /// PyTorch's exact (erf) GELU: x/2 (1 + erf(x / sqrt 2)).
@@ -136,7 +144,8 @@ void gelu_backward(const float* __restrict g, const float* __restrict x, float* 
     const float xi = x[i];
     const float cdf = 0.5f * (1.0f + erf_float(xi * static_cast<float>(M_SQRT1_2)));
     const float e = xi * xi * -0.5f;
-    const float pdf = e < -87.0f ? 0.0f : kBeta * exp_nonpositive(e < -87.0f ? -87.0f : e);
+    const bool under = e < -87.0f;
+    const float pdf = select_bits(under, 0.0f, kBeta * exp_nonpositive(select_bits(under, -87.0f, e)));
     o[i] = g[i] * std::fma(xi, pdf, cdf);
   }
 }
