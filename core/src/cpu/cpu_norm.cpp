@@ -11,6 +11,65 @@ namespace {
 inline float at_or(const Tensor& t, std::int64_t i, float dflt) {
   return t.defined() ? t.data<float>()[i] : dflt;
 }
+
+// The per-channel sums run in double over 8 lanes (element i of a row into lane i % 8, the
+// lanes added in order at the end): one sequential double sum was a chain of dependent adds
+// (a layer_norm row of 128 is a channel here), 8 lanes vectorise. The order is fixed, so the
+// result does not depend on the vector width; fp-contract=off keeps FMA out of the AVX-512
+// clone, so each clone gives the same bits.
+constexpr int kLanes = 8;
+using Lanes = double[kLanes];
+
+inline double lanes_total(const Lanes acc) {
+  double s = 0;
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  return s;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PHALANX_NORM_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
+#else
+#define PHALANX_NORM_CLONES
+#endif
+
+/// acc[i % 8] += x[i] (sum) or (x[i] - m)^2 (centred squares).
+PHALANX_NORM_CLONES
+void add_row(const float* __restrict x, std::int64_t n, double m, bool squares, double* __restrict acc) {
+  std::int64_t i = 0;
+  if (squares) {
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) {
+        const double d = x[i + j] - m;
+        acc[j] += d * d;
+      }
+    for (int j = 0; i < n; ++i, ++j) {
+      const double d = x[i] - m;
+      acc[j] += d * d;
+    }
+  } else {
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j];
+    for (int j = 0; i < n; ++i, ++j) acc[j] += x[i];
+  }
+}
+
+/// s[i % 8] += g[i], d[i % 8] += g[i] (x[i] - m).
+PHALANX_NORM_CLONES
+void add_row_dy(const float* __restrict g, const float* __restrict x, std::int64_t n, double m,
+                double* __restrict s, double* __restrict d) {
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) {
+      const double gj = g[i + j];
+      s[j] += gj;
+      d[j] += gj * (x[i + j] - m);
+    }
+  for (int j = 0; i < n; ++i, ++j) {
+    const double gj = g[i];
+    s[j] += gj;
+    d[j] += gj * (x[i] - m);
+  }
+}
 }  // namespace
 
 void CpuKernels::batch_norm_stats(const Tensor& x, std::int64_t outer, std::int64_t c, std::int64_t inner,
@@ -20,20 +79,11 @@ void CpuKernels::batch_norm_stats(const Tensor& x, std::int64_t outer, std::int6
   float* pv = var.data<float>();
   const double n = static_cast<double>(outer * inner);
   for (std::int64_t ch = 0; ch < c; ++ch) {
-    double s = 0;
-    for (std::int64_t o = 0; o < outer; ++o) {
-      const float* row = px + (o * c + ch) * inner;
-      for (std::int64_t i = 0; i < inner; ++i) s += row[i];
-    }
-    const double m = n > 0 ? s / n : 0.0;
-    double q = 0;
-    for (std::int64_t o = 0; o < outer; ++o) {
-      const float* row = px + (o * c + ch) * inner;
-      for (std::int64_t i = 0; i < inner; ++i) {
-        const double d = row[i] - m;
-        q += d * d;
-      }
-    }
+    Lanes sum = {}, sq = {};
+    for (std::int64_t o = 0; o < outer; ++o) add_row(px + (o * c + ch) * inner, inner, 0.0, false, sum);
+    const double m = n > 0 ? lanes_total(sum) / n : 0.0;
+    for (std::int64_t o = 0; o < outer; ++o) add_row(px + (o * c + ch) * inner, inner, m, true, sq);
+    const double q = lanes_total(sq);
     pm[ch] = static_cast<float>(m);
     pv[ch] = static_cast<float>(n > 0 ? q / n : 0.0);
   }
@@ -68,18 +118,14 @@ void CpuKernels::batch_norm_backward_reduce(const Tensor& grad_y, const Tensor& 
   float* ps = sum_dy.data<float>();
   float* pd = sum_dy_xmu.data<float>();
   for (std::int64_t ch = 0; ch < c; ++ch) {
-    double s = 0, d = 0;
+    Lanes s = {}, d = {};
     const double m = pm[ch];
     for (std::int64_t o = 0; o < outer; ++o) {
       const std::int64_t off = (o * c + ch) * inner;
-      for (std::int64_t i = 0; i < inner; ++i) {
-        const double g = pg[off + i];
-        s += g;
-        d += g * (px[off + i] - m);
-      }
+      add_row_dy(pg + off, px + off, inner, m, s, d);
     }
-    ps[ch] = static_cast<float>(s);
-    pd[ch] = static_cast<float>(d);
+    ps[ch] = static_cast<float>(lanes_total(s));
+    pd[ch] = static_cast<float>(lanes_total(d));
   }
 }
 
