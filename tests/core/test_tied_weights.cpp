@@ -150,7 +150,7 @@ TEST_CASE("a .npz of a tied model holds both names and loads back into the tie")
 TEST_CASE("replace_parameter: shape, dtype and unknown names are one-line errors") {
   nn::Linear a(4, 3), b(4, 2);
   CHECK_THROWS_WITH_AS(a.replace_parameter("weight", b.weight),
-                       "replace_parameter('weight'): the tensor has shape [2, 4] but the parameter has [3, 4]",
+                       "Linear.replace_parameter('weight'): the tensor has shape [2, 4] but the parameter has [3, 4]",
                        ShapeError);
   CHECK_THROWS_WITH_AS(a.replace_parameter("kernel", b.weight),
                        "Linear has no parameter 'kernel' to replace (it has: weight, bias)", ValueError);
@@ -158,4 +158,24 @@ TEST_CASE("replace_parameter: shape, dtype and unknown names are one-line errors
   nn::Linear c(4, 3);
   c.weight = c.replace_parameter("weight", a.weight);
   CHECK(c.parameters().front().is_same(a.weight));
+}
+
+TEST_CASE("replace_parameter refuses a computed tensor and another device; a detached one trains") {
+  nn::Linear a(4, 3), b(4, 3);
+  // A computed tensor never gets a .grad: an optimizer would skip it without a word.
+  CHECK_THROWS_WITH_AS(a.replace_parameter("weight", mul(b.weight, 2.f)),
+                       "Linear.replace_parameter('weight'): the tensor is computed (not a leaf): pass another "
+                       "module's parameter, or detach() it",
+                       ValueError);
+  CHECK_THROWS_WITH_AS(a.replace_parameter("weight", zeros({3, 4}, DType::Int64)),
+                       "Linear.replace_parameter('weight'): the tensor is int64 but the parameter is float32",
+                       TypeError);
+  nn::Linear s(4, 3);
+  s.to(Device::sim());
+  CHECK_THROWS_AS(a.replace_parameter("weight", s.weight), ValueError);
+  Tensor d = b.weight.detach();
+  CHECK(!d.requires_grad());
+  a.weight = a.replace_parameter("weight", d);
+  CHECK(a.parameters().front().is_same(d));
+  CHECK(d.requires_grad());
 }

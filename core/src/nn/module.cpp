@@ -28,15 +28,26 @@ Tensor Module::register_buffer(const std::string& name, Tensor t) {
 }
 
 Tensor Module::replace_parameter(const std::string& name, const Tensor& t) {
+  const std::string where = short_type_name(typeid(*this)) + ".replace_parameter('" + name + "')";
   for (auto& [n, p] : params_) {
     if (n != name) continue;
-    if (!t.defined()) throw ValueError("replace_parameter('" + name + "'): the tensor is undefined");
+    if (!t.defined()) throw ValueError(where + ": the tensor is undefined");
+    // A computed tensor never gets a .grad of its own (its gradient flows on to its inputs),
+    // so an optimizer holding it would skip it silently.
+    if (!t.is_leaf())
+      throw ValueError(where + ": the tensor is computed (not a leaf): pass another module's parameter, or "
+                               "detach() it");
     if (p.defined() && p.shape() != t.shape())
-      throw ShapeError("replace_parameter('" + name + "'): the tensor has shape " + shape_str(t.shape()) +
-                       " but the parameter has " + shape_str(p.shape()));
+      throw ShapeError(where + ": the tensor has shape " + shape_str(t.shape()) + " but the parameter has " +
+                       shape_str(p.shape()));
     if (p.defined() && p.dtype() != t.dtype())
-      throw TypeError("replace_parameter('" + name + "'): the tensor is " + dtype_name(t.dtype()) +
-                      " but the parameter is " + dtype_name(p.dtype()));
+      throw TypeError(where + ": the tensor is " + dtype_name(t.dtype()) + " but the parameter is " +
+                      dtype_name(p.dtype()));
+    if (p.defined() && p.device() != t.device())
+      throw ValueError(where + ": the tensor is on " + t.device().str() + " but the parameter is on " +
+                       p.device().str() + ": move one of the modules with to() first");
+    // A parameter trains: a leaf that did not require grad (a detach()ed or fresh tensor)
+    // does from now on, as nn.Parameter(t) in PyTorch (documented in module.hpp).
     if (!t.requires_grad()) Tensor(t).requires_grad_(true);
     p = t;
     return t;

@@ -46,7 +46,9 @@ class Module {
 
   /// Makes this module's parameter `name` (registered here, not dotted) the tensor `t` itself,
   /// as PyTorch's `module.weight = other.weight`: the way to tie weights. Shape and dtype must
-  /// match (ShapeError / TypeError); an unknown name is a ValueError. Returns `t`: a layer that
+  /// match (ShapeError / TypeError), and the device (ValueError); `t` must be a leaf (a
+  /// computed tensor never gets a gradient: ValueError); a leaf that does not require grad
+  /// (a detach()ed tensor) is made to, as nn.Parameter(t). An unknown name is a ValueError. Returns `t`: a layer that
   /// keeps a handle must take it, `head->weight = head->replace_parameter("weight", emb->weight)`.
   Tensor replace_parameter(const std::string& name, const Tensor& t);
 
