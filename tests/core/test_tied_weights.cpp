@@ -160,6 +160,34 @@ TEST_CASE("replace_parameter: shape, dtype and unknown names are one-line errors
   CHECK(c.parameters().front().is_same(a.weight));
 }
 
+TEST_CASE("replace_parameter alone ties: forward reads the new tensor, an optimizer step moves it") {
+  Generator g(5);
+  nn::Embedding emb(kTiedVocab, kTiedWidth, std::nullopt, &g);
+  nn::Linear head(kTiedWidth, kTiedVocab, false, &g);
+  head.replace_parameter("weight", emb.weight);  // no `head.weight = ...`: the member follows
+  CHECK(head.weight.is_same(emb.weight));
+  const Tensor x = randn({3, kTiedWidth}, &g);
+  {
+    NoGradGuard ng;
+    CHECK(max_rel_err(head.forward(x), matmul(x, transpose(emb.weight, 0, 1))) < 1e-6);
+  }
+  cross_entropy(head.forward(x), randint(kTiedVocab, {3}, &g)).backward();
+  optim::SGD opt(head.parameters(), optim::SGDOptions(0.5));
+  NoGradGuard ng;
+  const Tensor before = head.forward(x).clone();
+  opt.step();
+  CHECK(max_rel_err(head.forward(x), before) > 1e-3);
+  CHECK(max_rel_err(head.forward(x), matmul(x, transpose(emb.weight, 0, 1))) < 1e-6);
+
+  // The other layers that keep handles follow too.
+  nn::LayerNorm a({4}), b({4});
+  a.replace_parameter("bias", b.bias);
+  CHECK(a.bias.is_same(b.bias));
+  nn::MultiheadAttention m(8, 2), n(8, 2);
+  m.replace_parameter("in_proj_weight", n.in_proj_weight);
+  CHECK(m.in_proj_weight.is_same(n.in_proj_weight));
+}
+
 TEST_CASE("replace_parameter refuses a computed tensor and another device; a detached one trains") {
   nn::Linear a(4, 3), b(4, 3);
   // A computed tensor never gets a .grad: an optimizer would skip it without a word.

@@ -65,6 +65,12 @@ class LayerNorm : public Module {
   std::string describe() const override { return "LayerNorm()"; }
   Tensor weight, bias;
 
+ protected:
+  void on_parameter_replaced(const std::string& name, const Tensor& t) override {
+    if (name == "weight") weight = t;
+    if (name == "bias") bias = t;
+  }
+
  private:
   std::int64_t n_;
 };
@@ -163,7 +169,7 @@ GPT::GPT(const GPTConfig& config, Generator* init, Generator* dropout_gen) : con
   ln_f_ = transformer->add("ln_f", std::make_shared<gpt_internal::LayerNorm>(c.n_embd(), c.bias()));
   lm_head_ = register_module("lm_head", std::make_shared<Linear>(c.n_embd(), c.vocab_size(), false, init));
   // nanoGPT's `self.transformer.wte.weight = self.lm_head.weight`: one tensor, two names.
-  lm_head_->weight = lm_head_->replace_parameter("weight", wte_->weight);
+  lm_head_->replace_parameter("weight", wte_->weight);
 
   // _init_weights through nn.Module.apply (children before their parent, in registration
   // order; the tied tensor is drawn as wte, then again as lm_head), then every c_proj.weight

@@ -50,6 +50,7 @@ Tensor Module::replace_parameter(const std::string& name, const Tensor& t) {
     // does from now on, as nn.Parameter(t) in PyTorch (documented in module.hpp).
     if (!t.requires_grad()) Tensor(t).requires_grad_(true);
     p = t;
+    on_parameter_replaced(name, t);
     return t;
   }
   std::string have;

@@ -169,4 +169,11 @@ std::tuple<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, cons
   return {out, weights};
 }
 
+void MultiheadAttention::on_parameter_replaced(const std::string& name, const Tensor& t) {
+  if (name == "in_proj_weight")
+    in_proj_weight = t;
+  else if (name == "in_proj_bias")
+    in_proj_bias = t;
+}
+
 }  // namespace phalanx::nn

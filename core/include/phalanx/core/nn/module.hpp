@@ -49,7 +49,8 @@ class Module {
   /// match (ShapeError / TypeError), and the device (ValueError); `t` must be a leaf (a
   /// computed tensor never gets a gradient: ValueError); a leaf that does not require grad
   /// (a detach()ed tensor) is made to, as nn.Parameter(t). An unknown name is a ValueError. Returns `t`: a layer that
-  /// keeps a handle must take it, `head->weight = head->replace_parameter("weight", emb->weight)`.
+  /// Returns `t`. The module's own member (Linear::weight, ...) is updated too, through
+  /// on_parameter_replaced, so forward reads the tensor the optimizer steps.
   Tensor replace_parameter(const std::string& name, const Tensor& t);
 
   virtual void train(bool on = true);
@@ -64,6 +65,13 @@ class Module {
   std::string str() const;
 
  protected:
+  /// Called by replace_parameter once parameter `name` is `t`: a module that keeps a handle
+  /// to the parameter (Linear::weight) reassigns it here, or forward would read the old
+  /// tensor, which no optimizer holds any more (a silent untie).
+  virtual void on_parameter_replaced(const std::string& name, const Tensor& t) {
+    (void)name;
+    (void)t;
+  }
   /// Returns a handle to the registered tensor (it aliases the stored one, as every Tensor copy
   /// does; a reference into the list would dangle at the next registration).
   Tensor register_parameter(const std::string& name, Tensor t);
