@@ -221,6 +221,33 @@ TEST_CASE("GPT::generate: the same seed gives the same tokens; top_k 1 is greedy
   CHECK_THROWS_AS(model.generate(prompt, 1, 1.f, -1), ValueError);
 }
 
+TEST_CASE("GPT::generate: NaN or inf logits are a one-line ValueError, not token 0") {
+  Generator init(3);
+  nn::GPT model(nn::GPTConfig().block_size(8).vocab_size(11).n_layer(1).n_head(2).n_embd(16), &init);
+  const Tensor prompt = tensor(std::vector<std::int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
+  auto named = model.named_parameters();
+  Tensor ln_f;
+  for (auto& [n, t] : named)
+    if (n == "transformer.ln_f.weight") ln_f = t;
+  REQUIRE(ln_f.defined());
+  {
+    NoGradGuard ng;
+    ln_f.data<float>()[0] = std::nanf("");
+  }
+  Generator g(1);
+  for (std::int64_t top_k : {0, 3})
+    CHECK_THROWS_WITH_AS(model.generate(prompt, 4, 1.f, top_k, &g),
+                         "GPT::generate: the logits of row 0 at step 0 are not finite (NaN/inf): the model has "
+                         "diverged",
+                         ValueError);
+  CHECK(model.is_training());
+  {
+    NoGradGuard ng;
+    ln_f.data<float>()[0] = std::numeric_limits<float>::infinity();
+  }
+  CHECK_THROWS_AS(model.generate(prompt, 4, 1.f, 0, &g), ValueError);
+}
+
 TEST_CASE("GPT dropout draws from its generator: the same seed, the same loss; eval mode is dropout-free") {
   const nn::GPTConfig c = nn::GPTConfig().block_size(8).vocab_size(11).n_layer(2).n_head(2).n_embd(16).dropout(0.3f);
   const Tensor idx = tensor(std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});

@@ -265,7 +265,10 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
   eval();
   NoGradGuard ng;
   std::vector<std::int64_t> window;
+  // Per-row scratch, allocated once for the whole call.
   std::vector<double> weight(static_cast<std::size_t>(V));
+  std::vector<float> scaled(static_cast<std::size_t>(V)), sorted;
+  if (top_k > 0 && top_k < V) sorted.resize(static_cast<std::size_t>(V));
   for (std::int64_t step = 0; step < max_new_tokens; ++step) {
     const std::int64_t T = std::min<std::int64_t>(static_cast<std::int64_t>(seq[0].size()), block);
     window.clear();
@@ -280,11 +283,17 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
       const float* row = l + b * V;
       // logits / temperature; below the top_k-th largest -> -inf (ties with it stay, as
       // nanoGPT's `logits < v[:, [-1]]`); softmax; one multinomial draw.
-      std::vector<float> scaled(row, row + V);
-      for (float& v : scaled) v /= temperature;
+      for (std::int64_t i = 0; i < V; ++i) {
+        scaled[i] = row[i] / temperature;
+        // NaN would make nth_element's order undefined and every weight 0 (PyTorch's
+        // multinomial refuses such probabilities too): a diverged model, said so.
+        if (!std::isfinite(scaled[i]))
+          throw ValueError(detail::concat("GPT::generate: the logits of row ", b, " at step ", step,
+                                          " are not finite (NaN/inf): the model has diverged"));
+      }
       float threshold = -std::numeric_limits<float>::infinity();
-      if (top_k > 0 && top_k < V) {
-        std::vector<float> sorted = scaled;
+      if (!sorted.empty()) {
+        std::copy(scaled.begin(), scaled.end(), sorted.begin());
         std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<float>());
         threshold = sorted[static_cast<std::size_t>(top_k - 1)];
       }
@@ -294,6 +303,7 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
         weight[i] = scaled[i] >= threshold ? std::exp(static_cast<double>(scaled[i]) - top) : 0.0;
         total += weight[i];
       }
+      // Finite logits: the largest has weight 1, so total >= 1 and some id is picked.
       const double u = static_cast<double>(g.next_u64() >> 11) * 0x1.0p-53 * total;
       std::int64_t pick = -1;
       double cum = 0;
@@ -303,7 +313,6 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
         cum += weight[i];
         if (cum > u) break;
       }
-      if (pick < 0) pick = std::max_element(scaled.begin(), scaled.end()) - scaled.begin();  // NaN logits
       seq[b].push_back(pick);
     }
   }
