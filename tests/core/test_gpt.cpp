@@ -285,3 +285,17 @@ TEST_CASE("GPT on the sim test accelerator: the CPU's logits, loss, gradients an
   CHECK(cpu.generate(idx, 4, 1.f, 3, &s1).to_vector<std::int64_t>() ==
         sim.generate(idx.to(Device::sim()), 4, 1.f, 3, &s2).to(Device::cpu()).to_vector<std::int64_t>());
 }
+
+TEST_CASE("GPT on a device: the ids are not copied to the host to be checked; the embedding refuses them") {
+  Generator init(3);
+  nn::GPT model(nn::GPTConfig().block_size(8).vocab_size(11).n_layer(1).n_head(2).n_embd(16), &init);
+  model.to(Device::sim());
+  Tensor ids = zeros({2, 4}, DType::Int64);
+  ids.data<std::int64_t>()[6] = 11;
+  // On the CPU GPT's own message; elsewhere the embedding op's check (a CUDA stream is not
+  // synced by every forward to scan the ids).
+  CHECK_THROWS_WITH_AS(model.forward(ids.to(Device::sim())),
+                       "embedding: index 11 at position 6 is out of range [0, 11) for weight [11, 16]", ValueError);
+  CHECK_THROWS_AS(model.forward(zeros({2, 4}, DType::Float32, Device::sim())), TypeError);
+  CHECK_THROWS_AS(model.forward(zeros({2, 9}, DType::Int64, Device::sim())), ValueError);
+}

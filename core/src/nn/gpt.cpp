@@ -203,10 +203,13 @@ void GPT::check_ids(const Tensor& idx) const {
     throw ValueError(detail::concat("GPT: sequence length ", T, " exceeds block_size ", config_.block_size(),
                                     ": feed at most the last ", config_.block_size(), " tokens"));
   if (T == 0) throw ValueError("GPT: the sequences are empty (T = 0): give at least one token");
-  const Tensor host = idx.device().is_cpu() ? idx : idx.to(Device::cpu());
-  const std::int64_t* p = host.data<std::int64_t>();
+  // Values are scanned on the host only when they are there: copying them back would sync a
+  // CUDA stream on every step. Elsewhere the embedding's own check (asynchronous on CUDA)
+  // refuses an id outside the vocabulary.
+  if (!idx.device().is_cpu()) return;
+  const std::int64_t* p = idx.data<std::int64_t>();
   const std::int64_t V = config_.vocab_size();
-  for (std::int64_t i = 0; i < host.numel(); ++i)
+  for (std::int64_t i = 0; i < idx.numel(); ++i)
     if (p[i] < 0 || p[i] >= V)
       throw ValueError(detail::concat("GPT: token id ", p[i], " at [", i / T, ", ", i % T,
                                       "] is outside the vocabulary [0, ", V, ")"));
