@@ -5,8 +5,11 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <new>
 #include <string>
 
 #include "support/gradcheck.hpp"
@@ -14,6 +17,19 @@
 
 using namespace phalanx;
 using namespace phalanx::test;
+
+// Counts heap allocations (the whole gpt_tests program's; only differences are read), to
+// show that named_parameters() of an untied model builds no set of seen tensors.
+namespace {
+std::atomic<long> g_allocations{0};
+}
+void* operator new(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -206,4 +222,44 @@ TEST_CASE("replace_parameter refuses a computed tensor and another device; a det
   a.weight = a.replace_parameter("weight", d);
   CHECK(a.parameters().front().is_same(d));
   CHECK(d.requires_grad());
+}
+
+namespace {
+struct ThreeLayers : nn::Module {
+  ThreeLayers() {
+    for (const char* n : {"a", "b", "c"}) layers.push_back(register_module(n, std::make_shared<nn::Linear>(4, 4)));
+  }
+  std::vector<std::shared_ptr<nn::Linear>> layers;
+};
+/// A module that registers another module's parameter as its own (a tie without replace_parameter).
+struct Sharing : nn::Module {
+  explicit Sharing(const Tensor& w) { register_parameter("w", w); }
+};
+long allocations_of(const std::function<void()>& f) {
+  const long before = g_allocations.load();
+  f();
+  return g_allocations.load() - before;
+}
+}  // namespace
+
+TEST_CASE("named_parameters of an untied model builds no set (zero_grad, clip_grad_norm_ call it each step)") {
+  ThreeLayers m;
+  const long listed = allocations_of([&] { CHECK(m.named_parameters(false).size() == 6); });
+  const long deduplicated = allocations_of([&] { CHECK(m.named_parameters(true).size() == 6); });
+  CHECK(deduplicated == listed);  // a std::set would add one node per tensor
+  CHECK(allocations_of([&] { m.named_buffers(true); }) == allocations_of([&] { m.named_buffers(false); }));
+
+  // Every way to tie is still seen: replace_parameter, and registering a registered tensor.
+  TiedLM tied;
+  CHECK(tied.named_parameters().size() == tied.named_parameters(false).size() - 1);
+  struct Both : nn::Module {
+    Both() {
+      first = register_module("first", std::make_shared<nn::Linear>(4, 4));
+      second = register_module("second", std::make_shared<Sharing>(first->weight));
+    }
+    std::shared_ptr<nn::Linear> first;
+    std::shared_ptr<Sharing> second;
+  } both;
+  CHECK(both.named_parameters().size() == 2);
+  CHECK(both.named_parameters(false).size() == 3);
 }

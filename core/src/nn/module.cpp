@@ -17,12 +17,18 @@ Tensor Module::forward(const Tensor&) {
 std::string Module::describe() const { return short_type_name(typeid(*this)); }
 
 Tensor Module::register_parameter(const std::string& name, Tensor t) {
+  // A fresh tensor does not require grad yet; one that does is probably registered already
+  // (here or in another module), so named_parameters must look for duplicates.
+  if (t.defined() && t.requires_grad()) may_share_ = true;
   if (t.defined() && !t.requires_grad()) t.requires_grad_(true);
   params_.emplace_back(name, t);
   return params_.back().second;
 }
 
 Tensor Module::register_buffer(const std::string& name, Tensor t) {
+  // The layers pass a fresh tensor (held only by `t`); one held elsewhere too may be another
+  // module's buffer.
+  if (t.defined() && t.impl_ptr().use_count() > 1) may_share_ = true;
   buffers_.emplace_back(name, t);
   return buffers_.back().second;
 }
@@ -50,6 +56,7 @@ Tensor Module::replace_parameter(const std::string& name, const Tensor& t) {
     // does from now on, as nn.Parameter(t) in PyTorch (documented in module.hpp).
     if (!t.requires_grad()) Tensor(t).requires_grad_(true);
     p = t;
+    may_share_ = true;
     on_parameter_replaced(name, t);
     return t;
   }
@@ -68,10 +75,23 @@ void Module::collect(const std::string& prefix, bool buffers, std::vector<std::p
     child->collect(name.empty() ? prefix : prefix + name + ".", buffers, out, seen);
 }
 
+bool Module::may_share() const {
+  if (may_share_) return true;
+  for (const auto& [name, child] : children_)
+    if (child->may_share()) return true;
+  return false;
+}
+
+// zero_grad and clip_grad_norm_ call these every step: the set of seen tensors is only built
+// when some module of the tree may hold a tensor twice (a tie).
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool remove_duplicate) const {
   std::vector<std::pair<std::string, Tensor>> out;
+  if (!remove_duplicate || !may_share()) {
+    collect("", false, out, nullptr);
+    return out;
+  }
   std::set<const TensorImpl*> seen;
-  collect("", false, out, remove_duplicate ? &seen : nullptr);
+  collect("", false, out, &seen);
   return out;
 }
 
@@ -83,8 +103,12 @@ std::vector<Tensor> Module::parameters() const {
 
 std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool remove_duplicate) const {
   std::vector<std::pair<std::string, Tensor>> out;
+  if (!remove_duplicate || !may_share()) {
+    collect("", true, out, nullptr);
+    return out;
+  }
   std::set<const TensorImpl*> seen;
-  collect("", true, out, remove_duplicate ? &seen : nullptr);
+  collect("", true, out, &seen);
   return out;
 }
 

@@ -85,10 +85,15 @@ class Module {
  private:
   void collect(const std::string& prefix, bool buffers, std::vector<std::pair<std::string, Tensor>>& out,
                std::set<const TensorImpl*>* seen) const;
+  /// Whether this module or a descendant may hold a tensor also held under another name.
+  bool may_share() const;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  /// Set by replace_parameter and by registering a tensor that may be registered already:
+  /// only then do named_parameters/named_buffers build a set to drop duplicates.
+  bool may_share_ = false;
 };
 
 using ModulePtr = std::shared_ptr<Module>;
