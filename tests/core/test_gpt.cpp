@@ -299,3 +299,25 @@ TEST_CASE("GPT on a device: the ids are not copied to the host to be checked; th
   CHECK_THROWS_AS(model.forward(zeros({2, 4}, DType::Float32, Device::sim())), TypeError);
   CHECK_THROWS_AS(model.forward(zeros({2, 9}, DType::Int64, Device::sim())), ValueError);
 }
+
+TEST_CASE("GPT::generate gives each module its own train/eval mode back") {
+  Generator init(3);
+  nn::GPT model(nn::GPTConfig().block_size(8).vocab_size(11).n_layer(2).n_head(2).n_embd(16).dropout(0.1f), &init);
+  std::shared_ptr<nn::Module> transformer, h0;
+  for (auto& [n, c] : model.named_children())
+    if (n == "transformer") transformer = c;
+  REQUIRE(transformer);
+  for (auto& [n, c] : transformer->named_children())
+    if (n == "h") h0 = c->named_children().front().second;
+  REQUIRE(h0);
+  h0->eval();  // e.g. a frozen block
+  Generator g(1);
+  model.generate(tensor(std::vector<std::int64_t>{1, 2, 3}, {1, 3}), 2, 1.f, 0, &g);
+  CHECK(model.is_training());
+  CHECK(transformer->is_training());
+  CHECK(!h0->is_training());
+  for (auto& [n, c] : h0->named_children()) CHECK(!c->is_training());
+  model.eval();
+  model.generate(tensor(std::vector<std::int64_t>{1, 2, 3}, {1, 3}), 2, 1.f, 0, &g);
+  CHECK(!model.is_training());
+}

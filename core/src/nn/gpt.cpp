@@ -260,11 +260,16 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
     const std::int64_t* p = host.data<std::int64_t>();
     for (std::int64_t b = 0; b < B; ++b) seq[b].assign(p + b * idx.size(1), p + (b + 1) * idx.size(1));
   }
-  struct Mode {  // eval for sampling, the caller's mode back afterwards (also on a throw)
-    GPT& m;
-    bool was;
-    ~Mode() { m.train(was); }
-  } mode{*this, is_training()};
+  // eval for sampling, then each module's own mode back (also on a throw): train(was) on the
+  // root would also switch on a submodule the caller had put in eval().
+  struct Mode {
+    std::vector<std::pair<Module*, bool>> was;  // post-order: children before their parent
+    ~Mode() {
+      // Parents first: a parent's train() sets its whole subtree, its descendants then fix theirs.
+      for (auto it = was.rbegin(); it != was.rend(); ++it) it->first->train(it->second);
+    }
+  } mode;
+  post_order(*this, [&](Module& m) { mode.was.emplace_back(&m, m.is_training()); });
   eval();
   NoGradGuard ng;
   std::vector<std::int64_t> window;
