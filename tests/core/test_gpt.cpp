@@ -321,3 +321,19 @@ TEST_CASE("GPT::generate gives each module its own train/eval mode back") {
   model.generate(tensor(std::vector<std::int64_t>{1, 2, 3}, {1, 3}), 2, 1.f, 0, &g);
   CHECK(!model.is_training());
 }
+
+TEST_CASE("GPT targets: float ones are a TypeError; -1 (nanoGPT's ignore_index) says it is not supported") {
+  Generator init(3);
+  nn::GPT model(nn::GPTConfig().block_size(8).vocab_size(11).n_layer(1).n_head(2).n_embd(16), &init);
+  const Tensor ids = zeros({2, 4}, DType::Int64);
+  CHECK_THROWS_WITH_AS(model.forward(ids, zeros({2, 4})), "GPT: targets must be int64 token ids, got float32",
+                       TypeError);
+  CHECK_THROWS_WITH_AS(model.forward(ids, zeros({2, 3}, DType::Int64)),
+                       "GPT: targets must be of the ids' shape [2, 4], got [2, 3]", ShapeError);
+  Tensor targets = zeros({2, 4}, DType::Int64);
+  targets.data<std::int64_t>()[5] = -1;
+  CHECK_THROWS_WITH_AS(model.forward(ids, targets),
+                       "GPT: targets hold -1 at [1, 1]; nanoGPT's ignore_index=-1 is not supported: give every "
+                       "position a token id in [0, 11), or crop the sequences",
+                       ValueError);
+}

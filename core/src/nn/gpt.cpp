@@ -230,10 +230,23 @@ Tensor GPT::forward(const Tensor& idx) {
 
 Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
   check_ids(idx);
-  if (!targets.defined() || targets.dtype() != DType::Int64 || targets.shape() != idx.shape())
-    throw ShapeError("GPT: targets must be int64 of the ids' shape " + shape_str(idx.shape()) + ", got " +
-                     (targets.defined() ? std::string(dtype_name(targets.dtype())) + " " + shape_str(targets.shape())
-                                        : std::string("undefined")));
+  if (!targets.defined()) throw ValueError("GPT: the targets are undefined: pass int64 [B, T] next-token ids");
+  if (targets.shape() != idx.shape())
+    throw ShapeError("GPT: targets must be of the ids' shape " + shape_str(idx.shape()) + ", got " +
+                     shape_str(targets.shape()));
+  if (targets.dtype() != DType::Int64)
+    throw TypeError(std::string("GPT: targets must be int64 token ids, got ") + dtype_name(targets.dtype()));
+  if (targets.device().is_cpu()) {
+    // nanoGPT passes ignore_index=-1 to cross_entropy; this loss has no ignore_index, and the
+    // generic message for -1 would not say why. Scanned on the CPU only (no per-step sync).
+    const std::int64_t* t = targets.data<std::int64_t>();
+    const std::int64_t T = targets.size(1);
+    for (std::int64_t i = 0; i < targets.numel(); ++i)
+      if (t[i] == -1)
+        throw ValueError(detail::concat("GPT: targets hold -1 at [", i / T, ", ", i % T,
+                                        "]; nanoGPT's ignore_index=-1 is not supported: give every position a "
+                                        "token id in [0, ", config_.vocab_size(), "), or crop the sequences"));
+  }
   const Tensor logits = lm_head_->forward(hidden(idx));
   const std::int64_t n = idx.numel();
   return cross_entropy(reshape(logits, {n, config_.vocab_size()}), reshape(targets, {n}));
