@@ -216,6 +216,25 @@ TEST_CASE("GPT::generate: the same seed gives the same tokens; top_k 1 is greedy
   const Tensor last = argmax(reshape(narrow(logits, 1, 2, 1), {2, 11}), 1);
   CHECK(greedy.to_vector<std::int64_t>()[3] == last.to_vector<std::int64_t>()[0]);
   CHECK(greedy.to_vector<std::int64_t>()[7] == last.to_vector<std::int64_t>()[1]);
+  // A 12-token prompt with block_size 8: the greedy token is the argmax of forward(the last 8
+  // tokens) at position 7, and here differs from the argmax of a wrong window (the first 8),
+  // so a crop at the wrong end fails.
+  model.train();
+  const Tensor long_prompt =
+      tensor(std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 10, 9},
+             {2, 12});
+  Generator e(1);
+  const Tensor cropped = model.generate(long_prompt, 1, 1.f, 1, &e);
+  REQUIRE(cropped.shape() == Shape{2, 13});
+  model.eval();
+  const auto window_argmax = [&](std::int64_t start) {
+    const Tensor l = model.forward(narrow(long_prompt, 1, start, 8));
+    return argmax(reshape(narrow(l, 1, 7, 1), {2, 11}), 1).to_vector<std::int64_t>();
+  };
+  const auto want = window_argmax(4), wrong = window_argmax(0);
+  CHECK(want != wrong);
+  CHECK(cropped.to_vector<std::int64_t>()[12] == want[0]);
+  CHECK(cropped.to_vector<std::int64_t>()[25] == want[1]);
   CHECK(model.generate(zeros({0, 3}, DType::Int64), 4).shape() == Shape{0, 3});  // nothing to extend
   CHECK_THROWS_AS(model.generate(prompt, 1, 0.f), ValueError);
   CHECK_THROWS_AS(model.generate(prompt, 1, 1.f, -1), ValueError);
