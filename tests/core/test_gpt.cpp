@@ -216,9 +216,55 @@ TEST_CASE("GPT::generate: the same seed gives the same tokens; top_k 1 is greedy
   const Tensor last = argmax(reshape(narrow(logits, 1, 2, 1), {2, 11}), 1);
   CHECK(greedy.to_vector<std::int64_t>()[3] == last.to_vector<std::int64_t>()[0]);
   CHECK(greedy.to_vector<std::int64_t>()[7] == last.to_vector<std::int64_t>()[1]);
+  // A 12-token prompt with block_size 8: the greedy token is the argmax of forward(the last 8
+  // tokens) at position 7, and here differs from the argmax of a wrong window (the first 8),
+  // so a crop at the wrong end fails.
+  model.train();
+  const Tensor long_prompt =
+      tensor(std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 10, 9},
+             {2, 12});
+  Generator e(1);
+  const Tensor cropped = model.generate(long_prompt, 1, 1.f, 1, &e);
+  REQUIRE(cropped.shape() == Shape{2, 13});
+  model.eval();
+  const auto window_argmax = [&](std::int64_t start) {
+    const Tensor l = model.forward(narrow(long_prompt, 1, start, 8));
+    return argmax(reshape(narrow(l, 1, 7, 1), {2, 11}), 1).to_vector<std::int64_t>();
+  };
+  const auto want = window_argmax(4), wrong = window_argmax(0);
+  CHECK(want != wrong);
+  CHECK(cropped.to_vector<std::int64_t>()[12] == want[0]);
+  CHECK(cropped.to_vector<std::int64_t>()[25] == want[1]);
   CHECK(model.generate(zeros({0, 3}, DType::Int64), 4).shape() == Shape{0, 3});  // nothing to extend
   CHECK_THROWS_AS(model.generate(prompt, 1, 0.f), ValueError);
   CHECK_THROWS_AS(model.generate(prompt, 1, 1.f, -1), ValueError);
+}
+
+TEST_CASE("GPT::generate: NaN or inf logits are a one-line ValueError, not token 0") {
+  Generator init(3);
+  nn::GPT model(nn::GPTConfig().block_size(8).vocab_size(11).n_layer(1).n_head(2).n_embd(16), &init);
+  const Tensor prompt = tensor(std::vector<std::int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
+  auto named = model.named_parameters();
+  Tensor ln_f;
+  for (auto& [n, t] : named)
+    if (n == "transformer.ln_f.weight") ln_f = t;
+  REQUIRE(ln_f.defined());
+  {
+    NoGradGuard ng;
+    ln_f.data<float>()[0] = std::nanf("");
+  }
+  Generator g(1);
+  for (std::int64_t top_k : {0, 3})
+    CHECK_THROWS_WITH_AS(model.generate(prompt, 4, 1.f, top_k, &g),
+                         "GPT::generate: the logits of row 0 at step 0 are not finite (NaN/inf): the model has "
+                         "diverged",
+                         ValueError);
+  CHECK(model.is_training());
+  {
+    NoGradGuard ng;
+    ln_f.data<float>()[0] = std::numeric_limits<float>::infinity();
+  }
+  CHECK_THROWS_AS(model.generate(prompt, 4, 1.f, 0, &g), ValueError);
 }
 
 TEST_CASE("GPT dropout draws from its generator: the same seed, the same loss; eval mode is dropout-free") {
@@ -257,4 +303,56 @@ TEST_CASE("GPT on the sim test accelerator: the CPU's logits, loss, gradients an
   Generator s1(8), s2(8);
   CHECK(cpu.generate(idx, 4, 1.f, 3, &s1).to_vector<std::int64_t>() ==
         sim.generate(idx.to(Device::sim()), 4, 1.f, 3, &s2).to(Device::cpu()).to_vector<std::int64_t>());
+}
+
+TEST_CASE("GPT on a device: the ids are not copied to the host to be checked; the embedding refuses them") {
+  Generator init(3);
+  nn::GPT model(nn::GPTConfig().block_size(8).vocab_size(11).n_layer(1).n_head(2).n_embd(16), &init);
+  model.to(Device::sim());
+  Tensor ids = zeros({2, 4}, DType::Int64);
+  ids.data<std::int64_t>()[6] = 11;
+  // On the CPU GPT's own message; elsewhere the embedding op's check (a CUDA stream is not
+  // synced by every forward to scan the ids).
+  CHECK_THROWS_WITH_AS(model.forward(ids.to(Device::sim())),
+                       "embedding: index 11 at position 6 is out of range [0, 11) for weight [11, 16]", ValueError);
+  CHECK_THROWS_AS(model.forward(zeros({2, 4}, DType::Float32, Device::sim())), TypeError);
+  CHECK_THROWS_AS(model.forward(zeros({2, 9}, DType::Int64, Device::sim())), ValueError);
+}
+
+TEST_CASE("GPT::generate gives each module its own train/eval mode back") {
+  Generator init(3);
+  nn::GPT model(nn::GPTConfig().block_size(8).vocab_size(11).n_layer(2).n_head(2).n_embd(16).dropout(0.1f), &init);
+  std::shared_ptr<nn::Module> transformer, h0;
+  for (auto& [n, c] : model.named_children())
+    if (n == "transformer") transformer = c;
+  REQUIRE(transformer);
+  for (auto& [n, c] : transformer->named_children())
+    if (n == "h") h0 = c->named_children().front().second;
+  REQUIRE(h0);
+  h0->eval();  // e.g. a frozen block
+  Generator g(1);
+  model.generate(tensor(std::vector<std::int64_t>{1, 2, 3}, {1, 3}), 2, 1.f, 0, &g);
+  CHECK(model.is_training());
+  CHECK(transformer->is_training());
+  CHECK(!h0->is_training());
+  for (auto& [n, c] : h0->named_children()) CHECK(!c->is_training());
+  model.eval();
+  model.generate(tensor(std::vector<std::int64_t>{1, 2, 3}, {1, 3}), 2, 1.f, 0, &g);
+  CHECK(!model.is_training());
+}
+
+TEST_CASE("GPT targets: float ones are a TypeError; -1 (nanoGPT's ignore_index) says it is not supported") {
+  Generator init(3);
+  nn::GPT model(nn::GPTConfig().block_size(8).vocab_size(11).n_layer(1).n_head(2).n_embd(16), &init);
+  const Tensor ids = zeros({2, 4}, DType::Int64);
+  CHECK_THROWS_WITH_AS(model.forward(ids, zeros({2, 4})), "GPT: targets must be int64 token ids, got float32",
+                       TypeError);
+  CHECK_THROWS_WITH_AS(model.forward(ids, zeros({2, 3}, DType::Int64)),
+                       "GPT: targets must be of the ids' shape [2, 4], got [2, 3]", ShapeError);
+  Tensor targets = zeros({2, 4}, DType::Int64);
+  targets.data<std::int64_t>()[5] = -1;
+  CHECK_THROWS_WITH_AS(model.forward(ids, targets),
+                       "GPT: targets hold -1 at [1, 1]; nanoGPT's ignore_index=-1 is not supported: give every "
+                       "position a token id in [0, 11), or crop the sequences",
+                       ValueError);
 }

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 
+#include "phalanx/core/memory_stats.hpp"
 #include "support/gradcheck.hpp"
 
 using namespace phalanx;
@@ -124,4 +126,35 @@ TEST_CASE("MultiheadAttention: PyTorch's init, unbatched input, and one-line err
                        "got [6, 5]",
                        ShapeError);
   CHECK_THROWS_AS(mha.forward(q, randn({2, 6, 16}, &g), kv), ShapeError);
+}
+
+TEST_CASE("MultiheadAttention need_weights with a padding mask builds no [N, H, L, S] float mask") {
+  Generator g(4);
+  const std::int64_t N = 2, H = 4, L = 64, E = 32;
+  nn::MultiheadAttention mha(nn::MultiheadAttentionOptions(E, H).batch_first(true), &g);
+  mha.eval();
+  const Tensor x = randn({N, L, E}, &g);
+  Tensor pad = zeros({N, L}, DType::Bool);
+  for (std::int64_t s = L - 5; s < L; ++s) pad.data<bool>()[s] = true;  // row 0: last 5 keys padding
+  NoGradGuard ng;
+  const auto peak_of = [&](const Tensor& kpm) {
+    Tensor out, w;
+    reset_cpu_peak_memory();
+    const std::size_t before = cpu_memory_stats().allocated_bytes;
+    std::tie(out, w) = mha.forward(x, x, x, kpm, Tensor(), true, false);
+    return cpu_memory_stats().peak_allocated_bytes - before;
+  };
+  const std::size_t plain = peak_of(Tensor()), padded = peak_of(pad);
+  const std::size_t scores_bytes = static_cast<std::size_t>(N * H * L * L) * sizeof(float);
+  INFO("peak without mask ", plain, " B, with the padding mask ", padded, " B; one [N, H, L, S] float: ",
+       scores_bytes, " B");
+  CHECK(padded < plain + scores_bytes / 2);  // the Bool mask broadcast (1 B an element) at most
+  // The same weights as the fused path's output: padding keys get weight 0.
+  Tensor out, w;
+  std::tie(out, w) = mha.forward(x, x, x, pad, Tensor(), true, false);
+  const auto wv = w.to_vector<float>();
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t s = L - 5; s < L; ++s) CHECK(wv[static_cast<std::size_t>((h * L + 3) * L + s)] == 0.f);
+  const auto [fused, none] = mha.forward(x, x, x, pad, Tensor(), false);
+  CHECK(max_rel_err(out, fused) < 1e-5);
 }

@@ -5,8 +5,11 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <new>
 #include <string>
 
 #include "support/gradcheck.hpp"
@@ -14,6 +17,19 @@
 
 using namespace phalanx;
 using namespace phalanx::test;
+
+// Counts heap allocations (the whole gpt_tests program's; only differences are read), to
+// show that named_parameters() of an untied model builds no set of seen tensors.
+namespace {
+std::atomic<long> g_allocations{0};
+}
+void* operator new(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -150,7 +166,7 @@ TEST_CASE("a .npz of a tied model holds both names and loads back into the tie")
 TEST_CASE("replace_parameter: shape, dtype and unknown names are one-line errors") {
   nn::Linear a(4, 3), b(4, 2);
   CHECK_THROWS_WITH_AS(a.replace_parameter("weight", b.weight),
-                       "replace_parameter('weight'): the tensor has shape [2, 4] but the parameter has [3, 4]",
+                       "Linear.replace_parameter('weight'): the tensor has shape [2, 4] but the parameter has [3, 4]",
                        ShapeError);
   CHECK_THROWS_WITH_AS(a.replace_parameter("kernel", b.weight),
                        "Linear has no parameter 'kernel' to replace (it has: weight, bias)", ValueError);
@@ -158,4 +174,92 @@ TEST_CASE("replace_parameter: shape, dtype and unknown names are one-line errors
   nn::Linear c(4, 3);
   c.weight = c.replace_parameter("weight", a.weight);
   CHECK(c.parameters().front().is_same(a.weight));
+}
+
+TEST_CASE("replace_parameter alone ties: forward reads the new tensor, an optimizer step moves it") {
+  Generator g(5);
+  nn::Embedding emb(kTiedVocab, kTiedWidth, std::nullopt, &g);
+  nn::Linear head(kTiedWidth, kTiedVocab, false, &g);
+  head.replace_parameter("weight", emb.weight);  // no `head.weight = ...`: the member follows
+  CHECK(head.weight.is_same(emb.weight));
+  const Tensor x = randn({3, kTiedWidth}, &g);
+  {
+    NoGradGuard ng;
+    CHECK(max_rel_err(head.forward(x), matmul(x, transpose(emb.weight, 0, 1))) < 1e-6);
+  }
+  cross_entropy(head.forward(x), randint(kTiedVocab, {3}, &g)).backward();
+  optim::SGD opt(head.parameters(), optim::SGDOptions(0.5));
+  NoGradGuard ng;
+  const Tensor before = head.forward(x).clone();
+  opt.step();
+  CHECK(max_rel_err(head.forward(x), before) > 1e-3);
+  CHECK(max_rel_err(head.forward(x), matmul(x, transpose(emb.weight, 0, 1))) < 1e-6);
+
+  // The other layers that keep handles follow too.
+  nn::LayerNorm a({4}), b({4});
+  a.replace_parameter("bias", b.bias);
+  CHECK(a.bias.is_same(b.bias));
+  nn::MultiheadAttention m(8, 2), n(8, 2);
+  m.replace_parameter("in_proj_weight", n.in_proj_weight);
+  CHECK(m.in_proj_weight.is_same(n.in_proj_weight));
+}
+
+TEST_CASE("replace_parameter refuses a computed tensor and another device; a detached one trains") {
+  nn::Linear a(4, 3), b(4, 3);
+  // A computed tensor never gets a .grad: an optimizer would skip it without a word.
+  CHECK_THROWS_WITH_AS(a.replace_parameter("weight", mul(b.weight, 2.f)),
+                       "Linear.replace_parameter('weight'): the tensor is computed (not a leaf): pass another "
+                       "module's parameter, or detach() it",
+                       ValueError);
+  CHECK_THROWS_WITH_AS(a.replace_parameter("weight", zeros({3, 4}, DType::Int64)),
+                       "Linear.replace_parameter('weight'): the tensor is int64 but the parameter is float32",
+                       TypeError);
+  nn::Linear s(4, 3);
+  s.to(Device::sim());
+  CHECK_THROWS_AS(a.replace_parameter("weight", s.weight), ValueError);
+  Tensor d = b.weight.detach();
+  CHECK(!d.requires_grad());
+  a.weight = a.replace_parameter("weight", d);
+  CHECK(a.parameters().front().is_same(d));
+  CHECK(d.requires_grad());
+}
+
+namespace {
+struct ThreeLayers : nn::Module {
+  ThreeLayers() {
+    for (const char* n : {"a", "b", "c"}) layers.push_back(register_module(n, std::make_shared<nn::Linear>(4, 4)));
+  }
+  std::vector<std::shared_ptr<nn::Linear>> layers;
+};
+/// A module that registers another module's parameter as its own (a tie without replace_parameter).
+struct Sharing : nn::Module {
+  explicit Sharing(const Tensor& w) { register_parameter("w", w); }
+};
+long allocations_of(const std::function<void()>& f) {
+  const long before = g_allocations.load();
+  f();
+  return g_allocations.load() - before;
+}
+}  // namespace
+
+TEST_CASE("named_parameters of an untied model builds no set (zero_grad, clip_grad_norm_ call it each step)") {
+  ThreeLayers m;
+  const long listed = allocations_of([&] { CHECK(m.named_parameters(false).size() == 6); });
+  const long deduplicated = allocations_of([&] { CHECK(m.named_parameters(true).size() == 6); });
+  CHECK(deduplicated == listed);  // a std::set would add one node per tensor
+  CHECK(allocations_of([&] { m.named_buffers(true); }) == allocations_of([&] { m.named_buffers(false); }));
+
+  // Every way to tie is still seen: replace_parameter, and registering a registered tensor.
+  TiedLM tied;
+  CHECK(tied.named_parameters().size() == tied.named_parameters(false).size() - 1);
+  struct Both : nn::Module {
+    Both() {
+      first = register_module("first", std::make_shared<nn::Linear>(4, 4));
+      second = register_module("second", std::make_shared<Sharing>(first->weight));
+    }
+    std::shared_ptr<nn::Linear> first;
+    std::shared_ptr<Sharing> second;
+  } both;
+  CHECK(both.named_parameters().size() == 2);
+  CHECK(both.named_parameters(false).size() == 3);
 }

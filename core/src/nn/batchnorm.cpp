@@ -122,4 +122,11 @@ std::string BatchNorm::describe() const {
   return os.str();
 }
 
+void BatchNorm::on_parameter_replaced(const std::string& name, const Tensor& t) {
+  if (name == "weight")
+    weight = t;
+  else if (name == "bias")
+    bias = t;
+}
+
 }  // namespace phalanx::nn

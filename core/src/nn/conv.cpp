@@ -55,4 +55,11 @@ std::string Conv2d::describe() const {
   return s + ")";
 }
 
+void Conv2d::on_parameter_replaced(const std::string& name, const Tensor& t) {
+  if (name == "weight")
+    weight = t;
+  else if (name == "bias")
+    bias = t;
+}
+
 }  // namespace phalanx::nn

@@ -34,4 +34,9 @@ std::string Embedding::describe() const {
                      : detail::concat("Embedding(", num_embeddings, ", ", embedding_dim, ")");
 }
 
+void Embedding::on_parameter_replaced(const std::string& name, const Tensor& t) {
+  if (name == "weight")
+    weight = t;
+}
+
 }  // namespace phalanx::nn

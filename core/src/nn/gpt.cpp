@@ -65,6 +65,12 @@ class LayerNorm : public Module {
   std::string describe() const override { return "LayerNorm()"; }
   Tensor weight, bias;
 
+ protected:
+  void on_parameter_replaced(const std::string& name, const Tensor& t) override {
+    if (name == "weight") weight = t;
+    if (name == "bias") bias = t;
+  }
+
  private:
   std::int64_t n_;
 };
@@ -163,7 +169,7 @@ GPT::GPT(const GPTConfig& config, Generator* init, Generator* dropout_gen) : con
   ln_f_ = transformer->add("ln_f", std::make_shared<gpt_internal::LayerNorm>(c.n_embd(), c.bias()));
   lm_head_ = register_module("lm_head", std::make_shared<Linear>(c.n_embd(), c.vocab_size(), false, init));
   // nanoGPT's `self.transformer.wte.weight = self.lm_head.weight`: one tensor, two names.
-  lm_head_->weight = lm_head_->replace_parameter("weight", wte_->weight);
+  lm_head_->replace_parameter("weight", wte_->weight);
 
   // _init_weights through nn.Module.apply (children before their parent, in registration
   // order; the tied tensor is drawn as wte, then again as lm_head), then every c_proj.weight
@@ -197,10 +203,13 @@ void GPT::check_ids(const Tensor& idx) const {
     throw ValueError(detail::concat("GPT: sequence length ", T, " exceeds block_size ", config_.block_size(),
                                     ": feed at most the last ", config_.block_size(), " tokens"));
   if (T == 0) throw ValueError("GPT: the sequences are empty (T = 0): give at least one token");
-  const Tensor host = idx.device().is_cpu() ? idx : idx.to(Device::cpu());
-  const std::int64_t* p = host.data<std::int64_t>();
+  // Values are scanned on the host only when they are there: copying them back would sync a
+  // CUDA stream on every step. Elsewhere the embedding's own check (asynchronous on CUDA)
+  // refuses an id outside the vocabulary.
+  if (!idx.device().is_cpu()) return;
+  const std::int64_t* p = idx.data<std::int64_t>();
   const std::int64_t V = config_.vocab_size();
-  for (std::int64_t i = 0; i < host.numel(); ++i)
+  for (std::int64_t i = 0; i < idx.numel(); ++i)
     if (p[i] < 0 || p[i] >= V)
       throw ValueError(detail::concat("GPT: token id ", p[i], " at [", i / T, ", ", i % T,
                                       "] is outside the vocabulary [0, ", V, ")"));
@@ -221,10 +230,23 @@ Tensor GPT::forward(const Tensor& idx) {
 
 Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
   check_ids(idx);
-  if (!targets.defined() || targets.dtype() != DType::Int64 || targets.shape() != idx.shape())
-    throw ShapeError("GPT: targets must be int64 of the ids' shape " + shape_str(idx.shape()) + ", got " +
-                     (targets.defined() ? std::string(dtype_name(targets.dtype())) + " " + shape_str(targets.shape())
-                                        : std::string("undefined")));
+  if (!targets.defined()) throw ValueError("GPT: the targets are undefined: pass int64 [B, T] next-token ids");
+  if (targets.shape() != idx.shape())
+    throw ShapeError("GPT: targets must be of the ids' shape " + shape_str(idx.shape()) + ", got " +
+                     shape_str(targets.shape()));
+  if (targets.dtype() != DType::Int64)
+    throw TypeError(std::string("GPT: targets must be int64 token ids, got ") + dtype_name(targets.dtype()));
+  if (targets.device().is_cpu()) {
+    // nanoGPT passes ignore_index=-1 to cross_entropy; this loss has no ignore_index, and the
+    // generic message for -1 would not say why. Scanned on the CPU only (no per-step sync).
+    const std::int64_t* t = targets.data<std::int64_t>();
+    const std::int64_t T = targets.size(1);
+    for (std::int64_t i = 0; i < targets.numel(); ++i)
+      if (t[i] == -1)
+        throw ValueError(detail::concat("GPT: targets hold -1 at [", i / T, ", ", i % T,
+                                        "]; nanoGPT's ignore_index=-1 is not supported: give every position a "
+                                        "token id in [0, ", config_.vocab_size(), "), or crop the sequences"));
+  }
   const Tensor logits = lm_head_->forward(hidden(idx));
   const std::int64_t n = idx.numel();
   return cross_entropy(reshape(logits, {n, config_.vocab_size()}), reshape(targets, {n}));
@@ -251,15 +273,23 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
     const std::int64_t* p = host.data<std::int64_t>();
     for (std::int64_t b = 0; b < B; ++b) seq[b].assign(p + b * idx.size(1), p + (b + 1) * idx.size(1));
   }
-  struct Mode {  // eval for sampling, the caller's mode back afterwards (also on a throw)
-    GPT& m;
-    bool was;
-    ~Mode() { m.train(was); }
-  } mode{*this, is_training()};
+  // eval for sampling, then each module's own mode back (also on a throw): train(was) on the
+  // root would also switch on a submodule the caller had put in eval().
+  struct Mode {
+    std::vector<std::pair<Module*, bool>> was;  // post-order: children before their parent
+    ~Mode() {
+      // Parents first: a parent's train() sets its whole subtree, its descendants then fix theirs.
+      for (auto it = was.rbegin(); it != was.rend(); ++it) it->first->train(it->second);
+    }
+  } mode;
+  post_order(*this, [&](Module& m) { mode.was.emplace_back(&m, m.is_training()); });
   eval();
   NoGradGuard ng;
   std::vector<std::int64_t> window;
+  // Per-row scratch, allocated once for the whole call.
   std::vector<double> weight(static_cast<std::size_t>(V));
+  std::vector<float> scaled(static_cast<std::size_t>(V)), sorted;
+  if (top_k > 0 && top_k < V) sorted.resize(static_cast<std::size_t>(V));
   for (std::int64_t step = 0; step < max_new_tokens; ++step) {
     const std::int64_t T = std::min<std::int64_t>(static_cast<std::int64_t>(seq[0].size()), block);
     window.clear();
@@ -274,11 +304,17 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
       const float* row = l + b * V;
       // logits / temperature; below the top_k-th largest -> -inf (ties with it stay, as
       // nanoGPT's `logits < v[:, [-1]]`); softmax; one multinomial draw.
-      std::vector<float> scaled(row, row + V);
-      for (float& v : scaled) v /= temperature;
+      for (std::int64_t i = 0; i < V; ++i) {
+        scaled[i] = row[i] / temperature;
+        // NaN would make nth_element's order undefined and every weight 0 (PyTorch's
+        // multinomial refuses such probabilities too): a diverged model, said so.
+        if (!std::isfinite(scaled[i]))
+          throw ValueError(detail::concat("GPT::generate: the logits of row ", b, " at step ", step,
+                                          " are not finite (NaN/inf): the model has diverged"));
+      }
       float threshold = -std::numeric_limits<float>::infinity();
-      if (top_k > 0 && top_k < V) {
-        std::vector<float> sorted = scaled;
+      if (!sorted.empty()) {
+        std::copy(scaled.begin(), scaled.end(), sorted.begin());
         std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<float>());
         threshold = sorted[static_cast<std::size_t>(top_k - 1)];
       }
@@ -288,6 +324,7 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
         weight[i] = scaled[i] >= threshold ? std::exp(static_cast<double>(scaled[i]) - top) : 0.0;
         total += weight[i];
       }
+      // Finite logits: the largest has weight 1, so total >= 1 and some id is picked.
       const double u = static_cast<double>(g.next_u64() >> 11) * 0x1.0p-53 * total;
       std::int64_t pick = -1;
       double cum = 0;
@@ -297,7 +334,6 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
         cum += weight[i];
         if (cum > u) break;
       }
-      if (pick < 0) pick = std::max_element(scaled.begin(), scaled.end()) - scaled.begin();  // NaN logits
       seq[b].push_back(pick);
     }
   }

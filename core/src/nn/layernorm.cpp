@@ -36,4 +36,11 @@ std::string LayerNorm::describe() const {
   return os.str();
 }
 
+void LayerNorm::on_parameter_replaced(const std::string& name, const Tensor& t) {
+  if (name == "weight")
+    weight = t;
+  else if (name == "bias")
+    bias = t;
+}
+
 }  // namespace phalanx::nn

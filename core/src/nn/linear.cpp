@@ -35,4 +35,11 @@ std::string Linear::describe() const {
                         ", bias=", bias.defined() ? "True" : "False", ")");
 }
 
+void Linear::on_parameter_replaced(const std::string& name, const Tensor& t) {
+  if (name == "weight")
+    weight = t;
+  else if (name == "bias")
+    bias = t;
+}
+
 }  // namespace phalanx::nn

@@ -17,28 +17,47 @@ Tensor Module::forward(const Tensor&) {
 std::string Module::describe() const { return short_type_name(typeid(*this)); }
 
 Tensor Module::register_parameter(const std::string& name, Tensor t) {
+  // A fresh tensor does not require grad yet; one that does is probably registered already
+  // (here or in another module), so named_parameters must look for duplicates.
+  if (t.defined() && t.requires_grad()) may_share_ = true;
   if (t.defined() && !t.requires_grad()) t.requires_grad_(true);
   params_.emplace_back(name, t);
   return params_.back().second;
 }
 
 Tensor Module::register_buffer(const std::string& name, Tensor t) {
+  // The layers pass a fresh tensor (held only by `t`); one held elsewhere too may be another
+  // module's buffer.
+  if (t.defined() && t.impl_ptr().use_count() > 1) may_share_ = true;
   buffers_.emplace_back(name, t);
   return buffers_.back().second;
 }
 
 Tensor Module::replace_parameter(const std::string& name, const Tensor& t) {
+  const std::string where = short_type_name(typeid(*this)) + ".replace_parameter('" + name + "')";
   for (auto& [n, p] : params_) {
     if (n != name) continue;
-    if (!t.defined()) throw ValueError("replace_parameter('" + name + "'): the tensor is undefined");
+    if (!t.defined()) throw ValueError(where + ": the tensor is undefined");
+    // A computed tensor never gets a .grad of its own (its gradient flows on to its inputs),
+    // so an optimizer holding it would skip it silently.
+    if (!t.is_leaf())
+      throw ValueError(where + ": the tensor is computed (not a leaf): pass another module's parameter, or "
+                               "detach() it");
     if (p.defined() && p.shape() != t.shape())
-      throw ShapeError("replace_parameter('" + name + "'): the tensor has shape " + shape_str(t.shape()) +
-                       " but the parameter has " + shape_str(p.shape()));
+      throw ShapeError(where + ": the tensor has shape " + shape_str(t.shape()) + " but the parameter has " +
+                       shape_str(p.shape()));
     if (p.defined() && p.dtype() != t.dtype())
-      throw TypeError("replace_parameter('" + name + "'): the tensor is " + dtype_name(t.dtype()) +
-                      " but the parameter is " + dtype_name(p.dtype()));
+      throw TypeError(where + ": the tensor is " + dtype_name(t.dtype()) + " but the parameter is " +
+                      dtype_name(p.dtype()));
+    if (p.defined() && p.device() != t.device())
+      throw ValueError(where + ": the tensor is on " + t.device().str() + " but the parameter is on " +
+                       p.device().str() + ": move one of the modules with to() first");
+    // A parameter trains: a leaf that did not require grad (a detach()ed or fresh tensor)
+    // does from now on, as nn.Parameter(t) in PyTorch (documented in module.hpp).
     if (!t.requires_grad()) Tensor(t).requires_grad_(true);
     p = t;
+    may_share_ = true;
+    on_parameter_replaced(name, t);
     return t;
   }
   std::string have;
@@ -56,10 +75,23 @@ void Module::collect(const std::string& prefix, bool buffers, std::vector<std::p
     child->collect(name.empty() ? prefix : prefix + name + ".", buffers, out, seen);
 }
 
+bool Module::may_share() const {
+  if (may_share_) return true;
+  for (const auto& [name, child] : children_)
+    if (child->may_share()) return true;
+  return false;
+}
+
+// zero_grad and clip_grad_norm_ call these every step: the set of seen tensors is only built
+// when some module of the tree may hold a tensor twice (a tie).
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool remove_duplicate) const {
   std::vector<std::pair<std::string, Tensor>> out;
+  if (!remove_duplicate || !may_share()) {
+    collect("", false, out, nullptr);
+    return out;
+  }
   std::set<const TensorImpl*> seen;
-  collect("", false, out, remove_duplicate ? &seen : nullptr);
+  collect("", false, out, &seen);
   return out;
 }
 
@@ -71,8 +103,12 @@ std::vector<Tensor> Module::parameters() const {
 
 std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool remove_duplicate) const {
   std::vector<std::pair<std::string, Tensor>> out;
+  if (!remove_duplicate || !may_share()) {
+    collect("", true, out, nullptr);
+    return out;
+  }
   std::set<const TensorImpl*> seen;
-  collect("", true, out, remove_duplicate ? &seen : nullptr);
+  collect("", true, out, &seen);
   return out;
 }
 

@@ -128,13 +128,13 @@ std::tuple<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, cons
                                       shape_str(attn_mask.shape())));
     }
   }
-  if (key_padding_mask.defined() || am.defined()) {
-    // The explicit path adds the mask to the scores, so it needs [L, S] or the scores' full
-    // shape (add broadcasts suffixes only); the fused kernel broadcasts any dims itself, so
-    // there the mask stays as small as its sources: padding alone is [N, 1, 1, S].
+  if (!need_weights && (key_padding_mask.defined() || am.defined())) {
+    // The fused kernel broadcasts any dims itself, so the mask stays as small as its sources:
+    // padding alone is [N, 1, 1, S]. (The explicit path below applies the masks to the scores
+    // directly, without building an [N, H, L, S] mask.)
     const bool per_head = am.defined() && am.dim() == 4;
     Shape shape{L, S};
-    if (per_head || (need_weights && key_padding_mask.defined()))
+    if (per_head)
       shape = {N, H, L, S};
     else if (key_padding_mask.defined())
       shape = {N, 1, am.defined() ? L : 1, S};
@@ -154,7 +154,11 @@ std::tuple<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, cons
   } else {
     // PyTorch 1.13's _scaled_dot_product_attention: q / sqrt(Dh), + mask, softmax, dropout.
     Tensor scores = matmul(mul(qh, 1.f / std::sqrt(static_cast<float>(Dh))), transpose(kh, 2, 3));
-    if (mask.defined()) scores = add(scores, mask);
+    // The same values as adding PyTorch's merged additive mask (+0 where allowed, -inf where
+    // not), with no [N, H, L, S] zeros to build: masked_fill broadcasts its mask.
+    if (am.defined()) scores = am.dtype() == DType::Bool ? masked_fill(scores, am, kNegInf) : add(scores, am);
+    if (key_padding_mask.defined())
+      scores = masked_fill(scores, reshape(key_padding_mask, {N, 1, 1, S}), kNegInf);
     weights = softmax(scores, -1);
     if (p > 0) weights = dropout(weights, p, true, dropout_gen_);
     y = matmul(weights, vh);
@@ -167,6 +171,13 @@ std::tuple<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, cons
   else if (!first)
     out = permute(out, {1, 0, 2});
   return {out, weights};
+}
+
+void MultiheadAttention::on_parameter_replaced(const std::string& name, const Tensor& t) {
+  if (name == "in_proj_weight")
+    in_proj_weight = t;
+  else if (name == "in_proj_bias")
+    in_proj_bias = t;
 }
 
 }  // namespace phalanx::nn

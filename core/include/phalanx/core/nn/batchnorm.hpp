@@ -43,6 +43,7 @@ class BatchNorm : public Module {
   bool affine, track_running_stats;
 
  protected:
+  void on_parameter_replaced(const std::string& name, const Tensor& t) override;
   virtual const char* kind() const { return "BatchNorm"; }
 
  private:

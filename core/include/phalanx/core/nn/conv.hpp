@@ -24,6 +24,9 @@ class Conv2d : public Module {
   std::int64_t in_channels, out_channels;
   Size2 kernel_size, stride, padding, dilation;
   std::int64_t groups;
+
+ protected:
+  void on_parameter_replaced(const std::string& name, const Tensor& t) override;
 };
 
 }  // namespace phalanx::nn

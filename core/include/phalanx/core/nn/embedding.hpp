@@ -20,6 +20,9 @@ class Embedding : public Module {
   Tensor weight;
   std::int64_t num_embeddings, embedding_dim;
   std::optional<std::int64_t> padding_idx;  ///< normalised to [0, num_embeddings)
+
+ protected:
+  void on_parameter_replaced(const std::string& name, const Tensor& t) override;
 };
 
 }  // namespace phalanx::nn

@@ -58,7 +58,8 @@ class GPT : public Module {
 
   /// nanoGPT's generate: appends max_new_tokens tokens to idx [B, T] (cropped to the last
   /// block_size tokens each step), sampling from softmax(logits / temperature) restricted to
-  /// the top_k most likely ids (top_k 0: all), with `gen`. Runs without autograd, in eval mode.
+  /// the top_k most likely ids (top_k 0: all), with `gen`. Runs without autograd, in eval mode
+  /// (each module's own train/eval flag comes back); NaN/inf logits are a ValueError.
   Tensor generate(const Tensor& idx, std::int64_t max_new_tokens, float temperature = 1.f,
                   std::int64_t top_k = 0, Generator* gen = nullptr);
 

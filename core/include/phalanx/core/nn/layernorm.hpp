@@ -15,6 +15,9 @@ class LayerNorm : public Module {
   Shape normalized_shape;
   double eps;
   bool elementwise_affine;
+
+ protected:
+  void on_parameter_replaced(const std::string& name, const Tensor& t) override;
 };
 
 }  // namespace phalanx::nn

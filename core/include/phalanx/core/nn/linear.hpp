@@ -17,6 +17,9 @@ class Linear : public Module {
 
   Tensor weight, bias;
   std::int64_t in_features, out_features;
+
+ protected:
+  void on_parameter_replaced(const std::string& name, const Tensor& t) override;
 };
 
 }  // namespace phalanx::nn

@@ -46,8 +46,11 @@ class Module {
 
   /// Makes this module's parameter `name` (registered here, not dotted) the tensor `t` itself,
   /// as PyTorch's `module.weight = other.weight`: the way to tie weights. Shape and dtype must
-  /// match (ShapeError / TypeError); an unknown name is a ValueError. Returns `t`: a layer that
-  /// keeps a handle must take it, `head->weight = head->replace_parameter("weight", emb->weight)`.
+  /// match (ShapeError / TypeError), and the device (ValueError); `t` must be a leaf (a
+  /// computed tensor never gets a gradient: ValueError); a leaf that does not require grad
+  /// (a detach()ed tensor) is made to, as nn.Parameter(t). An unknown name is a ValueError. Returns `t`: a layer that
+  /// Returns `t`. The module's own member (Linear::weight, ...) is updated too, through
+  /// on_parameter_replaced, so forward reads the tensor the optimizer steps.
   Tensor replace_parameter(const std::string& name, const Tensor& t);
 
   virtual void train(bool on = true);
@@ -62,6 +65,13 @@ class Module {
   std::string str() const;
 
  protected:
+  /// Called by replace_parameter once parameter `name` is `t`: a module that keeps a handle
+  /// to the parameter (Linear::weight) reassigns it here, or forward would read the old
+  /// tensor, which no optimizer holds any more (a silent untie).
+  virtual void on_parameter_replaced(const std::string& name, const Tensor& t) {
+    (void)name;
+    (void)t;
+  }
   /// Returns a handle to the registered tensor (it aliases the stored one, as every Tensor copy
   /// does; a reference into the list would dangle at the next registration).
   Tensor register_parameter(const std::string& name, Tensor t);
@@ -75,10 +85,15 @@ class Module {
  private:
   void collect(const std::string& prefix, bool buffers, std::vector<std::pair<std::string, Tensor>>& out,
                std::set<const TensorImpl*>* seen) const;
+  /// Whether this module or a descendant may hold a tensor also held under another name.
+  bool may_share() const;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  /// Set by replace_parameter and by registering a tensor that may be registered already:
+  /// only then do named_parameters/named_buffers build a set to drop duplicates.
+  bool may_share_ = false;
 };
 
 using ModulePtr = std::shared_ptr<Module>;

@@ -63,6 +63,9 @@ class MultiheadAttention : public Module {
   Tensor in_proj_weight, in_proj_bias;
   std::shared_ptr<Linear> out_proj;
 
+ protected:
+  void on_parameter_replaced(const std::string& name, const Tensor& t) override;
+
  private:
   void reset_parameters(Generator* init, bool redraw_out_proj);
   Generator* dropout_gen_;
