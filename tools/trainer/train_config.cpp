@@ -86,11 +86,6 @@ void check_gpt_combination(const CLI::App& app, const TrainConfig& c) {
       if (app.count(o) > 0)
         throw ValueError(std::string(o) + " does not apply to --model " + c.model_text +
                          " (a GPT predicts the next byte of 256, with GELU activations)");
-    if (c.zero && c.optimizer == "adamw" && c.weight_decay > 0)
-      throw ValueError("--zero and --optimizer adamw --weight-decay " + fmt_g(c.weight_decay) + " with --model " +
-                       c.model_text + " conflict: the GPT's AdamW has two parameter groups (no decay on biases, "
-                       "LayerNorms and embeddings) and ZeroRedundancyOptimizer takes one; drop --zero or use "
-                       "--weight-decay 0");
     if (c.exact && c.dropout > 0)
       throw ValueError("--exact and --dropout conflict: each worker draws its own dropout masks, so the weights would "
                        "depend on the number of workers; drop one of them");

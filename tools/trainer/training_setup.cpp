@@ -148,17 +148,25 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std
         ps, optim::AdamOptions(lr).weight_decay(c.weight_decay).betas(c.beta1, c.beta2));
   const auto options = optim::AdamWOptions(lr).weight_decay(c.weight_decay).betas(c.beta1, c.beta2);
   if (!no_decay) return std::make_unique<optim::AdamW>(ps, options);
+  const auto groups = decay_param_groups(ps, *no_decay);
+  auto opt = std::make_unique<optim::AdamW>(groups.front().params, options);
+  for (const auto& [k, v] : groups.front().overrides) opt->param_groups()[0].options[k] = v;
+  for (std::size_t g = 1; g < groups.size(); ++g) opt->add_param_group(groups[g].params, groups[g].overrides);
+  return opt;
+}
+
+std::vector<parallel::ZeroGroup> decay_param_groups(const std::vector<Tensor>& ps, const std::vector<Tensor>& no_decay) {
   // nanoGPT's configure_optimizers: group 0 decays (the Linear weights), group 1 does not
-  // (biases, LayerNorms, embeddings), in the order of `ps`.
+  // (biases, LayerNorms, embeddings), in the order of `ps`; one group when either is empty.
   std::vector<Tensor> decay, keep;
   for (const Tensor& p : ps) {
-    const bool exempt = std::any_of(no_decay->begin(), no_decay->end(), [&](const Tensor& t) { return t.is_same(p); });
+    const bool exempt = std::any_of(no_decay.begin(), no_decay.end(), [&](const Tensor& t) { return t.is_same(p); });
     (exempt ? keep : decay).push_back(p);
   }
-  if (decay.empty()) return std::make_unique<optim::AdamW>(keep, optim::AdamWOptions(options).weight_decay(0.0));
-  auto opt = std::make_unique<optim::AdamW>(decay, options);
-  if (!keep.empty()) opt->add_param_group(keep, {{"weight_decay", 0.0}});
-  return opt;
+  std::vector<parallel::ZeroGroup> groups;
+  if (!decay.empty()) groups.push_back({std::move(decay), {}});
+  if (!keep.empty()) groups.push_back({std::move(keep), {{"weight_decay", 0.0}}});
+  return groups;
 }
 
 TrainingSetup set_up_training(const TrainConfig& c) {
@@ -260,8 +268,11 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   // (ZeroRedundancyOptimizer over the same optimizer); the weights stay replicated.
   const std::vector<Tensor>* no_decay = s.no_decay.empty() ? nullptr : &s.no_decay;
   if (c.zero) {
+    // A GPT under adamw: nanoGPT's two groups, partitioned group by group as PyTorch's ZeRO.
+    auto groups = no_decay ? decay_param_groups(model->parameters(), *no_decay)
+                           : std::vector<parallel::ZeroGroup>{{model->parameters(), {}}};
     auto z = std::make_unique<parallel::ZeroRedundancyOptimizer>(
-        model->parameters(), [&](std::vector<Tensor> shard) { return make_optimizer(c, shard, plan.lr); }, pg);
+        std::move(groups), [&](std::vector<Tensor> shard) { return make_optimizer(c, shard, plan.lr); }, pg);
     s.zero = z.get();
     s.opt = std::move(z);
   } else {

@@ -37,6 +37,12 @@ struct Schedule {
 /// parameters in `no_decay` without weight decay, the others with --weight-decay.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& params, double lr,
                                                  const std::vector<Tensor>* no_decay = nullptr);
+/// nanoGPT's AdamW groups over `params`: the parameters not in `no_decay` (with the
+/// optimizer's weight decay), then those in it (weight decay 0); an empty one is left out.
+/// make_optimizer and --zero's ZeroRedundancyOptimizer both use it, so their parameter
+/// numbering (a checkpoint's optimizer state) is the same.
+std::vector<parallel::ZeroGroup> decay_param_groups(const std::vector<Tensor>& params,
+                                                    const std::vector<Tensor>& no_decay);
 
 struct TrainingSetup {
   ProcessGroupPtr pg;

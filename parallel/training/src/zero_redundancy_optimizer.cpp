@@ -24,6 +24,21 @@ optim::Options defaults_of(const OptimizerFactory& make, const std::vector<Tenso
   return probe->defaults();
 }
 
+std::vector<Tensor> all_params(const std::vector<ZeroGroup>& groups) {
+  if (groups.empty()) throw ValueError("ZeroRedundancyOptimizer: no parameter groups");
+  std::vector<Tensor> all;
+  for (const ZeroGroup& g : groups) {
+    if (g.params.empty()) throw ValueError("ZeroRedundancyOptimizer: a parameter group has no parameters");
+    all.insert(all.end(), g.params.begin(), g.params.end());
+  }
+  return all;
+}
+
+std::vector<Tensor> first_group(const std::vector<ZeroGroup>& groups) {
+  all_params(groups);  // the groups' errors first
+  return groups.front().params;
+}
+
 /// A view of `flat` at element `offset`, shaped `shape` (shares storage, as DDP's buckets).
 Tensor view_at(const Tensor& flat, std::int64_t offset, const Shape& shape) {
   return Tensor(std::make_shared<TensorImpl>(flat.impl()->storage(),
@@ -35,35 +50,52 @@ Tensor view_at(const Tensor& flat, std::int64_t offset, const Shape& shape) {
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, OptimizerFactory make,
                                                  ProcessGroupPtr pg)
-    : optim::Optimizer(params, defaults_of(make, params)),
+    : ZeroRedundancyOptimizer(std::vector<ZeroGroup>{ZeroGroup{std::move(params), {}}}, std::move(make),
+                              std::move(pg)) {}
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<ZeroGroup> groups, OptimizerFactory make,
+                                                 ProcessGroupPtr pg)
+    : optim::Optimizer(first_group(groups), defaults_of(make, all_params(groups))),
       pg_(pg ? std::move(pg) : default_process_group()),
-      params_(std::move(params)) {
+      params_(all_params(groups)),
+      group_count_(groups.size()) {
+  for (const auto& [k, v] : groups.front().overrides) {
+    if (!defaults().count(k))
+      throw ValueError("unknown option '" + k + "' for the optimizer of ZeroRedundancyOptimizer");
+    param_groups()[0].options[k] = v;
+  }
+  for (std::size_t g = 1; g < groups.size(); ++g) add_param_group(groups[g].params, groups[g].overrides);
   device_ = params_.front().device();
   for (const Tensor& p : params_)
     if (p.device() != device_)
       throw ConfigError("ZeroRedundancyOptimizer: parameters on " + device_.str() + " and " + p.device().str() +
                         "; move the model to one device first");
-  // PyTorch's partition: largest first (stable), each to the rank with the fewest elements.
+  // PyTorch's partition, group by group: largest first (stable), each to the rank with the
+  // fewest elements so far (the counts carry over from one group to the next).
   const int W = pg_->size();
   const std::size_t n = params_.size();
-  std::vector<std::size_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return params_[a].numel() > params_[b].numel(); });
   std::vector<std::int64_t> sizes(W, 0);
   owner_.assign(n, 0);
   shards_.assign(W, {});
-  for (std::size_t i : order) {
-    const int r = static_cast<int>(std::min_element(sizes.begin(), sizes.end()) - sizes.begin());
-    owner_[i] = r;
-    sizes[r] += params_[i].numel();
-    shards_[r].push_back(i);
+  std::vector<std::size_t> group_of(n);
+  for (std::size_t g = 0, first = 0; g < groups.size(); first += groups[g].params.size(), ++g) {
+    std::vector<std::size_t> order(groups[g].params.size());
+    std::iota(order.begin(), order.end(), first);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return params_[a].numel() > params_[b].numel(); });
+    for (std::size_t i : order) {
+      const int r = static_cast<int>(std::min_element(sizes.begin(), sizes.end()) - sizes.begin());
+      owner_[i] = r;
+      group_of[i] = g;
+      sizes[r] += params_[i].numel();
+      shards_[r].push_back(i);
+    }
   }
   flat_.resize(W);
   views_.resize(W);
   for (int r = 0; r < W; ++r) {
     std::sort(shards_[r].begin(), shards_[r].end());
-    if (W == 1) break;  // nothing to broadcast
+    if (W == 1) continue;  // nothing to broadcast
     flat_[r] = zeros({sizes[r]}, DType::Float32, device_);
     std::int64_t off = 0;
     for (std::size_t i : shards_[r]) {
@@ -71,20 +103,34 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, Opt
       off += params_[i].numel();
     }
   }
-  std::vector<Tensor> mine;
-  for (std::size_t i : shards_[pg_->rank()]) mine.push_back(params_[i]);
-  if (!mine.empty()) local_ = make(std::move(mine));
+  // The inner optimizer: one group per outer group this rank owns parameters of, in group
+  // order, so its parameters in order are this shard's in ascending index (the state's k).
+  const auto& mine = shards_[pg_->rank()];
+  for (std::size_t a = 0; a < mine.size();) {
+    const std::size_t g = group_of[mine[a]];
+    std::vector<Tensor> part;
+    for (; a < mine.size() && group_of[mine[a]] == g; ++a) part.push_back(params_[mine[a]]);
+    if (!local_) {
+      local_ = make(std::move(part));
+      local_->param_groups()[0].options = param_groups()[g].options;
+    } else {
+      local_->add_param_group(std::move(part), param_groups()[g].options);
+    }
+    local_groups_.push_back(g);
+  }
 }
 
 ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() = default;
 
 void ZeroRedundancyOptimizer::step() {
   WorkPtr notified = Join::notify_join_context(*this);
-  if (param_groups().size() != 1)
-    throw ValueError("ZeroRedundancyOptimizer supports one parameter group; add_param_group is not supported");
+  if (param_groups().size() != group_count_)
+    throw ValueError("ZeroRedundancyOptimizer: add_param_group after construction is not supported; give every "
+                     "group to the constructor (std::vector<ZeroGroup>)");
   has_consolidated_ = false;
   if (local_) {
-    local_->param_groups()[0].options = param_groups()[0].options;  // lr schedules reach the shard
+    for (std::size_t li = 0; li < local_groups_.size(); ++li)  // lr schedules reach the shard
+      local_->param_groups()[li].options = param_groups()[local_groups_[li]].options;
     local_->step();
   }
   sync_params();
@@ -215,7 +261,10 @@ void ZeroRedundancyOptimizer::load_state_dict(const TensorMap& state) {
   for (const auto& [key, t] : state) {
     if (key.rfind("param_groups.", 0) == 0) {
       groups.set(key, t);
-      local.set(key, t);
+      const auto dot = key.find('.', 13);
+      const std::size_t g = std::stoul(key.substr(13, dot - 13));
+      for (std::size_t li = 0; li < local_groups_.size(); ++li)  // the inner groups of outer group g
+        if (local_groups_[li] == g) local.set("param_groups." + std::to_string(li) + key.substr(dot), t);
     } else if (key.rfind("state.", 0) == 0) {
       std::size_t at = 0;
       const std::size_t gi = param_index(key, &at);

@@ -15,8 +15,11 @@
 //   opt.consolidate_state_dict(0);               // every rank calls it
 //   if (rank == 0) save(opt.state_dict());       // the replicated Adam's format
 //
-// It is an optim::Optimizer (one parameter group; learning-rate schedulers drive its
-// param_groups()[0] and each step passes the options to the inner optimizer).
+// It is an optim::Optimizer: one parameter group, or several given to the constructor as
+// PyTorch's list of dicts (ZeroGroup: e.g. nanoGPT's AdamW with and without weight decay).
+// Learning-rate schedulers drive its param_groups() and each step passes every group's
+// options to the inner optimizer's group over this rank's part of it. Parameters are
+// numbered across groups in group order, as in the replicated optimizer's state_dict.
 #include <functional>
 #include <memory>
 #include <vector>
@@ -31,10 +34,23 @@ namespace phalanx::parallel {
 /// and once over all parameters to learn the defaults; optimizers allocate state lazily).
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
 
+/// One parameter group for ZeroRedundancyOptimizer's grouped constructor: its parameters and
+/// the options that differ from the factory optimizer's defaults ({{"weight_decay", 0.0}}).
+struct ZeroGroup {
+  std::vector<Tensor> params;
+  optim::Options overrides;
+};
+
 class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
  public:
   /// Parameters: float32 leaves on one device, the same list on every rank. pg: default group.
   ZeroRedundancyOptimizer(std::vector<Tensor> params, OptimizerFactory make_optimizer,
+                          ProcessGroupPtr pg = nullptr);
+  /// Several groups (PyTorch's ZeroRedundancyOptimizer([{"params": ...}, ...])): each group
+  /// is partitioned across the ranks in turn (largest first, to the rank with the fewest
+  /// elements so far, as PyTorch), and each rank's inner optimizer has one group per group
+  /// it owns parameters of. add_param_group after construction is not supported.
+  ZeroRedundancyOptimizer(std::vector<ZeroGroup> groups, OptimizerFactory make_optimizer,
                           ProcessGroupPtr pg = nullptr);
   ~ZeroRedundancyOptimizer() override;
 
@@ -76,6 +92,8 @@ class ZeroRedundancyOptimizer : public optim::Optimizer, public Joinable {
   std::vector<Tensor> flat_;                // per rank: its shard's parameters, packed
   std::vector<std::vector<Tensor>> views_;  // per rank: views of flat_ shaped like its parameters
   std::unique_ptr<optim::Optimizer> local_;
+  std::size_t group_count_ = 1;            // groups given at construction
+  std::vector<std::size_t> local_groups_;  // per inner group: the outer group it is part of
   TensorMap consolidated_;
   bool has_consolidated_ = false;
 };
