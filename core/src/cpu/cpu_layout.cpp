@@ -28,6 +28,13 @@ namespace {
 #else
 #define PHALANX_LAYOUT_CLONES
 #endif
+// clang cannot multiversion a function template (GCC can): there the tiled transpose is
+// built for baseline x86-64 only (the 4-byte AVX path below is chosen at run time either way).
+#if defined(__clang__)
+#define PHALANX_LAYOUT_TEMPLATE_CLONES
+#else
+#define PHALANX_LAYOUT_TEMPLATE_CLONES PHALANX_LAYOUT_CLONES
+#endif
 
 struct Walk {
   int n = 0;
@@ -122,7 +129,7 @@ void strided_row_bytes(const char* src, char* dst, std::int64_t n, std::int64_t 
 // dst[i * dp + j] = src[i + j * sn] for i < rows, j < cols: src's unit step is along i, dst's
 // along j. Tiles of kTile x kTile keep both sides' cache lines in use.
 template <typename T>
-PHALANX_LAYOUT_CLONES void tiled_transpose(const char* src, char* dst, std::int64_t rows, std::int64_t cols,
+PHALANX_LAYOUT_TEMPLATE_CLONES void tiled_transpose(const char* src, char* dst, std::int64_t rows, std::int64_t cols,
                                            std::int64_t sn, std::int64_t dp) {
   constexpr std::int64_t kTile = 16;
   const T* s = reinterpret_cast<const T*>(src);
