@@ -9,26 +9,13 @@
 #include <set>
 #include <string>
 
+#include "support/gpt_fixture.hpp"
 #include "support/gradcheck.hpp"
 
 using namespace phalanx;
 using namespace phalanx::test;
 
 namespace {
-
-const TensorMap& fixture() {
-  static const TensorMap m = load_npz(std::string(PHALANX_FIXTURES) + "/gpt_parity.npz");
-  return m;
-}
-const Tensor& fx(const std::string& k) { return fixture().at(k); }
-
-/// The entries under `prefix`, with it taken off.
-TensorMap under(const std::string& prefix) {
-  TensorMap out;
-  for (const auto& [k, v] : fixture())
-    if (k.rfind(prefix, 0) == 0) out.set(k.substr(prefix.size()), v);
-  return out;
-}
 
 void close(const Tensor& got, const Tensor& want, const std::string& what, double tol = 1e-5) {
   INFO(what);

@@ -10,26 +10,13 @@
 #include <tuple>
 
 #include "phalanx/core/memory_stats.hpp"
+#include "support/gpt_fixture.hpp"
 #include "support/gradcheck.hpp"
 
 using namespace phalanx;
 using namespace phalanx::test;
 
 namespace {
-
-const TensorMap& fixture() {
-  static const TensorMap m = load_npz(std::string(PHALANX_FIXTURES) + "/gpt_parity.npz");
-  return m;
-}
-const Tensor& fx(const std::string& k) { return fixture().at(k); }
-
-/// The entries under `prefix`, with it taken off.
-TensorMap under(const std::string& prefix) {
-  TensorMap out;
-  for (const auto& [k, v] : fixture())
-    if (k.rfind(prefix, 0) == 0) out.set(k.substr(prefix.size()), v);
-  return out;
-}
 
 /// An int64 0/1 array as a Bool tensor.
 Tensor to_bool(const Tensor& t) {

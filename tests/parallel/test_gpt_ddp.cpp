@@ -7,18 +7,13 @@
 #include <cmath>
 #include <string>
 
+#include "support/gpt_fixture.hpp"
 #include "support/multirank.hpp"
 
 using namespace phalanx;
 using namespace phalanx::test;
 
 namespace {
-
-const TensorMap& fixture() {
-  static const TensorMap m = load_npz(std::string(PHALANX_FIXTURES) + "/gpt_parity.npz");
-  return m;
-}
-const Tensor& fx(const std::string& k) { return fixture().at(k); }
 
 /// Largest |got - want| over the largest |want| of one tensor. The key part of each
 /// c_attn.bias is left out (its gradient is zero but for rounding, so AdamW moves it by noise
