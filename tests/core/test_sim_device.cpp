@@ -14,12 +14,19 @@
 #include "phalanx/core/kernels.hpp"
 #include "phalanx/core/xtensor.hpp"
 #include "support/gradcheck.hpp"
+#include "support/same_on_device.hpp"
 
 using namespace phalanx;
+using phalanx::test::same_bits;
 using phalanx::test::away_from_zero;
 
 namespace {
 const Device kSim = Device::sim(0);
+
+/// f on CPU inputs and on their sim copies: the same bits, output and input gradients.
+void same_on_sim(const phalanx::test::Fn& f, std::vector<Tensor> cpu) {
+  phalanx::test::same_on_device(kSim, f, std::move(cpu));
+}
 
 /// The plugin's exported test hooks (it is already loaded by the registry once a sim tensor
 /// exists; RTLD_NOLOAD finds that copy).
@@ -30,38 +37,6 @@ void* sim_symbol(const char* name) {
   void* s = ::dlsym(h, name);
   REQUIRE_MESSAGE(s, name, " not exported");
   return s;
-}
-
-/// Same bytes (NaN payloads and signed zeros included).
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
-  if (x.shape() != y.shape() || x.dtype() != y.dtype()) return false;
-  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-}
-
-/// Runs f on CPU inputs and on their sim copies: outputs and input gradients are the same bits.
-void same_on_sim(const std::function<Tensor(const std::vector<Tensor>&)>& f, std::vector<Tensor> cpu) {
-  std::vector<Tensor> sim;
-  for (auto& t : cpu) {
-    sim.push_back(t.to(kSim));
-    if (t.dtype() == DType::Float32) {
-      t.requires_grad_();
-      sim.back().requires_grad_();
-    }
-  }
-  Tensor yc = f(cpu), ys = f(sim);
-  CHECK(ys.device() == kSim);
-  CHECK(same_bits(ys, yc));
-  Generator g(1);
-  Tensor r = randn(yc.shape(), &g);
-  yc.backward(r);
-  ys.backward(r.to(kSim));
-  for (std::size_t i = 0; i < cpu.size(); ++i)
-    if (cpu[i].dtype() == DType::Float32) {
-      REQUIRE(sim[i].grad().defined());
-      CHECK(sim[i].grad().device() == kSim);
-      CHECK(same_bits(sim[i].grad(), cpu[i].grad()));
-    }
 }
 
 std::uint16_t bits16(const Tensor& t, std::int64_t i) {

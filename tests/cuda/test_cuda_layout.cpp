@@ -8,49 +8,21 @@
 #include <functional>
 
 #include "support/gradcheck.hpp"
+#include "support/same_on_device.hpp"
 
 using namespace phalanx;
+using phalanx::test::same_bits;
 using phalanx::test::away_from_zero;
 using phalanx::test::max_rel_err;
 
 namespace {
 const Device kGpu = Device::cuda(0);
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
-  return x.shape() == y.shape() && x.dtype() == y.dtype() && std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
+/// f on CPU inputs and on their CUDA copies: output and input gradients within `tol` (0: the same bits).
+void same_on_gpu(const phalanx::test::Fn& f, std::vector<Tensor> cpu, double tol = 0) {
+  phalanx::test::same_on_device(kGpu, f, std::move(cpu), tol);
 }
 
-/// f on CPU inputs and on their CUDA copies: outputs and input gradients within `tol` (0: the same bits).
-void same_on_gpu(const std::function<Tensor(const std::vector<Tensor>&)>& f, std::vector<Tensor> cpu,
-                 double tol = 0) {
-  std::vector<Tensor> gpu;
-  for (auto& t : cpu) {
-    gpu.push_back(t.to(kGpu));
-    if (t.dtype() == DType::Float32) {
-      t.requires_grad_();
-      gpu.back().requires_grad_();
-    }
-  }
-  Tensor yc = f(cpu), yg = f(gpu);
-  CHECK(yg.device() == kGpu);
-  if (tol == 0)
-    CHECK(same_bits(yg, yc));
-  else
-    CHECK(max_rel_err(yg.to(Device::cpu()), yc) < tol);
-  Generator g(1);
-  Tensor r = randn(yc.shape(), &g);
-  yc.backward(r);
-  yg.backward(r.to(kGpu));
-  for (std::size_t i = 0; i < cpu.size(); ++i)
-    if (cpu[i].dtype() == DType::Float32) {
-      REQUIRE(gpu[i].grad().defined());
-      if (tol == 0)
-        CHECK(same_bits(gpu[i].grad(), cpu[i].grad()));
-      else
-        CHECK(max_rel_err(gpu[i].grad().to(Device::cpu()), cpu[i].grad()) < tol);
-    }
-}
 }  // namespace
 
 TEST_CASE("cuda: batched and broadcast matmul match the CPU") {

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "support/gradcheck.hpp"
+#include "support/same_on_device.hpp"
 
 using namespace phalanx;
 using phalanx::test::max_rel_err;
@@ -12,32 +13,9 @@ using phalanx::test::max_rel_err;
 namespace {
 const Device kGpu = Device::cuda(0);
 
-void same_on_gpu(const std::function<Tensor(const std::vector<Tensor>&)>& f, std::vector<Tensor> cpu,
-                 double tol = 1e-5) {
-  std::vector<Tensor> gpu;
-  for (auto& t : cpu) {
-    gpu.push_back(t.to(kGpu));
-    if (t.dtype() == DType::Float32) {
-      t.requires_grad_();
-      gpu.back().requires_grad_();
-    }
-  }
-  Tensor yc = f(cpu), yg = f(gpu);
-  CHECK(yg.device() == kGpu);
-  if (yc.dtype() != DType::Float32) {
-    CHECK(yg.to(Device::cpu()).to_vector<std::int64_t>() == yc.to_vector<std::int64_t>());
-    return;
-  }
-  CHECK(max_rel_err(yg.to(Device::cpu()), yc) < tol);
-  Generator g(1);
-  Tensor r = randn(yc.shape(), &g);
-  yc.backward(r);
-  yg.backward(r.to(kGpu));
-  for (std::size_t i = 0; i < cpu.size(); ++i)
-    if (cpu[i].dtype() == DType::Float32) {
-      REQUIRE(gpu[i].grad().defined());
-      CHECK(max_rel_err(gpu[i].grad().to(Device::cpu()), cpu[i].grad()) < tol);
-    }
+/// f on CPU inputs and on their CUDA copies: output and input gradients within `tol` (0: the same bits).
+void same_on_gpu(const phalanx::test::Fn& f, std::vector<Tensor> cpu, double tol = 1e-5) {
+  phalanx::test::same_on_device(kGpu, f, std::move(cpu), tol);
 }
 
 Tensor rnd(const Shape& s, std::uint64_t seed, float scale = 1.f) {
