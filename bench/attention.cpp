@@ -177,17 +177,5 @@ int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  // OpenBLAS starts its worker threads when it loads; start over with the variable set.
-  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
-  if (!env || std::string(env) != "1") {
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    execv("/proc/self/exe", argv);
-    std::fprintf(stderr, "bench_attention: could not restart with OPENBLAS_NUM_THREADS=1; continuing\n");
-  }
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_attention: %s\n", e.what());
-    return 1;
-  }
+  return phalanx::bench::guarded_main("bench_attention", argc, argv, run, /*one_blas_thread=*/true);
 }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -279,6 +280,26 @@ inline std::string peer_script(const std::string& name) {
 /// one folder up (the build tree links examples/data there).
 inline std::string data_file(const std::string& name) {
   return relocatable::find_file("PHALANX_DATA_DIR", "data", name);
+}
+
+/// A benchmark's main(): runs `run`, turning an exception (no peer script, no plugin, ...) into
+/// one line on stderr and exit status 1. With `one_blas_thread`, first restarts the program
+/// with OPENBLAS_NUM_THREADS=1: OpenBLAS starts its worker threads when it loads, and
+/// openblas_set_num_threads(1) later leaves them alive and yielding on a 2-core machine.
+inline int guarded_main(const char* name, int argc, char** argv, int (*run)(int, char**),
+                        bool one_blas_thread = false) {
+  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+  if (one_blas_thread && (!env || std::string(env) != "1")) {
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    execv("/proc/self/exe", argv);
+    std::fprintf(stderr, "%s: could not restart with OPENBLAS_NUM_THREADS=1; continuing\n", name);
+  }
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
 }
 
 }  // namespace phalanx::bench

@@ -134,18 +134,5 @@ int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  // OpenBLAS starts its worker threads when it loads; openblas_set_num_threads(1) later leaves
-  // them alive and yielding on a 2-core machine. Start over with the variable set.
-  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
-  if (!env || std::string(env) != "1") {
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    execv("/proc/self/exe", argv);
-    std::fprintf(stderr, "bench_conv_step: could not restart with OPENBLAS_NUM_THREADS=1; continuing\n");
-  }
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_conv_step: %s\n", e.what());
-    return 1;
-  }
+  return phalanx::bench::guarded_main("bench_conv_step", argc, argv, run, /*one_blas_thread=*/true);
 }

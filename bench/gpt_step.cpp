@@ -204,10 +204,5 @@ int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_gpt_step: %s\n", e.what());
-    return 1;
-  }
+  return phalanx::bench::guarded_main("bench_gpt_step", argc, argv, run);
 }

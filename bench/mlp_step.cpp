@@ -182,10 +182,5 @@ int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {  // a clear one-line error (no CUDA plugin, no peer script, ...)
-    std::fprintf(stderr, "bench_mlp_step: %s\n", e.what());
-    return 1;
-  }
+  return phalanx::bench::guarded_main("bench_mlp_step", argc, argv, run);
 }

@@ -157,10 +157,5 @@ int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_optim_step: %s\n", e.what());
-    return 1;
-  }
+  return phalanx::bench::guarded_main("bench_optim_step", argc, argv, run);
 }

@@ -132,10 +132,5 @@ int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_step_parts: %s\n", e.what());
-    return 1;
-  }
+  return phalanx::bench::guarded_main("bench_step_parts", argc, argv, run);
 }
