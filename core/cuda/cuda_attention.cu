@@ -65,45 +65,69 @@ __device__ void stage(float* dst, const float* src, std::int64_t r0, std::int64_
   for (std::int64_t idx = threadIdx.x; idx < n * width; idx += blockDim.x) dst[idx] = src[r0 * width + idx];
 }
 
+/// The query row a thread of the forward and grad_q kernels owns (blocks of kRows rows per
+/// head), with its head's slice of the mask.
+struct QueryRow {
+  std::int64_t head, i;
+  bool active;  // i < L: threads past the last row only help staging
+  const float* fm;
+  const unsigned char* bm;
+};
+
+__device__ QueryRow query_row(const AttentionParams& p, const float* fmask, const unsigned char* bmask) {
+  const std::int64_t tiles_per_head = (p.l + kRows - 1) / kRows;
+  QueryRow r;
+  r.head = blockIdx.x / tiles_per_head;
+  r.i = (blockIdx.x % tiles_per_head) * kRows + threadIdx.x;
+  r.active = r.i < p.l;
+  const std::int64_t moff = (fmask || bmask) ? mask_offset(p, r.head) : 0;
+  r.fm = fmask ? fmask + moff : nullptr;
+  r.bm = bmask ? bmask + moff : nullptr;
+  return r;
+}
+
+/// Streams the key and value rows of `row.head` through shared memory `sm`, `tile` rows at a
+/// time (block-wide: every thread of the block calls it), and calls visit(j, k_j, v_j) for
+/// each key j, in order, on the threads whose row is active.
+template <typename Visit>
+__device__ void for_each_key(const AttentionParams& p, int tile, const QueryRow& row, const float* k, const float* v,
+                             float* sm, Visit visit) {
+  float* ks = sm;
+  float* vs = sm + tile * p.e;
+  for (std::int64_t j0 = 0; j0 < p.s; j0 += tile) {
+    const std::int64_t n = min(static_cast<std::int64_t>(tile), p.s - j0);
+    __syncthreads();
+    stage(ks, k + row.head * p.s * p.e, j0, n, p.e);
+    stage(vs, v + row.head * p.s * p.ev, j0, n, p.ev);
+    __syncthreads();
+    if (!row.active) continue;
+    for (std::int64_t jj = 0; jj < n; ++jj) visit(j0 + jj, ks + jj * p.e, vs + jj * p.ev);
+  }
+}
+
 // Forward: thread = query row i of head `head`; key/value tiles staged in shared memory.
 __global__ void attn_fwd_k(AttentionParams p, int tile, const float* q, const float* k, const float* v,
                            const float* fmask, const unsigned char* bmask, float* out, float* stats) {
   extern __shared__ float sm[];
-  const std::int64_t tiles_per_head = (p.l + kRows - 1) / kRows;
-  const std::int64_t head = blockIdx.x / tiles_per_head;
-  const std::int64_t i = (blockIdx.x % tiles_per_head) * kRows + threadIdx.x;
-  const bool active = i < p.l;
-  const std::int64_t moff = (fmask || bmask) ? mask_offset(p, head) : 0;
-  const float* fm = fmask ? fmask + moff : nullptr;
-  const unsigned char* bm = bmask ? bmask + moff : nullptr;
-  const float* qi = q + (head * p.l + (active ? i : 0)) * p.e;
-  float* oi = out + (head * p.l + (active ? i : 0)) * p.ev;
-  float* ks = sm;
-  float* vs = sm + tile * p.e;
+  const QueryRow r = query_row(p, fmask, bmask);
+  const std::int64_t head = r.head, i = r.i;
+  const float* qi = q + (head * p.l + (r.active ? i : 0)) * p.e;
+  float* oi = out + (head * p.l + (r.active ? i : 0)) * p.ev;
   float m = -INFINITY, l = 0.f;
-  if (active)
+  if (r.active)
     for (std::int64_t d = 0; d < p.ev; ++d) oi[d] = 0.f;
-  for (std::int64_t j0 = 0; j0 < p.s; j0 += tile) {
-    const std::int64_t n = min(static_cast<std::int64_t>(tile), p.s - j0);
-    __syncthreads();
-    stage(ks, k + head * p.s * p.e, j0, n, p.e);
-    stage(vs, v + head * p.s * p.ev, j0, n, p.ev);
-    __syncthreads();
-    if (!active) continue;
-    for (std::int64_t jj = 0; jj < n; ++jj) {
-      const std::int64_t j = j0 + jj;
-      const float s = masked_score(p, fm, bm, i, j, dot(qi, ks + jj * p.e, p.e));
-      const float m_new = fmaxf(m, s);
-      if (m_new == -INFINITY) continue;  // every score so far masked
-      const float alpha = expf(m - m_new);
-      const float w = expf(s - m_new);
-      l = l * alpha + w;
-      m = m_new;
-      const float wd = w * drop_factor(p, head, i, j);
-      for (std::int64_t d = 0; d < p.ev; ++d) oi[d] = oi[d] * alpha + wd * vs[jj * p.ev + d];
-    }
-  }
-  if (!active) return;
+  for_each_key(p, tile, r, k, v, sm, [&](std::int64_t j, const float* kj, const float* vj) {
+    const float s = masked_score(p, r.fm, r.bm, i, j, dot(qi, kj, p.e));
+    const float m_new = fmaxf(m, s);
+    if (m_new == -INFINITY) return;  // every score so far masked
+    const float alpha = expf(m - m_new);
+    const float w = expf(s - m_new);
+    l = l * alpha + w;
+    m = m_new;
+    const float wd = w * drop_factor(p, head, i, j);
+    for (std::int64_t d = 0; d < p.ev; ++d) oi[d] = oi[d] * alpha + wd * vj[d];
+  });
+  if (!r.active) return;
   // Every score masked (m = -inf, l = 0): zeros, as PyTorch 2.5+'s _safe_softmax.
   for (std::int64_t d = 0; d < p.ev; ++d) oi[d] = m == -INFINITY ? 0.f : oi[d] / l;
   // m and l apart, not m + log l: that rounds to m for a row of -1e9 scores (weights of 1).
@@ -132,37 +156,21 @@ __global__ void attn_bwd_q_k(AttentionParams p, int tile, const float* q, const 
                              const float* fmask, const unsigned char* bmask, const float* stats, const float* dsum,
                              const float* gout, float* gq) {
   extern __shared__ float sm[];
-  const std::int64_t tiles_per_head = (p.l + kRows - 1) / kRows;
-  const std::int64_t head = blockIdx.x / tiles_per_head;
-  const std::int64_t i = (blockIdx.x % tiles_per_head) * kRows + threadIdx.x;
-  const bool active = i < p.l;
-  const std::int64_t moff = (fmask || bmask) ? mask_offset(p, head) : 0;
-  const float* fm = fmask ? fmask + moff : nullptr;
-  const unsigned char* bm = bmask ? bmask + moff : nullptr;
-  const std::int64_t row = head * p.l + (active ? i : 0);
+  const QueryRow r = query_row(p, fmask, bmask);
+  const std::int64_t head = r.head, i = r.i;
+  const std::int64_t row = head * p.l + (r.active ? i : 0);
   const float* qi = q + row * p.e;
   const float* gi = gout + row * p.ev;
   float* gqi = gq + row * p.e;
   const float m_i = stats[2 * row], inv_l_i = 1.f / stats[2 * row + 1], dsum_i = dsum[row];
-  float* ks = sm;
-  float* vs = sm + tile * p.e;
-  if (active)
+  if (r.active)
     for (std::int64_t d = 0; d < p.e; ++d) gqi[d] = 0.f;
-  for (std::int64_t j0 = 0; j0 < p.s; j0 += tile) {
-    const std::int64_t n = min(static_cast<std::int64_t>(tile), p.s - j0);
-    __syncthreads();
-    stage(ks, k + head * p.s * p.e, j0, n, p.e);
-    stage(vs, v + head * p.s * p.ev, j0, n, p.ev);
-    __syncthreads();
-    if (!active) continue;
-    for (std::int64_t jj = 0; jj < n; ++jj) {
-      const std::int64_t j = j0 + jj;
-      const float w = weight(masked_score(p, fm, bm, i, j, dot(qi, ks + jj * p.e, p.e)), m_i, inv_l_i);
-      const float dp = dot(gi, vs + jj * p.ev, p.ev) * drop_factor(p, head, i, j);
-      const float ds = grad_score(p, w, dp, dsum_i);
-      for (std::int64_t d = 0; d < p.e; ++d) gqi[d] += ds * ks[jj * p.e + d];
-    }
-  }
+  for_each_key(p, tile, r, k, v, sm, [&](std::int64_t j, const float* kj, const float* vj) {
+    const float w = weight(masked_score(p, r.fm, r.bm, i, j, dot(qi, kj, p.e)), m_i, inv_l_i);
+    const float dp = dot(gi, vj, p.ev) * drop_factor(p, head, i, j);
+    const float ds = grad_score(p, w, dp, dsum_i);
+    for (std::int64_t d = 0; d < p.e; ++d) gqi[d] += ds * kj[d];
+  });
 }
 
 // grad_k, grad_v: thread = key row j; query rows (q, grad_out, stats, dsum) staged.
