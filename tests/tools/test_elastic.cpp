@@ -72,16 +72,29 @@ Node start(const std::string& args, const std::string& out, const std::string& h
   return n;
 }
 
+/// Kills the launchers a failed REQUIRE leaves behind (their workers die with them).
+struct Reaper {
+  std::vector<Node*> nodes;
+  ~Reaper() {
+    for (Node* n : nodes)
+      if (n->pid > 0 && ::kill(n->pid, SIGKILL) == 0) ::waitpid(n->pid, nullptr, 0);
+  }
+};
+
 /// Its exit code, or -1 when it is still running after `limit` (then it is killed).
 int finish(Node& n, std::chrono::milliseconds limit) {
   const auto end = Clock::now() + limit;
   int status = 0;
   while (Clock::now() < end) {
-    if (::waitpid(n.pid, &status, WNOHANG) == n.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (::waitpid(n.pid, &status, WNOHANG) == n.pid) {
+      n.pid = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
     std::this_thread::sleep_for(10ms);
   }
   ::kill(n.pid, SIGKILL);
   ::waitpid(n.pid, &status, 0);
+  n.pid = -1;
   return -1;
 }
 
@@ -122,8 +135,10 @@ TEST_CASE("elastic 1:2: a node dies, the job goes on; it rejoins, the job ends o
                           "--rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) +
                           " --rdzv-id elastic-test --rdzv-last-call 5 --max-restarts 1 " + PHALANX_TRAIN + data +
                           " --checkpoint-dir " + d + "/ck --checkpoint-every 20 --resume --save " + d + "/el.npz";
-  Node n0 = start(run, d + "/n0.txt", "a");
-  Node n1 = start(run, d + "/n1.txt", "b");
+  Node n0 = start(run, d + "/n0.txt", "a"), n1, n1b;
+  Reaper reaper{{&n0, &n1, &n1b}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));  // node 0 hosts: it binds the port first
+  n1 = start(run, d + "/n1.txt", "b");
   REQUIRE(wait_for(n0.out, "round 0: node 0 of 2 (world size 4)", 30s));
   const auto until = Clock::now() + 30s;
   while (!has_checkpoint(d + "/ck") && Clock::now() < until) std::this_thread::sleep_for(5ms);
@@ -131,7 +146,7 @@ TEST_CASE("elastic 1:2: a node dies, the job goes on; it rejoins, the job ends o
   const std::size_t mark = slurp(n0.out).size();
   ::kill(n1.pid, SIGKILL);  // the node's launcher dies; its workers die with it
   const auto killed = Clock::now();
-  finish(n1, 5s);
+  CHECK(finish(n1, 5s) == 128 + SIGKILL);
   REQUIRE(wait_for(n0.out, "resumed at step", 20s, mark));
   const double death_to_step = std::chrono::duration<double>(Clock::now() - killed).count();
   const std::string mid = slurp(n0.out);
@@ -140,7 +155,7 @@ TEST_CASE("elastic 1:2: a node dies, the job goes on; it rejoins, the job ends o
   CHECK(has(mid, "is gone: no keep-alive"));
   MESSAGE("from the node's death to the survivor's next step: " << death_to_step << " s");
   CHECK(death_to_step <= 5.0);
-  Node n1b = start(run, d + "/n1b.txt", "b");
+  n1b = start(run, d + "/n1b.txt", "b");
   const int c0 = finish(n0, 60s), c1 = finish(n1b, 60s);
   const std::string o0 = slurp(n0.out), o1 = slurp(n1b.out);
   INFO("node 0:\n" << o0 << "\nnode 1 again:\n" << o1);
@@ -172,6 +187,7 @@ TEST_CASE("elastic: a node with another --rdzv-id is refused; the job runs witho
   const std::string ep = " --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port());
   Node n0 = start(std::string(PHALANX_RUN) + " --nnodes 1:2 --rdzv-last-call 1" + ep + " --rdzv-id J /bin/true",
                   d + "/n0.txt", "a");
+  Reaper reaper{{&n0}};
   REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
   Node n1 = start(std::string(PHALANX_RUN) + " --nnodes 1:2" + ep + " --rdzv-id OTHER /bin/true", d + "/n1.txt", "b");
   const int c1 = finish(n1, 20s), c0 = finish(n0, 20s);
@@ -181,5 +197,22 @@ TEST_CASE("elastic: a node with another --rdzv-id is refused; the job runs witho
   CHECK(has(o1, "belongs to another job"));
   CHECK(c0 == 0);
   CHECK(has(o0, "round 0: node 0 of 1"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a size the program cannot run on stops after its second occurrence, not all restarts") {
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_size");
+  // 3 workers do not divide exact mode's 4 micro-batches a step.
+  Node n0 = start(std::string(PHALANX_RUN) + " --nnodes 1:2 --nproc-per-node 3 --backend gloo --rdzv-last-call 0.1 "
+                      "--rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " --rdzv-id J --max-restarts 5 " +
+                      PHALANX_TRAIN + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " + d +
+                      "/init.npz --global-batch 64 --lr 0.1 --epochs 1 --exact --micro-batch 16",
+                  d + "/n0.txt", "a");
+  const int code = finish(n0, 40s);
+  const std::string o = slurp(n0.out);
+  INFO(o);
+  CHECK(code == 1);
+  CHECK(has(o, "the same failure came before any training step twice at world size 3"));
+  CHECK_FALSE(has(o, "round 2:"));
   std::filesystem::remove_all(d);
 }

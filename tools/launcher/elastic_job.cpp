@@ -166,7 +166,17 @@ NodeReport report_of(int node_rank, const LaunchOptions& o, const Outcome& r) {
 struct HostState {
   int failures = 0;
   std::optional<WorkerFailure> last_failure;
+  int last_world = 0;  ///< the world size of the round last_failure ended
 };
+
+/// A failure before any training step that recurs at the same world size: a setting this
+/// size cannot run (exact mode's micro-batches that W does not divide). Restarting at the
+/// same size would meet it again.
+bool recurs_at_size(const std::optional<WorkerFailure>& before, int before_world,
+                    const std::optional<WorkerFailure>& now, int world) {
+  return before && now && before->has_record && now->has_record && before->step < 0 && now->step < 0 &&
+         before_world == world && before->message == now->message;
+}
 
 /// Host: ends the job with `code`, tells every launcher (and those waiting), and gives the
 /// live members a moment to read it before the store goes away.
@@ -247,7 +257,17 @@ std::optional<int> settle_as_host(const LaunchOptions& o, Membership& m, HostSta
                    static_cast<long long>(blamed->step), blamed->message.c_str(), o.max_restarts - hs.failures + 1);
       return end_job(m, k, members, exit_code_for(*blamed));
     }
+    const int world = static_cast<int>(members.size()) * o.nproc_per_node;
+    if (recurs_at_size(hs.last_failure, hs.last_world, blamed, world)) {
+      std::fprintf(stderr,
+                   "phalanx-run: the same failure came before any training step twice at world size %d (%s): it "
+                   "will recur at this size; not restarting again. Give --nnodes a range whose sizes the program "
+                   "can run on.\n",
+                   world, blamed->message.c_str());
+      return end_job(m, k, members, exit_code_for(*blamed));
+    }
     hs.last_failure = blamed;
+    hs.last_world = world;
     if (hs.failures > o.max_restarts) {
       std::fprintf(stderr, "phalanx-run: giving up after %d restart(s) (--max-restarts %d).\n", hs.failures - 1,
                    o.max_restarts);
