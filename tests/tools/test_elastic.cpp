@@ -216,3 +216,38 @@ TEST_CASE("elastic: a size the program cannot run on stops after its second occu
   CHECK_FALSE(has(o, "round 2:"));
   std::filesystem::remove_all(d);
 }
+
+TEST_CASE("normal mode under an elastic launcher: a mid-epoch checkpoint of 2 workers resumes on 1 and on 4") {
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_normal");
+  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d +
+                            "/y.npy --init " + d + "/init.npz --global-batch 64 --lr 0.1 --momentum 0.9 --epochs 2 "
+                            "--shuffle --seed 5";
+  const std::string run = std::string(PHALANX_RUN) + " --standalone --backend gloo --nproc-per-node ";
+  using trainer_test::run_command;
+  REQUIRE(run_command(train + " --save " + d + "/one.npz", d + "/one.txt").code == 0);
+  const auto two = run_command(run + "2 " + train + " --checkpoint-dir " + d + "/ck --checkpoint-every 3 "
+                               "--keep-checkpoints 10 --save " + d + "/two.npz", d + "/two.txt");
+  INFO(two.out);
+  REQUIRE(two.code == 0);
+  const std::string mid = d + "/ck/checkpoint-0000000003.npz";  // step 3 of epoch 1's 8
+  REQUIRE(std::filesystem::exists(mid));
+  // Outside an elastic job the world size must match.
+  const auto refused = run_command(train + " --resume-from " + mid + " --save " + d + "/no.npz", d + "/no.txt");
+  CHECK(refused.code != 0);
+  CHECK(has(refused.out, "resume with the same number of workers"));
+  // In one (the launcher sets PHALANX_ELASTIC=1): B / W a worker, the sampler from step 3.
+  for (const int w : {1, 4}) {
+    const std::string save = d + "/r" + std::to_string(w) + ".npz";
+    const auto r = run_command("PHALANX_ELASTIC=1 " + run + std::to_string(w) + " " + train + " --resume-from " +
+                                   mid + " --save " + save,
+                               d + "/r.txt");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(has(r.out, "resumed at step 3"));
+    CHECK(has(r.out, "\"steps\":16"));
+    // DDP's mean over W workers rounds differently from one process's: close, not equal.
+    CHECK(trainer_test::max_weight_diff(save, d + "/one.npz") < 1e-5);
+    CHECK(trainer_test::max_weight_diff(save, d + "/two.npz") < 1e-5);
+  }
+  std::filesystem::remove_all(d);
+}

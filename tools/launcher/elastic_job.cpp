@@ -122,6 +122,7 @@ Outcome run_round(const LaunchOptions& o, const JobStore& js, Membership& m, int
   LaunchOptions ro = o;
   ro.nnodes = static_cast<int>(members.size());
   ro.node_rank = node_rank;
+  ro.elastic_job = true;
   std::fprintf(stderr, "phalanx-run: round %d: node %d of %d (world size %d).\n", k, node_rank, ro.nnodes,
                ro.nnodes * o.nproc_per_node);
   Attempt a;

@@ -33,6 +33,7 @@ struct LaunchOptions {
   bool standalone = false;     ///< --standalone: one node, a free port, a fresh token
   double rdzv_timeout = 60.0;  ///< seconds a launcher waits for a silent peer launcher (several nodes)
   std::vector<std::string> command;  ///< program and its arguments
+  bool elastic_job = false;  ///< set per round of an elastic job: workers get PHALANX_ELASTIC=1
   bool elastic() const { return min_nodes < nnodes; }
 };
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <optional>
 #include <vector>
@@ -12,6 +13,11 @@
 namespace phalanx::trainer {
 
 namespace {
+
+bool elastic_launch() {
+  const char* e = std::getenv("PHALANX_ELASTIC");
+  return e != nullptr && std::string(e) == "1";
+}
 
 /// Loads checkpoint `ck` (read from sp.resume_path) into the model, the optimizer and the
 /// schedule, and sets where the run resumes: its step, epoch, partial sums (into the step
@@ -68,6 +74,15 @@ StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
   expect.global_batch = c.global_batch;
   expect.micro_batch = s.step->pass_batch();
   expect.exact = s.step->exact() ? 1 : 0;  // exact mode resumes on any world size dividing its micro-batches
+  // Under an elastic launcher (PHALANX_ELASTIC=1) the world size changes between rounds: a
+  // normal-mode checkpoint then resumes on any W that divides the global batch (B / W a
+  // worker, checked when the step plan is made). The sampler's global step covers the same
+  // samples on every W (DistributedSampler hands rank r every W-th index, B / W a step),
+  // so skipping step_in_epoch steps neither repeats nor skips a sample.
+  if (!s.step->exact() && elastic_launch()) {
+    expect.world_size = parallel::kAnyWorld;
+    expect.micro_batch = -1;
+  }
   expect.model = &model_now;
   expect.optimizer = &opt_now;
   expect.config = &s.settings;
