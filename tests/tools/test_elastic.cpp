@@ -120,7 +120,7 @@ bool has_checkpoint(const std::string& dir) {
 
 }  // namespace
 
-TEST_CASE("elastic 1:2: a node dies, the job goes on; it rejoins, the job ends on 2 nodes, exact bytes") {
+TEST_CASE("elastic 1:2, no shared folder: a node dies, the job goes on; it rejoins empty, exact bytes") {
   const std::string d = trainer_test::case_study_dir("phalanx_elastic");
   // 2400 steps: long enough that the one-node stretch cannot finish before the rejoin.
   const std::string data = " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " + d +
@@ -134,15 +134,16 @@ TEST_CASE("elastic 1:2: a node dies, the job goes on; it rejoins, the job ends o
   const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --nproc-per-node 2 --backend gloo "
                           "--rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) +
                           " --rdzv-id elastic-test --rdzv-last-call 5 --max-restarts 1 " + PHALANX_TRAIN + data +
-                          " --checkpoint-dir " + d + "/ck --checkpoint-every 20 --resume --save " + d + "/el.npz";
-  Node n0 = start(run, d + "/n0.txt", "a"), n1, n1b;
+                          " --checkpoint-every 20 --resume --save " + d + "/el.npz --checkpoint-dir " + d;
+  // No shared folder: each node its own (node 1's stays empty but for what it receives).
+  Node n0 = start(run + "/ck0", d + "/n0.txt", "a"), n1, n1b;
   Reaper reaper{{&n0, &n1, &n1b}};
   REQUIRE(wait_for(n0.out, "forms its rounds", 20s));  // node 0 hosts: it binds the port first
-  n1 = start(run, d + "/n1.txt", "b");
+  n1 = start(run + "/ck1", d + "/n1.txt", "b");
   REQUIRE(wait_for(n0.out, "round 0: node 0 of 2 (world size 4)", 30s));
   const auto until = Clock::now() + 30s;
-  while (!has_checkpoint(d + "/ck") && Clock::now() < until) std::this_thread::sleep_for(5ms);
-  REQUIRE(has_checkpoint(d + "/ck"));
+  while (!has_checkpoint(d + "/ck0") && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  REQUIRE(has_checkpoint(d + "/ck0"));
   const std::size_t mark = slurp(n0.out).size();
   ::kill(n1.pid, SIGKILL);  // the node's launcher dies; its workers die with it
   const auto killed = Clock::now();
@@ -155,7 +156,8 @@ TEST_CASE("elastic 1:2: a node dies, the job goes on; it rejoins, the job ends o
   CHECK(has(mid, "is gone: no keep-alive"));
   MESSAGE("from the node's death to the survivor's next step: " << death_to_step << " s");
   CHECK(death_to_step <= 5.0);
-  n1b = start(run, d + "/n1b.txt", "b");
+  std::filesystem::remove_all(d + "/ck1");  // it comes back with an empty folder
+  n1b = start(run + "/ck1", d + "/n1b.txt", "b");
   const int c0 = finish(n0, 60s), c1 = finish(n1b, 60s);
   const std::string o0 = slurp(n0.out), o1 = slurp(n1b.out);
   INFO("node 0:\n" << o0 << "\nnode 1 again:\n" << o1);
@@ -165,6 +167,8 @@ TEST_CASE("elastic 1:2: a node dies, the job goes on; it rejoins, the job ends o
   CHECK(has(o0, "ended for a change of membership (a node joins): not counted as a restart"));
   CHECK(has(o0, "\"world_size\":4"));  // the last round ran on both nodes
   CHECK(has(o1, "node 1 of 2 (world size 4)"));
+  CHECK(has(o1, "received the checkpoint of step"));  // from node 0, into its empty folder
+  CHECK(has_checkpoint(d + "/ck1"));
   CHECK(slurp(d + "/el.npz") == slurp(d + "/one.npz"));
   std::filesystem::remove_all(d);
 }

@@ -1,6 +1,8 @@
 // Where a run starts (resume.hpp).
 #include "resume.hpp"
 
+#include "checkpoint_share.hpp"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -94,6 +96,9 @@ StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
   const int restart = parallel::read_launch_env().restart_count;
   std::string& resume_path = sp.resume_path;
   std::optional<parallel::LoadedCheckpoint> loaded;
+  // Nodes with folders of their own: the job's newest checkpoint reaches every node's first.
+  if (ckdir && (c.resume || restart > 0) && c.resume_from.empty())
+    share_newest_checkpoint(*ckdir, expect, *s.pg, s.dev, parallel::read_launch_env().local_rank);
   if (ckdir && (c.resume || restart > 0)) {
     // The newest file that verifies; a damaged one is passed over (kept, named) and never pruned.
     std::vector<parallel::SkippedCheckpoint> skipped;
