@@ -255,3 +255,36 @@ TEST_CASE("normal mode under an elastic launcher: a mid-epoch checkpoint of 2 wo
   }
   std::filesystem::remove_all(d);
 }
+
+TEST_CASE("elastic: a node's launcher asked to stop leaves; the job goes on without it, not counted") {
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_leave");
+  const std::string data = " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " + d +
+                           "/init.npz --global-batch 64 --lr 0.1 --epochs 300 --exact --micro-batch 16";
+  REQUIRE(trainer_test::run_command(std::string(PHALANX_TRAIN) + data + " --save " + d + "/one.npz", d + "/one.txt")
+              .code == 0);
+  // --max-restarts 0: a node that leaves must not spend a restart.
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --nproc-per-node 2 --backend gloo "
+                          "--rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) +
+                          " --rdzv-id leave-test --rdzv-last-call 5 --max-restarts 0 " + PHALANX_TRAIN + data +
+                          " --checkpoint-every 20 --resume --save " + d + "/el.npz --checkpoint-dir " + d;
+  Node n0 = start(run + "/ck0", d + "/n0.txt", "a"), n1;
+  Reaper reaper{{&n0, &n1}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run + "/ck1", d + "/n1.txt", "b");
+  REQUIRE(wait_for(n0.out, "round 0: node 0 of 2 (world size 4)", 30s));
+  const auto until = Clock::now() + 30s;
+  while (!has_checkpoint(d + "/ck0") && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  ::kill(n1.pid, SIGTERM);  // a preemption notice
+  const int c1 = finish(n1, 30s), c0 = finish(n0, 60s);
+  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
+  INFO("node 0:\n" << o0 << "\nnode 1:\n" << o1);
+  CHECK(c1 == 128 + SIGTERM);
+  CHECK(has(o1, "this node leaves the job; the others go on"));
+  CHECK(c0 == 0);
+  CHECK(has(o0, "it leaves the job"));
+  CHECK(has(o0, "(a node left): not counted as a restart"));
+  CHECK(has(o0, "round 1: node 0 of 1 (world size 2)"));
+  CHECK_FALSE(has(o0, "round 2:"));  // the node that left is not taken back
+  CHECK(slurp(d + "/el.npz") == slurp(d + "/one.npz"));
+  std::filesystem::remove_all(d);
+}

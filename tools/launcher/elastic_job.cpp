@@ -45,7 +45,8 @@ Verdict verdict_from(const std::string& text) {
 /// waiting, up to MAX. The first round waits until MAX have joined, or MIN and then the last
 /// call; a later round takes who is there at once (the survivors must not wait). Throws
 /// LaunchError after --rdzv-timeout with fewer than MIN, Interrupted on a signal.
-std::vector<int> form_round(const LaunchOptions& o, Membership& m, const std::vector<int>& keep, bool first) {
+std::vector<int> form_round(const LaunchOptions& o, Membership& m, const std::vector<int>& keep, bool first,
+                            const std::vector<int>& departed = {}) {
   const auto start = Clock::now();
   std::optional<Clock::time_point> enough_since;
   bool said = false;
@@ -54,8 +55,8 @@ std::vector<int> form_round(const LaunchOptions& o, Membership& m, const std::ve
     std::vector<int> c;
     for (int id : keep)
       if (m.alive(id)) c.push_back(id);
-    for (int id : m.waiting(c))
-      if (static_cast<int>(c.size()) < o.nnodes) c.push_back(id);
+    for (int id : m.waiting(c))  // a launcher that left (asked to stop) is on its way out
+      if (static_cast<int>(c.size()) < o.nnodes && !contains(departed, id)) c.push_back(id);
     const auto now = Clock::now();
     if (static_cast<int>(c.size()) >= o.nnodes) return c;
     if (static_cast<int>(c.size()) >= o.min_nodes) {
@@ -168,6 +169,7 @@ struct HostState {
   int failures = 0;
   std::optional<WorkerFailure> last_failure;
   int last_world = 0;  ///< the world size of the round last_failure ended
+  std::vector<int> departed;  ///< launchers that left the job (asked to stop): never readmitted
 };
 
 /// A failure before any training step that recurs at the same world size: a setting this
@@ -281,8 +283,10 @@ std::optional<int> settle_as_host(const LaunchOptions& o, Membership& m, HostSta
   std::vector<int> keep;
   for (int id : members)
     if (!contains(gone, id) && !contains(left, id)) keep.push_back(id);
+  hs.departed.insert(hs.departed.end(), left.begin(), left.end());
+  for (int id : left) m.forget(id);
   try {
-    next = form_round(o, m, keep, false);
+    next = form_round(o, m, keep, false, hs.departed);
   } catch (const Interrupted& e) {
     return end_job(m, k, members, 128 + e.sig);
   } catch (const LaunchError& e) {

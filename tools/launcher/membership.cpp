@@ -123,9 +123,18 @@ std::vector<int> Membership::waiting(const std::vector<int>& members) const {
   for (int id : known) {
     bool member = false;
     for (int m : members) member = member || m == id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int f : forgotten_) member = member || f == id;
+    }
     if (!member && alive(id)) ids.push_back(id);
   }
   return ids;
+}
+
+void Membership::forget(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  forgotten_.push_back(id);
 }
 
 void Membership::watch_liveness() {

@@ -62,8 +62,10 @@ class Membership {
 
   /// Host: the launcher with this id has been heard from within the keep-alive.
   bool alive(int id) const;
-  /// Host: live launchers not in `members`, by id (those waiting to be admitted).
+  /// Host: live launchers not in `members` nor forgotten, by id (those waiting to be admitted).
   std::vector<int> waiting(const std::vector<int>& members) const;
+  /// Host: a launcher that left the job (asked to stop) is never taken for one waiting.
+  void forget(int id);
 
  private:
   void loop();
@@ -87,7 +89,8 @@ class Membership {
     std::int64_t value = -1;
     std::chrono::steady_clock::time_point at;
   };
-  std::map<int, Seen> seen_;  ///< host: each id's keep-alive counter and when it last moved
+  std::map<int, Seen> seen_;
+  std::vector<int> forgotten_;  ///< host: each id's keep-alive counter and when it last moved
   bool quit_ = false;
   std::thread thread_;
 };
