@@ -1,25 +1,23 @@
 // Where a run starts (resume.hpp).
 #include "resume.hpp"
 
-#include "checkpoint_share.hpp"
-
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
 #include <optional>
 #include <vector>
+
+#include <phalanx/core/env.hpp>
+
+#include "checkpoint_share.hpp"
 
 namespace phalanx::trainer {
 
 namespace {
 
-bool elastic_launch() {
-  const char* e = std::getenv("PHALANX_ELASTIC");
-  return e != nullptr && std::string(e) == "1";
-}
+bool elastic_launch() { return env::flag("PHALANX_ELASTIC", false); }
 
 /// Loads checkpoint `ck` (read from sp.resume_path) into the model, the optimizer and the
 /// schedule, and sets where the run resumes: its step, epoch, partial sums (into the step
