@@ -187,7 +187,7 @@ TEST_CASE("torchrun options phalanx-run cannot honour are refused before anythin
   };
   const std::vector<Case> cases = {
       {{"--rdzv_backend=etcd"}, "--rdzv-backend 'etcd' is not supported"},
-      {{"--nnodes=1:4"}, "elastic membership (a range of nodes) is not supported yet"},
+      {{"--nnodes=1:4", "--node_rank=1", "--rdzv_id=J", ep}, "is elastic: node ranks change"},
       {{"--nnodes=4:1"}, "MIN:MAX with 1 <= MIN <= MAX"},
       {{"--standalone", "--nnodes=2"}, "drop --nnodes 2"},
       {{"--standalone", ep}, "drop --rdzv-endpoint"},

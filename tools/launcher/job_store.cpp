@@ -168,7 +168,17 @@ void assign_node_rank(LaunchOptions& o, const JobStore& js) {
 /// Several nodes, once the store is up: the rounds (and the failure records) get a client of
 /// their own whose calls give up within --rdzv-timeout, so a node 0 that is stopped
 /// (SIGSTOP) or unreachable is given up on in that time, not in the workers' timeout.
-void start_rounds(const LaunchOptions& o, JobStore& js) {
+void start_rounds(LaunchOptions& o, JobStore& js) {
+  if (o.elastic()) {  // node ranks and rounds come from the membership (membership.hpp)
+    try {
+      js.store = std::make_shared<TcpStore>(
+          client_options(o, js.port, std::min(ms(o.rdzv_timeout), js.store->timeout())));
+    } catch (const std::exception& e) {
+      throw LaunchError(1, who(o) + ": " + e.what());
+    }
+    o.node_rank = js.hosting ? 0 : -1;
+    return;
+  }
   try {
     js.store = std::make_shared<TcpStore>(
         client_options(o, js.port, std::min(ms(o.rdzv_timeout), js.store->timeout())));
@@ -186,7 +196,7 @@ JobStore open_job_store(LaunchOptions& o) {
   JobStore js;
   host_store(o, js);
   connect_store(o, js);
-  if (o.assign_node_rank) assign_node_rank(o, js);
+  if (o.assign_node_rank && !o.elastic()) assign_node_rank(o, js);
   if (o.nnodes > 1) start_rounds(o, js);
   return js;
 }

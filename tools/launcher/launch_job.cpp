@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "elastic_job.hpp"
 #include "failure_report.hpp"
 #include "job_store.hpp"
 #include "phalanx/parallel/internal/rdzv_token.hpp"
@@ -195,6 +196,7 @@ int launch_job(LaunchOptions& o) {
   prepare_token(o);
   install_signal_handlers();
   const JobStore js = open_job_store(o);
+  if (o.elastic()) return launch_elastic(o, js);
   const bool progress = ::isatty(1) == 1;
   const int world = o.nnodes * o.nproc_per_node;
   std::optional<WorkerFailure> last_failure;

@@ -109,8 +109,8 @@ bool parse_term_signal(const std::string& text, int& sig, std::string& error) {
   return false;
 }
 
-/// "N" or "N:N" into n; false with a one-line `error` for anything else (MIN:MAX included).
-bool parse_nnodes(const std::string& text, int& n, std::string& error) {
+/// "N" or "MIN:MAX" into lo_out and n (the most); false with a one-line `error` otherwise.
+bool parse_nnodes(const std::string& text, int& n, int& lo_out, std::string& error) {
   auto number = [](const std::string& t, long& v) {
     char* end = nullptr;
     errno = 0;
@@ -124,20 +124,15 @@ bool parse_nnodes(const std::string& text, int& n, std::string& error) {
       error = "--nnodes '" + text + "' must be a number of nodes in [1, 65536] (or N:N)";
       return false;
     }
-    n = static_cast<int>(lo);
+    n = lo_out = static_cast<int>(lo);
     return true;
   }
   if (!number(text.substr(0, colon), lo) || !number(text.substr(colon + 1), hi) || lo > hi) {
     error = "--nnodes '" + text + "' must be N or MIN:MAX with 1 <= MIN <= MAX";
     return false;
   }
-  if (lo != hi) {
-    error = "--nnodes " + text +
-            ": elastic membership (a range of nodes) is not supported yet; give a fixed number of nodes "
-            "(--nnodes N, or N:N) and --max-restarts for restarts";
-    return false;
-  }
-  n = static_cast<int>(lo);
+  lo_out = static_cast<int>(lo);
+  n = static_cast<int>(hi);
   return true;
 }
 
@@ -173,7 +168,7 @@ void declare_options(CLI::App& app, LaunchOptions& o, RawOptions& r) {
   app.add_option("--nproc-per-node,--nproc_per_node", r.nproc,
                  "workers on this node: N, or 'auto'/'cpu' (= the number of cores)")
       ->capture_default_str()->envname("PET_NPROC_PER_NODE");
-  r.nnodes_opt = app.add_option("--nnodes", r.nnodes, "number of nodes: N (or N:N; an elastic MIN:MAX range is refused)")
+  r.nnodes_opt = app.add_option("--nnodes", r.nnodes, "number of nodes: N, or an elastic range MIN:MAX (nodes may leave and join)")
                      ->capture_default_str()->envname("PET_NNODES");
   r.node_rank_opt = app.add_option("--node-rank,--node_rank", o.node_rank,
                                    "this node's index in [0, nnodes); default with --nnodes > 1: the "
@@ -230,6 +225,14 @@ void declare_options(CLI::App& app, LaunchOptions& o, RawOptions& r) {
                  "several nodes: seconds to wait for another node's launcher that stopped answering "
                  "before giving up (and at least this long for node 0's store at start)")
       ->capture_default_str()->check(CLI::Range(0.1, 86400.0));
+  app.add_option("--rdzv-last-call,--rdzv_last_call", o.last_call,
+                 "elastic (--nnodes MIN:MAX): seconds the first round waits for more nodes once MIN have "
+                 "joined (torchrun's last_call_timeout)")
+      ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
+  app.add_option("--rdzv-keep-alive,--rdzv_keep_alive", o.keep_alive,
+                 "elastic: seconds without a keep-alive after which a node's launcher is gone and the others "
+                 "re-form the job without it")
+      ->capture_default_str()->check(CLI::Range(0.2, 3600.0));
   app.footer("\nEverything from the worker program on (or after --) is passed to the workers. "
              "docs/launcher.md maps torchrun's options to these.");
 }
@@ -349,7 +352,11 @@ bool parse_options(int argc, char** argv, LaunchOptions& o, int& exit_code) {
   }
   std::string error;
   if (!apply_pod_env(o, raw, error)) return fail(error);
-  if (!parse_nnodes(nnodes, o.nnodes, error)) return fail(error);
+  if (!parse_nnodes(nnodes, o.nnodes, o.min_nodes, error)) return fail(error);
+  if (o.elastic() && node_rank_opt->count())
+    return fail("--nnodes " + nnodes + " is elastic: node ranks change as nodes leave and join, so drop "
+                "--node-rank (the launcher on --rdzv-endpoint's machine hosts the store, the others are ranked "
+                "per round)");
   if (!term_signal.empty() && !parse_term_signal(term_signal, o.term_signal, error)) return fail(error);
   if (!parse_nproc(nproc, o.nproc_per_node, error)) return fail(error);
   if (backend != "c10d" && backend != "static")

@@ -7,7 +7,10 @@ namespace phalanx::launcher {
 
 struct LaunchOptions {
   int nproc_per_node = 1;
-  int nnodes = 1;
+  int nnodes = 1;     ///< the most nodes (MAX of --nnodes MIN:MAX)
+  int min_nodes = 1;  ///< the fewest nodes the job runs on (MIN); < nnodes: elastic (elastic_job.hpp)
+  double last_call = 30.0;   ///< elastic: seconds the first round waits for more nodes once MIN are in
+  double keep_alive = 2.0;   ///< elastic: a launcher silent this long is gone (its node leaves the job)
   int node_rank = 0;  ///< -1 until the job's store assigns it (assign_node_rank)
   /// --nnodes > 1 without --node-rank: the launcher that can bind the endpoint hosts the
   /// store and is node 0, the others get their node rank from it (node_rank.hpp).
@@ -30,6 +33,8 @@ struct LaunchOptions {
   bool standalone = false;     ///< --standalone: one node, a free port, a fresh token
   double rdzv_timeout = 60.0;  ///< seconds a launcher waits for a silent peer launcher (several nodes)
   std::vector<std::string> command;  ///< program and its arguments
+  bool elastic_job = false;  ///< set per round of an elastic job: workers get PHALANX_ELASTIC=1
+  bool elastic() const { return min_nodes < nnodes; }
 };
 
 /// Parses argv. Returns false and sets `exit_code` when the program should stop

@@ -163,6 +163,7 @@ std::vector<std::string> worker_env(const LaunchOptions& o, const Worker& w, con
   env["MASTER_ADDR"] = o.master_addr;
   env["MASTER_PORT"] = std::to_string(a.master_port);
   env["PHALANX_RESTART_COUNT"] = std::to_string(a.restart_count);
+  if (o.elastic_job) env["PHALANX_ELASTIC"] = "1";  // the world size may change between rounds
   env["PHALANX_STORE_HOSTED"] = "1";
   // Live output: stdout line-buffered in Phalanx programs (and Python), so lines arrive as
   // they are written and a crashing worker's last lines are not lost.

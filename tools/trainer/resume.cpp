@@ -9,9 +9,15 @@
 #include <optional>
 #include <vector>
 
+#include <phalanx/core/env.hpp>
+
+#include "checkpoint_share.hpp"
+
 namespace phalanx::trainer {
 
 namespace {
+
+bool elastic_launch() { return env::flag("PHALANX_ELASTIC", false); }
 
 /// Loads checkpoint `ck` (read from sp.resume_path) into the model, the optimizer and the
 /// schedule, and sets where the run resumes: its step, epoch, partial sums (into the step
@@ -68,6 +74,15 @@ StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
   expect.global_batch = c.global_batch;
   expect.micro_batch = s.step->pass_batch();
   expect.exact = s.step->exact() ? 1 : 0;  // exact mode resumes on any world size dividing its micro-batches
+  // Under an elastic launcher (PHALANX_ELASTIC=1) the world size changes between rounds: a
+  // normal-mode checkpoint then resumes on any W that divides the global batch (B / W a
+  // worker, checked when the step plan is made). The sampler's global step covers the same
+  // samples on every W (DistributedSampler hands rank r every W-th index, B / W a step),
+  // so skipping step_in_epoch steps neither repeats nor skips a sample.
+  if (!s.step->exact() && elastic_launch()) {
+    expect.world_size = parallel::kAnyWorld;
+    expect.micro_batch = -1;
+  }
   expect.model = &model_now;
   expect.optimizer = &opt_now;
   expect.config = &s.settings;
@@ -79,6 +94,9 @@ StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
   const int restart = parallel::read_launch_env().restart_count;
   std::string& resume_path = sp.resume_path;
   std::optional<parallel::LoadedCheckpoint> loaded;
+  // Nodes with folders of their own: the job's newest checkpoint reaches every node's first.
+  if (ckdir && (c.resume || restart > 0) && c.resume_from.empty())
+    share_newest_checkpoint(*ckdir, expect, *s.pg, s.dev, parallel::read_launch_env().local_rank);
   if (ckdir && (c.resume || restart > 0)) {
     // The newest file that verifies; a damaged one is passed over (kept, named) and never pruned.
     std::vector<parallel::SkippedCheckpoint> skipped;

@@ -60,12 +60,25 @@ class ShardStep final : public StepPlan {
     state.user.set("epoch_stats", sum_over_ranks(all, pg, device));
   }
   void restore_epoch_sums(const parallel::CheckpointState& state, int world, int rank, const std::string&) override {
-    if (const Tensor* t = state.user.find("epoch_stats"))  // every rank's partial sums
+    if (const Tensor* t = state.user.find("epoch_stats")) {  // every rank's partial sums
+      const std::vector<float> v = t->to_vector<float>();
       if (t->numel() == 2 * world) {
-        const std::vector<float> v = t->to_vector<float>();
         loss_sum_ = v[2 * rank];
         steps_ = v[2 * rank + 1];
+      } else if (t->numel() % 2 == 0 && t->numel() > 0) {
+        // Written on another world size (an elastic job resized): each rank takes the old
+        // ranks' mean (their steps, their mean sum), so every step taken so far weighs in
+        // the epoch's sum over ranks / steps as one taken at this world size.
+        const auto writers = static_cast<float>(t->numel() / 2);
+        float loss = 0, steps = 0;
+        for (std::int64_t r = 0; r < t->numel() / 2; ++r) {
+          loss += v[2 * r];
+          steps += v[2 * r + 1];
+        }
+        loss_sum_ = loss / writers;
+        steps_ = steps / writers;
       }
+    }
   }
 
  private:

@@ -1,0 +1,290 @@
+// Elastic jobs (phalanx-run --nnodes MIN:MAX), two launchers on loopback posing as nodes
+// (PHALANX_HOST_ID): a node's launcher killed mid-job, the survivor goes on; started again,
+// it rejoins; in exact mode the final weights equal one process's byte for byte. Also the
+// time from the node's death to the survivors' next step, and the one-line errors.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trainer_harness.hpp"
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using trainer_test::slurp;
+
+namespace {
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+/// A launcher started with `args` (split on spaces), its output in `out`, as node `host`.
+struct Node {
+  pid_t pid = -1;
+  std::string out;
+};
+
+Node start(const std::string& args, const std::string& out, const std::string& host) {
+  std::vector<std::string> words;
+  std::string w;
+  for (char c : args + " ")
+    if (c == ' ') {
+      if (!w.empty()) words.push_back(w);
+      w.clear();
+    } else {
+      w += c;
+    }
+  Node n;
+  n.out = out;
+  n.pid = ::fork();
+  if (n.pid == 0) {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::setenv("PHALANX_HOST_ID", host.c_str(), 1);
+    ::setenv("PHALANX_RDZV_SECRET", "elastic-test-secret", 1);
+    std::vector<char*> argv;
+    for (auto& s : words) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return n;
+}
+
+/// Kills the launchers a failed REQUIRE leaves behind (their workers die with them).
+struct Reaper {
+  std::vector<Node*> nodes;
+  ~Reaper() {
+    for (Node* n : nodes)
+      if (n->pid > 0 && ::kill(n->pid, SIGKILL) == 0) ::waitpid(n->pid, nullptr, 0);
+  }
+};
+
+/// Its exit code, or -1 when it is still running after `limit` (then it is killed).
+int finish(Node& n, std::chrono::milliseconds limit) {
+  const auto end = Clock::now() + limit;
+  int status = 0;
+  while (Clock::now() < end) {
+    if (::waitpid(n.pid, &status, WNOHANG) == n.pid) {
+      n.pid = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  ::kill(n.pid, SIGKILL);
+  ::waitpid(n.pid, &status, 0);
+  n.pid = -1;
+  return -1;
+}
+
+bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+/// Waits until `path` holds `what` after byte `from`; false after `limit`.
+bool wait_for(const std::string& path, const std::string& what, std::chrono::milliseconds limit, std::size_t from = 0) {
+  const auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    const std::string s = slurp(path);
+    if (s.size() > from && s.find(what, from) != std::string::npos) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
+bool has_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("elastic 1:2, no shared folder: a node dies, the job goes on; it rejoins empty, exact bytes") {
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic");
+  // 2400 steps: long enough that the one-node stretch cannot finish before the rejoin.
+  const std::string data = " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " + d +
+                           "/init.npz --global-batch 64 --lr 0.1 --momentum 0.9 --epochs 300 --shuffle --seed 5 "
+                           "--exact --micro-batch 16";
+  const trainer_test::Result one =
+      trainer_test::run_command(std::string(PHALANX_TRAIN) + data + " --save " + d + "/one.npz", d + "/one.txt");
+  REQUIRE(one.code == 0);
+  // Two workers a node on the flat Gloo mesh: one node alone is not much faster than two.
+  // --max-restarts 1: the death spends it, the join must not.
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --nproc-per-node 2 --backend gloo "
+                          "--rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) +
+                          " --rdzv-id elastic-test --rdzv-last-call 5 --max-restarts 1 " + PHALANX_TRAIN + data +
+                          " --checkpoint-every 20 --resume --save " + d + "/el.npz --checkpoint-dir " + d;
+  // No shared folder: each node its own (node 1's stays empty but for what it receives).
+  Node n0 = start(run + "/ck0", d + "/n0.txt", "a"), n1, n1b;
+  Reaper reaper{{&n0, &n1, &n1b}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));  // node 0 hosts: it binds the port first
+  n1 = start(run + "/ck1", d + "/n1.txt", "b");
+  REQUIRE(wait_for(n0.out, "round 0: node 0 of 2 (world size 4)", 30s));
+  const auto until = Clock::now() + 30s;
+  while (!has_checkpoint(d + "/ck0") && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  REQUIRE(has_checkpoint(d + "/ck0"));
+  const std::size_t mark = slurp(n0.out).size();
+  ::kill(n1.pid, SIGKILL);  // the node's launcher dies; its workers die with it
+  const auto killed = Clock::now();
+  CHECK(finish(n1, 5s) == 128 + SIGKILL);
+  REQUIRE(wait_for(n0.out, "resumed at step", 20s, mark));
+  const double death_to_step = std::chrono::duration<double>(Clock::now() - killed).count();
+  const std::string mid = slurp(n0.out);
+  INFO(mid);
+  CHECK(has(mid, "round 1: node 0 of 1 (world size 2)"));
+  CHECK(has(mid, "is gone: no keep-alive"));
+  MESSAGE("from the node's death to the survivor's next step: " << death_to_step << " s");
+  CHECK(death_to_step <= 5.0);
+  std::filesystem::remove_all(d + "/ck1");  // it comes back with an empty folder
+  n1b = start(run + "/ck1", d + "/n1b.txt", "b");
+  const int c0 = finish(n0, 60s), c1 = finish(n1b, 60s);
+  const std::string o0 = slurp(n0.out), o1 = slurp(n1b.out);
+  INFO("node 0:\n" << o0 << "\nnode 1 again:\n" << o1);
+  CHECK(c0 == 0);
+  CHECK(c1 == 0);
+  CHECK(has(o0, "round 2: node 0 of 2 (world size 4)"));
+  CHECK(has(o0, "ended for a change of membership (a node joins): not counted as a restart"));
+  CHECK(has(o0, "\"world_size\":4"));  // the last round ran on both nodes
+  CHECK(has(o1, "node 1 of 2 (world size 4)"));
+  CHECK(has(o1, "received the checkpoint of step"));  // from node 0, into its empty folder
+  CHECK(has_checkpoint(d + "/ck1"));
+  CHECK(slurp(d + "/el.npz") == slurp(d + "/one.npz"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic 2:3: fewer than MIN nodes after --rdzv-timeout is one line") {
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_min");
+  Node n0 = start(std::string(PHALANX_RUN) + " --nnodes 2:3 --rdzv-endpoint 127.0.0.1:" +
+                      std::to_string(free_port()) + " --rdzv-id J --rdzv-timeout 0.5 /bin/true",
+                  d + "/n0.txt", "a");
+  const int code = finish(n0, 20s);
+  const std::string o = slurp(n0.out);
+  INFO(o);
+  CHECK(code == 1);
+  CHECK(has(o, "1 node(s) in the job after waiting 0 s (--rdzv-timeout), fewer than the 2 --nnodes 2:3 needs"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a node with another --rdzv-id is refused; the job runs without it") {
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_id");
+  const std::string ep = " --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port());
+  Node n0 = start(std::string(PHALANX_RUN) + " --nnodes 1:2 --rdzv-last-call 1" + ep + " --rdzv-id J /bin/true",
+                  d + "/n0.txt", "a");
+  Reaper reaper{{&n0}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  Node n1 = start(std::string(PHALANX_RUN) + " --nnodes 1:2" + ep + " --rdzv-id OTHER /bin/true", d + "/n1.txt", "b");
+  const int c1 = finish(n1, 20s), c0 = finish(n0, 20s);
+  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
+  INFO(o0 << o1);
+  CHECK(c1 == 2);
+  CHECK(has(o1, "belongs to another job"));
+  CHECK(c0 == 0);
+  CHECK(has(o0, "round 0: node 0 of 1"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a size the program cannot run on stops after its second occurrence, not all restarts") {
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_size");
+  // 3 workers do not divide exact mode's 4 micro-batches a step.
+  Node n0 = start(std::string(PHALANX_RUN) + " --nnodes 1:2 --nproc-per-node 3 --backend gloo --rdzv-last-call 0.1 "
+                      "--rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " --rdzv-id J --max-restarts 5 " +
+                      PHALANX_TRAIN + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " + d +
+                      "/init.npz --global-batch 64 --lr 0.1 --epochs 1 --exact --micro-batch 16",
+                  d + "/n0.txt", "a");
+  const int code = finish(n0, 40s);
+  const std::string o = slurp(n0.out);
+  INFO(o);
+  CHECK(code == 1);
+  CHECK(has(o, "the same failure came before any training step twice at world size 3"));
+  CHECK_FALSE(has(o, "round 2:"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("normal mode under an elastic launcher: a mid-epoch checkpoint of 2 workers resumes on 1 and on 4") {
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_normal");
+  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d +
+                            "/y.npy --init " + d + "/init.npz --global-batch 64 --lr 0.1 --momentum 0.9 --epochs 2 "
+                            "--shuffle --seed 5";
+  const std::string run = std::string(PHALANX_RUN) + " --standalone --backend gloo --nproc-per-node ";
+  using trainer_test::run_command;
+  REQUIRE(run_command(train + " --save " + d + "/one.npz", d + "/one.txt").code == 0);
+  const auto two = run_command(run + "2 " + train + " --checkpoint-dir " + d + "/ck --checkpoint-every 3 "
+                               "--keep-checkpoints 10 --save " + d + "/two.npz", d + "/two.txt");
+  INFO(two.out);
+  REQUIRE(two.code == 0);
+  const std::string mid = d + "/ck/checkpoint-0000000003.npz";  // step 3 of epoch 1's 8
+  REQUIRE(std::filesystem::exists(mid));
+  // Outside an elastic job the world size must match.
+  const auto refused = run_command(train + " --resume-from " + mid + " --save " + d + "/no.npz", d + "/no.txt");
+  CHECK(refused.code != 0);
+  CHECK(has(refused.out, "resume with the same number of workers"));
+  // In one (the launcher sets PHALANX_ELASTIC=1): B / W a worker, the sampler from step 3.
+  for (const int w : {1, 4}) {
+    const std::string save = d + "/r" + std::to_string(w) + ".npz";
+    const auto r = run_command("PHALANX_ELASTIC=1 " + run + std::to_string(w) + " " + train + " --resume-from " +
+                                   mid + " --save " + save,
+                               d + "/r.txt");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(has(r.out, "resumed at step 3"));
+    CHECK(has(r.out, "\"steps\":16"));
+    // DDP's mean over W workers rounds differently from one process's: close, not equal.
+    CHECK(trainer_test::max_weight_diff(save, d + "/one.npz") < 1e-5);
+    CHECK(trainer_test::max_weight_diff(save, d + "/two.npz") < 1e-5);
+  }
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a node's launcher asked to stop leaves; the job goes on without it, not counted") {
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_leave");
+  const std::string data = " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " + d +
+                           "/init.npz --global-batch 64 --lr 0.1 --epochs 300 --exact --micro-batch 16";
+  REQUIRE(trainer_test::run_command(std::string(PHALANX_TRAIN) + data + " --save " + d + "/one.npz", d + "/one.txt")
+              .code == 0);
+  // --max-restarts 0: a node that leaves must not spend a restart.
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --nproc-per-node 2 --backend gloo "
+                          "--rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) +
+                          " --rdzv-id leave-test --rdzv-last-call 5 --max-restarts 0 " + PHALANX_TRAIN + data +
+                          " --checkpoint-every 20 --resume --save " + d + "/el.npz --checkpoint-dir " + d;
+  Node n0 = start(run + "/ck0", d + "/n0.txt", "a"), n1;
+  Reaper reaper{{&n0, &n1}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run + "/ck1", d + "/n1.txt", "b");
+  REQUIRE(wait_for(n0.out, "round 0: node 0 of 2 (world size 4)", 30s));
+  const auto until = Clock::now() + 30s;
+  while (!has_checkpoint(d + "/ck0") && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  ::kill(n1.pid, SIGTERM);  // a preemption notice
+  const int c1 = finish(n1, 30s), c0 = finish(n0, 60s);
+  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
+  INFO("node 0:\n" << o0 << "\nnode 1:\n" << o1);
+  CHECK(c1 == 128 + SIGTERM);
+  CHECK(has(o1, "this node leaves the job; the others go on"));
+  CHECK(c0 == 0);
+  CHECK(has(o0, "it leaves the job"));
+  CHECK(has(o0, "(a node left): not counted as a restart"));
+  CHECK(has(o0, "round 1: node 0 of 1 (world size 2)"));
+  CHECK_FALSE(has(o0, "round 2:"));  // the node that left is not taken back
+  CHECK(slurp(d + "/el.npz") == slurp(d + "/one.npz"));
+  std::filesystem::remove_all(d);
+}
