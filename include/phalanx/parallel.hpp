@@ -20,6 +20,7 @@
 #include "phalanx/parallel/ddp_options.hpp"
 #include "phalanx/parallel/exact.hpp"
 #include "phalanx/parallel/failure.hpp"
+#include "phalanx/parallel/found_inf_agreement.hpp"
 #include "phalanx/parallel/init.hpp"
 #include "phalanx/parallel/join.hpp"
 #include "phalanx/parallel/launch_env.hpp"

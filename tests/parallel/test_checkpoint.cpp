@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -606,4 +607,32 @@ TEST_CASE("world_size 0 after destroy_process_group, in a job of several workers
   f.state.world_size = 2;  // said explicitly: fine
   CHECK(parallel::save_checkpoint(d + "/after_destroy.npz", f.state).world_size == 2);
   ::unsetenv("WORLD_SIZE");
+}
+
+TEST_CASE("a GradScaler's state travels as scaler.<key>; a file without one (older files) loads with none") {
+  Fixture f;
+  const std::string plain = tmp_dir() + "/no_scaler.npz";
+  parallel::save_checkpoint(plain, f.state);
+  CHECK(parallel::load_checkpoint(plain).state.scaler.size() == 0);
+
+  optim::GradScaler scaler(optim::GradScalerOptions().init_scale(512).growth_interval(5));
+  Tensor p = tensor(std::vector<float>{1.f}, {1}).requires_grad_();
+  optim::SGD opt({p}, optim::SGDOptions(0.1));
+  for (int i = 0; i < 3; ++i) {
+    p.set_grad(tensor(std::vector<float>{i == 1 ? std::nanf("") : 1.f}, {1}));
+    scaler.step(opt);
+    scaler.update();
+  }
+  f.state.scaler = scaler.state_dict();
+  const std::string with = tmp_dir() + "/scaler.npz";
+  parallel::save_checkpoint(with, f.state);
+  CHECK(load_npz(with).contains("scaler._growth_tracker"));
+  const auto loaded = parallel::load_checkpoint(with);
+  optim::GradScaler resumed;
+  resumed.load_state_dict(loaded.state.scaler);
+  CHECK(resumed.get_scale() == 256.0);
+  CHECK(resumed.growth_tracker() == 1);
+  CHECK(resumed.get_growth_interval() == 5);
+  // The scaler's state is not trained state: the same weights at the step compare as the same.
+  CHECK(parallel::compare_trained_state(with, f.state) == parallel::StepFileMatch::same);
 }

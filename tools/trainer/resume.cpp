@@ -38,6 +38,9 @@ void restore(TrainingSetup& s, parallel::LoadedCheckpoint& ck, StartPoint& sp) {
     throw ConfigError("checkpoint " + resume_path + ": its LR schedule does not fit this run's (" + e.what() +
                       "): resume with the same --warmup-steps and --lr-schedule");
   }
+  // The loss scale goes on where it was; a file without one (written without loss scaling)
+  // leaves this run's scaler at its initial scale.
+  if (s.scaler && ck.state.scaler.size() != 0) s.scaler->load_state_dict(ck.state.scaler);
   sp.step = ck.state.step;
   sp.start_epoch = ck.state.epoch;
   // Each rank's dropout stream is not in the checkpoint (rank 0 writes it): a resumed run

@@ -283,6 +283,7 @@ void TrainingLoop::forward_backward(const Batch& b, std::int64_t epoch, std::int
                                     plan_.pass_label(micro), ")",
                                     sp_.ckdir ? "; the last good checkpoint is kept in " + c_.checkpoint_dir : std::string(),
                                     "; lower --lr, check the data, or pass --allow-nonfinite to train on"));
+  if (s_.scaler) loss = s_.scaler->scale(loss);  // fp16: the logged loss `l` stays unscaled
   plan_.backward(loss, l, micro, StepWhere{step, epoch, batch_index, steps_per_epoch});
   last_loss_ = l;
 }
@@ -294,17 +295,25 @@ void TrainingLoop::take_step(std::int64_t epoch, std::int64_t batch_index) {
   const double step_loss = plan_.step_loss(l, *s_.pg, s_.dev);
   // A finite loss can still give non-finite gradients (NaN in the data under --no-data-check,
   // an overflow): they would reach every weight, so the step stops here too.
-  if (!c_.allow_nonfinite && !gradients_finite(params_)) {
+  // Under a GradScaler an inf/NaN gradient is an overflow of the scale: the scaler skips the
+  // step and backs off (the same on every rank) instead of stopping the run.
+  if (!s_.scaler && !c_.allow_nonfinite && !gradients_finite(params_)) {
     reporter_.report(true);  // every rank is here: the gradients are the same on all
     throw ValueError(detail::concat("non-finite gradient at step ", step + 1, " (epoch ", epoch + 1, ", step ",
                                     batch_index, " of ", s_.steps_per_epoch, "; loss ", step_loss, ")",
                                     sp_.ckdir ? "; the last good checkpoint is kept in " + c_.checkpoint_dir : std::string(),
                                     "; check the data, lower --lr, or pass --allow-nonfinite to train on"));
   }
+  if (s_.scaler) s_.scaler->unscale_(*s_.opt);  // the true gradients for the norm and the clipping
   const double grad_norm = metrics_.wants_grad_norm() ? gradient_norm(params_) : 0;
   // The gradients are the same on every rank here (after DDP's reduction), so is the scale.
   if (c_.clip_grad_norm > 0) nn::clip_grad_norm_(params_, c_.clip_grad_norm);
-  s_.opt->step();
+  if (s_.scaler) {
+    s_.scaler->step(*s_.opt);
+    s_.scaler->update();
+  } else {
+    s_.opt->step();
+  }
   s_.schedule.step();
   ++step;
   plan_.add_step(l, step_loss);
@@ -349,6 +358,7 @@ std::optional<parallel::CheckpointState> TrainingLoop::checkpoint_state(std::int
   s.model = s_.net->state_dict();
   s.optimizer = s_.opt->state_dict();
   s.scheduler = s_.schedule.state_dict();
+  if (s_.scaler) s.scaler = s_.scaler->state_dict();
   s.step = sp_.step;
   s.epoch = epoch;
   s.step_in_epoch = in_epoch;

@@ -62,6 +62,11 @@ struct TrainingSetup {
   std::shared_ptr<parallel::DDP> model;
   std::unique_ptr<optim::Optimizer> opt;
   parallel::ZeroRedundancyOptimizer* zero = nullptr;  ///< --zero: opt, as ZeRO
+  /// fp16 loss scaling (null: none). When set, the loop scales the loss before backward,
+  /// unscales before the norm and the clipping, lets the scaler skip a step with inf/NaN
+  /// gradients instead of stopping, and saves and restores its state with the checkpoints.
+  /// Build it with parallel::found_inf_agreement(pg) so every rank skips the same steps.
+  std::unique_ptr<optim::GradScaler> scaler;
   std::unique_ptr<StepPlan> step;  ///< how a step runs (exact mode or not)
   samplers::SamplerPtr sampler;
   std::unique_ptr<samplers::DataLoader> loader;

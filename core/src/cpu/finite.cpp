@@ -28,4 +28,30 @@ std::uint32_t max_abs_bits(const float* __restrict p, std::int64_t n) {
 
 bool all_finite(const float* p, std::int64_t n) { return n <= 0 || max_abs_bits(p, n) < 0x7f800000u; }
 
+namespace {
+// GradScaler's unscale reads each gradient once: the max of the input's |bits| and the
+// product in the same loop, so a gradient crosses memory once instead of twice (check, then
+// scale).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+std::uint32_t scale_max_abs_bits(float* __restrict p, std::int64_t n, float factor) {
+  std::uint32_t m = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof bits);
+    bits &= 0x7fffffffu;
+    m = bits > m ? bits : m;
+    p[i] = p[i] * factor;
+  }
+  return m;
+}
+}  // namespace
+
+bool unscale_and_check_finite(float* p, std::int64_t n, float factor) {
+  if (n <= 0) return true;
+  if (factor == 1.0f) return all_finite(p, n);
+  return scale_max_abs_bits(p, n, factor) < 0x7f800000u;
+}
+
 }  // namespace phalanx

@@ -155,6 +155,7 @@ CheckpointManifest save_checkpoint(const std::string& path, const CheckpointStat
   for (const auto& [k, v] : s.model) m.set("model." + k, v);
   for (const auto& [k, v] : s.optimizer) m.set("optim." + k, v);
   for (const auto& [k, v] : s.scheduler) m.set("sched." + k, v);
+  for (const auto& [k, v] : s.scaler) m.set("scaler." + k, v);
   for (const auto& [k, v] : s.user) m.set("user." + k, v);
   for (const auto& [k, v] : s.scalars) m.set("scalar." + k, dbl(v));
   for (const auto& [k, g] : s.generators) {
@@ -300,6 +301,7 @@ LoadedCheckpoint verify(const std::string& path, const TensorMap& m, const NpzRe
     if (kind == "model") s.model.set(rest, v);
     else if (kind == "optim") s.optimizer.set(rest, v);
     else if (kind == "sched") s.scheduler.set(rest, v);
+    else if (kind == "scaler") s.scaler.set(rest, v);
     else if (kind == "user") s.user.set(rest, v);
     else if (kind == "scalar") {
       const std::int64_t bits = scalar(k);

@@ -15,4 +15,11 @@ bool all_finite(const float* p, std::int64_t n);
 /// integer max finds both. Same dispatch as all_finite.
 std::uint32_t max_abs_bits(const float* p, std::int64_t n);
 
+/// Multiplies p[0..n) by `factor` in place and returns whether every value was finite before
+/// (the check is on the input), in one pass: PyTorch's
+/// _amp_foreach_non_finite_check_and_unscale_ on one buffer (GradScaler's unscale). A factor of
+/// exactly 1 leaves the values alone, as PyTorch's kernel does. No allocation; same dispatch as
+/// all_finite.
+bool unscale_and_check_finite(float* p, std::int64_t n, float factor);
+
 }  // namespace phalanx

@@ -35,6 +35,9 @@ struct CheckpointState {
   TensorMap model;      ///< the model's state_dict
   TensorMap optimizer;  ///< the optimizer's state_dict (its rates included)
   TensorMap scheduler;  ///< an LR scheduler's state_dict (empty: none)
+  /// An optim::GradScaler's state_dict (empty: none, as in every file written before the
+  /// scaler existed). Like the scheduler's, not part of compare_trained_state's comparison.
+  TensorMap scaler;
   /// Optimizer steps taken in all. Must be set (-1: unset, refused by every save): a folder
   /// names its files by it, and a second save at one step must hold the same trained state.
   std::int64_t step = -1;
