@@ -4,6 +4,7 @@
 // single GEMM when the right operand has no batch dims (the batch folds into the rows).
 #include <string>
 
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/ops.hpp"
 
@@ -233,6 +234,10 @@ class LinearBackward final : public Node {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (autocast_detail::applies(autocast_detail::Op::Matmul, a))
+    return autocast_detail::call(autocast_detail::Op::Matmul, [](const Tensor& x, const Tensor& y) { return matmul(x, y); },
+                                 a, b);
+  if (any_reduced(a, b)) return in_float32(promote_types({&a, &b}), [](const Tensor& x, const Tensor& y) { return matmul(x, y); }, a, b);
   check_float(a, "matmul", "a");
   check_float(b, "matmul", "b");
   check_same_device(a, b, "matmul");
@@ -250,6 +255,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  auto again = [](const Tensor& a, const Tensor& w, const Tensor& b) { return linear(a, w, b); };
+  if (autocast_detail::applies(autocast_detail::Op::Linear, x))
+    return autocast_detail::call(autocast_detail::Op::Linear, again, x, weight, bias);
+  if (any_reduced(x, weight, bias)) return in_float32(promote_types({&x, &weight, &bias}), again, x, weight, bias);
   check_float(x, "linear", "input");
   check_float(weight, "linear", "weight");
   check_same_device(x, weight, "linear");
