@@ -94,8 +94,8 @@ Tensor& Tensor::requires_grad_(bool on) {
   if (m.grad_fn)
     throw AutogradError("requires_grad_(): only leaf tensors can change requires_grad; use "
                         "detach() to make a leaf from a computed tensor");
-  if (on && dtype() != DType::Float32)
-    throw TypeError("requires_grad_(): only float32 tensors can require gradients");
+  if (on && dtype() != DType::Float32 && dtype() != DType::BFloat16)  // bf16: linear / matmul
+    throw TypeError("requires_grad_(): only float32 and bfloat16 tensors can require gradients");
   m.requires_grad = on;
   return *this;
 }
