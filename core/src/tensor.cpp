@@ -225,8 +225,9 @@ Tensor& Tensor::add_(const Tensor& other, float alpha) {
     throw TypeError("add_(): " + other.str() + " is on another device than " + str() +
                     "; move it with .to(" + device().str() + ")");
   DeviceKernels& k = kernels_for(device());
-  if (dtype() != DType::Float32 || other.dtype() != DType::Float32) {
-    // 16-bit floats (bf16 gradients summed by the engine): add in float32, round once
+  if (dtype() != other.dtype() || dtype() == DType::Float16) {
+    // mixed or float16 (the kernel's axpy takes float32 or bfloat16 pairs): add in float32,
+    // round once
     auto widened = [&](const Tensor& t) {
       if (t.dtype() == DType::Float32) return t;
       Tensor w = Tensor::empty(t.shape(), DType::Float32, t.device());
