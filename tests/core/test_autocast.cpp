@@ -13,6 +13,8 @@
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/error.hpp"
 #include "phalanx/core/half.hpp"
+#include "phalanx/core/generator.hpp"
+#include "phalanx/core/nn/gpt.hpp"
 #include "phalanx/core/npy.hpp"
 #include "phalanx/core/ops.hpp"
 #include "phalanx/core/tensor_map.hpp"
@@ -244,4 +246,34 @@ TEST_CASE("autocast: a 200-step MLP's loss curve within 1 % of PyTorch 1.13's") 
   MESSAGE("200-step autocast MLP: worst relative loss difference " << worst << " at step " << worst_step
                                                                    << " (final loss PyTorch " << ref.back() << ")");
   CHECK(worst <= 0.01);
+}
+
+TEST_CASE("autocast: a GPT (attention, layer norm, GELU, tied embedding) trains in bf16 with float32 masters") {
+  nn::GPT model(nn::GPTConfig().block_size(8).vocab_size(11).n_layer(2).n_head(2).n_embd(16));
+  Generator g(5);
+  Tensor idx = Tensor::empty({4, 8}, DType::Int64), tgt = Tensor::empty({4, 8}, DType::Int64);
+  auto* pi = idx.data<std::int64_t>();
+  auto* pt = tgt.data<std::int64_t>();
+  for (int i = 0; i < 32; ++i) pi[i] = static_cast<std::int64_t>(g.next_u64() % 11), pt[i] = (pi[i] + 1) % 11;
+  float first = 0, last = 0;
+  for (int step = 0; step < 30; ++step) {
+    Tensor loss;
+    {
+      autocast guard(DType::BFloat16);
+      loss = model.forward(idx, tgt);
+    }
+    CHECK(loss.dtype() == DType::Float32);
+    loss.backward();
+    NoGradGuard ng;
+    for (auto& p : model.parameters()) {
+      REQUIRE(p.dtype() == DType::Float32);
+      REQUIRE(p.grad().dtype() == DType::Float32);
+      p.copy_(sub(p, mul(p.grad(), 0.1f)));
+      p.set_grad(Tensor());
+    }
+    (step == 0 ? first : last) = loss.item();
+  }
+  MESSAGE("GPT under autocast: loss " << first << " -> " << last << " in 30 SGD steps");
+  CHECK(std::isfinite(last));
+  CHECK(last < 0.8f * first);
 }
