@@ -9,6 +9,10 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -35,20 +39,45 @@ bool has_avx512_bf16() {
 #endif
 }
 
-bool bf16_gemm_uses_avx512() {
-  const std::string mode = env::choice("PHALANX_BF16_GEMM", "auto", {"auto", "avx512bf16", "fallback"});
-  if (mode == "fallback") return false;
+bool has_amx_bf16() {
+#ifdef PHALANX_BF16_X86
+  // AMX's tile data is off until the process asks Linux for it (arch_prctl, Linux 5.16+);
+  // a refusal (older kernel, a seccomp filter) leaves the vdpbf16ps path.
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!has_avx512_bf16() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tile = (d >> 24) & 1u, bf16 = (d >> 22) & 1u;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return tile && bf16 && ::syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+Bf16Path bf16_gemm_path() {
+  const std::string mode =
+      env::choice("PHALANX_BF16_GEMM", "auto", {"auto", "amx", "avx512bf16", "fallback"});
+  if (mode == "fallback") return Bf16Path::Fallback;
+  if (mode == "amx") {
+    if (!has_amx_bf16())
+      throw ConfigError("PHALANX_BF16_GEMM=amx, but this CPU (or the kernel) gives this process no AMX-BF16 "
+                        "tiles; unset it or use auto, avx512bf16 or fallback");
+    return Bf16Path::Amx;
+  }
   if (mode == "avx512bf16") {
     if (!has_avx512_bf16())
       throw ConfigError("PHALANX_BF16_GEMM=avx512bf16, but this CPU has no AVX512_BF16; unset it or use "
                         "auto (or fallback)");
-    return true;
+    return Bf16Path::Avx512Bf16;
   }
-  if (has_avx512_bf16()) return true;
+  if (has_amx_bf16()) return Bf16Path::Amx;
+  if (has_avx512_bf16()) return Bf16Path::Avx512Bf16;
   warn_once("bf16_gemm_fallback",
             "this CPU has no AVX512_BF16: bfloat16 matrix products convert to float32 and use the float32 "
             "GEMM (same results within bf16 rounding, slower)");
-  return false;
+  return Bf16Path::Fallback;
 }
 
 // ---- conversions: plain loops the compiler vectorises, one clone per level ----
@@ -253,6 +282,121 @@ PHALANX_BF16_TARGET void gemm_avx512(bool ta, bool tb, std::int64_t m, std::int6
     }
   }
 }
+
+// AMX: C tiles of 16 x 16 float32 += A tiles (16 rows x 32 bf16 along k) . B tiles (16 pairs
+// along k x 16 columns, each a bf16 pair): tdpbf16ps. Eight tile registers make a 32 x 32 C
+// block (tiles 0-3) from two A tiles (4, 5) and two B tiles (6, 7) per 32 steps of k.
+// A is packed to [m32][k32] (rows and k zero-padded to 32), B to 16-column slabs of k32 / 2
+// pair rows (64 bytes each): every tile load is one strided read of packed memory.
+struct alignas(64) TileConfig {
+  std::uint8_t palette_id = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+#define PHALANX_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
+
+PHALANX_AMX_TARGET void gemm_amx(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                                 const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b, std::int64_t ldb,
+                                 float beta, void* c, std::int64_t ldc, bool c_bf16) {
+  const std::int64_t m32 = (m + 31) / 32 * 32, n32 = (n + 31) / 32 * 32, k32 = (k + 31) / 32 * 32;
+  thread_local std::vector<std::uint16_t> ap, bp;
+  ap.assign(static_cast<std::size_t>(m32 * k32), 0);
+  bp.assign(static_cast<std::size_t>(n32 * k32), 0);
+  for (std::int64_t i = 0; i < m; ++i) {
+    std::uint16_t* dst = ap.data() + i * k32;
+    if (!ta) std::memcpy(dst, a + i * lda, static_cast<std::size_t>(k) * 2);
+    else
+      for (std::int64_t p = 0; p < k; ++p) dst[p] = a[p * lda + i];
+  }
+  // bp[s * k32 * 16 + p * 32 + 2q + t] = op(B)(2p + t, 16s + q)
+  const bool gather_ok = ldb * 2 * 15 < (std::int64_t{1} << 31);  // byte offsets of 16 rows fit int32
+  const __m512i row_offsets =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(gather_ok ? ldb * 2 : 0)));
+  for (std::int64_t s = 0; s * 16 < n; ++s) {
+    std::uint16_t* slab = bp.data() + s * k32 * 16;
+    const std::int64_t cols = std::min<std::int64_t>(16, n - s * 16);
+    for (std::int64_t p = 0; 2 * p < k; ++p) {
+      std::uint16_t* dst = slab + p * 32;
+      const bool has1 = 2 * p + 1 < k;
+      if (tb) {
+        if (has1 && cols == 16 && gather_ok) {  // the pair of 16 rows of B: one gather of 32-bit words
+          const __m512i w = _mm512_i32gather_epi32(row_offsets, b + s * 16 * ldb + 2 * p, 1);
+          _mm512_storeu_si512(dst, w);
+        } else {
+          for (std::int64_t q = 0; q < cols; ++q) {
+            const std::uint16_t* src = b + (s * 16 + q) * ldb + 2 * p;
+            dst[2 * q] = src[0];
+            dst[2 * q + 1] = has1 ? src[1] : std::uint16_t{0};
+          }
+        }
+      } else {
+        const std::uint16_t* r0 = b + 2 * p * ldb + s * 16;
+        if (has1 && cols == 16) {
+          for (int q = 0; q < 16; q += 8) {
+            const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + q));
+            const __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + ldb + q));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * q), _mm_unpacklo_epi16(x, y));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * q + 8), _mm_unpackhi_epi16(x, y));
+          }
+        } else {
+          for (std::int64_t q = 0; q < cols; ++q) {
+            dst[2 * q] = r0[q];
+            dst[2 * q + 1] = has1 ? r0[ldb + q] : std::uint16_t{0};
+          }
+        }
+      }
+    }
+  }
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+  alignas(64) float tmp[32 * 32];
+  const std::int64_t astride = k32 * 2;
+  for (std::int64_t j = 0; j < n; j += 32) {
+    const std::uint16_t* b0 = bp.data() + (j / 16) * k32 * 16;
+    const std::uint16_t* b1 = b0 + k32 * 16;
+    for (std::int64_t i = 0; i < m; i += 32) {
+      const std::uint16_t* a0 = ap.data() + i * k32;
+      const std::uint16_t* a1 = a0 + 16 * k32;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (std::int64_t kk = 0; kk < k32; kk += 32) {
+        _tile_loadd(4, a0 + kk, astride);
+        _tile_loadd(5, a1 + kk, astride);
+        _tile_loadd(6, b0 + kk * 16, 64);
+        _tile_loadd(7, b1 + kk * 16, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, tmp, 128);
+      _tile_stored(1, tmp + 16, 128);
+      _tile_stored(2, tmp + 16 * 32, 128);
+      _tile_stored(3, tmp + 16 * 32 + 16, 128);
+      const std::int64_t rows = std::min<std::int64_t>(32, m - i), cols = std::min<std::int64_t>(32, n - j);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t off = (i + r) * ldc + j;
+        void* d0 = c_bf16 ? static_cast<void*>(static_cast<std::uint16_t*>(c) + off)
+                          : static_cast<void*>(static_cast<float*>(c) + off);
+        store16(_mm512_load_ps(tmp + r * 32), alpha, beta, d0, static_cast<int>(std::min<std::int64_t>(cols, 16)),
+                c_bf16);
+        if (cols > 16) {
+          void* d1 = c_bf16 ? static_cast<void*>(static_cast<std::uint16_t*>(c) + off + 16)
+                            : static_cast<void*>(static_cast<float*>(c) + off + 16);
+          store16(_mm512_load_ps(tmp + r * 32 + 16), alpha, beta, d1, static_cast<int>(cols - 16), c_bf16);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
 #endif
 
 }  // namespace
@@ -274,13 +418,18 @@ void bf16_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
       }
     return;
   }
+  const Bf16Path path = bf16_gemm_path();  // validates PHALANX_BF16_GEMM, notes the fallback
 #ifdef PHALANX_BF16_X86
-  if (bf16_gemm_uses_avx512()) {
+  if (path == Bf16Path::Amx) {
+    gemm_amx(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, c_bf16);
+    return;
+  }
+  if (path == Bf16Path::Avx512Bf16) {
     gemm_avx512(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, c_bf16);
     return;
   }
 #else
-  (void)bf16_gemm_uses_avx512();  // validates PHALANX_BF16_GEMM, notes the fallback
+  (void)path;
 #endif
   gemm_fallback(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, c_bf16);
 }
@@ -292,9 +441,15 @@ namespace phalanx {
 bool cpu_has_avx512_bf16() { return cpu::has_avx512_bf16(); }
 
 std::string bf16_gemm_info() {
-  if (cpu::bf16_gemm_uses_avx512()) return "avx512bf16 (vdpbf16ps)";
+  switch (cpu::bf16_gemm_path()) {
+    case cpu::Bf16Path::Amx: return "amx (tdpbf16ps tiles)";
+    case cpu::Bf16Path::Avx512Bf16: return "avx512bf16 (vdpbf16ps)";
+    case cpu::Bf16Path::Fallback: break;
+  }
   return std::string("fallback: float32 GEMM on converted operands (") +
          (cpu::has_avx512_bf16() ? "PHALANX_BF16_GEMM=fallback" : "no AVX512_BF16 on this CPU") + ")";
 }
+
+bool cpu_has_amx_bf16() { return cpu::has_amx_bf16(); }
 
 }  // namespace phalanx

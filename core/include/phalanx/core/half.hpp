@@ -85,12 +85,15 @@ inline float fp16_to_float(std::uint16_t h) {
   return f;
 }
 
-/// The CPU's bfloat16 GEMM as the next product will run it, for logs: "avx512bf16
-/// (vdpbf16ps)" or "fallback: float32 GEMM on converted operands (...why...)". Reads
-/// PHALANX_BF16_GEMM (auto | avx512bf16 | fallback; anything else is a ConfigError).
+/// The CPU's bfloat16 GEMM as the next product will run it, for logs: "amx (tdpbf16ps
+/// tiles)", "avx512bf16 (vdpbf16ps)" or "fallback: float32 GEMM on converted operands
+/// (...why...)". Reads PHALANX_BF16_GEMM (auto | amx | avx512bf16 | fallback; anything else
+/// is a ConfigError).
 std::string bf16_gemm_info();
 /// Whether this CPU runs AVX512_BF16 code (the vdpbf16ps path is available).
 bool cpu_has_avx512_bf16();
+/// Whether this CPU has AMX-BF16 and the OS gave this process its tiles (the amx path).
+bool cpu_has_amx_bf16();
 
 /// Converts between float32 and float16/bfloat16 (either direction); same device.
 Tensor to_dtype(const Tensor& t, DType dtype);
