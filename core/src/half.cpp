@@ -1,5 +1,6 @@
 #include "phalanx/core/half.hpp"
 
+#include "phalanx/core/autograd.hpp"
 #include "phalanx/core/error.hpp"
 #include "phalanx/core/kernels.hpp"
 
@@ -15,9 +16,30 @@ void convert_into(const Tensor& src, Tensor& dst) {
   kernels_for(src.device()).convert(src, dst);
 }
 
+namespace {
+// The gradient of a conversion is the gradient converted back (PyTorch's ToCopyBackward):
+// a bf16 gradient reaches a float32 master parameter as float32.
+class ToDtypeBackward final : public Node {
+ public:
+  explicit ToDtypeBackward(DType from) : from_(from) {}
+  std::vector<Tensor> apply(const Tensor& g) override {
+    if (g.dtype() == from_) return {g};
+    Tensor out = Tensor::empty(g.shape(), from_, g.device());
+    convert_into(g, out);
+    return {out};
+  }
+  const char* name() const override { return "ToDtypeBackward"; }
+
+ private:
+  DType from_;
+};
+}  // namespace
+
 Tensor to_dtype(const Tensor& t, DType dtype) {
   Tensor out = Tensor::empty(t.shape(), dtype, t.device());
   convert_into(t, out);
+  if (grad_mode_enabled() && t.requires_grad() && dtype != DType::Int64 && dtype != DType::Bool)
+    autograd::record(std::make_shared<ToDtypeBackward>(t.dtype()), {&t}, out);
   return out;
 }
 

@@ -130,7 +130,10 @@ class CheckedKernels final : public DeviceKernels {
     k_.affine_scalar(x, mul, add, out);
   }
   void axpy(float alpha, const Tensor& x, Tensor& y) override {
-    call("axpy").on("x", x).on("y", y).f32("x", x).f32("y", y).numel("x", x, numel_of(y), "y's numel");
+    call("axpy").on("x", x).on("y", y)
+        .that(dtype_of(x) == dtype_of(y) && (dtype_of(y) == DType::Float32 || dtype_of(y) == DType::BFloat16),
+              "x and y must be both float32 or both bfloat16")
+        .numel("x", x, numel_of(y), "y's numel");
     k_.axpy(alpha, x, y);
   }
   void scale(Tensor& x, float factor) override {
@@ -149,6 +152,15 @@ class CheckedKernels final : public DeviceKernels {
         .that(lda >= (trans_a ? m : k), "lda must be >= A's stored row length")
         .that(ldb >= (trans_b ? k : n), "ldb must be >= B's stored row length");
     k_.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float beta,
+                 void* c, std::int64_t ldc, bool c_bf16) override {
+    call("gemm_bf16").that(m >= 0 && n >= 0 && k >= 0, "m, n and k must be >= 0")
+        .that(ldc >= n, "ldc must be >= n (row-major C)")
+        .that(lda >= (trans_a ? m : k), "lda must be >= A's stored row length")
+        .that(ldb >= (trans_b ? k : n), "ldb must be >= B's stored row length");
+    k_.gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, c_bf16);
   }
 
   void sum_to_period(const Tensor& in, Tensor& out, float scale) override {

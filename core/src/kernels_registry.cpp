@@ -44,6 +44,12 @@ DeviceKernels& kernels_for(Device device) {
   return *k;
 }
 
+void DeviceKernels::gemm_bf16(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const std::uint16_t*,
+                              std::int64_t, const std::uint16_t*, std::int64_t, float, void*, std::int64_t, bool) {
+  throw TypeError(std::string("bfloat16 matrix products are not supported on the ") + name() +
+                  " device yet; compute in float32 there, or on the CPU");
+}
+
 void DeviceKernels::sgd_update_group(const std::vector<SgdGroupEntry>& params, const SgdUpdate& u) {
   SgdUpdate one = u;
   for (const SgdGroupEntry& e : params) {

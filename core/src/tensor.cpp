@@ -94,8 +94,8 @@ Tensor& Tensor::requires_grad_(bool on) {
   if (m.grad_fn)
     throw AutogradError("requires_grad_(): only leaf tensors can change requires_grad; use "
                         "detach() to make a leaf from a computed tensor");
-  if (on && dtype() != DType::Float32)
-    throw TypeError("requires_grad_(): only float32 tensors can require gradients");
+  if (on && dtype() != DType::Float32 && dtype() != DType::BFloat16 && dtype() != DType::Float16)
+    throw TypeError("requires_grad_(): only floating tensors (float32, bfloat16, float16) can require gradients");
   m.requires_grad = on;
   return *this;
 }
@@ -224,7 +224,22 @@ Tensor& Tensor::add_(const Tensor& other, float alpha) {
   if (other.device() != device())
     throw TypeError("add_(): " + other.str() + " is on another device than " + str() +
                     "; move it with .to(" + device().str() + ")");
-  kernels_for(device()).axpy(alpha, other, *this);
+  DeviceKernels& k = kernels_for(device());
+  if (dtype() != other.dtype() || dtype() == DType::Float16) {
+    // mixed or float16 (the kernel's axpy takes float32 or bfloat16 pairs): add in float32,
+    // round once
+    auto widened = [&](const Tensor& t) {
+      if (t.dtype() == DType::Float32) return t;
+      Tensor w = Tensor::empty(t.shape(), DType::Float32, t.device());
+      k.convert(t, w);
+      return w;
+    };
+    Tensor acc = dtype() == DType::Float32 ? *this : widened(*this);
+    k.axpy(alpha, widened(other), acc);
+    if (acc.impl() != impl()) k.convert(acc, *this);
+    return *this;
+  }
+  k.axpy(alpha, other, *this);
   return *this;
 }
 Tensor& Tensor::mul_(float f) {

@@ -11,7 +11,9 @@
 #include <iterator>
 #include <limits>
 #include <numeric>
+#include <optional>
 
+#include "phalanx/core/autocast.hpp"
 #include "phalanx/core/kernels.hpp"
 #include "support/ddp_fixtures.hpp"
 #include "support/multirank.hpp"
@@ -81,6 +83,9 @@ DDPOptions exact_options() {
   return o;
 }
 
+/// Forwards under autocast (bf16) when set (read by every rank's thread).
+bool g_autocast = false;
+
 struct Run {
   std::vector<char> weights;
   std::vector<double> losses;  // exact_mean per step
@@ -104,7 +109,12 @@ Run train_exact(ProcessGroupPtr pg, const std::string& opt_kind, int steps, bool
     for (std::int64_t m : my_micro_batches(t, pg->rank(), W)) {
       Tensor xb, yb;
       gather(d, micro_samples(t, m), xb, yb);
-      Tensor loss = cross_entropy(ddp.forward(xb.to(device)), yb.to(device));
+      Tensor loss;
+      {
+        std::optional<autocast> ac;
+        if (g_autocast) ac.emplace(DType::BFloat16);
+        loss = cross_entropy(ddp.forward(xb.to(device)), yb.to(device));
+      }
       losses.emplace_back(m, loss.item());
       loss.backward();
     }
@@ -188,6 +198,23 @@ TEST_CASE("exact mode: the same weights and logged losses, bit for bit, on W = 1
       CHECK(std::sqrt(diff / norm) < 1e-6);
     }
   }
+}
+
+TEST_CASE("exact mode under autocast (bf16 forward): the same bits on W = 1, 2, 3") {
+  // A micro-batch's bf16 forward and its float32 master gradients are the same float
+  // operations on whichever rank runs it; the integer sums do not care how they were computed.
+  set_num_threads(1);
+  const Run fp32 = run_world(1, "sgd", 3);
+  g_autocast = true;
+  const Run one = run_world(1, "sgd", 3);
+  const Run two = run_world(2, "sgd", 3);
+  const Run three = run_world(3, "sgd", 3, true, "shm");
+  g_autocast = false;
+  CHECK(one.weights != fp32.weights);  // autocast took effect
+  CHECK(two.weights == one.weights);
+  CHECK(two.losses == one.losses);
+  CHECK(three.weights == one.weights);
+  CHECK(three.losses == one.losses);
 }
 
 TEST_CASE("exact mode: W = 2 as forked processes over TCP equals W = 1 in this process") {

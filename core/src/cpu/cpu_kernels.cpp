@@ -1,5 +1,6 @@
 #include "cpu/cpu_kernels.hpp"
 
+#include "cpu/bf16_gemm.hpp"
 #include "cpu/small_gemm.hpp"
 #include "phalanx/core/half.hpp"
 
@@ -50,6 +51,13 @@ void CpuKernels::fill(Tensor& out, double value) {
 }
 
 void CpuKernels::axpy(float alpha, const Tensor& x, Tensor& y) {
+  if (y.dtype() == DType::BFloat16) {  // summing bf16 gradients: in float32, rounded once
+    const auto* xs = static_cast<const std::uint16_t*>(x.raw_data());
+    auto* ys = static_cast<std::uint16_t*>(y.raw_data());
+    for (std::int64_t i = 0, n = y.numel(); i < n; ++i)
+      ys[i] = float_to_bf16(bf16_to_float(ys[i]) + alpha * bf16_to_float(xs[i]));
+    return;
+  }
   const float* __restrict xs = x.data<float>();
   float* __restrict ys = y.data<float>();
   const std::int64_t n = y.numel();
@@ -83,6 +91,12 @@ void CpuKernels::gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+void CpuKernels::gemm_bf16(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                           const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b, std::int64_t ldb,
+                           float beta, void* c, std::int64_t ldc, bool c_bf16) {
+  cpu::bf16_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, c_bf16);
 }
 
 namespace {
@@ -263,14 +277,14 @@ void CpuKernels::convert(const Tensor& src, Tensor& dst) {
     if (to == DType::Float16)
       for (std::int64_t i = 0; i < n; ++i) d[i] = float_to_fp16(s[i]);
     else
-      for (std::int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(s[i]);
+      cpu::floats_to_bf16(s, d, n);
   } else if (to == DType::Float32 && (from == DType::Float16 || from == DType::BFloat16)) {
     const auto* s = static_cast<const std::uint16_t*>(src.raw_data());
     float* d = dst.data<float>();
     if (from == DType::Float16)
       for (std::int64_t i = 0; i < n; ++i) d[i] = fp16_to_float(s[i]);
     else
-      for (std::int64_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i]);
+      cpu::bf16_to_floats(s, d, n);
   } else {
     throw TypeError(std::string("convert: ") + dtype_name(from) + " to " + dtype_name(to) +
                     " is not supported (float32 <-> float16/bfloat16)");

@@ -28,6 +28,9 @@ class CpuKernels final : public DeviceKernels {
   void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
             float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
             float beta, float* c, std::int64_t ldc) override;
+  void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                 const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float beta,
+                 void* c, std::int64_t ldc, bool c_bf16) override;
 
   void sum_to_period(const Tensor& in, Tensor& out, float scale) override;
   void sum_dim(const Tensor& in, std::int64_t outer, std::int64_t d, std::int64_t inner,

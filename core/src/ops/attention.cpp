@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/generator.hpp"
@@ -88,6 +89,12 @@ void mask_geometry(const Tensor& mask, const Tensor& q, const Shape& scores, Att
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
                                     float dropout_p, bool is_causal, std::optional<double> scale, Generator* gen) {
+  auto again = [=](const Tensor& q2, const Tensor& k2, const Tensor& v2, const Tensor& m2) {
+    return scaled_dot_product_attention(q2, k2, v2, m2, dropout_p, is_causal, scale, gen);
+  };
+  if (autocast_detail::applies(autocast_detail::Op::Attention, q))
+    return autocast_detail::call(autocast_detail::Op::Attention, again, q, k, v, attn_mask);
+  if (any_reduced(q, k, v, attn_mask)) return in_float32(promote_types({&q, &k, &v}), again, q, k, v, attn_mask);
   check_float(q, kOp, "query");
   check_float(k, kOp, "key");
   check_float(v, kOp, "value");

@@ -2,6 +2,7 @@
 // stride-1 unpadded kernels, whose input already is the column matrix), then one GEMM per
 // group through the device's kernel table (which picks the small-product kernel or BLAS).
 // Backward recomputes each image's columns instead of keeping them for the whole batch.
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/ops.hpp"
 
@@ -80,6 +81,12 @@ std::string pair_str(Size2 s) { return detail::concat("(", s.h, ", ", s.w, ")");
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride, Size2 padding,
               Size2 dilation, std::int64_t groups) {
+  auto again = [=](const Tensor& a, const Tensor& w, const Tensor& b) {
+    return conv2d(a, w, b, stride, padding, dilation, groups);
+  };
+  if (autocast_detail::applies(autocast_detail::Op::Conv2d, x))
+    return autocast_detail::call(autocast_detail::Op::Conv2d, again, x, weight, bias);
+  if (any_reduced(x, weight, bias)) return in_float32(promote_types({&x, &weight, &bias}), again, x, weight, bias);
   check_float(x, "conv2d", "input");
   check_float(weight, "conv2d", "weight");
   check_same_device(x, weight, "conv2d");

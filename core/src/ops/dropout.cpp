@@ -1,3 +1,4 @@
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/generator.hpp"
@@ -6,6 +7,8 @@
 namespace phalanx {
 
 Tensor dropout(const Tensor& x, float p, bool training, Generator* gen) {
+  if (ops_detail::is_reduced(x))
+    return ops_detail::in_float32(x.dtype(), [=](const Tensor& t) { return dropout(t, p, training, gen); }, x);
   ops_detail::check_float(x, "dropout");
   if (!(p >= 0.f && p <= 1.f))
     throw ValueError(detail::concat("dropout: probability must be in [0, 1], got ", p));

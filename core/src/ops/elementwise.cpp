@@ -1,4 +1,5 @@
 // Elementwise ops: unary functions, binary arithmetic with suffix broadcasting, scalars.
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/ops.hpp"
 
@@ -52,6 +53,7 @@ class UnaryBackward final : public Node {
 };
 
 Tensor unary(UnaryOp op, const Tensor& x) {
+  if (is_reduced(x)) return in_float32(x.dtype(), [op](const Tensor& t) { return unary(op, t); }, x);
   check_float(x, unary_name(op));
   Tensor y = empty_like(x);
   kernels_for(x.device()).unary(op, x, y);
@@ -146,6 +148,9 @@ class BinaryBackward final : public Node {
 };
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+  if (any_reduced(a, b))
+    return in_float32(promote_types({&a, &b}), [=](const Tensor& x, const Tensor& y) { return binary(op, x, y, name); },
+                      a, b);
   check_float(a, name, "a");
   check_float(b, name, "b");
   check_same_device(a, b, name);
@@ -177,6 +182,7 @@ class AffineBackward final : public Node {
 };
 
 Tensor affine(const Tensor& x, float mul, float add, const char* name) {
+  if (is_reduced(x)) return in_float32(x.dtype(), [=](const Tensor& t) { return affine(t, mul, add, name); }, x);
   check_float(x, name);
   Tensor out = empty_like(x);
   kernels_for(x.device()).affine_scalar(x, mul, add, out);
@@ -188,8 +194,16 @@ Tensor affine(const Tensor& x, float mul, float add, const char* name) {
 }  // namespace
 
 Tensor neg(const Tensor& x) { return unary(UnaryOp::Neg, x); }
-Tensor exp(const Tensor& x) { return unary(UnaryOp::Exp, x); }
-Tensor log(const Tensor& x) { return unary(UnaryOp::Log, x); }
+Tensor exp(const Tensor& x) {
+  if (autocast_detail::applies(autocast_detail::Op::Exp, x))
+    return autocast_detail::call(autocast_detail::Op::Exp, [](const Tensor& t) { return exp(t); }, x);
+  return unary(UnaryOp::Exp, x);
+}
+Tensor log(const Tensor& x) {
+  if (autocast_detail::applies(autocast_detail::Op::Log, x))
+    return autocast_detail::call(autocast_detail::Op::Log, [](const Tensor& t) { return log(t); }, x);
+  return unary(UnaryOp::Log, x);
+}
 Tensor relu(const Tensor& x) { return unary(UnaryOp::Relu, x); }
 Tensor tanh(const Tensor& x) { return unary(UnaryOp::Tanh, x); }
 Tensor sigmoid(const Tensor& x) { return unary(UnaryOp::Sigmoid, x); }

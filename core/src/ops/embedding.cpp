@@ -1,4 +1,5 @@
 // Embedding lookup: a row gather forward, a scatter-add into a dense gradient backward.
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/ops.hpp"
@@ -28,6 +29,9 @@ class EmbeddingBackward final : public Node {
 }  // namespace
 
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::int64_t padding_idx) {
+  if (is_reduced(weight))
+    return in_float32(weight.dtype(), [=](const Tensor& i, const Tensor& w) { return embedding(i, w, padding_idx); },
+                      indices, weight);
   const char* op = "embedding";
   check_float(weight, op, "weight");
   check_defined(indices, op, "indices");

@@ -1,4 +1,5 @@
 // argmax and clamp: outside autograd (integer results / gradient clipping).
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/ops.hpp"
 
@@ -7,6 +8,7 @@ namespace phalanx {
 using namespace ops_detail;
 
 Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim) {
+  if (is_reduced(x)) return argmax(to_float32(x), dim, keepdim);  // exact: the float32 values are the same
   check_float(x, "argmax");
   const int d = normalize_dim(dim, x.shape().size(), "argmax");
   if (x.shape()[d] == 0)
@@ -26,6 +28,7 @@ Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim) {
 }
 
 Tensor argmax(const Tensor& x) {
+  if (is_reduced(x)) return argmax(to_float32(x));
   check_float(x, "argmax");
   if (x.numel() == 0) throw ValueError("argmax: the input is empty; there is no maximum");
   Tensor out = Tensor::empty({}, DType::Int64, x.device());
@@ -34,6 +37,7 @@ Tensor argmax(const Tensor& x) {
 }
 
 Tensor clamp(const Tensor& x, float lo, float hi) {
+  if (is_reduced(x)) return in_float32(x.dtype(), [=](const Tensor& t) { return clamp(t, lo, hi); }, x);
   check_float(x, "clamp");
   if (lo > hi) throw ValueError(detail::concat("clamp: min ", lo, " is greater than max ", hi));
   Tensor out = empty_like(x);

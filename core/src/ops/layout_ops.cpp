@@ -5,6 +5,7 @@
 // permute materialises its result and contiguous() is the identity (docs/transformer_ops.md).
 #include <algorithm>
 
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/ops.hpp"
@@ -331,6 +332,8 @@ Tensor triangle(const Tensor& x, std::int64_t diagonal, bool upper) {
 }  // namespace
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
+  if (is_reduced(x))
+    return in_float32(x.dtype(), [=](const Tensor& t, const Tensor& m) { return masked_fill(t, m, value); }, x, mask);
   check_float(x, "masked_fill", "input");
   check_defined(mask, "masked_fill", "mask");
   if (mask.dtype() != DType::Bool)
@@ -389,6 +392,7 @@ Tensor contiguous(const Tensor& x) {
 Tensor cat(const std::vector<Tensor>& xs, std::int64_t dim) {
   if (xs.empty()) throw ValueError("cat: expected a non-empty list of tensors");
   for (std::size_t i = 0; i < xs.size(); ++i) check_defined(xs[i], "cat", "tensors");
+  if (std::vector<Tensor> promoted; promote_floating(xs, promoted)) return cat(promoted, dim);
   const Tensor& x0 = xs[0];
   if (x0.dim() == 0) throw ShapeError("cat: zero-dimensional tensor 0 cannot be concatenated");
   const int d = normalize_dim(dim, x0.shape().size(), "cat");

@@ -1,5 +1,6 @@
 // Losses: cross_entropy (fused log-softmax + NLL, like torch.nn.functional.cross_entropy)
 // and mse_loss.
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/ops.hpp"
 
@@ -27,6 +28,10 @@ class CrossEntropyBackward final : public Node {
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction) {
+  auto again = [=](const Tensor& l, const Tensor& t) { return cross_entropy(l, t, reduction); };
+  if (autocast_detail::applies(autocast_detail::Op::CrossEntropy, logits))
+    return autocast_detail::call(autocast_detail::Op::CrossEntropy, again, logits, target);
+  if (is_reduced(logits)) return in_float32(logits.dtype(), again, logits, target);
   check_float(logits, "cross_entropy", "input");
   check_defined(target, "cross_entropy", "target");
   check_same_device(logits, target, "cross_entropy");
@@ -63,6 +68,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  auto again = [=](const Tensor& i, const Tensor& t) { return mse_loss(i, t, reduction); };
+  if (autocast_detail::applies(autocast_detail::Op::MseLoss, input))
+    return autocast_detail::call(autocast_detail::Op::MseLoss, again, input, target);
+  if (any_reduced(input, target)) return in_float32(promote_types({&input, &target}), again, input, target);
   check_float(input, "mse_loss", "input");
   check_float(target, "mse_loss", "target");
   if (input.shape() != target.shape())

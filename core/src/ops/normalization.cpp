@@ -1,6 +1,7 @@
 // Batch and layer normalisation: per-channel statistics over x viewed as
 // [outer, C, inner], through the device table's batch_norm_* kernels. LayerNorm is the same
 // normalisation with the rows as channels (outer = 1), then the affine map by suffix broadcast.
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/ops.hpp"
 
@@ -163,6 +164,9 @@ Tensor batch_norm_backward_elemt(const Tensor& grad_y, const Tensor& x, const Te
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
+  if (any_reduced(x, weight, bias))  // the output keeps x's dtype (PyTorch's mixed bf16 / float32 norm)
+    return in_float32(x.dtype(), [=](const Tensor& a, const Tensor& w, const Tensor& b) {
+      return batch_norm(a, running_mean, running_var, w, b, training, momentum, eps); }, x, weight, bias);
   const char* op = "batch_norm";
   check_float(x, op);
   const NCL s = split_channels(x, op);
@@ -196,6 +200,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
+  auto again = [=](const Tensor& a, const Tensor& w, const Tensor& b) { return layer_norm(a, normalized_shape, w, b, eps); };
+  if (autocast_detail::applies(autocast_detail::Op::LayerNorm, x))
+    return autocast_detail::call(autocast_detail::Op::LayerNorm, again, x, weight, bias);
+  if (any_reduced(x, weight, bias)) return in_float32(x.dtype(), again, x, weight, bias);
   const char* op = "layer_norm";
   check_float(x, op);
   const std::size_t k = normalized_shape.size();
@@ -231,6 +239,13 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 namespace phalanx {
 
 // softmax lives here with the other normalisations: exp of the stable log_softmax.
-Tensor softmax(const Tensor& x, std::int64_t dim) { return exp(log_softmax(x, dim)); }
+Tensor softmax(const Tensor& x, std::int64_t dim) {
+  auto again = [=](const Tensor& t) { return softmax(t, dim); };
+  if (autocast_detail::applies(autocast_detail::Op::Softmax, x))
+    return autocast_detail::call(autocast_detail::Op::Softmax, again, x);
+  // one rounding of the float32 result, not one after log_softmax and another after exp
+  if (ops_detail::is_reduced(x)) return ops_detail::in_float32(x.dtype(), again, x);
+  return exp(log_softmax(x, dim));
+}
 
 }  // namespace phalanx

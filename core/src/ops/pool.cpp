@@ -1,5 +1,6 @@
 // max_pool2d, avg_pool2d and adaptive_avg_pool2d (NCHW, PyTorch 1.13's windows, ceil_mode
 // false). Max pooling keeps the argmax indices for its backward.
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/ops.hpp"
 
@@ -87,6 +88,8 @@ Window2d pool_geometry(const char* op, const Tensor& x, Size2 kernel, Size2 stri
 }  // namespace
 
 Tensor max_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, Size2 dilation) {
+  if (is_reduced(x))
+    return in_float32(x.dtype(), [=](const Tensor& t) { return max_pool2d(t, kernel, stride, padding, dilation); }, x);
   const Window2d g = pool_geometry("max_pool2d", x, kernel, stride, padding, dilation);
   Tensor out = Tensor::empty({g.n, g.c, g.oh, g.ow}, DType::Float32, x.device());
   Tensor indices = Tensor::empty(out.shape(), DType::Int64, x.device());
@@ -97,6 +100,9 @@ Tensor max_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, Si
 }
 
 Tensor avg_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, bool count_include_pad) {
+  if (is_reduced(x))
+    return in_float32(x.dtype(), [=](const Tensor& t) { return avg_pool2d(t, kernel, stride, padding, count_include_pad); },
+                      x);
   const Window2d g = pool_geometry("avg_pool2d", x, kernel, stride, padding, 1);
   Tensor out = Tensor::empty({g.n, g.c, g.oh, g.ow}, DType::Float32, x.device());
   kernels_for(x.device()).avg_pool2d(x, g, count_include_pad, out);
@@ -106,6 +112,7 @@ Tensor avg_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, bo
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size) {
+  if (is_reduced(x)) return in_float32(x.dtype(), [=](const Tensor& t) { return adaptive_avg_pool2d(t, output_size); }, x);
   check_float(x, "adaptive_avg_pool2d", "input");
   if (x.dim() != 4)
     throw ShapeError("adaptive_avg_pool2d: expected input [N, C, H, W], got " + shape_str(x.shape()) +

@@ -1,4 +1,5 @@
 // sum and mean, over everything or one dimension.
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/ops.hpp"
 
@@ -46,6 +47,7 @@ Tensor reduce(const Tensor& x, Split sp, Shape out_shape, float scale, const cha
 }
 
 Tensor reduce_all(const Tensor& x, bool mean, const char* name) {
+  if (is_reduced(x)) return in_float32(x.dtype(), [=](const Tensor& t) { return reduce_all(t, mean, name); }, x);
   check_float(x, name);
   const std::int64_t n = x.numel();
   if (mean && n == 0) throw ValueError(std::string(name) + ": mean of an empty tensor");
@@ -53,6 +55,8 @@ Tensor reduce_all(const Tensor& x, bool mean, const char* name) {
 }
 
 Tensor reduce_dim(const Tensor& x, std::int64_t dim, bool keepdim, bool mean, const char* name) {
+  if (is_reduced(x))
+    return in_float32(x.dtype(), [=](const Tensor& t) { return reduce_dim(t, dim, keepdim, mean, name); }, x);
   check_float(x, name);
   const int d = normalize_dim(dim, x.shape().size(), name);
   const Split sp = split_at(x.shape(), d);
@@ -67,9 +71,15 @@ Tensor reduce_dim(const Tensor& x, std::int64_t dim, bool keepdim, bool mean, co
 
 }  // namespace
 
-Tensor sum(const Tensor& x) { return reduce_all(x, false, "sum"); }
+Tensor sum(const Tensor& x) {
+  if (autocast_detail::applies(autocast_detail::Op::Sum, x))
+    return autocast_detail::call(autocast_detail::Op::Sum, [](const Tensor& t) { return sum(t); }, x);
+  return reduce_all(x, false, "sum");
+}
 Tensor mean(const Tensor& x) { return reduce_all(x, true, "mean"); }
 Tensor sum(const Tensor& x, std::int64_t dim, bool keepdim) {
+  if (autocast_detail::applies(autocast_detail::Op::Sum, x))
+    return autocast_detail::call(autocast_detail::Op::Sum, [=](const Tensor& t) { return sum(t, dim, keepdim); }, x);
   return reduce_dim(x, dim, keepdim, false, "sum");
 }
 Tensor mean(const Tensor& x, std::int64_t dim, bool keepdim) {

@@ -1,3 +1,4 @@
+#include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
 #include "phalanx/core/ops.hpp"
 
@@ -25,6 +26,10 @@ class LogSoftmaxBackward final : public Node {
 }  // namespace
 
 Tensor log_softmax(const Tensor& x, std::int64_t dim) {
+  auto again = [=](const Tensor& t) { return log_softmax(t, dim); };
+  if (autocast_detail::applies(autocast_detail::Op::LogSoftmax, x))
+    return autocast_detail::call(autocast_detail::Op::LogSoftmax, again, x);
+  if (is_reduced(x)) return in_float32(x.dtype(), again, x);
   check_float(x, "log_softmax");
   const int d = normalize_dim(dim, x.shape().size(), "log_softmax");
   std::int64_t outer = 1, inner = 1;

@@ -5,8 +5,9 @@
 namespace phalanx {
 
 /// Element types. float32 for values and gradients, int64 for labels and indices.
-/// Float16 and BFloat16 are storage types (gradient compression for communication):
-/// they can be created, converted (half.hpp), copied and all-reduced, not computed with.
+/// Float16 and BFloat16: the ops of ops.hpp take them (not the raw batch_norm_* pieces) (computing in float32 and rounding the result
+/// once to nearest even; mixed with float32 they promote to float32), autograd carries them,
+/// and autocast (autocast.hpp) produces them; they are also gradient compression's wire types.
 /// Bool (one byte, 0 or 1) holds masks (masked_fill, attention): created with zeros/ones/full,
 /// tril/triu, permuted, concatenated, saved (npy '|b1'), broadcast and gathered; not reduced.
 enum class DType : std::uint8_t { Float32, Int64, Float16, BFloat16, Bool };

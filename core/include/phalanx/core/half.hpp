@@ -3,17 +3,30 @@
 // from float32 that round to nearest even (as PyTorch's .half() and .bfloat16()).
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "phalanx/core/tensor.hpp"
 
 namespace phalanx {
 
+/// PyTorch's c10::BFloat16 round_to_nearest_even: what its bf16 arithmetic (mm, add, fill)
+/// stores. Every NaN becomes the canonical quiet NaN 0x7FC0 (the payload is dropped).
 inline std::uint16_t float_to_bf16(float f) {
   std::uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
   return static_cast<std::uint16_t>(u >> 16);
+}
+
+/// What PyTorch 1.13's tensor conversion (`t.bfloat16()`, `t.to(torch.bfloat16)`) stores: the
+/// same rounding, but its vectorised copy writes every NaN as 0xFFFF. The CPU table's
+/// convert() uses this one, so whole-tensor conversions are bit-identical to PyTorch's.
+inline std::uint16_t float_to_bf16_convert(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const std::uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? 0xffffu : r);
 }
 
 inline float bf16_to_float(std::uint16_t h) {
@@ -71,6 +84,16 @@ inline float fp16_to_float(std::uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+
+/// The CPU's bfloat16 GEMM as the next product will run it, for logs: "amx (tdpbf16ps
+/// tiles)", "avx512bf16 (vdpbf16ps)" or "fallback: float32 GEMM on converted operands
+/// (...why...)". Reads PHALANX_BF16_GEMM (auto | amx | avx512bf16 | fallback; anything else
+/// is a ConfigError).
+std::string bf16_gemm_info();
+/// Whether this CPU runs AVX512_BF16 code (the vdpbf16ps path is available).
+bool cpu_has_avx512_bf16();
+/// Whether this CPU has AMX-BF16 and the OS gave this process its tiles (the amx path).
+bool cpu_has_amx_bf16();
 
 /// Converts between float32 and float16/bfloat16 (either direction); same device.
 Tensor to_dtype(const Tensor& t, DType dtype);

@@ -140,6 +140,13 @@ class DeviceKernels {
   virtual void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                     float alpha, const float* a, std::int64_t lda, const float* b,
                     std::int64_t ldb, float beta, float* c, std::int64_t ldc) = 0;
+  /// The same product with A and B bfloat16 (raw bits) and every product summed in float32.
+  /// C is float32, or bfloat16 when `c_bf16` (then read as bfloat16 when beta != 0, and
+  /// alpha * sum + beta * C rounded to nearest even once, at the store: PyTorch's addmm on
+  /// bfloat16). The default throws a TypeError: a device without a bf16 GEMM (CUDA, sim).
+  virtual void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                         float alpha, const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b,
+                         std::int64_t ldb, float beta, void* c, std::int64_t ldc, bool c_bf16);
 
   // reductions and layout
   /// out[j] = scale * sum_i in[i * P + j], P = out.numel() (reduces broadcast/bias gradients).
