@@ -102,6 +102,9 @@ NcclBackend::P2pBatch::~P2pBatch() {
 }
 
 NcclBackend::NcclBackend(const BackendConfig& c) : Backend(c.rank, c.size, c.timeout) {
+  // Each operation's stream waits for the ready event recorded in collective(); the group
+  // adds none of its own (docs/gpu.md, "Stream ordering").
+  declare_device_streams();
   try {
     device_ = pick_device(c);
     cuda_ok(cudaSetDevice(device_), "cudaSetDevice");

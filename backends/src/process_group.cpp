@@ -32,7 +32,8 @@ ProcessGroup::ProcessGroup(BackendPtr backend)
       rank_(be_->rank()),
       size_(be_->size()),
       timeout_(be_->timeout()),
-      inline_ops_(be_->inline_ops()) {
+      inline_ops_(be_->inline_ops()),
+      skip_ready_wait_(env::choice("PHALANX_TEST_SKIP_READY_WAIT", "0", {"0", "1", "allreduce"})) {
   be_->group_ = this;
   worker_exited_ = inline_ops_;
   completer_exited_ = true;  // started with the first deferred completion

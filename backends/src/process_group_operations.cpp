@@ -4,17 +4,93 @@
 // inline_work), else to the queue.
 #include "phalanx/backends/process_group.hpp"
 
+#include <cstring>
 #include <tuple>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/kernels.hpp"
 #include "phalanx/core/tensor_impl.hpp"
 #include "phalanx/core/timeline.hpp"
 #include "run_operation.hpp"
 
 namespace phalanx {
 
+namespace {
+// Stream ordering of operations on device tensors (docs/gpu.md, "Stream ordering").
+Device device_of() { return Device::cpu(); }
+Device device_of(const Tensor& t) { return t.defined() ? t.device() : Device::cpu(); }
+Device device_of(const std::vector<Tensor>& ts) {
+  for (const auto& t : ts)
+    if (t.defined() && !t.device().is_cpu()) return t.device();
+  return Device::cpu();
+}
+template <class A, class... Rest>
+Device device_of(const A& a, const Rest&... rest) {
+  const Device d = device_of(a);
+  return d.is_cpu() ? device_of(rest...) : d;
+}
+
+/// The ready event of an operation on device tensors: recorded on the issuing thread's
+/// stream when the operation is issued, so it covers exactly the work that produced the
+/// operation's inputs, however late the worker runs it.
+class ReadyEvent {
+ public:
+  explicit ReadyEvent(DeviceKernels& k) : k_(k), event_(k.event_create()) {
+    if (event_) k_.event_record(event_);
+  }
+  ~ReadyEvent() {
+    if (event_) k_.event_destroy(event_);
+  }
+  ReadyEvent(const ReadyEvent&) = delete;
+  ReadyEvent& operator=(const ReadyEvent&) = delete;
+  DeviceKernels& kernels() const { return k_; }
+  void* event() const { return event_; }
+
+ private:
+  DeviceKernels& k_;
+  void* event_;
+};
+
+// Nesting depth of CommStream scopes on this thread: a hierarchical group runs its inner
+// groups' operations inside its own, and only the outermost scope switches streams.
+thread_local int t_comm_depth = 0;
+
+/// While the backend moves the bytes: this thread is on the device's communication stream,
+/// after the operation's ready event completed (unless a test skips that wait).
+class CommStream {
+ public:
+  CommStream(const ReadyEvent& ready, bool wait) : k_(ready.kernels()) {
+    if (t_comm_depth++ == 0) k_.set_comm_stream(true);
+    if (wait && ready.event()) k_.event_synchronize(ready.event());
+  }
+  ~CommStream() {
+    if (--t_comm_depth == 0) k_.set_comm_stream(false);
+  }
+  CommStream(const CommStream&) = delete;
+  CommStream& operator=(const CommStream&) = delete;
+
+ private:
+  DeviceKernels& k_;
+};
+}  // namespace
+
 template <class Body, class... Args>
 WorkPtr ProcessGroup::call(const char* op, const std::string& signature, Body body, const Args&... args) {
+  const Device dev = device_of(args...);
+  if (dev.is_cpu() || be_->orders_device_streams()) return dispatch(op, signature, body, args...);
+  // Device tensors moved by a backend that reads host memory: the caller's stream may
+  // still be computing the inputs, so record the ready event now, on the caller's thread.
+  auto ready = std::make_shared<ReadyEvent>(kernels_for(dev));
+  const bool wait = skip_ready_wait_ == "0" || (skip_ready_wait_ == "allreduce" && std::strcmp(op, "allreduce") != 0);
+  const auto ordered = [body, ready, wait](std::uint64_t seq, Args&... a) {
+    const CommStream stream(*ready, wait);
+    body(seq, a...);
+  };
+  return dispatch(op, signature, ordered, args...);
+}
+
+template <class Body, class... Args>
+WorkPtr ProcessGroup::dispatch(const char* op, const std::string& signature, Body body, const Args&... args) {
   // Open inline group: what enqueue() does, without mu_ (an abort racing this check is an
   // abort during the operation, as with the lock: inline operations are never `running_`).
   // The backend gets the caller's own handles: it writes their data, never the handles

@@ -301,6 +301,29 @@ void CudaKernels::copy_from_host(void* dst, const void* src, std::size_t n) {
   PHALANX_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
 }
 
+void* CudaKernels::event_create() {
+  cudaEvent_t e = nullptr;
+  PHALANX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+void CudaKernels::event_destroy(void* e) {
+  if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));  // released by CUDA once it completed
+}
+void CudaKernels::event_record(void* e) { PHALANX_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), 0)); }
+void CudaKernels::event_synchronize(void* e) { PHALANX_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); }
+bool CudaKernels::event_query(void* e) {
+  const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(e));
+  if (q == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not finished is no error
+    return false;
+  }
+  PHALANX_CUDA_CHECK(q);
+  return true;
+}
+void CudaKernels::stream_wait_event(void* e) {
+  PHALANX_CUDA_CHECK(cudaStreamWaitEvent(0, static_cast<cudaEvent_t>(e), 0));
+}
+
 void CudaKernels::fill(Tensor& out, double v) {
   on_device(out);
   const std::int64_t n = out.numel();

@@ -94,6 +94,15 @@ class CudaKernels final : public DeviceKernels {
   void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdUpdate& u) override;
   void adam_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& max_exp_avg_sq,
                    const AdamUpdate& u) override;
+  // ---- stream ordering: events on the legacy default stream (every kernel's and copy's) ----
+  // Untested on a GPU so far. set_comm_stream keeps the default (no-op): a staging copy of a
+  // host backend stays a cudaMemcpy, ordered after every kernel already.
+  void* event_create() override;
+  void event_destroy(void* event) override;
+  void event_record(void* event) override;
+  void event_synchronize(void* event) override;
+  bool event_query(void* event) override;
+  void stream_wait_event(void* event) override;
 
  private:
   static constexpr int kMaxDevices = 64;  ///< cuBLAS handles, one per device index

@@ -471,6 +471,14 @@ class CheckedKernels final : public DeviceKernels {
     call("find_label_out_of_range").on("target", target).i64("target", target);
     return k_.find_label_out_of_range(target, classes);
   }
+  // stream ordering: handles only, nothing to check
+  void* event_create() override { return k_.event_create(); }
+  void event_destroy(void* e) override { k_.event_destroy(e); }
+  void event_record(void* e) override { k_.event_record(e); }
+  void event_synchronize(void* e) override { k_.event_synchronize(e); }
+  bool event_query(void* e) override { return k_.event_query(e); }
+  void stream_wait_event(void* e) override { k_.stream_wait_event(e); }
+  void set_comm_stream(bool on) override { k_.set_comm_stream(on); }
 
  private:
   Call call(const char* kernel) const { return Call(name_, type_, kernel); }

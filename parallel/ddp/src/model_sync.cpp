@@ -63,6 +63,11 @@ std::vector<std::string> allgather_bytes(ProcessGroup& pg, const std::string& mi
   pg.allgather(lens, len)->wait();
   std::vector<std::int64_t> sizes;
   for (const auto& l : lens) sizes.push_back(l.item_int());
+  // Checked before any use: a bad length (memory a collective read too early) must not size
+  // or overrun a buffer; every rank got the same lengths, so every rank throws alike.
+  for (int r = 0; r < W; ++r)
+    if (sizes[r] < 0 || (r == pg.rank() && sizes[r] != my_len))
+      throw InternalError(detail::concat("allgather_bytes: rank ", r, " sent a length of ", sizes[r]));
   const std::int64_t longest = *std::max_element(sizes.begin(), sizes.end());
   const std::int64_t words = std::max<std::int64_t>(1, (longest + 7) / 8);
   std::vector<std::int64_t> packed(static_cast<std::size_t>(words), 0);  // host memory

@@ -1,12 +1,14 @@
 // The sim device plugin's entry point (tests only, never installed): registers the sim
 // kernel table for DeviceType::Sim. PHALANX_SIM_UNAVAILABLE=<reason> makes the probe fail,
-// so tests can check the error a missing device gives. Test hooks are exported below.
+// so tests can check the error a missing device gives. PHALANX_SIM_ASYNC picks the mode
+// (sim_stream.hpp; docs/devices.md). Test hooks are exported below.
 #include <cstdio>
 #include <cstdlib>
 
 #include "phalanx/core/plugin_abi.h"
 #include "sim_allocator.hpp"
 #include "sim_kernels.hpp"
+#include "sim_stream.hpp"
 
 namespace {
 
@@ -20,6 +22,7 @@ int probe(char* reason, size_t len) {
 
 void* create(const void*, char* error, size_t len) {
   try {
+    (void)phalanx::sim::mode_from_env();  // a bad PHALANX_SIM_ASYNC fails here, with its ConfigError
     phalanx::register_device_kernels(phalanx::DeviceType::Sim, &phalanx::sim::table());
     return &phalanx::sim::table();
   } catch (const std::exception& e) {
@@ -49,3 +52,12 @@ SIM_EXPORT size_t phalanx_sim_live_blocks(void) { return phalanx::sim::Allocator
 SIM_EXPORT size_t phalanx_sim_live_bytes(void) { return phalanx::sim::Allocator::instance().live_bytes(); }
 /// The tag bit every sim pointer carries.
 SIM_EXPORT unsigned long long phalanx_sim_tag(void) { return phalanx::sim::kTag; }
+/// The mode (0 synchronous, 1 eager, 2 lazy): the queue is drained first. Returns the old one.
+SIM_EXPORT int phalanx_sim_set_async(int mode) {
+  auto& s = phalanx::sim::Stream::instance();
+  const int old = static_cast<int>(s.mode());
+  s.set_mode(static_cast<phalanx::sim::Mode>(mode));
+  return old;
+}
+/// Kernels, copies and frees queued on the compute stream and not yet run.
+SIM_EXPORT size_t phalanx_sim_pending(void) { return phalanx::sim::Stream::instance().pending(); }

@@ -69,6 +69,12 @@ class Backend {
   /// ones costs nothing (DDP's exact mode reduces in cache-sized chunks there). Declared by
   /// the backend at construction (declare_shared_memory); false by default.
   bool shared_memory() const { return shared_memory_; }
+  /// Whether the backend orders its operations on device tensors against the device's
+  /// compute stream itself (NCCL: its own stream waits for an event). Otherwise the group
+  /// does it (docs/gpu.md, "Stream ordering"): it records a ready event when the operation
+  /// is issued and waits for it on the thread that runs the operation, which works on the
+  /// device's communication stream meanwhile. Declared at construction; false by default.
+  bool orders_device_streams() const { return orders_device_streams_; }
   /// "gloo", "shm", "hierarchical:shm+gloo": what ProcessGroup::backend_name() returns.
   virtual std::string name() const = 0;
 
@@ -88,6 +94,8 @@ class Backend {
   virtual void on_close() noexcept {}
   /// For a backend whose every peer is in this host's memory (shared_memory()).
   void declare_shared_memory() { shared_memory_ = true; }
+  /// For a backend that orders device streams itself (orders_device_streams()).
+  void declare_device_streams() { orders_device_streams_ = true; }
 
   // The tensors are the caller's own handles on an inline group (copies on a queued one):
   // a hook reads and writes their data, and never assigns to a handle itself.
@@ -135,6 +143,7 @@ class Backend {
   std::chrono::milliseconds timeout_;
   bool inline_ops_;
   bool shared_memory_ = false;
+  bool orders_device_streams_ = false;
   std::atomic<bool> aborted_{false};  // set by ProcessGroup::abort
   ProcessGroup* group_ = nullptr;     // the owner, set by ProcessGroup's constructor
 };

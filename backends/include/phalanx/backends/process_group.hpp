@@ -147,6 +147,10 @@ class ProcessGroup final {
   /// copies of them.
   template <class Body, class... Args>
   WorkPtr call(const char* op, const std::string& signature, Body body, const Args&... args);
+  /// call() once the operation's stream ordering is settled (its ready event, for device
+  /// tensors of a backend that does not order the device's streams itself).
+  template <class Body, class... Args>
+  WorkPtr dispatch(const char* op, const std::string& signature, Body body, const Args&... args);
   void check_root(int root, const char* op) const;
   void check_peer(int peer, const char* op) const;
   // work_queue.cpp: the worker thread and its queue, the completion thread.
@@ -175,6 +179,10 @@ class ProcessGroup final {
   int rank_, size_;
   std::chrono::milliseconds timeout_;
   bool inline_ops_;
+  // PHALANX_TEST_SKIP_READY_WAIT: "1" (every operation) or "allreduce" (that one only): operations on device
+  // tensors skip their ready event's wait (tests prove with it that the sim device's
+  // asynchronous mode catches a missing wait); "0" otherwise.
+  std::string skip_ready_wait_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;

@@ -301,6 +301,31 @@ class DeviceKernels {
   /// and throws the same ValueError when the calling thread next reads a result to the host
   /// (copy_to_host, e.g. the loss).
   virtual std::int64_t find_label_out_of_range(const Tensor& target, std::int64_t classes) = 0;
+
+  // ---- stream ordering (docs/gpu.md, "Stream ordering") ----
+  // A device may run its kernels and device copies later, in issue order, on its compute
+  // stream (CUDA; the sim device in its asynchronous mode); copy_to_host waits for the work
+  // issued before it, as cudaMemcpy does. A thread that moves a tensor's bytes for a
+  // collective works on the communication stream instead (set_comm_stream), which is not
+  // ordered with the compute stream: it must wait for an event recorded where the data was
+  // produced. The defaults suit a device whose work is done when the call returns (the CPU):
+  // no event (nullptr), nothing to wait for.
+  /// A new event, or nullptr when the device needs none.
+  virtual void* event_create() { return nullptr; }
+  virtual void event_destroy(void* /*event*/) {}
+  /// Records `event` on the calling thread's stream: it completes once the work issued there
+  /// before this call has run.
+  virtual void event_record(void* /*event*/) {}
+  /// Blocks the calling thread until `event` completed (the last record before this call).
+  virtual void event_synchronize(void* /*event*/) {}
+  /// Whether `event` completed (never blocks).
+  virtual bool event_query(void* /*event*/) { return true; }
+  /// Device-side wait: the work the calling thread issues afterwards runs once `event`
+  /// completed; the host does not block.
+  virtual void stream_wait_event(void* /*event*/) {}
+  /// Whether the calling thread issues its copies and kernels on the device's communication
+  /// stream (true) or its compute stream (false, every thread's default).
+  virtual void set_comm_stream(bool /*on*/) {}
 };
 
 /// The kernel table for a device type; throws TypeError naming the missing plugin.

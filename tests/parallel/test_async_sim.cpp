@@ -1,0 +1,271 @@
+// The sim device's asynchronous mode (docs/devices.md): kernels, device copies and frees
+// queue on a compute stream that runs them later, in issue order (lazy: only when the host
+// waits), host reads wait for it, and a collective's thread reads device memory unordered
+// with that stream unless it waits for the operation's ready event. Here: the mode itself;
+// DDP (buckets, the fp16 hook), SyncBatchNorm under DDP and exact mode on it at W = 2 and 3
+// (forked workers over gloo), bit for bit the CPU run on the same rank; and the proof that a
+// skipped ready-event wait (PHALANX_TEST_SKIP_READY_WAIT=1) makes the same run go wrong.
+#include <dlfcn.h>
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "phalanx/core/kernels.hpp"
+#include "support/ddp_fixtures.hpp"
+#include "support/multirank.hpp"
+
+using namespace phalanx;
+using namespace phalanx::test;
+using parallel::DDP;
+using parallel::DDPOptions;
+
+namespace {
+
+using Params = std::vector<std::vector<float>>;
+
+/// The sim plugin's exported test hooks (loaded by the registry on the first sim tensor).
+void* sim_symbol(const char* name) {
+  (void)zeros({1}, DType::Float32, Device::sim());
+  void* h = ::dlopen(PHALANX_SIM_PLUGIN, RTLD_NOW | RTLD_NOLOAD);
+  if (!h) throw std::runtime_error("libphalanx_sim.so is not loaded");
+  void* s = ::dlsym(h, name);
+  if (!s) throw std::runtime_error(std::string(name) + " not exported");
+  return s;
+}
+constexpr int kEager = 1, kLazy = 2;
+// Looked up once (the lookup makes a sim tensor, which would queue work of its own).
+int set_async(int mode) {
+  static const auto f = reinterpret_cast<int (*)(int)>(sim_symbol("phalanx_sim_set_async"));
+  return f(mode);
+}
+std::size_t pending() {
+  static const auto f = reinterpret_cast<std::size_t (*)()>(sim_symbol("phalanx_sim_pending"));
+  return f();
+}
+int freed_poisoned(const void* p) {
+  static const auto f = reinterpret_cast<int (*)(const void*)>(sim_symbol("phalanx_sim_freed_block_poisoned"));
+  return f(p);
+}
+
+/// Restores the mode at the end of a test case.
+struct Mode {
+  int old;
+  explicit Mode(int m) : old(set_async(m)) {}
+  ~Mode() { set_async(old); }
+};
+
+Params host_params(const std::vector<Tensor>& ps) {
+  Params out;
+  for (const auto& p : ps) out.push_back(p.to_vector<float>());
+  return out;
+}
+
+// ---- the scenarios, each run by every rank on the CPU and on sim ----
+
+/// DDP, >= 4 buckets of 512 B, optionally the fp16 compression hook; SGD with momentum.
+Params ddp_run(const Data& d, const ProcessGroupPtr& pg, int rank, int W, Device dev, bool fp16) {
+  DDPOptions o;
+  o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
+  auto model = many_small_one_large();
+  model->to(dev);
+  DDP ddp(model, pg, o);
+  if (ddp.bucket_layout().size() < 4) throw std::runtime_error("fewer than 4 buckets");
+  if (fp16) ddp.register_comm_hook(parallel::fp16_compress_hook());
+  auto opt = make_opt("sgd", ddp.parameters());
+  samplers::DistributedSamplerOptions so;
+  so.num_replicas(W);
+  so.rank(rank);
+  so.shuffle(false);
+  samplers::DistributedSampler sampler(d.x.shape()[0], so);
+  train_steps(ddp, *opt, d, &sampler, 24 / W, 6, dev);
+  return host_params(ddp.parameters());
+}
+
+/// SyncBatchNorm between two linear layers, under DDP (its statistics' collectives in the
+/// forward, the gradients' in the backward); the running statistics are returned too.
+Params sync_bn_run(const Data& d, const ProcessGroupPtr& pg, int rank, int W, Device dev) {
+  Generator g(5);
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Linear>(16, 12, true, &g));
+  auto bn = std::make_shared<parallel::SyncBatchNorm>(12, 1e-5, 0.1, true, true, pg);
+  model->push_back(bn);
+  model->push_back(std::make_shared<nn::ReLU>());
+  model->push_back(std::make_shared<nn::Linear>(12, 5, true, &g));
+  model->to(dev);
+  DDP ddp(model, pg);
+  auto opt = make_opt("adamw", ddp.parameters());
+  const std::int64_t per = 24 / W;
+  for (int step = 0; step < 4; ++step) {
+    const std::int64_t begin = (step * 24 + rank * per) % (d.x.shape()[0] - per);
+    opt->zero_grad();
+    cross_entropy(ddp.forward(d.x.narrow_rows(begin, begin + per).to(dev)),
+                  d.y.narrow_rows(begin, begin + per).to(dev))
+        .backward();
+    opt->step();
+  }
+  Params out = host_params(ddp.parameters());
+  out.push_back(bn->running_mean.to_vector<float>());
+  out.push_back(bn->running_var.to_vector<float>());
+  return out;
+}
+
+/// Exact mode: 12 micro-batches of 2 samples a step, shared among the ranks; the losses
+/// (read with item() after each forward) and the weights.
+Params exact_run(const Data& d, const ProcessGroupPtr& pg, int rank, int W, Device dev) {
+  DDPOptions o;
+  o.exact().enabled = true;
+  o.exact().global_batch = 24;
+  o.exact().micro_batch = 2;
+  o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
+  Generator g(3);
+  auto model = nn::mlp({16, 32, 32, 5}, "relu", &g);
+  model->to(dev);
+  DDP ddp(model, pg, o);
+  auto opt = make_opt("sgd", ddp.parameters());
+  const std::int64_t per = 12 / W;
+  Params out(1);
+  for (int step = 0; step < 3; ++step) {
+    opt->zero_grad();
+    for (std::int64_t m = rank * per; m < (rank + 1) * per; ++m) {
+      const std::int64_t b = (step * 24 + m * 2) % (d.x.shape()[0] - 2);
+      Tensor loss = cross_entropy(ddp.forward(d.x.narrow_rows(b, b + 2).to(dev)), d.y.narrow_rows(b, b + 2).to(dev));
+      out[0].push_back(static_cast<float>(loss.item()));
+      loss.backward();
+    }
+    opt->step();
+  }
+  for (auto& p : host_params(ddp.parameters())) out.push_back(std::move(p));
+  return out;
+}
+
+bool identical(const Params& a, const Params& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+/// W forked ranks over gloo; each runs `body(pg, rank)` after switching the sim device to `mode`
+/// (and setting `env` before the group is made). Returns whether every rank exited 0.
+template <class Body>
+bool run_world(int W, int mode, const char* env, Body body) {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  const auto results = run_processes(W, [&](int rank) {
+    set_num_threads(1);
+    set_async(mode);
+    if (env) ::putenv(const_cast<char*>(env));
+    set_rank_env(rank, W, port);
+    ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+    parallel::InitOptions io;
+    io.timeout = std::chrono::seconds(30);
+    auto pg = parallel::init_process_group(io);
+    const int code = body(pg, rank);
+    parallel::destroy_process_group();
+    return code;
+  }, std::chrono::seconds(120));
+  bool ok = true;
+  for (int r = 0; r < W; ++r) ok = ok && results[r].exit_code == 0 && results[r].signal == 0;
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE("async sim: kernels queue until the host waits, host reads wait, frees are stream-ordered") {
+  (void)pending();
+  (void)freed_poisoned(nullptr);
+  Mode lazy(kLazy);
+  DeviceKernels& k = kernels_for(Device::sim());
+  Tensor a = full({1000}, 1.5, DType::Float32, Device::sim());
+  Tensor b = a * 2.f;
+  CHECK(pending() >= 2);  // the fill and the multiply have not run
+  // A communication-stream thread reads the bytes as they are now: the poison (NaN).
+  std::vector<float> now(1000);
+  k.set_comm_stream(true);
+  k.copy_to_host(now.data(), b.raw_data(), b.nbytes());
+  k.set_comm_stream(false);
+  CHECK(std::isnan(now[0]));
+  // An event recorded now completes once the queue ran up to it.
+  void* ev = k.event_create();
+  k.event_record(ev);
+  CHECK_FALSE(k.event_query(ev));
+  k.event_synchronize(ev);
+  CHECK(k.event_query(ev));
+  k.event_destroy(ev);
+  // The compute stream's reader waits: the values.
+  CHECK(b.to_vector<float>() == std::vector<float>(1000, 3.f));
+  CHECK(pending() == 0);
+  // A freed block is released (poisoned, quarantined) only after the work queued before the free.
+  const void* p = nullptr;
+  {
+    Tensor c = b + 1.f;
+    p = c.raw_data();
+  }
+  CHECK(freed_poisoned(p) == -1);  // the free is queued behind the add: still live
+  CHECK(a.to_vector<float>()[0] == 1.5f);  // drains the queue
+  CHECK(freed_poisoned(p) == 1);
+}
+
+TEST_CASE("async sim, W = 2 and 3: DDP (buckets, fp16 hook), SyncBatchNorm and exact mode are the CPU's bits") {
+  const Data d = make_data(96);
+  for (int W : {2, 3}) {
+    CAPTURE(W);
+    const bool ok = run_world(W, kLazy, nullptr, [&](const ProcessGroupPtr& pg, int rank) {
+      for (bool fp16 : {false, true}) {
+        const Params cpu = ddp_run(d, pg, rank, W, Device::cpu(), fp16);
+        const Params sim = ddp_run(d, pg, rank, W, Device::sim(), fp16);
+        REQUIRE_RANK(rank, identical(cpu, sim), fp16 ? "DDP with the fp16 hook" : "DDP");
+      }
+      REQUIRE_RANK(rank, identical(sync_bn_run(d, pg, rank, W, Device::cpu()), sync_bn_run(d, pg, rank, W, Device::sim())),
+                   "SyncBatchNorm under DDP");
+      REQUIRE_RANK(rank, identical(exact_run(d, pg, rank, W, Device::cpu()), exact_run(d, pg, rank, W, Device::sim())),
+                   "exact mode");
+      return 0;
+    });
+    CHECK(ok);
+  }
+}
+
+TEST_CASE("async sim, W = 2, eager worker (races as a GPU's): DDP with >= 4 buckets is the CPU's bits") {
+  const Data d = make_data(96);
+  CHECK(run_world(2, kEager, nullptr, [&](const ProcessGroupPtr& pg, int rank) {
+    REQUIRE_RANK(rank, identical(ddp_run(d, pg, rank, 2, Device::cpu(), false), ddp_run(d, pg, rank, 2, Device::sim(), false)),
+                 "DDP");
+    return 0;
+  }));
+}
+
+TEST_CASE("async sim: a collective that skips its ready-event wait reads what the stream has not written yet") {
+  const Data d = make_data(96);
+  // Every rank: the CPU run, then the sim run, whose bucket allreduces gloo runs on bytes the
+  // lazy stream has not written yet (the backward that produces them has not run): the
+  // weights must differ from the CPU's (NaN from the poison, or stale gradients).
+  static char allreduce_only[] = "PHALANX_TEST_SKIP_READY_WAIT=allreduce";
+  CHECK(run_world(2, kLazy, allreduce_only, [&](const ProcessGroupPtr& pg, int rank) {
+    const Params cpu = ddp_run(d, pg, rank, 2, Device::cpu(), false);
+    const Params sim = ddp_run(d, pg, rank, 2, Device::sim(), false);
+    REQUIRE_RANK(rank, !identical(cpu, sim), "the run without the wait equals the CPU's: the mode proves nothing");
+    bool nan = false;
+    for (const auto& p : sim)
+      for (float v : p) nan = nan || std::isnan(v);
+    std::printf("rank %d: without the allreduce's ready-event wait the weights differ from the CPU's%s\n", rank,
+                nan ? " (NaN: poison was reduced)" : "");
+    return 0;
+  }));
+  // Every operation: the model's broadcasts and shape check at construction already read
+  // unwritten memory (a length of -1 from the poison), and the run fails.
+  static char every[] = "PHALANX_TEST_SKIP_READY_WAIT=1";
+  CHECK(run_world(2, kLazy, every, [&](const ProcessGroupPtr& pg, int rank) {
+    (void)ddp_run(d, pg, rank, 2, Device::cpu(), false);
+    try {
+      (void)ddp_run(d, pg, rank, 2, Device::sim(), false);
+    } catch (const Error& e) {
+      std::printf("rank %d: without any ready-event wait the run failed: %s\n", rank, e.what());
+      return 0;
+    }
+    REQUIRE_RANK(rank, false, "DDP on sim ran without any ready-event wait");
+    return 1;
+  }));
+}

@@ -1,0 +1,160 @@
+#include "sim_stream.hpp"
+
+#include <pthread.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "phalanx/core/error.hpp"
+
+namespace phalanx::sim {
+
+namespace {
+thread_local bool t_comm_stream = false;
+thread_local bool t_worker = false;  // the stream's own thread
+}  // namespace
+
+Mode mode_from_env() {
+  const char* v = std::getenv("PHALANX_SIM_ASYNC");
+  const std::string s = v ? v : "";
+  if (s.empty() || s == "0") return Mode::Sync;
+  if (s == "1" || s == "eager") return Mode::Eager;
+  if (s == "lazy") return Mode::Lazy;
+  throw ConfigError("PHALANX_SIM_ASYNC='" + s + "' is not a sim device mode: use 0 (synchronous), 1 (eager) or lazy");
+}
+
+bool on_comm_stream() { return t_comm_stream; }
+void set_comm_stream(bool on) { t_comm_stream = on; }
+
+Stream& Stream::instance() {
+  static Stream* s = new Stream;  // never destroyed: storages may die during exit
+  return *s;
+}
+
+Stream::Stream() : state_(new State), mode_(static_cast<int>(mode_from_env())) {
+  // A forked child has no worker thread and may inherit a locked mutex: the queue is drained
+  // before the fork and the child starts on fresh state.
+  pthread_atfork(&Stream::before_fork, &Stream::after_fork_parent, &Stream::after_fork_child);
+}
+
+void Stream::before_fork() {
+  Stream& st = instance();
+  if (st.mode() != Mode::Sync) {
+    try {
+      st.synchronize();
+    } catch (...) {  // reported later in the parent; the child starts clean
+    }
+  }
+  st.state_.load()->mu.lock();
+}
+void Stream::after_fork_parent() { instance().state_.load()->mu.unlock(); }
+void Stream::after_fork_child() {
+  // The old state (its mutex locked, its worker absent here) is left behind on purpose.
+  instance().state_.store(new State);
+}
+
+void Stream::set_mode(Mode m) {
+  synchronize();
+  mode_.store(static_cast<int>(m), std::memory_order_release);
+}
+
+void Stream::submit(std::function<void()> fn) {
+  if (mode() == Mode::Sync || t_comm_stream || t_worker) {
+    fn();
+    return;
+  }
+  push(std::move(fn));
+}
+
+void Stream::submit_ordered(std::function<void()> fn) {
+  // Also queued from the worker (a kernel's captured tensor dying after it ran): a kernel
+  // queued later may still use the block through a raw pointer (gemm).
+  if (mode() == Mode::Sync) {
+    fn();
+    return;
+  }
+  push(std::move(fn));
+}
+
+void Stream::push(std::function<void()> fn) {
+  State* s = state_.load();
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (!s->started) {
+    s->started = true;
+    std::thread([this, s] { loop(s); }).detach();
+  }
+  s->queue.push_back(std::move(fn));
+  ++s->enqueued;
+  if (mode() != Mode::Lazy || s->queue.size() > kLazyBound) s->work_cv.notify_one();
+}
+
+void Stream::loop(State* s) {
+  t_worker = true;
+  std::unique_lock<std::mutex> lock(s->mu);
+  for (;;) {
+    s->work_cv.wait(lock, [&] {
+      return !s->queue.empty() &&
+             (mode() != Mode::Lazy || s->flush_to > s->completed || s->queue.size() > kLazyBound);
+    });
+    std::function<void()> fn = std::move(s->queue.front());
+    s->queue.pop_front();
+    lock.unlock();
+    try {
+      fn();
+    } catch (...) {
+      std::lock_guard<std::mutex> l(s->mu);
+      if (!s->error) s->error = std::current_exception();
+    }
+    fn = nullptr;  // the captured tensors die here, outside the lock (their frees queue)
+    lock.lock();
+    ++s->completed;
+    s->done_cv.notify_all();
+  }
+}
+
+void Stream::wait_locked(State* s, std::unique_lock<std::mutex>& lock, std::uint64_t t) {
+  if (s->flush_to < t) s->flush_to = t;
+  s->work_cv.notify_one();
+  s->done_cv.wait(lock, [&] { return s->completed >= t; });
+}
+
+void Stream::synchronize() {
+  if (t_worker) return;
+  State* s = state_.load();
+  std::unique_lock<std::mutex> lock(s->mu);
+  // Until the queue is empty: the frees that the work run meanwhile queued included.
+  while (s->completed < s->enqueued) wait_locked(s, lock, s->enqueued);
+  if (s->error) {
+    std::exception_ptr e = s->error;
+    s->error = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+std::uint64_t Stream::ticket() {
+  if (mode() == Mode::Sync || t_comm_stream) return 0;
+  State* s = state_.load();
+  std::lock_guard<std::mutex> lock(s->mu);
+  return s->enqueued;
+}
+
+void Stream::wait_ticket(std::uint64_t t) {
+  if (t == 0 || t_worker) return;
+  State* s = state_.load();
+  std::unique_lock<std::mutex> lock(s->mu);
+  wait_locked(s, lock, t);
+}
+
+bool Stream::ticket_done(std::uint64_t t) {
+  State* s = state_.load();
+  std::lock_guard<std::mutex> lock(s->mu);
+  return s->completed >= t;
+}
+
+std::size_t Stream::pending() {
+  State* s = state_.load();
+  std::lock_guard<std::mutex> lock(s->mu);
+  return s->queue.size();
+}
+
+}  // namespace phalanx::sim
