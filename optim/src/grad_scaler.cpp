@@ -85,9 +85,12 @@ void GradScaler::unscale_(Optimizer& opt) {
     }
   }
   if (device_sum.defined() && !std::isfinite(device_sum.item())) found = true;
+  // The gradients are divided now: should the agreement throw (a failed collective), a retried
+  // step() must not divide them again, and with no agreed flag the step is skipped.
+  st.stage = Stage::Unscaled;
+  st.found_inf = true;
   if (agreement_) found = agreement_(found);
   st.found_inf = found;
-  st.stage = Stage::Unscaled;
 }
 
 bool GradScaler::step(Optimizer& opt) {

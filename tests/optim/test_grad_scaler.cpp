@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include "phalanx/core/finite.hpp"
 #include "support/gradcheck.hpp"
@@ -235,4 +236,23 @@ TEST_CASE("GradScaler with an agreement: the agreed flag decides, one call per u
   CHECK(s.step(opt));
   CHECK(p.to_vector<float>()[0] == -1.f);
   CHECK(calls == 2);
+}
+
+TEST_CASE("GradScaler: an agreement that throws leaves the gradients unscaled once and the step skipped") {
+  Tensor p = tensor(std::vector<float>{1.f}, {1}).requires_grad_();
+  optim::SGD opt({p}, optim::SGDOptions(1.0));
+  int calls = 0;
+  optim::GradScaler s(optim::GradScalerOptions().init_scale(4.0), [&](bool found) {
+    if (++calls == 1) throw std::runtime_error("peer lost");  // a failed collective
+    return found;
+  });
+  p.set_grad(tensor(std::vector<float>{8.f}, {1}));
+  CHECK_THROWS_AS(s.unscale_(opt), std::runtime_error);
+  CHECK(p.grad().to_vector<float>()[0] == 2.f);  // divided once
+  CHECK_FALSE(s.step(opt));                        // no second division, no agreed flag: skipped
+  CHECK(p.grad().to_vector<float>()[0] == 2.f);
+  CHECK(p.to_vector<float>()[0] == 1.f);
+  CHECK(calls == 1);
+  s.update();
+  CHECK(s.get_scale() == 2.0);
 }
