@@ -7,9 +7,10 @@
 //   parallel::DDP ddp(model, pg);
 //   optim::GradScaler scaler({}, parallel::found_inf_agreement(pg));
 //
-// DDP's averaging usually spreads an inf to every rank, but not always: compression hooks,
-// ZeRO-sharded optimizers and gradients that are not reduced can leave one rank alone with
-// it. One small collective per step settles it. Every rank of the group must call the
+// DDP's averaging spreads an inf to every rank, but a comm hook that does not reduce every
+// gradient, or gradients that are not reduced at all, can leave one rank alone with it (and
+// under ZeRO, whose step is collective, ranks that disagree would hang). One small
+// collective per step settles it. Every rank of the group must call the
 // scaler's unscale_/step at the same point of its step (they are collectives then). The
 // flag's tensor is allocated here, once, on `device`.
 //
