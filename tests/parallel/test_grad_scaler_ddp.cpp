@@ -153,3 +153,39 @@ TEST_CASE("GradScaler under Join (uneven inputs): the joined rank shadows the fo
     CHECK(r[rank].exit_code == 0);
   }
 }
+
+TEST_CASE("ScalerAgreement listed before the DDP in a Join: one clear ValueError on every rank, no hang") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  const auto r = run_processes(
+      2,
+      [&](int rank) {
+        set_rank_env(rank, 2, port);
+        ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+        auto pg = parallel::init_process_group();
+        int code = 1;
+        {
+          Generator gen(7);
+          parallel::DDP ddp(nn::mlp({6, 8, 3}, "relu", &gen), pg);
+          optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.05));
+          auto agree = std::make_shared<parallel::ScalerAgreement>(pg);
+          optim::GradScaler scaler({}, parallel::found_inf_agreement(agree));
+          Generator data(11);
+          try {
+            parallel::Join join({agree.get(), &ddp});
+            scaler.scale(cross_entropy(ddp.forward(randn({4, 6}, &data)), randint(3, {4}, &data))).backward();
+            scaler.step(opt);
+          } catch (const ValueError& e) {
+            if (std::string(e.what()).find("list the DDP first") != std::string::npos) code = 0;
+          }
+        }
+        parallel::destroy_process_group();
+        return code;
+      },
+      std::chrono::seconds(20));
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    CHECK(r[rank].signal == 0);
+    CHECK(r[rank].exit_code == 0);
+  }
+}
