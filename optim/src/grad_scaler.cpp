@@ -25,7 +25,7 @@ GradScaler::GradScaler(const GradScalerOptions& o, FoundInfAgreement agreement)
     throw ValueError(detail::concat("GradScaler: growth_factor must be > 1, got ", o.growth_factor()));
   if (!(o.backoff_factor() < 1.0))
     throw ValueError(detail::concat("GradScaler: backoff_factor must be < 1, got ", o.backoff_factor()));
-  if (!(o.init_scale() > 0.0) || !std::isfinite(scale_))
+  if (!(scale_ > 0.0f) || !std::isfinite(scale_))  // as stored: 1e-50 would be 0 in float32
     throw ValueError(detail::concat("GradScaler: init_scale must be a positive finite float32, got ",
                                     o.init_scale()));
 }
@@ -85,9 +85,12 @@ void GradScaler::unscale_(Optimizer& opt) {
     }
   }
   if (device_sum.defined() && !std::isfinite(device_sum.item())) found = true;
+  // The gradients are divided now: should the agreement throw (a failed collective), a retried
+  // step() must not divide them again, and with no agreed flag the step is skipped.
+  st.stage = Stage::Unscaled;
+  st.found_inf = true;
   if (agreement_) found = agreement_(found);
   st.found_inf = found;
-  st.stage = Stage::Unscaled;
 }
 
 bool GradScaler::step(Optimizer& opt) {
@@ -186,7 +189,7 @@ void GradScaler::load_state_dict(const TensorMap& m) {
                backoff = double_of(m, "backoff_factor");
   const std::int64_t interval = need(m, "growth_interval").item_int(),
                      tracker = need(m, "_growth_tracker").item_int();
-  if (!(scale > 0) || !std::isfinite(static_cast<float>(scale)))
+  if (!(static_cast<float>(scale) > 0.0f) || !std::isfinite(static_cast<float>(scale)))
     throw ValueError(detail::concat("GradScaler state: scale must be a positive finite float32, got ", scale));
   if (!(growth > 1.0) || !(backoff < 1.0))
     throw ValueError(detail::concat("GradScaler state: growth_factor must be > 1 and backoff_factor < 1, got ",

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include "phalanx/core/finite.hpp"
 #include "support/gradcheck.hpp"
@@ -112,6 +113,9 @@ TEST_CASE("GradScaler: PyTorch's defaults; disabled is a pass-through") {
   CHECK_THROWS_AS(optim::GradScaler(optim::GradScalerOptions().growth_factor(1.0)), ValueError);
   CHECK_THROWS_AS(optim::GradScaler(optim::GradScalerOptions().backoff_factor(1.0)), ValueError);
   CHECK_THROWS_AS(optim::GradScaler(optim::GradScalerOptions().init_scale(0)), ValueError);
+  // Positive in double, 0 in float32 (the scale's type): 1/scale would be inf.
+  CHECK_THROWS_AS(optim::GradScaler(optim::GradScalerOptions().init_scale(1e-50)), ValueError);
+  CHECK_THROWS_AS(optim::GradScaler(optim::GradScalerOptions().init_scale(1e39)), ValueError);
 }
 
 TEST_CASE("GradScaler: unscale_ twice, unscale_ after step, step twice, update first: errors as PyTorch's") {
@@ -185,6 +189,13 @@ TEST_CASE("GradScaler: the scale never grows to an infinity; state_dict round tr
     if (k != "_growth_tracker") partial.set(k, t);
   CHECK_THROWS_WITH_AS(c.load_state_dict(partial), doctest::Contains("'_growth_tracker' is missing"), ValueError);
   CHECK(c.get_scale() == 65536.0);  // unchanged
+  TensorMap tiny = a.state_dict();
+  const double underflow = 1e-50;
+  std::int64_t underflow_bits;
+  std::memcpy(&underflow_bits, &underflow, sizeof underflow_bits);
+  tiny.set("scale", tensor(std::vector<std::int64_t>{underflow_bits}, {}));
+  CHECK_THROWS_WITH_AS(c.load_state_dict(tiny), doctest::Contains("positive finite float32"), ValueError);
+  CHECK(c.get_scale() == 65536.0);
   optim::GradScaler off(optim::GradScalerOptions().enabled(false));
   off.load_state_dict(TensorMap{});  // a no-op when disabled, as PyTorch's
 }
@@ -235,4 +246,23 @@ TEST_CASE("GradScaler with an agreement: the agreed flag decides, one call per u
   CHECK(s.step(opt));
   CHECK(p.to_vector<float>()[0] == -1.f);
   CHECK(calls == 2);
+}
+
+TEST_CASE("GradScaler: an agreement that throws leaves the gradients unscaled once and the step skipped") {
+  Tensor p = tensor(std::vector<float>{1.f}, {1}).requires_grad_();
+  optim::SGD opt({p}, optim::SGDOptions(1.0));
+  int calls = 0;
+  optim::GradScaler s(optim::GradScalerOptions().init_scale(4.0), [&](bool found) {
+    if (++calls == 1) throw std::runtime_error("peer lost");  // a failed collective
+    return found;
+  });
+  p.set_grad(tensor(std::vector<float>{8.f}, {1}));
+  CHECK_THROWS_AS(s.unscale_(opt), std::runtime_error);
+  CHECK(p.grad().to_vector<float>()[0] == 2.f);  // divided once
+  CHECK_FALSE(s.step(opt));                        // no second division, no agreed flag: skipped
+  CHECK(p.grad().to_vector<float>()[0] == 2.f);
+  CHECK(p.to_vector<float>()[0] == 1.f);
+  CHECK(calls == 1);
+  s.update();
+  CHECK(s.get_scale() == 2.0);
 }

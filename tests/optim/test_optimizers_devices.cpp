@@ -1,9 +1,10 @@
 // The optimizers on the sim test accelerator (memory the host cannot read; the CPU kernels
 // behind it): every optimizer's fused update, its state, zero_grad and a state_dict round
-// trip on sim tensors equal the CPU bit for bit.
+// trip on sim tensors equal the CPU bit for bit; GradScaler with gradients on sim.
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "support/gradcheck.hpp"
 #include "support/optim_cases.hpp"
@@ -91,5 +92,49 @@ TEST_CASE("training an MLP on sim (autograd gradients, SGD momentum and AdamW) e
       result[d] = host(model->parameters());
     }
     CHECK(result[0] == result[1]);
+  }
+}
+
+TEST_CASE("GradScaler on sim (gradients the host cannot read): PyTorch's fixture, skips and weights equal the CPU's") {
+  const TensorMap f = load_npz(std::string(PHALANX_FIXTURES) + "/grad_scaler_parity.npz");
+  const auto bits_double = [](std::int64_t b) {
+    double v;
+    std::memcpy(&v, &b, sizeof v);
+    return v;
+  };
+  for (const std::string run : {"sgd_momentum", "sgd_clip"}) {
+    CAPTURE(run);
+    const auto c = f.at(run + ".config").to_vector<std::int64_t>();
+    const auto options = optim::GradScalerOptions()
+                             .init_scale(bits_double(c[0]))
+                             .growth_factor(bits_double(c[1]))
+                             .backoff_factor(bits_double(c[2]))
+                             .growth_interval(static_cast<std::int64_t>(bits_double(c[3])));
+    const float clip = f.at(run + ".clip").item();
+    const auto want_stepped = f.at(run + ".stepped").to_vector<std::int64_t>();
+    const auto want_scale = f.at(run + ".scale").to_vector<float>();
+    std::vector<std::vector<float>> weights;
+    for (Device dev : {Device::cpu(), Device::sim()}) {
+      CAPTURE(dev.str());
+      auto ps = fresh_params(f, dev);
+      optim::SGD opt(ps, optim::SGDOptions(0.1).momentum(0.9));
+      optim::GradScaler scaler(options);
+      for (int k = 0; k < 24; ++k) {
+        CAPTURE(k);
+        opt.zero_grad();
+        const Tensor g0 = f.at("grad." + std::to_string(k) + ".0").to(dev), g1 = f.at("grad." + std::to_string(k) + ".1").to(dev);
+        scaler.scale(sum(ps[0] * g0) + sum(ps[1] * g1)).backward();
+        if (clip > 0) {
+          scaler.unscale_(opt);
+          nn::clip_grad_norm_(ps, clip);
+        }
+        CHECK(scaler.step(opt) == (want_stepped[k] == 1));
+        scaler.update();
+        CHECK(static_cast<float>(scaler.get_scale()) == want_scale[k]);
+      }
+      for (const auto& p : host(ps)) weights.push_back(p);
+    }
+    CHECK(weights[0] == weights[2]);
+    CHECK(weights[1] == weights[3]);
   }
 }

@@ -98,3 +98,94 @@ TEST_CASE("GradScaler, 2 workers, an inf on rank 1 only: without the agreement t
     CHECK(r[rank].exit_code == 2);
   }
 }
+
+namespace {
+
+// Uneven inputs under parallel::Join: rank 0 has 3 batches, rank 1 has 6, an inf on rank 1
+// at step 4. Rank 0 joins after its 3rd step and shadows the others' collectives; rank 1's
+// found-inf allreduces must be shadowed too, or they meet Join's "still training" count.
+// Returns 0 when rank 1 skipped exactly step 4 and each rank's scale is as expected. Without
+// the agreement among the joinables, rank 1's found-inf allreduce after its 3rd step meets
+// rank 0's "still training" count and both hang.
+int train_uneven(int rank, int port) {
+  set_rank_env(rank, 2, port);
+  ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+  auto pg = parallel::init_process_group();
+  int code = 0;
+  {
+    Generator gen(7);
+    parallel::DDP ddp(nn::mlp({6, 8, 3}, "relu", &gen), pg);
+    optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.05));
+    auto agree = std::make_shared<parallel::ScalerAgreement>(pg);
+    optim::GradScaler scaler(optim::GradScalerOptions().init_scale(1024).growth_interval(2),
+                             parallel::found_inf_agreement(agree));
+    Generator data(11 + rank);
+    const int steps = rank == 0 ? 3 : 6;
+    {
+      parallel::Join join({&ddp, agree.get()});
+      for (int s = 0; s < steps; ++s) {
+        const Tensor x = randn({4, 6}, &data), y = randint(3, {4}, &data);
+        opt.zero_grad();
+        scaler.scale(cross_entropy(ddp.forward(x), y)).backward();
+        if (rank == 1 && s == 4) ddp.parameters()[0].grad().data<float>()[1] = std::numeric_limits<float>::infinity();
+        const bool stepped = scaler.step(opt);
+        scaler.update();
+        if (stepped != !(rank == 1 && s == 4)) code = 2;
+      }
+      join.finish();
+    }
+    // Rank 1: x2 after steps 1 and 3, x0.5 at 4: 2048; rank 0: x2 after step 1: 2048.
+    if (scaler.get_scale() != 2048.0) code = 3;
+  }
+  parallel::destroy_process_group();
+  return code;
+}
+
+}  // namespace
+
+TEST_CASE("GradScaler under Join (uneven inputs): the joined rank shadows the found-inf allreduce, no hang") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  const auto r = run_processes(2, [&](int rank) { return train_uneven(rank, port); }, std::chrono::seconds(20));
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    CHECK(r[rank].signal == 0);
+    CHECK(r[rank].exit_code == 0);
+  }
+}
+
+TEST_CASE("ScalerAgreement listed before the DDP in a Join: one clear ValueError on every rank, no hang") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  const auto r = run_processes(
+      2,
+      [&](int rank) {
+        set_rank_env(rank, 2, port);
+        ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+        auto pg = parallel::init_process_group();
+        int code = 1;
+        {
+          Generator gen(7);
+          parallel::DDP ddp(nn::mlp({6, 8, 3}, "relu", &gen), pg);
+          optim::SGD opt(ddp.parameters(), optim::SGDOptions(0.05));
+          auto agree = std::make_shared<parallel::ScalerAgreement>(pg);
+          optim::GradScaler scaler({}, parallel::found_inf_agreement(agree));
+          Generator data(11);
+          try {
+            parallel::Join join({agree.get(), &ddp});
+            scaler.scale(cross_entropy(ddp.forward(randn({4, 6}, &data)), randint(3, {4}, &data))).backward();
+            scaler.step(opt);
+          } catch (const ValueError& e) {
+            if (std::string(e.what()).find("list the DDP first") != std::string::npos) code = 0;
+          }
+        }
+        parallel::destroy_process_group();
+        return code;
+      },
+      std::chrono::seconds(20));
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    CHECK(r[rank].signal == 0);
+    CHECK(r[rank].exit_code == 0);
+  }
+}
