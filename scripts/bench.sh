@@ -39,7 +39,7 @@ known=$(cmake --build "$BUILD" --target help 2>/dev/null | sed -n 's/^\.\.\. \([
 has() { grep -qx "$1" <<<"$known"; }
 targets=(bench_mlp_step bench_optim_step bench_conv_step bench_gpt_step bench_loader_throughput bench_data_memory bench_ddp_step bench_trainer_step
          bench_exact_step)
-targets+=(bench_attention)
+targets+=(bench_attention bench_bf16_gemm)
 for t in bench_allreduce_sweep bench_mpi_allreduce phalanx_shm phalanx_gloo phalanx_mpi phalanx-run phalanx-train; do
   has "$t" && targets+=("$t")
 done
@@ -78,6 +78,7 @@ run bench_mlp_step 240 "$B/bench_mlp_step"
 run bench_optim_step 180 "$B/bench_optim_step"
 run bench_conv_step 150 "$B/bench_conv_step" --runs 5
 run bench_attention 240 "$B/bench_attention" --runs 5
+run bench_bf16_gemm 420 "$B/bench_bf16_gemm"
 run bench_gpt_step 240 "$B/bench_gpt_step"
 run bench_loader_throughput 90 "$B/bench_loader_throughput"
 run bench_data_memory 120 "$B/bench_data_memory"

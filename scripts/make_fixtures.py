@@ -166,4 +166,5 @@ if __name__ == "__main__":
     subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "gpt.py"), OUT], check=True)
     subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "grad_scaler.py"), OUT], check=True)
     subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "autocast.py"), OUT], check=True)
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "bf16_matmul.py"), OUT], check=True)
     print("fixtures written to", os.path.normpath(OUT))

@@ -3,7 +3,9 @@
 timed as bench_bf16_gemm times its own (PyTorch 1.13 sends a bf16 product above 16^3 to
 oneDNN: its brgemm kernel, AMX on a CPU that has it; float32 goes to its BLAS).
 usage: torch_bf16_gemm.py ITERS CASE DTYPE   CASE: mm_1024 | fwd_784 | fwd_1024 | dw_784; DTYPE: bf16 | f32
-prints: its environment (bench_env.py), then step_us=<median of 5 runs, us per call> min_us= max_us="""
+prints: its environment (bench_env.py), then step_us=<median of 5 runs, us per call> min_us= max_us=,
+and the same in this thread's CPU time (time.thread_time: what a shared machine's load does not inflate)
+cpu_us= cpu_min_us= cpu_max_us="""
 import sys, time
 import torch
 import torch.nn.functional as F
@@ -36,10 +38,12 @@ else:
 
 with torch.no_grad():
     for _ in range(max(5, iters // 10)): fn()
-    samples = []
+    samples, cpu = [], []
     for _ in range(5):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         for _ in range(iters): fn()
         samples.append((time.perf_counter() - t) / iters * 1e6)
+        cpu.append((time.thread_time() - c) / iters * 1e6)
     med, lo, hi = bench_env.summary(samples)
-    print(f"step_us={med:.3f} min_us={lo:.3f} max_us={hi:.3f}")
+    cmed, clo, chi = bench_env.summary(cpu)
+    print(f"step_us={med:.3f} min_us={lo:.3f} max_us={hi:.3f} cpu_us={cmed:.3f} cpu_min_us={clo:.3f} cpu_max_us={chi:.3f}")

@@ -296,37 +296,60 @@ struct alignas(64) TileConfig {
   std::uint8_t rows[16] = {};
 };
 
-#define PHALANX_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
+#define PHALANX_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16,avx2")))
 
 PHALANX_AMX_TARGET void gemm_amx(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                                  const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b, std::int64_t ldb,
                                  float beta, void* c, std::int64_t ldc, bool c_bf16) {
   const std::int64_t m32 = (m + 31) / 32 * 32, n32 = (n + 31) / 32 * 32, k32 = (k + 31) / 32 * 32;
   thread_local std::vector<std::uint16_t> ap, bp;
-  ap.assign(static_cast<std::size_t>(m32 * k32), 0);
-  bp.assign(static_cast<std::size_t>(n32 * k32), 0);
+  ap.resize(static_cast<std::size_t>(m32 * k32));
+  bp.resize(static_cast<std::size_t>(n32 * k32));
+  // Only the padding is zeroed: filling the whole buffers cost 8 % of a 128 x 1024 x 1024 product.
+  std::memset(ap.data() + m * k32, 0, static_cast<std::size_t>((m32 - m) * k32) * 2);
   for (std::int64_t i = 0; i < m; ++i) {
     std::uint16_t* dst = ap.data() + i * k32;
     if (!ta) std::memcpy(dst, a + i * lda, static_cast<std::size_t>(k) * 2);
     else
       for (std::int64_t p = 0; p < k; ++p) dst[p] = a[p * lda + i];
+    std::memset(dst + k, 0, static_cast<std::size_t>(k32 - k) * 2);
   }
   // bp[s * k32 * 16 + p * 32 + 2q + t] = op(B)(2p + t, 16s + q)
-  const bool gather_ok = ldb * 2 * 15 < (std::int64_t{1} << 31);  // byte offsets of 16 rows fit int32
-  const __m512i row_offsets =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int>(gather_ok ? ldb * 2 : 0)));
-  for (std::int64_t s = 0; s * 16 < n; ++s) {
+  for (std::int64_t s = 0; s < n32 / 16; ++s) {
     std::uint16_t* slab = bp.data() + s * k32 * 16;
-    const std::int64_t cols = std::min<std::int64_t>(16, n - s * 16);
-    for (std::int64_t p = 0; 2 * p < k; ++p) {
+    const std::int64_t cols = std::max<std::int64_t>(0, std::min<std::int64_t>(16, n - s * 16));
+    const std::int64_t kp = (k + 1) / 2;
+    std::memset(slab + kp * 32, 0, static_cast<std::size_t>(k32 / 2 - kp) * 64);
+    std::int64_t p0 = 0;
+    if (tb && cols == 16) {  // 8 pairs of 16 rows of B at a time: two 8 x 8 transposes of 32-bit pairs
+      const std::uint16_t* rows = b + s * 16 * ldb;
+      for (; 2 * p0 + 16 <= k; p0 += 8)
+        for (int h = 0; h < 2; ++h) {
+          __m256i r[8];
+          for (int q = 0; q < 8; ++q)
+            r[q] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + (h * 8 + q) * ldb + 2 * p0));
+          const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+          const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+          const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+          const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+          const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+          const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+          const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+          const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+          const __m256i o[8] = {_mm256_permute2x128_si256(u0, u4, 0x20), _mm256_permute2x128_si256(u1, u5, 0x20),
+                                _mm256_permute2x128_si256(u2, u6, 0x20), _mm256_permute2x128_si256(u3, u7, 0x20),
+                                _mm256_permute2x128_si256(u0, u4, 0x31), _mm256_permute2x128_si256(u1, u5, 0x31),
+                                _mm256_permute2x128_si256(u2, u6, 0x31), _mm256_permute2x128_si256(u3, u7, 0x31)};
+          for (int q = 0; q < 8; ++q)  // pair p0 + q of columns h * 8 .. h * 8 + 7
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(slab + (p0 + q) * 32 + h * 16), o[q]);
+        }
+    }
+    for (std::int64_t p = p0; 2 * p < k; ++p) {
       std::uint16_t* dst = slab + p * 32;
       const bool has1 = 2 * p + 1 < k;
+      std::memset(dst + 2 * cols, 0, static_cast<std::size_t>(16 - cols) * 4);
       if (tb) {
-        if (has1 && cols == 16 && gather_ok) {  // the pair of 16 rows of B: one gather of 32-bit words
-          const __m512i w = _mm512_i32gather_epi32(row_offsets, b + s * 16 * ldb + 2 * p, 1);
-          _mm512_storeu_si512(dst, w);
-        } else {
+        {
           for (std::int64_t q = 0; q < cols; ++q) {
             const std::uint16_t* src = b + (s * 16 + q) * ldb + 2 * p;
             dst[2 * q] = src[0];
@@ -356,41 +379,73 @@ PHALANX_AMX_TARGET void gemm_amx(bool ta, bool tb, std::int64_t m, std::int64_t 
   _tile_loadconfig(&cfg);
   alignas(64) float tmp[32 * 32];
   const std::int64_t astride = k32 * 2;
-  for (std::int64_t j = 0; j < n; j += 32) {
-    const std::uint16_t* b0 = bp.data() + (j / 16) * k32 * 16;
-    const std::uint16_t* b1 = b0 + k32 * 16;
-    for (std::int64_t i = 0; i < m; i += 32) {
-      const std::uint16_t* a0 = ap.data() + i * k32;
-      const std::uint16_t* a1 = a0 + 16 * k32;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (std::int64_t kk = 0; kk < k32; kk += 32) {
-        _tile_loadd(4, a0 + kk, astride);
-        _tile_loadd(5, a1 + kk, astride);
-        _tile_loadd(6, b0 + kk * 16, 64);
-        _tile_loadd(7, b1 + kk * 16, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, tmp, 128);
-      _tile_stored(1, tmp + 16, 128);
-      _tile_stored(2, tmp + 16 * 32, 128);
-      _tile_stored(3, tmp + 16 * 32 + 16, 128);
-      const std::int64_t rows = std::min<std::int64_t>(32, m - i), cols = std::min<std::int64_t>(32, n - j);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t off = (i + r) * ldc + j;
-        void* d0 = c_bf16 ? static_cast<void*>(static_cast<std::uint16_t*>(c) + off)
-                          : static_cast<void*>(static_cast<float*>(c) + off);
-        store16(_mm512_load_ps(tmp + r * 32), alpha, beta, d0, static_cast<int>(std::min<std::int64_t>(cols, 16)),
-                c_bf16);
-        if (cols > 16) {
-          void* d1 = c_bf16 ? static_cast<void*>(static_cast<std::uint16_t*>(c) + off + 16)
-                            : static_cast<void*>(static_cast<float*>(c) + off + 16);
-          store16(_mm512_load_ps(tmp + r * 32 + 16), alpha, beta, d1, static_cast<int>(cols - 16), c_bf16);
+  // GotoBLAS's loops around the 32 x 32 tile block: k in blocks of kKc, columns in panels
+  // of kNc (the panel's packed B, kKc x kNc bf16 = 256 KiB, stays in L2), then 32-row blocks of
+  // A (32 x kKc bf16 = 32 KiB, in L1 while it meets every 32 columns of the panel). Between k
+  // blocks the C tiles wait in cbuf (float32: exact); with a single k block they start at
+  // zero and go straight to the epilogue.
+  constexpr std::int64_t kKc = 512, kNc = 256;
+  thread_local std::vector<float> cbuf;
+  const bool blocked = k32 > kKc;
+  if (blocked) cbuf.resize(static_cast<std::size_t>(m32 * n32));
+  for (std::int64_t kc0 = 0; kc0 < k32; kc0 += kKc) {
+    const std::int64_t kc1 = std::min(k32, kc0 + kKc);
+    const bool first = kc0 == 0, last = kc1 == k32;
+    for (std::int64_t j0 = 0; j0 < n; j0 += kNc) {
+      const std::int64_t j1 = std::min(n, j0 + kNc);
+      for (std::int64_t i = 0; i < m; i += 32) {
+        const std::uint16_t* a0 = ap.data() + i * k32;
+        const std::uint16_t* a1 = a0 + 16 * k32;
+        for (std::int64_t j = j0; j < j1; j += 32) {
+          const std::uint16_t* b0 = bp.data() + (j / 16) * k32 * 16;
+          const std::uint16_t* b1 = b0 + k32 * 16;
+          float* cb = blocked ? cbuf.data() + i * n32 + j : nullptr;  // rows n32 floats apart
+          const std::int64_t cstride = n32 * 4;
+          if (first) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+          } else {
+            _tile_loadd(0, cb, cstride);
+            _tile_loadd(1, cb + 16, cstride);
+            _tile_loadd(2, cb + 16 * n32, cstride);
+            _tile_loadd(3, cb + 16 * n32 + 16, cstride);
+          }
+          for (std::int64_t kk = kc0; kk < kc1; kk += 32) {
+            _tile_loadd(4, a0 + kk, astride);
+            _tile_loadd(5, a1 + kk, astride);
+            _tile_loadd(6, b0 + kk * 16, 64);
+            _tile_loadd(7, b1 + kk * 16, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+          }
+          if (!last) {
+            _tile_stored(0, cb, cstride);
+            _tile_stored(1, cb + 16, cstride);
+            _tile_stored(2, cb + 16 * n32, cstride);
+            _tile_stored(3, cb + 16 * n32 + 16, cstride);
+            continue;
+          }
+          _tile_stored(0, tmp, 128);
+          _tile_stored(1, tmp + 16, 128);
+          _tile_stored(2, tmp + 16 * 32, 128);
+          _tile_stored(3, tmp + 16 * 32 + 16, 128);
+          const std::int64_t rows = std::min<std::int64_t>(32, m - i), cols = std::min<std::int64_t>(32, n - j);
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const std::int64_t off = (i + r) * ldc + j;
+            void* d0 = c_bf16 ? static_cast<void*>(static_cast<std::uint16_t*>(c) + off)
+                              : static_cast<void*>(static_cast<float*>(c) + off);
+            store16(_mm512_load_ps(tmp + r * 32), alpha, beta, d0,
+                    static_cast<int>(std::min<std::int64_t>(cols, 16)), c_bf16);
+            if (cols > 16) {
+              void* d1 = c_bf16 ? static_cast<void*>(static_cast<std::uint16_t*>(c) + off + 16)
+                                : static_cast<void*>(static_cast<float*>(c) + off + 16);
+              store16(_mm512_load_ps(tmp + r * 32 + 16), alpha, beta, d1, static_cast<int>(cols - 16), c_bf16);
+            }
+          }
         }
       }
     }
