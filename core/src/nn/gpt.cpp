@@ -207,7 +207,8 @@ void GPT::check_ids(const Tensor& idx) const {
   // CUDA stream on every step. Elsewhere the embedding's own check (asynchronous on CUDA)
   // refuses an id outside the vocabulary.
   if (!idx.device().is_cpu()) return;
-  const std::int64_t* p = idx.data<std::int64_t>();
+  const Tensor ids = idx.is_contiguous() ? idx : idx.clone();
+  const std::int64_t* p = ids.data<std::int64_t>();
   const std::int64_t V = config_.vocab_size();
   for (std::int64_t i = 0; i < idx.numel(); ++i)
     if (p[i] < 0 || p[i] >= V)
@@ -239,7 +240,8 @@ Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
   if (targets.device().is_cpu()) {
     // nanoGPT passes ignore_index=-1 to cross_entropy; this loss has no ignore_index, and the
     // generic message for -1 would not say why. Scanned on the CPU only (no per-step sync).
-    const std::int64_t* t = targets.data<std::int64_t>();
+    const Tensor tc = targets.is_contiguous() ? targets : targets.clone();
+    const std::int64_t* t = tc.data<std::int64_t>();
     const std::int64_t T = targets.size(1);
     for (std::int64_t i = 0; i < targets.numel(); ++i)
       if (t[i] == -1)
@@ -269,7 +271,7 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
   if (B == 0 || max_new_tokens == 0) return idx.clone();
   std::vector<std::vector<std::int64_t>> seq(B);
   {
-    const Tensor host = dev.is_cpu() ? idx : idx.to(Device::cpu());
+    const Tensor host = dev.is_cpu() ? idx.clone() : idx.to(Device::cpu());
     const std::int64_t* p = host.data<std::int64_t>();
     for (std::int64_t b = 0; b < B; ++b) seq[b].assign(p + b * idx.size(1), p + (b + 1) * idx.size(1));
   }

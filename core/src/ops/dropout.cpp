@@ -5,7 +5,8 @@
 
 namespace phalanx {
 
-Tensor dropout(const Tensor& x, float p, bool training, Generator* gen) {
+Tensor dropout(const Tensor& x_in, float p, bool training, Generator* gen) {
+  const Tensor x = ops_detail::contiguous_input(x_in);
   ops_detail::check_float(x, "dropout");
   if (!(p >= 0.f && p <= 1.f))
     throw ValueError(detail::concat("dropout: probability must be in [0, 1], got ", p));

@@ -51,7 +51,8 @@ class UnaryBackward final : public Node {
   Tensor x_, y_;
 };
 
-Tensor unary(UnaryOp op, const Tensor& x) {
+Tensor unary(UnaryOp op, const Tensor& x_in) {
+  const Tensor x = contiguous_input(x_in);
   check_float(x, unary_name(op));
   Tensor y = empty_like(x);
   kernels_for(x.device()).unary(op, x, y);
@@ -145,7 +146,8 @@ class BinaryBackward final : public Node {
   Shape sa_, sb_;
 };
 
-Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+Tensor binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in, const char* name) {
+  const Tensor a = contiguous_input(a_in), b = contiguous_input(b_in);
   check_float(a, name, "a");
   check_float(b, name, "b");
   check_same_device(a, b, name);
@@ -176,7 +178,8 @@ class AffineBackward final : public Node {
   float mul_;
 };
 
-Tensor affine(const Tensor& x, float mul, float add, const char* name) {
+Tensor affine(const Tensor& x_in, float mul, float add, const char* name) {
+  const Tensor x = contiguous_input(x_in);
   check_float(x, name);
   Tensor out = empty_like(x);
   kernels_for(x.device()).affine_scalar(x, mul, add, out);

@@ -27,7 +27,8 @@ class EmbeddingBackward final : public Node {
 };
 }  // namespace
 
-Tensor embedding(const Tensor& indices, const Tensor& weight, std::int64_t padding_idx) {
+Tensor embedding(const Tensor& indices_in, const Tensor& weight_in, std::int64_t padding_idx) {
+  const Tensor indices = contiguous_input(indices_in), weight = contiguous_input(weight_in);
   const char* op = "embedding";
   check_float(weight, op, "weight");
   check_defined(indices, op, "indices");

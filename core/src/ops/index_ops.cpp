@@ -6,7 +6,8 @@ namespace phalanx {
 
 using namespace ops_detail;
 
-Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim) {
+Tensor argmax(const Tensor& x_in, std::int64_t dim, bool keepdim) {
+  const Tensor x = contiguous_input(x_in);
   check_float(x, "argmax");
   const int d = normalize_dim(dim, x.shape().size(), "argmax");
   if (x.shape()[d] == 0)
@@ -25,7 +26,8 @@ Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim) {
   return out;
 }
 
-Tensor argmax(const Tensor& x) {
+Tensor argmax(const Tensor& x_in) {
+  const Tensor x = contiguous_input(x_in);
   check_float(x, "argmax");
   if (x.numel() == 0) throw ValueError("argmax: the input is empty; there is no maximum");
   Tensor out = Tensor::empty({}, DType::Int64, x.device());
@@ -33,7 +35,8 @@ Tensor argmax(const Tensor& x) {
   return out;
 }
 
-Tensor clamp(const Tensor& x, float lo, float hi) {
+Tensor clamp(const Tensor& x_in, float lo, float hi) {
+  const Tensor x = contiguous_input(x_in);
   check_float(x, "clamp");
   if (lo > hi) throw ValueError(detail::concat("clamp: min ", lo, " is greater than max ", hi));
   Tensor out = empty_like(x);

@@ -26,7 +26,8 @@ class CrossEntropyBackward final : public Node {
 };
 }  // namespace
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& target_in, Reduction reduction) {
+  const Tensor logits = contiguous_input(logits_in), target = contiguous_input(target_in);
   check_float(logits, "cross_entropy", "input");
   check_defined(target, "cross_entropy", "target");
   check_same_device(logits, target, "cross_entropy");
@@ -62,7 +63,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
   return out;
 }
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {
+  const Tensor input = contiguous_input(input_in), target = contiguous_input(target_in);
   check_float(input, "mse_loss", "input");
   check_float(target, "mse_loss", "target");
   if (input.shape() != target.shape())

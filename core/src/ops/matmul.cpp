@@ -174,7 +174,8 @@ class BatchedMatmulBackward final : public Node {
   Tensor a_, b_;
 };
 
-Tensor batched_matmul(const Tensor& a, const Tensor& b) {
+Tensor batched_matmul(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = contiguous_input(a_in), b = contiguous_input(b_in);
   MatmulPlan p = plan_matmul(a.shape(), b.shape());
   Tensor out = Tensor::empty(p.out_shape, DType::Float32, a.device());
   DeviceKernels& kern = kernels_for(a.device());
@@ -232,7 +233,8 @@ class LinearBackward final : public Node {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = contiguous_input(a_in), b = contiguous_input(b_in);
   check_float(a, "matmul", "a");
   check_float(b, "matmul", "b");
   check_same_device(a, b, "matmul");
@@ -249,7 +251,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  const Tensor x = contiguous_input(x_in), weight = contiguous_input(weight_in), bias = contiguous_input(bias_in);
   check_float(x, "linear", "input");
   check_float(weight, "linear", "weight");
   check_same_device(x, weight, "linear");

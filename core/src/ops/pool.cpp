@@ -86,7 +86,8 @@ Window2d pool_geometry(const char* op, const Tensor& x, Size2 kernel, Size2 stri
 
 }  // namespace
 
-Tensor max_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, Size2 dilation) {
+Tensor max_pool2d(const Tensor& x_in, Size2 kernel, Size2 stride, Size2 padding, Size2 dilation) {
+  const Tensor x = contiguous_input(x_in);
   const Window2d g = pool_geometry("max_pool2d", x, kernel, stride, padding, dilation);
   Tensor out = Tensor::empty({g.n, g.c, g.oh, g.ow}, DType::Float32, x.device());
   Tensor indices = Tensor::empty(out.shape(), DType::Int64, x.device());
@@ -96,7 +97,8 @@ Tensor max_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, Si
   return out;
 }
 
-Tensor avg_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, bool count_include_pad) {
+Tensor avg_pool2d(const Tensor& x_in, Size2 kernel, Size2 stride, Size2 padding, bool count_include_pad) {
+  const Tensor x = contiguous_input(x_in);
   const Window2d g = pool_geometry("avg_pool2d", x, kernel, stride, padding, 1);
   Tensor out = Tensor::empty({g.n, g.c, g.oh, g.ow}, DType::Float32, x.device());
   kernels_for(x.device()).avg_pool2d(x, g, count_include_pad, out);
@@ -105,7 +107,8 @@ Tensor avg_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, bo
   return out;
 }
 
-Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size) {
+Tensor adaptive_avg_pool2d(const Tensor& x_in, Size2 output_size) {
+  const Tensor x = contiguous_input(x_in);
   check_float(x, "adaptive_avg_pool2d", "input");
   if (x.dim() != 4)
     throw ShapeError("adaptive_avg_pool2d: expected input [N, C, H, W], got " + shape_str(x.shape()) +

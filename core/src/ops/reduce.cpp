@@ -45,14 +45,16 @@ Tensor reduce(const Tensor& x, Split sp, Shape out_shape, float scale, const cha
   return out;
 }
 
-Tensor reduce_all(const Tensor& x, bool mean, const char* name) {
+Tensor reduce_all(const Tensor& x_in, bool mean, const char* name) {
+  const Tensor x = contiguous_input(x_in);
   check_float(x, name);
   const std::int64_t n = x.numel();
   if (mean && n == 0) throw ValueError(std::string(name) + ": mean of an empty tensor");
   return reduce(x, Split{1, n, 1}, {}, mean ? 1.f / static_cast<float>(n) : 1.f, name);
 }
 
-Tensor reduce_dim(const Tensor& x, std::int64_t dim, bool keepdim, bool mean, const char* name) {
+Tensor reduce_dim(const Tensor& x_in, std::int64_t dim, bool keepdim, bool mean, const char* name) {
+  const Tensor x = contiguous_input(x_in);
   check_float(x, name);
   const int d = normalize_dim(dim, x.shape().size(), name);
   const Split sp = split_at(x.shape(), d);

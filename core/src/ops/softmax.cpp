@@ -24,7 +24,8 @@ class LogSoftmaxBackward final : public Node {
 };
 }  // namespace
 
-Tensor log_softmax(const Tensor& x, std::int64_t dim) {
+Tensor log_softmax(const Tensor& x_in, std::int64_t dim) {
+  const Tensor x = contiguous_input(x_in);
   check_float(x, "log_softmax");
   const int d = normalize_dim(dim, x.shape().size(), "log_softmax");
   std::int64_t outer = 1, inner = 1;
