@@ -84,7 +84,8 @@ void check_close(const Tensor& got, const Tensor& want, double tol = 1e-5) {
 
 /// Same bytes (NaN payloads and signed zeros included).
 bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
+  // Views are compared by their values.
+  const Tensor x = a.contiguous().to(Device::cpu()), y = b.contiguous().to(Device::cpu());
   if (x.shape() != y.shape() || x.dtype() != y.dtype()) return false;
   return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
 }
