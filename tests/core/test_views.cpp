@@ -191,3 +191,50 @@ TEST_CASE("npy saves a view as its values") {
   CHECK(vals(back) == vals(t.contiguous()));
   std::remove(path.c_str());
 }
+
+TEST_CASE("attention reads nanoGPT's q/k/v views in place: the contiguous path's values and gradients") {
+  const std::int64_t B = 2, T = 5, C = 8, H = 2, E = C / H;
+  Generator g(11);
+  const Tensor base = randn({B, T, 3 * C}, &g);
+  const Tensor w = randn({B, H, T, E}, &g);
+  auto run = [&](bool materialise, Tensor& grad) {
+    Tensor x = base.clone().requires_grad_(true);
+    const auto p = split(x, C, 2);
+    auto head = [&](int i) {
+      Tensor t = p[i].view({B, T, H, E}).transpose(1, 2);
+      return materialise ? t.contiguous() : t;
+    };
+    const Tensor q = head(0), k = head(1), v = head(2);
+    std::string st;
+    for (auto v : q.strides()) st += std::to_string(v) + " ";
+    INFO("q strides " << st);
+    if (!materialise) CHECK(q.strides() == St{3 * T * C, E, 3 * C, 1});
+    const Tensor y = scaled_dot_product_attention(q, k, v, Tensor(), 0.f, true);
+    sum(mul(y, w)).backward();
+    grad = x.grad();
+    return vals(y);
+  };
+  Tensor g_view, g_copy;
+  const auto y_view = run(false, g_view);
+  const auto y_copy = run(true, g_copy);
+  CHECK(y_view == y_copy);
+  CHECK(vals(g_view) == vals(g_copy));
+}
+
+TEST_CASE("split of a permuted tensor: the gradient comes back through permute's view") {
+  Generator g(5);
+  // nn::GPT's form: [B, T, 3, H, E] -> [3, B, H, T, E], pieces along dim 0.
+  gradcheck([](const std::vector<Tensor>& in) {
+              const Tensor qkv = permute(in[0].reshape({2, 3, 3, 2, 2}), {2, 0, 3, 1, 4});
+              const auto parts = split(qkv, 1, 0);
+              return add(mul(parts[0].reshape({2, 2, 3, 2}), parts[2].reshape({2, 2, 3, 2})),
+                         parts[1].reshape({2, 2, 3, 2}));
+            },
+            {randn({2, 3, 12}, &g)});
+  // A piece no gradient reaches gets zeros in the permuted buffer.
+  Tensor x = randn({2, 3, 12}, &g).requires_grad_(true);
+  const auto parts = split(permute(x.reshape({2, 3, 3, 4}), {2, 0, 1, 3}), 1, 0);
+  sum(parts[1]).backward();
+  const auto gx = vals(x.grad());
+  for (std::size_t i = 0; i < gx.size(); ++i) CHECK(gx[i] == ((i % 12) / 4 == 1 ? 1.f : 0.f));
+}
