@@ -88,8 +88,10 @@ class CausalSelfAttention : public Module {
   }
   Tensor forward(const Tensor& x) override {
     const std::int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head_;
-    // nanoGPT's split(n_embd, dim=2) + view + transpose(1, 2) of q, k and v, as one copy:
-    // [B, T, 3, H, D] -> [3, B, H, T, D], whose pieces along dim 0 are views.
+    // nanoGPT's split(n_embd, dim=2) + view + transpose(1, 2) of q, k and v, as views:
+    // [B, T, 3, H, D] -> [3, B, H, T, D] and its pieces along dim 0, which the CPU attention
+    // reads in place (no copy). In the backward, split assembles the gradient in the layout of
+    // c_attn's output and permute's backward is then a view: one copy, not two.
     const Tensor qkv = permute(reshape(c_attn->forward(x), {B, T, 3, H, C / H}), {2, 0, 3, 1, 4});
     const auto parts = split(qkv, 1, 0);
     auto head = [&](int i) { return reshape(parts[i], {B, H, T, C / H}); };
