@@ -130,6 +130,10 @@ std::string signature(const char* op, const Tensor& t, const std::string& extra 
 std::string root_of(int root) { return "root " + std::to_string(root); }
 void check_tensor(const Tensor& t, const char* op, const char* what) {
   if (!t.defined()) throw ValueError(detail::concat(op, ": ", what, " is undefined"));
+  // Backends read and write tensors as one block of memory (c10d refuses views the same way).
+  if (!t.is_contiguous())
+    throw ValueError(detail::concat(op, ": tensors must be contiguous; ", what, " ", t.str(),
+                                    " is a view: pass t.contiguous() (and copy_ the result back)"));
 }
 void check_list(const std::vector<Tensor>& ts, const Tensor& like, int size, const char* op,
                 const char* what) {

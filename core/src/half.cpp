@@ -13,7 +13,13 @@ void convert_into(const Tensor& src, Tensor& dst) {
     dst.copy_(src);
     return;
   }
-  kernels_for(src.device()).convert(src, dst);
+  // The kernel takes contiguous tensors: a view is read as its values, and a view as
+  // destination is written through its strides.
+  if (!dst.is_contiguous()) {
+    dst.copy_(to_dtype(src, dst.dtype()));
+    return;
+  }
+  kernels_for(src.device()).convert(src.is_contiguous() ? src : src.clone(), dst);
 }
 
 namespace {

@@ -33,6 +33,8 @@ class Call {
   /// other tensors.
   Call& on(const char* arg, const Tensor& t) {
     PHALANX_CHECK(t.defined(), "(kernel ", table_, ".", kernel_, ": argument '", arg, "' is undefined)");
+    PHALANX_CHECK(t.impl()->is_contiguous(), "(kernel ", table_, ".", kernel_, ": '", arg,
+                  "' is a non-contiguous view; the op must pass it through ops_detail::contiguous_input)");
     const Device d = device_of(t);
     if (!first_) {
       PHALANX_CHECK(d.type == type_, "(kernel ", table_, ".", kernel_, ": '", arg, "' is on ", d.str(),
@@ -462,8 +464,9 @@ class CheckedKernels final : public DeviceKernels {
         .f32("stats", stats).f32("grad_out", grad_out).f32_opt("grad_q", grad_q).f32_opt("grad_k", grad_k)
         .f32_opt("grad_v", grad_v).numel("out", out, p.batch * p.l * p.ev, "batch * l * ev")
         .numel("grad_out", grad_out, p.batch * p.l * p.ev, "batch * l * ev")
-        .numel("stats", stats, p.batch * p.l * 2, "batch * l * 2").numel_opt("grad_q", grad_q, numel_of(q), "q's numel")
-        .numel_opt("grad_k", grad_k, numel_of(k), "k's numel").numel_opt("grad_v", grad_v, numel_of(v), "v's numel");
+        .numel("stats", stats, p.batch * p.l * 2, "batch * l * 2").numel_opt("grad_q", grad_q, p.batch * p.l * p.e, "batch * l * e")
+        .numel_opt("grad_k", grad_k, p.batch * p.s * p.e, "batch * s * e")
+        .numel_opt("grad_v", grad_v, p.batch * p.s * p.ev, "batch * s * ev");
     k_.attention_backward(q, k, v, mask, out, stats, grad_out, p, grad_q, grad_k, grad_v);
   }
   // ---- end attention ----
@@ -494,10 +497,23 @@ class CheckedKernels final : public DeviceKernels {
     }
     Call c = call(kernel);
     c.on("q", q).on("k", k).on("v", v).f32("q", q).f32("k", k).f32("v", v)
-        .that(lead_ok && heads == p.batch, "the leading sizes multiply to batch")
-        .numel("q", q, p.batch * p.l * p.e, "batch * l * e").numel("k", k, p.batch * p.s * p.e, "batch * s * e")
-        .numel("v", v, p.batch * p.s * p.ev, "batch * s * ev")
-        .that((p.mask_kind == AttentionMask::None) == !mask.defined(), "a mask is given exactly when mask_kind says so");
+        .that(lead_ok && heads == p.batch, "the leading sizes multiply to batch");
+    if (p.qkv_strided) {
+      // Strided operands: the furthest element each view reaches lies inside its flat tensor.
+      std::int64_t rq = (p.l - 1) * p.q_row_stride + p.e - 1, rk = (p.s - 1) * p.k_row_stride + p.e - 1,
+                   rv = (p.s - 1) * p.v_row_stride + p.ev - 1;
+      for (int d = 0; lead_ok && d < p.lead; ++d) {
+        rq += (p.lead_sizes[d] - 1) * p.q_lead_strides[d];
+        rk += (p.lead_sizes[d] - 1) * p.k_lead_strides[d];
+        rv += (p.lead_sizes[d] - 1) * p.v_lead_strides[d];
+      }
+      c.that(type_ == DeviceType::CPU, "strided q/k/v are for the CPU kernels only")
+          .that(rq < numel_of(q) && rk < numel_of(k) && rv < numel_of(v), "q/k/v's strides stay inside them");
+    } else {
+      c.numel("q", q, p.batch * p.l * p.e, "batch * l * e").numel("k", k, p.batch * p.s * p.e, "batch * s * e")
+          .numel("v", v, p.batch * p.s * p.ev, "batch * s * ev");
+    }
+    c.that((p.mask_kind == AttentionMask::None) == !mask.defined(), "a mask is given exactly when mask_kind says so");
     if (mask.defined()) {
       c.on("mask", mask).that(p.mask_kind == AttentionMask::Float ? dtype_of(mask) == DType::Float32
                                                                    : element_size(dtype_of(mask)) == 1,

@@ -6,6 +6,7 @@
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/kernels.hpp"
 #include "phalanx/core/ops.hpp"
+#include "ops/op_support.hpp"
 
 namespace phalanx {
 
@@ -32,7 +33,30 @@ std::int64_t Tensor::numel() const { return need(impl_, "numel()").numel(); }
 DType Tensor::dtype() const { return need(impl_, "dtype()").dtype(); }
 Device Tensor::device() const { return need(impl_, "device()").device(); }
 std::size_t Tensor::nbytes() const { return static_cast<std::size_t>(numel()) * element_size(dtype()); }
-void* Tensor::raw_data() const { return need(impl_, "raw_data()").data(); }
+void* Tensor::raw_data() const {
+  const TensorImpl& i = need(impl_, "raw_data()");
+  if (!i.is_contiguous()) detail::throw_not_contiguous("raw_data()", *this);
+  return i.data();
+}
+const std::vector<std::int64_t>& Tensor::strides() const { return need(impl_, "strides()").strides(); }
+std::int64_t Tensor::stride(std::int64_t d) const {
+  return strides()[normalize_dim(d, shape().size(), "stride")];
+}
+bool Tensor::is_contiguous() const { return need(impl_, "is_contiguous()").is_contiguous(); }
+std::int64_t Tensor::storage_offset() const {
+  const TensorImpl& i = need(impl_, "storage_offset()");
+  return static_cast<std::int64_t>(i.byte_offset() / element_size(i.dtype()));
+}
+Tensor Tensor::contiguous() const { return phalanx::contiguous(*this); }
+
+namespace detail {
+void throw_not_contiguous(const char* what, const Tensor& t) {
+  std::string st;
+  for (std::size_t i = 0; i < t.strides().size(); ++i) st += (i ? ", " : "") + std::to_string(t.strides()[i]);
+  throw TypeError(concat(what, ": ", t.str(), " is a non-contiguous view (strides (", st,
+                         ")); call .contiguous() first"));
+}
+}  // namespace detail
 
 float Tensor::item() const {
   if (numel() != 1)
@@ -68,6 +92,7 @@ std::vector<T> Tensor::to_vector() const {
     throw TypeError(detail::concat("to_vector<T>(): tensor is ", dtype_name(dtype()),
                                    ", asked for ", dtype_name(dtype_of<T>::value)));
   std::vector<T> out(static_cast<std::size_t>(numel()));
+  if (!is_contiguous()) return ops_detail::materialize(*this).to_vector<T>();
   kernels_for(device()).copy_to_host(out.data(), raw_data(), nbytes());
   return out;
 }
@@ -76,6 +101,7 @@ template <>
 std::vector<bool> Tensor::to_vector<bool>() const {
   if (dtype() != DType::Bool)
     throw TypeError(detail::concat("to_vector<T>(): tensor is ", dtype_name(dtype()), ", asked for bool"));
+  if (!is_contiguous()) return ops_detail::materialize(*this).to_vector<bool>();
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(numel()));
   kernels_for(device()).copy_to_host(bytes.data(), raw_data(), nbytes());
   return std::vector<bool>(bytes.begin(), bytes.end());
@@ -128,7 +154,7 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
 
 Tensor Tensor::detach() const {
   const TensorImpl& i = need(impl_, "detach()");
-  return Tensor(std::make_shared<TensorImpl>(i.storage(), i.byte_offset(), i.shape(), i.dtype()));
+  return Tensor(std::make_shared<TensorImpl>(i.storage(), i.byte_offset(), i.shape(), i.strides(), i.dtype()));
 }
 
 std::uint64_t Tensor::register_grad_accumulated_hook(GradAccumulatedHook hook) const {
@@ -160,6 +186,7 @@ void Tensor::remove_grad_accumulated_hook(std::uint64_t handle) const {
 
 // ---- shape and copies ----
 Tensor Tensor::reshape(const Shape& s) const { return phalanx::reshape(*this, s); }
+Tensor Tensor::view(const Shape& s) const { return phalanx::view(*this, s); }
 Tensor Tensor::transpose(std::int64_t d0, std::int64_t d1) const {
   return phalanx::transpose(*this, d0, d1);
 }
@@ -174,6 +201,7 @@ Tensor Tensor::flatten(std::int64_t start_dim) const {
 }
 
 Tensor Tensor::clone() const {
+  if (!is_contiguous()) return ops_detail::materialize(*this);
   Tensor out = Tensor::empty(shape(), dtype(), device());
   kernels_for(device()).copy(out.raw_data(), raw_data(), nbytes());
   return out;
@@ -181,6 +209,7 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
+  if (!is_contiguous()) return ops_detail::materialize(*this).to(d);
   Tensor out = Tensor::empty(shape(), dtype(), d);
   if (device().is_cpu())
     kernels_for(d).copy_from_host(out.raw_data(), raw_data(), nbytes());
@@ -192,6 +221,7 @@ Tensor Tensor::to(Device d) const {
 }
 
 Tensor Tensor::narrow_rows(std::int64_t begin, std::int64_t end) const {
+  if (!is_contiguous()) return phalanx::narrow(*this, 0, begin, end - begin).detach();
   if (dim() < 1 || begin < 0 || end < begin || end > shape()[0])
     throw ValueError(detail::concat("narrow_rows(", begin, ", ", end, "): out of range for shape ",
                                     shape_str(shape())));
@@ -205,13 +235,28 @@ Tensor Tensor::narrow_rows(std::int64_t begin, std::int64_t end) const {
 // ---- in-place ----
 Tensor& Tensor::zero_() { return fill_(0.0); }
 Tensor& Tensor::fill_(double v) {
+  if (!is_contiguous()) {
+    Tensor one = Tensor::empty({1}, dtype(), device());
+    kernels_for(device()).fill(one, v);
+    ops_detail::write_through(one, *this, "fill_");
+    return *this;
+  }
   kernels_for(device()).fill(*this, v);
   return *this;
 }
 Tensor& Tensor::copy_(const Tensor& src) {
   if (src.numel() != numel() || src.dtype() != dtype())
     throw ShapeError("copy_(): source " + src.str() + " does not match destination " + str());
-  if (src.device() == device())
+  if (src.device() == device() && (!is_contiguous() || !src.is_contiguous())) {
+    // A view as destination writes through its strides; a source sharing the destination's
+    // storage is copied first, so the two never overlap mid-copy.
+    const bool shares = src.impl()->storage() == impl_->storage();
+    const Tensor s = shares || !src.is_contiguous() ? ops_detail::materialize(src) : src;
+    if (is_contiguous())
+      kernels_for(device()).copy(raw_data(), s.raw_data(), nbytes());
+    else
+      ops_detail::write_through(s, *this, "copy_");
+  } else if (src.device() == device())
     kernels_for(device()).copy(raw_data(), src.raw_data(), nbytes());
   else
     copy_(src.to(device()));
@@ -224,8 +269,12 @@ Tensor& Tensor::add_(const Tensor& other, float alpha) {
   if (other.device() != device())
     throw TypeError("add_(): " + other.str() + " is on another device than " + str() +
                     "; move it with .to(" + device().str() + ")");
+  if (!is_contiguous())
+    throw TypeError("add_(): " + str() + " is a non-contiguous view; add_ and mul_ need a contiguous "
+                    "tensor (write the result through the view with copy_)");
+  const Tensor src = other.is_contiguous() ? other : ops_detail::materialize(other);
   DeviceKernels& k = kernels_for(device());
-  if (dtype() != other.dtype() || dtype() == DType::Float16) {
+  if (dtype() != src.dtype() || dtype() == DType::Float16) {
     // mixed or float16 (the kernel's axpy takes float32 or bfloat16 pairs): add in float32,
     // round once
     auto widened = [&](const Tensor& t) {
@@ -235,14 +284,17 @@ Tensor& Tensor::add_(const Tensor& other, float alpha) {
       return w;
     };
     Tensor acc = dtype() == DType::Float32 ? *this : widened(*this);
-    k.axpy(alpha, widened(other), acc);
+    k.axpy(alpha, widened(src), acc);
     if (acc.impl() != impl()) k.convert(acc, *this);
     return *this;
   }
-  k.axpy(alpha, other, *this);
+  k.axpy(alpha, src, *this);
   return *this;
 }
 Tensor& Tensor::mul_(float f) {
+  if (!is_contiguous())
+    throw TypeError("mul_(): " + str() + " is a non-contiguous view; add_ and mul_ need a contiguous "
+                    "tensor (write the result through the view with copy_)");
   kernels_for(device()).scale(*this, f);
   return *this;
 }

@@ -147,7 +147,8 @@ struct Printer {
 };
 
 std::vector<double> host_values(const Tensor& t) {
-  const Tensor c = t.device().type == DeviceType::CPU ? t : t.to(Device::cpu());
+  const Tensor c = t.is_contiguous() ? (t.device().type == DeviceType::CPU ? t : t.to(Device::cpu()))
+                                     : t.clone().to(Device::cpu());
   std::vector<double> out(static_cast<std::size_t>(c.numel()));
   for (std::size_t i = 0; i < out.size(); ++i) {
     switch (c.dtype()) {

@@ -13,9 +13,9 @@
 
 namespace phalanx::test {
 
-/// Same bytes (NaN payloads and signed zeros included).
+/// Same bytes (NaN payloads and signed zeros included); a view is compared by its values.
 inline bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
+  const Tensor x = a.contiguous().to(Device::cpu()), y = b.contiguous().to(Device::cpu());
   if (x.shape() != y.shape() || x.dtype() != y.dtype()) return false;
   return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
 }

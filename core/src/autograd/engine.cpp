@@ -6,6 +6,7 @@
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/kernels.hpp"
 #include "phalanx/core/timeline.hpp"
+#include "ops/op_support.hpp"
 
 namespace phalanx {
 
@@ -19,7 +20,8 @@ struct BySeq {
 void accumulate_into(Tensor& slot, const Tensor& g) {
   if (!slot.defined()) {
     slot = g;
-  } else if (slot.impl_ptr().use_count() == 1 && slot.impl()->storage().use_count() == 1) {
+  } else if (slot.impl()->is_contiguous() && slot.impl_ptr().use_count() == 1 &&
+             slot.impl()->storage().use_count() == 1) {
     // Nobody else sees this buffer (not even through a view): add in place.
     slot.add_(g);
   } else {
@@ -132,6 +134,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     EngineAccess::grad_in(n) = Tensor();
     // A node that no gradient reached (every path into it gave none) is skipped, but its
     // inputs' dependency counts still drop.
+    // Nodes (their kernels) take contiguous gradients; a view's gradient may arrive strided.
+    if (grad.defined() && !grad.impl()->is_contiguous() && !ops_detail::takes_strided_gradient(*n))
+      grad = ops_detail::materialize(grad);
     std::vector<Tensor> outs = grad.defined() ? n->apply(grad) : std::vector<Tensor>{};
     grad = Tensor();
     if (!retain_graph) {

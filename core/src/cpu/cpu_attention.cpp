@@ -132,29 +132,29 @@ PHALANX_ATTN_INLINE float hsum(v16 v) {
               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
-/// dst[c * ld + r] = src[r * cols + c] for r < rows, c < cols: 16 source rows at a time, so
+/// dst[c * ld + r] = src[r * src_ld + c] for r < rows, c < cols: 16 source rows at a time, so
 /// the rows read stay in L1 and each destination row is written 16 floats at once.
 PHALANX_ATTN_INLINE void transpose_into(const float* src, std::int64_t rows, std::int64_t cols, float* dst,
-                                        std::int64_t ld) {
+                                        std::int64_t ld, std::int64_t src_ld) {
   for (std::int64_t r0 = 0; r0 < rows; r0 += 16) {
     const std::int64_t n = std::min<std::int64_t>(16, rows - r0);
     for (std::int64_t c = 0; c < cols; ++c) {
       float* d = dst + c * ld + r0;
-      const float* s = src + r0 * cols + c;
-      for (std::int64_t r = 0; r < n; ++r) d[r] = s[r * cols];
+      const float* s = src + r0 * src_ld + c;
+      for (std::int64_t r = 0; r < n; ++r) d[r] = s[r * src_ld];
     }
   }
 }
 
-/// dst [dst_rows, ld] = src [rows, cols] with zeros in the padding (columns >= cols, rows >=
-/// rows): one copy when nothing is padded on the right.
+/// dst [dst_rows, ld] = src [rows, cols] (rows src_ld apart) with zeros in the padding (columns
+/// >= cols, rows >= rows): one copy when nothing is padded on the right and src is dense.
 PHALANX_ATTN_INLINE void copy_padded(const float* src, std::int64_t rows, std::int64_t cols, float* dst,
-                                     std::int64_t ld, std::int64_t dst_rows) {
-  if (cols == ld) {
+                                     std::int64_t ld, std::int64_t dst_rows, std::int64_t src_ld) {
+  if (cols == ld && src_ld == cols) {
     std::memcpy(dst, src, sizeof(float) * rows * cols);
   } else {
     for (std::int64_t r = 0; r < rows; ++r) {
-      std::memcpy(dst + r * ld, src + r * cols, sizeof(float) * cols);
+      std::memcpy(dst + r * ld, src + r * src_ld, sizeof(float) * cols);
       std::fill(dst + r * ld + cols, dst + (r + 1) * ld, 0.f);
     }
   }
@@ -163,8 +163,8 @@ PHALANX_ATTN_INLINE void copy_padded(const float* src, std::int64_t rows, std::i
 
 /// dst [cols, ld] = src [rows, cols] transposed, zeros in columns >= rows.
 PHALANX_ATTN_INLINE void transpose_padded(const float* src, std::int64_t rows, std::int64_t cols, float* dst,
-                                          std::int64_t ld) {
-  transpose_into(src, rows, cols, dst, ld);
+                                          std::int64_t ld, std::int64_t src_ld) {
+  transpose_into(src, rows, cols, dst, ld, src_ld);
   if (rows < ld)
     for (std::int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld + rows, dst + (c + 1) * ld, 0.f);
 }
@@ -399,6 +399,11 @@ struct ForwardScratch {
   float* alpha; // [kBr]: exp(old maximum - new maximum)
 };
 
+/// The distance between rows of q, k or v: the view's when the op passed strided operands.
+inline std::int64_t row_stride(const AttentionParams& p, std::int64_t strided, std::int64_t dense) {
+  return p.qkv_strided ? strided : dense;
+}
+
 template <int kLevel>
 PHALANX_ATTN_INLINE void forward_head(const AttentionParams& p, std::int64_t head, const float* q, const float* k,
                                       const float* v, const float* fmask, const unsigned char* bmask, float* out,
@@ -407,8 +412,9 @@ PHALANX_ATTN_INLINE void forward_head(const AttentionParams& p, std::int64_t hea
   const std::int64_t s_pad = round_up(S, kBc), ev_pad = round_up(Ev, kPad);
   using V = Vec<kLevel>;
   constexpr std::int64_t W = kVW<kLevel>;
-  transpose_padded(k, S, E, w.kt, s_pad);
-  copy_padded(v, S, Ev, w.vp, ev_pad, s_pad);
+  const std::int64_t qr = row_stride(p, p.q_row_stride, E);
+  transpose_padded(k, S, E, w.kt, s_pad, row_stride(p, p.k_row_stride, E));
+  copy_padded(v, S, Ev, w.vp, ev_pad, s_pad, row_stride(p, p.v_row_stride, Ev));
   const TileMasker masker{p, fmask, bmask};
   const Dropout drop = make_dropout(p);
 
@@ -423,7 +429,7 @@ PHALANX_ATTN_INLINE void forward_head(const AttentionParams& p, std::int64_t hea
     for (std::int64_t j0 = 0; j0 < j_end; j0 += kBc) {
       const std::int64_t nc = std::min(kBc, S - j0);
       const bool diagonal = p.causal && i0 - j0 < kBc - 1;  // the tile has masked entries
-      tile_gemm<kLevel, Skip::kCols, false, false>(diagonal, i0 - j0, nr, kBc, E, q + i0 * E, E, w.kt + j0, s_pad, w.st, kBc);
+      tile_gemm<kLevel, Skip::kCols, false, false>(diagonal, i0 - j0, nr, kBc, E, q + i0 * qr, qr, w.kt + j0, s_pad, w.st, kBc);
       masker.template apply<kLevel>(w.st, nr, nc, i0, j0);
       // Each row's new running maximum ...
       for (std::int64_t r = 0; r < nr; ++r) {
@@ -517,11 +523,12 @@ PHALANX_ATTN_INLINE void backward_head(const AttentionParams& p, std::int64_t he
   const std::int64_t s_pad = round_up(S, kBc), e_pad = round_up(E, kPad), ev_pad = round_up(Ev, kPad);
   using V = Vec<kLevel>;
   constexpr std::int64_t W = kVW<kLevel>;
-  transpose_padded(k, S, E, w.kt, s_pad);
-  transpose_padded(v, S, Ev, w.vt, s_pad);
-  copy_padded(k, S, E, w.kp, e_pad, s_pad);
-  copy_padded(q, L, E, w.qp, e_pad, L);
-  copy_padded(dout, L, Ev, w.dop, ev_pad, L);
+  const std::int64_t kr = row_stride(p, p.k_row_stride, E), vr = row_stride(p, p.v_row_stride, Ev);
+  transpose_padded(k, S, E, w.kt, s_pad, kr);
+  transpose_padded(v, S, Ev, w.vt, s_pad, vr);
+  copy_padded(k, S, E, w.kp, e_pad, s_pad, kr);
+  copy_padded(q, L, E, w.qp, e_pad, L, row_stride(p, p.q_row_stride, E));
+  copy_padded(dout, L, Ev, w.dop, ev_pad, L, Ev);
   for (std::int64_t i = 0; i < L; ++i) {
     float s = 0.f;
     for (std::int64_t d = 0; d < Ev; ++d) s += dout[i * Ev + d] * out[i * Ev + d];
@@ -661,6 +668,19 @@ const unsigned char* bmask_of(const Tensor& mask, const AttentionParams& p) {
   return p.mask_kind == AttentionMask::Bool ? static_cast<const unsigned char*>(mask.raw_data()) : nullptr;
 }
 
+/// Element offset of head h's first row in q, k or v: h * dense for contiguous operands, else
+/// the leading dims' strides of the view.
+std::int64_t head_offset(const AttentionParams& p, std::int64_t h, const std::int64_t* lead_strides,
+                         std::int64_t dense) {
+  if (!p.qkv_strided) return h * dense;
+  std::int64_t off = 0;
+  for (int d = p.lead - 1; d >= 0; --d) {
+    off += (h % p.lead_sizes[d]) * lead_strides[d];
+    h /= p.lead_sizes[d];
+  }
+  return off;
+}
+
 /// Float32 scratch from the CPU table, so that the allocator's accounting sees it.
 Tensor scratch(std::int64_t n) { return Tensor::empty({std::max<std::int64_t>(n, 1)}, DType::Float32, Device::cpu()); }
 
@@ -687,8 +707,9 @@ void CpuKernels::attention_forward(const Tensor& q, const Tensor& k, const Tenso
   float *od = out.data<float>(), *ld = stats.data<float>();
   for (std::int64_t h = 0; h < p.batch; ++h) {
     const std::int64_t moff = p.mask_kind == AttentionMask::None ? 0 : mask_offset(p, h);
-    fn(p, h, qd + h * p.l * p.e, kd + h * p.s * p.e, vd + h * p.s * p.ev, fm ? fm + moff : nullptr,
-       bm ? bm + moff : nullptr, od + h * p.l * p.ev, ld + 2 * h * p.l, w);
+    fn(p, h, qd + head_offset(p, h, p.q_lead_strides, p.l * p.e), kd + head_offset(p, h, p.k_lead_strides, p.s * p.e),
+       vd + head_offset(p, h, p.v_lead_strides, p.s * p.ev), fm ? fm + moff : nullptr, bm ? bm + moff : nullptr,
+       od + h * p.l * p.ev, ld + 2 * h * p.l, w);
   }
 }
 
@@ -722,8 +743,9 @@ void CpuKernels::attention_backward(const Tensor& q, const Tensor& k, const Tens
   float* dv = grad_v.defined() ? grad_v.data<float>() : nullptr;
   for (std::int64_t h = 0; h < p.batch; ++h) {
     const std::int64_t moff = p.mask_kind == AttentionMask::None ? 0 : mask_offset(p, h);
-    fn(p, h, qd + h * p.l * p.e, kd + h * p.s * p.e, vd + h * p.s * p.ev, fm ? fm + moff : nullptr,
-       bm ? bm + moff : nullptr, od + h * p.l * p.ev, ld + 2 * h * p.l, gd + h * p.l * p.ev,
+    fn(p, h, qd + head_offset(p, h, p.q_lead_strides, p.l * p.e), kd + head_offset(p, h, p.k_lead_strides, p.s * p.e),
+       vd + head_offset(p, h, p.v_lead_strides, p.s * p.ev), fm ? fm + moff : nullptr, bm ? bm + moff : nullptr,
+       od + h * p.l * p.ev, ld + 2 * h * p.l, gd + h * p.l * p.ev,
        dq ? dq + h * p.l * p.e : nullptr, dk ? dk + h * p.s * p.e : nullptr, dv ? dv + h * p.s * p.ev : nullptr, w);
   }
 }

@@ -177,7 +177,8 @@ Tensor parse_npy(const void* bytes, std::size_t size, const std::string& what) {
 }
 
 std::string serialize_npy(const Tensor& t) {
-  const Tensor host = t.to(Device::cpu());
+  // A view is saved as its values (row-major, as numpy writes a C-order array).
+  const Tensor host = t.is_contiguous() ? t.to(Device::cpu()) : t.clone().to(Device::cpu());
   if (host.dtype() == DType::BFloat16)
     throw TypeError("save_npy: NumPy has no bfloat16; convert to float32 first");
   const char* descr = host.dtype() == DType::Float32   ? "<f4"

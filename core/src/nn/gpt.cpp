@@ -88,8 +88,10 @@ class CausalSelfAttention : public Module {
   }
   Tensor forward(const Tensor& x) override {
     const std::int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head_;
-    // nanoGPT's split(n_embd, dim=2) + view + transpose(1, 2) of q, k and v, as one copy:
-    // [B, T, 3, H, D] -> [3, B, H, T, D], whose pieces along dim 0 are views.
+    // nanoGPT's split(n_embd, dim=2) + view + transpose(1, 2) of q, k and v, as views:
+    // [B, T, 3, H, D] -> [3, B, H, T, D] and its pieces along dim 0, which the CPU attention
+    // reads in place (no copy). In the backward, split assembles the gradient in the layout of
+    // c_attn's output and permute's backward is then a view: one copy, not two.
     const Tensor qkv = permute(reshape(c_attn->forward(x), {B, T, 3, H, C / H}), {2, 0, 3, 1, 4});
     const auto parts = split(qkv, 1, 0);
     auto head = [&](int i) { return reshape(parts[i], {B, H, T, C / H}); };
@@ -207,7 +209,8 @@ void GPT::check_ids(const Tensor& idx) const {
   // CUDA stream on every step. Elsewhere the embedding's own check (asynchronous on CUDA)
   // refuses an id outside the vocabulary.
   if (!idx.device().is_cpu()) return;
-  const std::int64_t* p = idx.data<std::int64_t>();
+  const Tensor ids = idx.is_contiguous() ? idx : idx.clone();
+  const std::int64_t* p = ids.data<std::int64_t>();
   const std::int64_t V = config_.vocab_size();
   for (std::int64_t i = 0; i < idx.numel(); ++i)
     if (p[i] < 0 || p[i] >= V)
@@ -239,7 +242,8 @@ Tensor GPT::forward(const Tensor& idx, const Tensor& targets) {
   if (targets.device().is_cpu()) {
     // nanoGPT passes ignore_index=-1 to cross_entropy; this loss has no ignore_index, and the
     // generic message for -1 would not say why. Scanned on the CPU only (no per-step sync).
-    const std::int64_t* t = targets.data<std::int64_t>();
+    const Tensor tc = targets.is_contiguous() ? targets : targets.clone();
+    const std::int64_t* t = tc.data<std::int64_t>();
     const std::int64_t T = targets.size(1);
     for (std::int64_t i = 0; i < targets.numel(); ++i)
       if (t[i] == -1)
@@ -269,7 +273,7 @@ Tensor GPT::generate(const Tensor& idx, std::int64_t max_new_tokens, float tempe
   if (B == 0 || max_new_tokens == 0) return idx.clone();
   std::vector<std::vector<std::int64_t>> seq(B);
   {
-    const Tensor host = dev.is_cpu() ? idx : idx.to(Device::cpu());
+    const Tensor host = dev.is_cpu() ? idx.clone() : idx.to(Device::cpu());
     const std::int64_t* p = host.data<std::int64_t>();
     for (std::int64_t b = 0; b < B; ++b) seq[b].assign(p + b * idx.size(1), p + (b + 1) * idx.size(1));
   }

@@ -84,7 +84,8 @@ std::tuple<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, cons
   // then the heads [N, len, E] -> [N, H, len, Dh].
   Tensor qh, kh, vh;
   if (self_attention) {
-    // [N, L, 3, H, Dh] -> [3, N, H, L, Dh] in one copy; the pieces along dim 0 are views.
+    // [N, L, 3, H, Dh] -> [3, N, H, L, Dh] and its pieces along dim 0: views (the CPU
+    // attention reads them in place).
     const Tensor qkv = permute(reshape(linear(q_in, in_proj_weight, in_proj_bias), {N, L, 3, H, Dh}), {2, 0, 3, 1, 4});
     const auto parts = split(qkv, 1, 0);
     qh = reshape(parts[0], {N, H, L, Dh});

@@ -20,14 +20,17 @@ constexpr const char* kOp = "scaled_dot_product_attention";
 
 class AttentionBackward final : public Node {
  public:
-  AttentionBackward(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor out, Tensor stats, const AttentionParams& p)
+  // q, k, v as the kernels take them (flat tensors under strided views when p.qkv_strided);
+  // qs, ks, vs the shapes of their gradients.
+  AttentionBackward(Tensor q, Tensor k, Tensor v, Tensor mask, Tensor out, Tensor stats, const AttentionParams& p,
+                    Shape qs, Shape ks, Shape vs)
       : q_(std::move(q)), k_(std::move(k)), v_(std::move(v)), mask_(std::move(mask)), out_(std::move(out)),
-        stats_(std::move(stats)), p_(p) {}
+        stats_(std::move(stats)), p_(p), qs_(std::move(qs)), ks_(std::move(ks)), vs_(std::move(vs)) {}
   std::vector<Tensor> apply(const Tensor& g) override {
     Tensor gq, gk, gv;
-    if (needs_grad(*this, 0)) gq = autograd::gradient_buffer(*this, 0, q_.shape(), g.device());
-    if (needs_grad(*this, 1)) gk = autograd::gradient_buffer(*this, 1, k_.shape(), g.device());
-    if (needs_grad(*this, 2)) gv = autograd::gradient_buffer(*this, 2, v_.shape(), g.device());
+    if (needs_grad(*this, 0)) gq = autograd::gradient_buffer(*this, 0, qs_, g.device());
+    if (needs_grad(*this, 1)) gk = autograd::gradient_buffer(*this, 1, ks_, g.device());
+    if (needs_grad(*this, 2)) gv = autograd::gradient_buffer(*this, 2, vs_, g.device());
     kernels_for(g.device()).attention_backward(q_, k_, v_, mask_, out_, stats_, g, p_, gq, gk, gv);
     return {gq, gk, gv};
   }
@@ -44,7 +47,39 @@ class AttentionBackward final : public Node {
  private:
   Tensor q_, k_, v_, mask_, out_, stats_;
   AttentionParams p_;
+  Shape qs_, ks_, vs_;
 };
+
+/// Whether the CPU kernels can read q, k and v in place: on the CPU, float32, not all
+/// contiguous (then the plain path is as good), each row dense (last stride 1).
+bool strided_operands(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const Tensor* t[] = {&q, &k, &v};
+  bool any_view = false;
+  for (const Tensor* x : t) {
+    if (!x->defined() || !x->device().is_cpu() || x->dtype() != DType::Float32 || x->dim() < 2 ||
+        x->dim() - 2 > AttentionParams::kMaxLead)
+      return false;
+    if (x->shape().back() > 1 && x->strides().back() != 1) return false;
+    for (std::int64_t s : x->strides())
+      if (s < 0) return false;
+    any_view = any_view || !x->is_contiguous();
+  }
+  return any_view;
+}
+
+/// The tensor the kernels take for q, k or v, and its strides in `p` when p.qkv_strided: the
+/// flat span of the view.
+Tensor operand(const Tensor& x, const AttentionParams& p, std::int64_t* lead_strides, std::int64_t& row_stride) {
+  if (!p.qkv_strided) return x;
+  const auto& st = x.strides();
+  for (int d = 0; d < p.lead; ++d) lead_strides[d] = st[d];
+  row_stride = st[st.size() - 2];
+  if (x.is_contiguous()) return x;
+  std::int64_t extent = 1;
+  for (std::size_t i = 0; i < st.size(); ++i) extent += (x.shape()[i] - 1) * st[i];
+  const TensorImpl& i = *x.impl();
+  return Tensor(std::make_shared<TensorImpl>(i.storage(), i.byte_offset(), Shape{extent}, i.dtype()));
+}
 
 std::string shapes(const Tensor& q, const Tensor& k, const Tensor& v) {
   return "q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape());
@@ -87,8 +122,13 @@ void mask_geometry(const Tensor& mask, const Tensor& q, const Shape& scores, Att
 
 }  // namespace
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& attn_mask_in,
                                     float dropout_p, bool is_causal, std::optional<double> scale, Generator* gen) {
+  // The CPU kernels read q/k/v views whose rows are dense (nanoGPT's split/view/transpose of
+  // c_attn's output) in place; everything else takes the one contiguity path of every op.
+  const bool strided = strided_operands(q_in, k_in, v_in);
+  const Tensor q = strided ? q_in : contiguous_input(q_in), k = strided ? k_in : contiguous_input(k_in),
+               v = strided ? v_in : contiguous_input(v_in), attn_mask = contiguous_input(attn_mask_in);
   auto again = [=](const Tensor& q2, const Tensor& k2, const Tensor& v2, const Tensor& m2) {
     return scaled_dot_product_attention(q2, k2, v2, m2, dropout_p, is_causal, scale, gen);
   };
@@ -147,6 +187,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
       throw ValueError(detail::concat(kOp, ": attn_mask requires grad, but its gradient is not computed: detach() "
                                       "it, or add the bias to the scores with matmul/softmax"));
   }
+  p.qkv_strided = strided;
   p.dropout_p = dropout_p;
   p.dropout_seed = 0;
   if (dropout_p > 0.f) {  // one draw per call: the kernels derive every weight's decision from it
@@ -163,11 +204,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   }
   Tensor out = Tensor::empty(out_shape, DType::Float32, q.device());
   Tensor stats = Tensor::empty({p.batch, p.l, 2}, DType::Float32, q.device());
-  kernels_for(q.device()).attention_forward(q, k, v, attn_mask, p, out, stats);
+  const Tensor qo = operand(q, p, p.q_lead_strides, p.q_row_stride), ko = operand(k, p, p.k_lead_strides, p.k_row_stride),
+               vo = operand(v, p, p.v_lead_strides, p.v_row_stride);
+  kernels_for(q.device()).attention_forward(qo, ko, vo, attn_mask, p, out, stats);
   if (grad_mode_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
-    autograd::record(std::make_shared<AttentionBackward>(q.detach(), k.detach(), v.detach(),
+    autograd::record(std::make_shared<AttentionBackward>(qo.detach(), ko.detach(), vo.detach(),
                                                          attn_mask.defined() ? attn_mask.detach() : Tensor(),
-                                                         out.detach(), stats, p),
+                                                         out.detach(), stats, p, qs, ks, vs),
                      {&q, &k, &v}, out);
   return out;
 }

@@ -79,8 +79,9 @@ std::string pair_str(Size2 s) { return detail::concat("(", s.h, ", ", s.w, ")");
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride, Size2 padding,
+Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, Size2 stride, Size2 padding,
               Size2 dilation, std::int64_t groups) {
+  const Tensor x = contiguous_input(x_in), weight = contiguous_input(weight_in), bias = contiguous_input(bias_in);
   auto again = [=](const Tensor& a, const Tensor& w, const Tensor& b) {
     return conv2d(a, w, b, stride, padding, dilation, groups);
   };

@@ -6,7 +6,8 @@
 
 namespace phalanx {
 
-Tensor dropout(const Tensor& x, float p, bool training, Generator* gen) {
+Tensor dropout(const Tensor& x_in, float p, bool training, Generator* gen) {
+  const Tensor x = ops_detail::contiguous_input(x_in);
   if (ops_detail::is_reduced(x))
     return ops_detail::in_float32(x.dtype(), [=](const Tensor& t) { return dropout(t, p, training, gen); }, x);
   ops_detail::check_float(x, "dropout");

@@ -52,7 +52,8 @@ class UnaryBackward final : public Node {
   Tensor x_, y_;
 };
 
-Tensor unary(UnaryOp op, const Tensor& x) {
+Tensor unary(UnaryOp op, const Tensor& x_in) {
+  const Tensor x = contiguous_input(x_in);
   if (is_reduced(x)) return in_float32(x.dtype(), [op](const Tensor& t) { return unary(op, t); }, x);
   check_float(x, unary_name(op));
   Tensor y = empty_like(x);
@@ -147,7 +148,8 @@ class BinaryBackward final : public Node {
   Shape sa_, sb_;
 };
 
-Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+Tensor binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in, const char* name) {
+  const Tensor a = contiguous_input(a_in), b = contiguous_input(b_in);
   if (any_reduced(a, b))
     return in_float32(promote_types({&a, &b}), [=](const Tensor& x, const Tensor& y) { return binary(op, x, y, name); },
                       a, b);
@@ -181,7 +183,8 @@ class AffineBackward final : public Node {
   float mul_;
 };
 
-Tensor affine(const Tensor& x, float mul, float add, const char* name) {
+Tensor affine(const Tensor& x_in, float mul, float add, const char* name) {
+  const Tensor x = contiguous_input(x_in);
   if (is_reduced(x)) return in_float32(x.dtype(), [=](const Tensor& t) { return affine(t, mul, add, name); }, x);
   check_float(x, name);
   Tensor out = empty_like(x);

@@ -28,7 +28,8 @@ class EmbeddingBackward final : public Node {
 };
 }  // namespace
 
-Tensor embedding(const Tensor& indices, const Tensor& weight, std::int64_t padding_idx) {
+Tensor embedding(const Tensor& indices_in, const Tensor& weight_in, std::int64_t padding_idx) {
+  const Tensor indices = contiguous_input(indices_in), weight = contiguous_input(weight_in);
   if (is_reduced(weight))
     return in_float32(weight.dtype(), [=](const Tensor& i, const Tensor& w) { return embedding(i, w, padding_idx); },
                       indices, weight);

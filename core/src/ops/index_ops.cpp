@@ -7,7 +7,8 @@ namespace phalanx {
 
 using namespace ops_detail;
 
-Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim) {
+Tensor argmax(const Tensor& x_in, std::int64_t dim, bool keepdim) {
+  const Tensor x = contiguous_input(x_in);
   if (is_reduced(x)) return argmax(to_float32(x), dim, keepdim);  // exact: the float32 values are the same
   check_float(x, "argmax");
   const int d = normalize_dim(dim, x.shape().size(), "argmax");
@@ -27,7 +28,8 @@ Tensor argmax(const Tensor& x, std::int64_t dim, bool keepdim) {
   return out;
 }
 
-Tensor argmax(const Tensor& x) {
+Tensor argmax(const Tensor& x_in) {
+  const Tensor x = contiguous_input(x_in);
   if (is_reduced(x)) return argmax(to_float32(x));
   check_float(x, "argmax");
   if (x.numel() == 0) throw ValueError("argmax: the input is empty; there is no maximum");
@@ -36,7 +38,8 @@ Tensor argmax(const Tensor& x) {
   return out;
 }
 
-Tensor clamp(const Tensor& x, float lo, float hi) {
+Tensor clamp(const Tensor& x_in, float lo, float hi) {
+  const Tensor x = contiguous_input(x_in);
   if (is_reduced(x)) return in_float32(x.dtype(), [=](const Tensor& t) { return clamp(t, lo, hi); }, x);
   check_float(x, "clamp");
   if (lo > hi) throw ValueError(detail::concat("clamp: min ", lo, " is greater than max ", hi));

@@ -1,8 +1,8 @@
 // The transformer's layout and mask ops: permute, contiguous, cat, stack, split, chunk,
-// masked_fill, tril/triu. The layout ops are each one or a few calls of the device's
-// strided_copy (kernels.hpp, "layout and masks"); a slice along dim 0 (or any slice that is
-// one block of memory) is a view, as narrow's is. Phalanx tensors are always contiguous, so
-// permute materialises its result and contiguous() is the identity (docs/transformer_ops.md).
+// masked_fill, tril/triu. permute and the pieces of split/chunk are views (a shape, strides
+// and an offset into the input's storage); contiguous() and every copy here are one or a few
+// calls of the device's strided_copy (kernels.hpp, "layout and masks"), which also writes
+// through a view's strides for copy_/fill_ (docs/transformer_ops.md, "Views").
 #include <algorithm>
 
 #include "ops/autocast_support.hpp"
@@ -82,7 +82,22 @@ std::vector<std::int64_t> inverse(const std::vector<std::int64_t>& perm) {
   return inv;
 }
 
-// out = x with its dims reordered by `perm` (already validated).
+/// One contiguous 1-D tensor over the storage a view spans, from its first element to its
+/// last: what strided_copy reads or writes for the view (kernels take contiguous tensors).
+Tensor flat_alias(const Tensor& t) {
+  std::int64_t extent = 1;
+  for (std::size_t i = 0; i < t.shape().size(); ++i) extent += (t.shape()[i] - 1) * t.strides()[i];
+  const TensorImpl& i = *t.impl();
+  return Tensor(std::make_shared<TensorImpl>(i.storage(), i.byte_offset(), Shape{extent}, i.dtype()));
+}
+
+class ContiguousBackward final : public StridedGradientNode {
+ public:
+  std::vector<Tensor> apply(const Tensor& g) override { return {g}; }
+  const char* name() const override { return "ContiguousBackward"; }
+};
+
+// out = x with its dims reordered by `perm` (already validated); x contiguous.
 Tensor permute_copy(const Tensor& x, const std::vector<std::int64_t>& perm) {
   const Shape& s = x.shape();
   Shape os(s.size());
@@ -99,10 +114,22 @@ Tensor permute_copy(const Tensor& x, const std::vector<std::int64_t>& perm) {
   return out;
 }
 
-class PermuteBackward final : public Node {
+class PermuteBackward final : public StridedGradientNode {
  public:
   explicit PermuteBackward(std::vector<std::int64_t> inv) : inv_(std::move(inv)) {}
-  std::vector<Tensor> apply(const Tensor& g) override { return {permute_copy(g, inv_)}; }
+  std::vector<Tensor> apply(const Tensor& g) override {
+    if (g.impl()->is_contiguous()) return {permute_copy(g, inv_)};
+    // A strided gradient (split's, in the layout of this permute's output): its permuted
+    // view is often contiguous, and then free.
+    Shape os(inv_.size());
+    std::vector<std::int64_t> st(inv_.size());
+    for (std::size_t i = 0; i < inv_.size(); ++i) {
+      os[i] = g.shape()[inv_[i]];
+      st[i] = g.strides()[inv_[i]];
+    }
+    Tensor v = make_view(g, std::move(os), std::move(st), 0);
+    return {v.impl()->is_contiguous() ? v : materialize(v)};
+  }
   const char* name() const override { return "PermuteBackward"; }
 
  private:
@@ -140,11 +167,36 @@ Slab slab_of(const Shape& s, int dim) {
 // zeroes the slots no gradient reached, and passes the buffer on as the input's gradient.
 struct SplitGrad {
   Shape in;
+  std::vector<std::int64_t> in_strides;  // the input's layout when it is a dense permutation, else empty
+  int dim = 0;
   Slab b;
   std::vector<std::int64_t> starts, lens;
   Tensor buf;                  // the input's gradient being assembled in this pass
   std::vector<char> written;   // which slots a piece has filled in this pass
 };
+
+/// Piece i's place in split's gradient buffer (a view of it).
+Tensor slot(const Tensor& buf, const SplitGrad& s, std::size_t i) {
+  Shape sh = s.in;
+  sh[s.dim] = s.lens[i];
+  return make_view(buf, std::move(sh), buf.strides(), s.starts[i] * buf.strides()[s.dim]);
+}
+
+/// x's strides when x is a non-contiguous but dense permutation of a block of numel elements
+/// (a permute's output), else empty.
+std::vector<std::int64_t> dense_permuted_strides(const Tensor& x) {
+  if (x.impl()->is_contiguous()) return {};
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size) of the dims of size > 1
+  for (std::size_t i = 0; i < x.shape().size(); ++i)
+    if (x.shape()[i] > 1) dims.emplace_back(x.strides()[i], x.shape()[i]);
+  std::sort(dims.begin(), dims.end());
+  std::int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return {};
+    expected *= size;
+  }
+  return x.strides();
+}
 
 class SplitJoinBackward final : public Node {
  public:
@@ -156,6 +208,10 @@ class SplitJoinBackward final : public Node {
     for (std::size_t i = 0; i < s.lens.size(); ++i)
       if (!s.written[i] && s.lens[i] > 0) {  // no gradient reached this piece: zeros, broadcast from one
         const Tensor zero = zeros({1}, gx.dtype(), gx.device());
+        if (!gx.impl()->is_contiguous()) {
+          write_through(zero, slot(gx, s, i), "split");
+          continue;
+        }
         const std::vector<std::int64_t> sizes{s.b.outer, s.lens[i] * s.b.inner}, none{0, 0},
             full{s.b.d * s.b.inner, 1};
         kernels_for(gx.device())
@@ -177,10 +233,18 @@ class SplitPieceBackward final : public Node {
   std::vector<Tensor> apply(const Tensor& g) override {
     SplitGrad& s = *s_;
     if (!s.buf.defined()) {
-      s.buf = Tensor::empty(s.in, g.dtype(), g.device());
+      if (s.in_strides.empty()) {
+        s.buf = Tensor::empty(s.in, g.dtype(), g.device());
+      } else {  // the input's own layout, so that its grad_fn (a permute) gets it back as a view
+        const Tensor flat = Tensor::empty({numel_of(s.in)}, g.dtype(), g.device());
+        s.buf = make_view(flat, s.in, s.in_strides, 0);
+      }
       s.written.assign(s.lens.size(), 0);
     }
-    copy_slab(g, s.buf, s.b.outer, s.b.d, s.b.inner, s.starts[i_], s.lens[i_], false, "split");
+    if (s.buf.impl()->is_contiguous())
+      copy_slab(g, s.buf, s.b.outer, s.b.d, s.b.inner, s.starts[i_], s.lens[i_], false, "split");
+    else
+      write_through(g, slot(s.buf, s, i_), "split");
     s.written[i_] = 1;
     return {zeros({}, DType::Float32, g.device())};  // the token: "this piece is in"
   }
@@ -191,18 +255,12 @@ class SplitPieceBackward final : public Node {
   std::size_t i_;
 };
 
-// Elements [start, start + len) of dim `dim` (validated), without history: a view when they
-// are one block of memory, else a copy.
+// Elements [start, start + len) of dim `dim` (validated), without history: a view.
 Tensor slice(const Tensor& x, int dim, const Slab& b, std::int64_t start, std::int64_t len) {
+  (void)b;
   Shape os = x.shape();
   os[dim] = len;
-  if (b.outer == 1 || len == b.d) {
-    const std::size_t offset = static_cast<std::size_t>(start * b.inner) * element_size(x.dtype());
-    return Tensor(std::make_shared<TensorImpl>(x.impl()->storage(), x.impl()->byte_offset() + offset, os, x.dtype()));
-  }
-  Tensor out = Tensor::empty(os, x.dtype(), x.device());
-  copy_slab(x, out, b.outer, b.d, b.inner, start, len, true, "split");
-  return out;
+  return make_view(x, std::move(os), x.strides(), start * x.strides()[dim]);
 }
 
 class CatBackward final : public Node {
@@ -249,6 +307,8 @@ std::vector<Tensor> split_sizes(const Tensor& x, const std::vector<std::int64_t>
   if (grad_mode_enabled() && x.requires_grad()) {
     auto s = std::make_shared<SplitGrad>();
     s->in = x.shape();
+    s->in_strides = dense_permuted_strides(x);
+    s->dim = dim;
     s->b = b;
     s->starts = std::move(starts);
     s->lens = sizes;
@@ -315,9 +375,10 @@ class TriangleBackward final : public Node {
   bool upper_;
 };
 
-Tensor triangle(const Tensor& x, std::int64_t diagonal, bool upper) {
+Tensor triangle(const Tensor& x_in, std::int64_t diagonal, bool upper) {
   const char* op = upper ? "triu" : "tril";
-  check_defined(x, op, "input");
+  check_defined(x_in, op, "input");
+  const Tensor x = contiguous_input(x_in);
   if (x.dim() < 2)
     throw ShapeError(detail::concat(op, ": the input ", shape_str(x.shape()),
                                     " has fewer than 2 dims; it works on the last two (matrices)"));
@@ -331,11 +392,13 @@ Tensor triangle(const Tensor& x, std::int64_t diagonal, bool upper) {
 
 }  // namespace
 
-Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
-  if (is_reduced(x))
-    return in_float32(x.dtype(), [=](const Tensor& t, const Tensor& m) { return masked_fill(t, m, value); }, x, mask);
-  check_float(x, "masked_fill", "input");
-  check_defined(mask, "masked_fill", "mask");
+Tensor masked_fill(const Tensor& x_in, const Tensor& mask_in, float value) {
+  if (is_reduced(x_in))
+    return in_float32(x_in.dtype(), [=](const Tensor& t, const Tensor& m) { return masked_fill(t, m, value); }, x_in,
+                      mask_in);
+  check_float(x_in, "masked_fill", "input");
+  check_defined(mask_in, "masked_fill", "mask");
+  const Tensor x = contiguous_input(x_in), mask = contiguous_input(mask_in);
   if (mask.dtype() != DType::Bool)
     throw TypeError(detail::concat("masked_fill: the mask must be bool, got ", dtype_name(mask.dtype()), " ",
                                    shape_str(mask.shape()), " (build it with tril(ones(shape, DType::Bool)) or a comparison)"));
@@ -378,7 +441,13 @@ Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims) {
                                       "; give each dim of ", shape_str(x.shape()), " once"));
     seen[perm[i]] = true;
   }
-  Tensor out = permute_copy(x, perm);
+  Shape os(n);
+  std::vector<std::int64_t> st(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    os[i] = x.shape()[perm[i]];
+    st[i] = x.strides()[perm[i]];
+  }
+  Tensor out = make_view(x, std::move(os), std::move(st), 0);
   if (grad_mode_enabled() && x.requires_grad())
     autograd::record(std::make_shared<PermuteBackward>(inverse(perm)), {&x}, out);
   return out;
@@ -386,12 +455,55 @@ Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims) {
 
 Tensor contiguous(const Tensor& x) {
   check_defined(x, "contiguous", "input");
-  return x;
+  if (x.impl()->is_contiguous()) return x;
+  Tensor out = materialize(x);
+  if (grad_mode_enabled() && x.requires_grad())
+    autograd::record(std::make_shared<ContiguousBackward>(), {&x}, out);
+  return out;
 }
 
-Tensor cat(const std::vector<Tensor>& xs, std::int64_t dim) {
-  if (xs.empty()) throw ValueError("cat: expected a non-empty list of tensors");
-  for (std::size_t i = 0; i < xs.size(); ++i) check_defined(xs[i], "cat", "tensors");
+namespace ops_detail {
+
+Tensor make_view(const Tensor& x, Shape shape, std::vector<std::int64_t> strides, std::int64_t element_offset) {
+  const TensorImpl& i = *x.impl();
+  const std::size_t off = i.byte_offset() + static_cast<std::size_t>(element_offset) * element_size(i.dtype());
+  return Tensor(std::make_shared<TensorImpl>(i.storage(), off, std::move(shape), std::move(strides), i.dtype()));
+}
+
+Tensor materialize(const Tensor& x) {
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  if (x.impl()->is_contiguous()) {
+    kernels_for(x.device()).copy(out.raw_data(), x.raw_data(), x.nbytes());
+    return out;
+  }
+  const StridedLayout l = make_layout(x.shape(), x.strides(), strides_of(x.shape()), 0, 0, "contiguous", x.shape());
+  kernels_for(x.device()).strided_copy(flat_alias(x), l, out);
+  return out;
+}
+
+void write_through(const Tensor& src, const Tensor& dst, const char* op) {
+  const Shape& s = dst.shape();
+  for (std::size_t i = 0; i < s.size(); ++i)
+    if (s[i] > 1 && dst.strides()[i] == 0)
+      throw ValueError(detail::concat(op, ": the destination ", dst.str(), " repeats elements (stride 0 in dim ", i,
+                                      ", as expand makes); write into a tensor whose elements are distinct"));
+  if (dst.numel() == 0) return;
+  const std::vector<std::int64_t> from =
+      src.numel() == 1 ? std::vector<std::int64_t>(s.size(), 0) : strides_of(s);
+  const StridedLayout l = make_layout(s, from, dst.strides(), 0, 0, op, s);
+  Tensor flat = flat_alias(dst);
+  kernels_for(dst.device()).strided_copy(src, l, flat);
+}
+
+}  // namespace ops_detail
+
+Tensor cat(const std::vector<Tensor>& inputs, std::int64_t dim) {
+  if (inputs.empty()) throw ValueError("cat: expected a non-empty list of tensors");
+  for (std::size_t i = 0; i < inputs.size(); ++i) check_defined(inputs[i], "cat", "tensors");
+  std::vector<Tensor> xs;
+  xs.reserve(inputs.size());
+  for (const Tensor& t : inputs) xs.push_back(contiguous_input(t));
   if (std::vector<Tensor> promoted; promote_floating(xs, promoted)) return cat(promoted, dim);
   const Tensor& x0 = xs[0];
   if (x0.dim() == 0) throw ShapeError("cat: zero-dimensional tensor 0 cannot be concatenated");

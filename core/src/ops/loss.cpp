@@ -27,7 +27,8 @@ class CrossEntropyBackward final : public Node {
 };
 }  // namespace
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& target_in, Reduction reduction) {
+  const Tensor logits = contiguous_input(logits_in), target = contiguous_input(target_in);
   auto again = [=](const Tensor& l, const Tensor& t) { return cross_entropy(l, t, reduction); };
   if (autocast_detail::applies(autocast_detail::Op::CrossEntropy, logits))
     return autocast_detail::call(autocast_detail::Op::CrossEntropy, again, logits, target);
@@ -67,7 +68,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
   return out;
 }
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, Reduction reduction) {
+  const Tensor input = contiguous_input(input_in), target = contiguous_input(target_in);
   auto again = [=](const Tensor& i, const Tensor& t) { return mse_loss(i, t, reduction); };
   if (autocast_detail::applies(autocast_detail::Op::MseLoss, input))
     return autocast_detail::call(autocast_detail::Op::MseLoss, again, input, target);

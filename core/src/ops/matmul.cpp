@@ -251,7 +251,8 @@ class BatchedMatmulBackward final : public Node {
   Tensor a_, b_;
 };
 
-Tensor batched_matmul(const Tensor& a, const Tensor& b) {
+Tensor batched_matmul(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = contiguous_input(a_in), b = contiguous_input(b_in);
   MatmulPlan p = plan_matmul(a.shape(), b.shape());
   Tensor out = Tensor::empty(p.out_shape, a.dtype(), a.device());
   DeviceKernels& kern = kernels_for(a.device());
@@ -314,7 +315,8 @@ class LinearBackward final : public Node {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = contiguous_input(a_in), b = contiguous_input(b_in);
   if (autocast_detail::applies(autocast_detail::Op::Matmul, a))
     return autocast_detail::call(autocast_detail::Op::Matmul, [](const Tensor& x, const Tensor& y) { return matmul(x, y); },
                                  a, b);
@@ -332,7 +334,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  const Tensor x = contiguous_input(x_in), weight = contiguous_input(weight_in), bias = contiguous_input(bias_in);
   auto again = [](const Tensor& a, const Tensor& w, const Tensor& b) { return linear(a, w, b); };
   if (autocast_detail::applies(autocast_detail::Op::Linear, x))
     return autocast_detail::call(autocast_detail::Op::Linear, again, x, weight, bias);

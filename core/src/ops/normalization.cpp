@@ -82,7 +82,8 @@ class BatchNormBackward final : public Node {
 
 }  // namespace
 
-BatchNormStats batch_norm_stats(const Tensor& x) {
+BatchNormStats batch_norm_stats(const Tensor& x_in) {
+  const Tensor x = contiguous_input(x_in);
   check_float(x, "batch_norm_stats");
   const NCL s = split_channels(x, "batch_norm_stats");
   BatchNormStats r{channel_vector(s.c, x.device()), channel_vector(s.c, x.device())};
@@ -90,7 +91,8 @@ BatchNormStats batch_norm_stats(const Tensor& x) {
   return r;
 }
 
-Tensor batch_norm_invstd(const Tensor& var, double eps) {
+Tensor batch_norm_invstd(const Tensor& var_in, double eps) {
+  const Tensor var = contiguous_input(var_in);
   check_float(var, "batch_norm_invstd", "var");
   Tensor out = empty_like(var);
   DeviceKernels& k = kernels_for(var.device());
@@ -99,8 +101,9 @@ Tensor batch_norm_invstd(const Tensor& var, double eps) {
   return out;
 }
 
-Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& weight,
-                        const Tensor& bias, bool batch_stats, double count, BatchNormGradReduce reduce) {
+Tensor batch_norm_elemt(const Tensor& x_in, const Tensor& mean_in, const Tensor& invstd_in, const Tensor& weight_in,
+                        const Tensor& bias_in, bool batch_stats, double count, BatchNormGradReduce reduce) {
+  const Tensor x = contiguous_input(x_in), mean = contiguous_input(mean_in), invstd = contiguous_input(invstd_in), weight = contiguous_input(weight_in), bias = contiguous_input(bias_in);
   const char* op = "batch_norm_elemt";
   check_float(x, op);
   const NCL s = split_channels(x, op);
@@ -125,8 +128,9 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
   return y;
 }
 
-void batch_norm_backward_reduce(const Tensor& grad_y, const Tensor& x, const Tensor& mean, Tensor& sum_dy,
+void batch_norm_backward_reduce(const Tensor& grad_y_in, const Tensor& x_in, const Tensor& mean_in, Tensor& sum_dy,
                                 Tensor& sum_dy_xmu) {
+  const Tensor grad_y = contiguous_input(grad_y_in), x = contiguous_input(x_in), mean = contiguous_input(mean_in);
   const char* op = "batch_norm_backward_reduce";
   check_float(x, op);
   check_float(grad_y, op, "grad_y");
@@ -140,9 +144,10 @@ void batch_norm_backward_reduce(const Tensor& grad_y, const Tensor& x, const Ten
   kernels_for(x.device()).batch_norm_backward_reduce(grad_y, x, s.n, s.c, s.l, mean, sum_dy, sum_dy_xmu);
 }
 
-Tensor batch_norm_backward_elemt(const Tensor& grad_y, const Tensor& x, const Tensor& mean, const Tensor& invstd,
-                                 const Tensor& weight, const Tensor& sum_dy, const Tensor& sum_dy_xmu,
+Tensor batch_norm_backward_elemt(const Tensor& grad_y_in, const Tensor& x_in, const Tensor& mean_in, const Tensor& invstd_in,
+                                 const Tensor& weight_in, const Tensor& sum_dy_in, const Tensor& sum_dy_xmu_in,
                                  double count) {
+  const Tensor grad_y = contiguous_input(grad_y_in), x = contiguous_input(x_in), mean = contiguous_input(mean_in), invstd = contiguous_input(invstd_in), weight = contiguous_input(weight_in), sum_dy = contiguous_input(sum_dy_in), sum_dy_xmu = contiguous_input(sum_dy_xmu_in);
   const char* op = "batch_norm_backward_elemt";
   check_float(x, op);
   check_float(grad_y, op, "grad_y");
@@ -162,8 +167,9 @@ Tensor batch_norm_backward_elemt(const Tensor& grad_y, const Tensor& x, const Te
   return gx;
 }
 
-Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps) {
+Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean_in, const Tensor& running_var_in, const Tensor& weight_in,
+                  const Tensor& bias_in, bool training, double momentum, double eps) {
+  const Tensor x = contiguous_input(x_in), running_mean = contiguous_input(running_mean_in), running_var = contiguous_input(running_var_in), weight = contiguous_input(weight_in), bias = contiguous_input(bias_in);
   if (any_reduced(x, weight, bias))  // the output keeps x's dtype (PyTorch's mixed bf16 / float32 norm)
     return in_float32(x.dtype(), [=](const Tensor& a, const Tensor& w, const Tensor& b) {
       return batch_norm(a, running_mean, running_var, w, b, training, momentum, eps); }, x, weight, bias);
@@ -198,8 +204,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   return batch_norm_elemt(x, st.mean, invstd, weight, bias, true, static_cast<double>(count));
 }
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, const Tensor& bias_in,
                   double eps) {
+  const Tensor x = contiguous_input(x_in), weight = contiguous_input(weight_in), bias = contiguous_input(bias_in);
   auto again = [=](const Tensor& a, const Tensor& w, const Tensor& b) { return layer_norm(a, normalized_shape, w, b, eps); };
   if (autocast_detail::applies(autocast_detail::Op::LayerNorm, x))
     return autocast_detail::call(autocast_detail::Op::LayerNorm, again, x, weight, bias);

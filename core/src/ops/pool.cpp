@@ -87,7 +87,8 @@ Window2d pool_geometry(const char* op, const Tensor& x, Size2 kernel, Size2 stri
 
 }  // namespace
 
-Tensor max_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, Size2 dilation) {
+Tensor max_pool2d(const Tensor& x_in, Size2 kernel, Size2 stride, Size2 padding, Size2 dilation) {
+  const Tensor x = contiguous_input(x_in);
   if (is_reduced(x))
     return in_float32(x.dtype(), [=](const Tensor& t) { return max_pool2d(t, kernel, stride, padding, dilation); }, x);
   const Window2d g = pool_geometry("max_pool2d", x, kernel, stride, padding, dilation);
@@ -99,7 +100,8 @@ Tensor max_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, Si
   return out;
 }
 
-Tensor avg_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, bool count_include_pad) {
+Tensor avg_pool2d(const Tensor& x_in, Size2 kernel, Size2 stride, Size2 padding, bool count_include_pad) {
+  const Tensor x = contiguous_input(x_in);
   if (is_reduced(x))
     return in_float32(x.dtype(), [=](const Tensor& t) { return avg_pool2d(t, kernel, stride, padding, count_include_pad); },
                       x);
@@ -111,7 +113,8 @@ Tensor avg_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, bo
   return out;
 }
 
-Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size) {
+Tensor adaptive_avg_pool2d(const Tensor& x_in, Size2 output_size) {
+  const Tensor x = contiguous_input(x_in);
   if (is_reduced(x)) return in_float32(x.dtype(), [=](const Tensor& t) { return adaptive_avg_pool2d(t, output_size); }, x);
   check_float(x, "adaptive_avg_pool2d", "input");
   if (x.dim() != 4)

@@ -46,7 +46,8 @@ Tensor reduce(const Tensor& x, Split sp, Shape out_shape, float scale, const cha
   return out;
 }
 
-Tensor reduce_all(const Tensor& x, bool mean, const char* name) {
+Tensor reduce_all(const Tensor& x_in, bool mean, const char* name) {
+  const Tensor x = contiguous_input(x_in);
   if (is_reduced(x)) return in_float32(x.dtype(), [=](const Tensor& t) { return reduce_all(t, mean, name); }, x);
   check_float(x, name);
   const std::int64_t n = x.numel();
@@ -54,7 +55,8 @@ Tensor reduce_all(const Tensor& x, bool mean, const char* name) {
   return reduce(x, Split{1, n, 1}, {}, mean ? 1.f / static_cast<float>(n) : 1.f, name);
 }
 
-Tensor reduce_dim(const Tensor& x, std::int64_t dim, bool keepdim, bool mean, const char* name) {
+Tensor reduce_dim(const Tensor& x_in, std::int64_t dim, bool keepdim, bool mean, const char* name) {
+  const Tensor x = contiguous_input(x_in);
   if (is_reduced(x))
     return in_float32(x.dtype(), [=](const Tensor& t) { return reduce_dim(t, dim, keepdim, mean, name); }, x);
   check_float(x, name);

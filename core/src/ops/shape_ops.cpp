@@ -1,5 +1,7 @@
-// reshape (a view: shares storage), transpose (a materialised copy) and narrow (a view when
-// the slice is one block of memory, else a copy of one block per outer index).
+// The view ops of one tensor: reshape/view (a view when the strides allow one; reshape copies
+// otherwise, as torch.reshape), transpose, narrow, unsqueeze and squeeze (always views: a
+// shape, strides and an offset into the input's storage). Their backward nodes produce
+// contiguous gradients (the engine hands every node a contiguous gradient).
 #include "ops/op_support.hpp"
 #include "phalanx/core/ops.hpp"
 
@@ -9,10 +11,18 @@ using namespace ops_detail;
 
 namespace {
 
-class ReshapeBackward final : public Node {
+bool view_strides(const Shape& from, const std::vector<std::int64_t>& st, const Shape& to,
+                  std::vector<std::int64_t>& out);
+
+class ReshapeBackward final : public StridedGradientNode {
  public:
   explicit ReshapeBackward(Shape in) : in_(std::move(in)) {}
-  std::vector<Tensor> apply(const Tensor& g) override { return {view_as(g, in_)}; }
+  std::vector<Tensor> apply(const Tensor& g) override {
+    if (g.impl()->is_contiguous()) return {view_as(g, in_)};
+    std::vector<std::int64_t> st;
+    if (view_strides(g.shape(), g.strides(), in_, st)) return {make_view(g, in_, std::move(st), 0)};
+    return {view_as(materialize(g), in_)};
+  }
   const char* name() const override { return "ReshapeBackward"; }
   static Tensor view_as(const Tensor& t, const Shape& s) {
     return Tensor(std::make_shared<TensorImpl>(t.impl()->storage(), t.impl()->byte_offset(), s,
@@ -104,15 +114,100 @@ Shape infer_shape(const Shape& requested, std::int64_t numel, const Shape& from)
   return s;
 }
 
+/// PyTorch's computeStride: the strides that view x's (shape, strides) as `to` without a copy,
+/// or false when none exist (a dim of `to` would span two blocks that are not evenly spaced).
+bool view_strides(const Shape& from, const std::vector<std::int64_t>& st, const Shape& to,
+                  std::vector<std::int64_t>& out) {
+  out.assign(to.size(), 1);
+  if (from.empty()) return true;
+  if (numel_of(from) == 0) {
+    out = contiguous_strides(to);
+    return true;
+  }
+  std::int64_t view_d = static_cast<std::int64_t>(to.size()) - 1;
+  std::int64_t chunk_base = st.back(), tensor_numel = 1, view_numel = 1;
+  for (std::int64_t d = static_cast<std::int64_t>(from.size()) - 1; d >= 0; --d) {
+    tensor_numel *= from[d];
+    if (d == 0 || (from[d - 1] != 1 && st[d - 1] != tensor_numel * chunk_base)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || to[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base;
+        view_numel *= to[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return false;
+      if (d > 0) {
+        chunk_base = st[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  return view_d == -1;
+}
+
+// A view of x as shape s (validated) with the given strides, recorded as a reshape.
+Tensor reshape_view(const Tensor& x, const Shape& s, std::vector<std::int64_t> st) {
+  Tensor out = x.impl()->is_contiguous() ? ReshapeBackward::view_as(x, s) : make_view(x, s, std::move(st), 0);
+  if (grad_mode_enabled() && x.requires_grad())
+    autograd::record(std::make_shared<ReshapeBackward>(x.shape()), {&x}, out);
+  return out;
+}
+
 }  // namespace
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
   check_defined(x, "reshape", "input");
   const Shape s = infer_shape(shape, x.numel(), x.shape());
-  Tensor out = ReshapeBackward::view_as(x, s);
-  if (grad_mode_enabled() && x.requires_grad())
-    autograd::record(std::make_shared<ReshapeBackward>(x.shape()), {&x}, out);
-  return out;
+  std::vector<std::int64_t> st;
+  if (x.impl()->is_contiguous() || view_strides(x.shape(), x.strides(), s, st)) return reshape_view(x, s, std::move(st));
+  return reshape_view(contiguous(x), s, {});  // torch.reshape: a copy when no view exists
+}
+
+Tensor view(const Tensor& x, const Shape& shape) {
+  check_defined(x, "view", "input");
+  const Shape s = infer_shape(shape, x.numel(), x.shape());
+  std::vector<std::int64_t> st;
+  if (!x.impl()->is_contiguous() && !view_strides(x.shape(), x.strides(), s, st))
+    throw ShapeError("view: size " + shape_str(s) + " is not compatible with the input's size " +
+                     shape_str(x.shape()) + " and strides (at least one dimension spans across two "
+                     "contiguous subspaces); use .reshape(...) instead");
+  return reshape_view(x, s, std::move(st));
+}
+
+Tensor unsqueeze(const Tensor& x, std::int64_t dim) {
+  check_defined(x, "unsqueeze", "input");
+  const int d = normalize_dim(dim, x.shape().size() + 1, "unsqueeze");
+  Shape s = x.shape();
+  std::vector<std::int64_t> st = x.strides();
+  const std::int64_t step = d < x.dim() ? s[d] * st[d] : 1;
+  s.insert(s.begin() + d, 1);
+  st.insert(st.begin() + d, step);
+  return reshape_view(x, s, std::move(st));
+}
+
+Tensor squeeze(const Tensor& x, std::int64_t dim) {
+  check_defined(x, "squeeze", "input");
+  if (x.dim() == 0) return reshape_view(x, x.shape(), x.strides());
+  const int d = normalize_dim(dim, x.shape().size(), "squeeze");
+  Shape s = x.shape();
+  std::vector<std::int64_t> st = x.strides();
+  if (s[d] == 1) {
+    s.erase(s.begin() + d);
+    st.erase(st.begin() + d);
+  }
+  return reshape_view(x, s, std::move(st));
+}
+
+Tensor squeeze(const Tensor& x) {
+  check_defined(x, "squeeze", "input");
+  Shape s;
+  std::vector<std::int64_t> st;
+  for (std::size_t i = 0; i < x.shape().size(); ++i)
+    if (x.shape()[i] != 1) {
+      s.push_back(x.shape()[i]);
+      st.push_back(x.strides()[i]);
+    }
+  return reshape_view(x, s, std::move(st));
 }
 
 Tensor transpose(const Tensor& x, std::int64_t d0, std::int64_t d1) {
@@ -120,12 +215,15 @@ Tensor transpose(const Tensor& x, std::int64_t d0, std::int64_t d1) {
   const int a = normalize_dim(d0, x.shape().size(), "transpose");
   const int b = normalize_dim(d1, x.shape().size(), "transpose");
   Shape s = x.shape();
+  std::vector<std::int64_t> st = x.strides();
   std::swap(s[a], s[b]);
-  Tensor out = Tensor::empty(s, x.dtype(), x.device());
-  if (a == b)
-    kernels_for(x.device()).copy(out.raw_data(), x.raw_data(), x.nbytes());
-  else
-    kernels_for(x.device()).transpose(x, a, b, out);
+  std::swap(st[a], st[b]);
+  Tensor out = make_view(x, std::move(s), std::move(st), 0);
+  if (a == b) {
+    if (grad_mode_enabled() && x.requires_grad())
+      autograd::record(std::make_shared<ReshapeBackward>(x.shape()), {&x}, out);
+    return out;
+  }
   if (grad_mode_enabled() && x.requires_grad())
     autograd::record(std::make_shared<TransposeBackward>(a, b), {&x}, out);
   return out;
@@ -146,15 +244,7 @@ Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_
   for (std::size_t i = a + 1; i < s.size(); ++i) inner *= s[i];
   Shape out_shape = s;
   out_shape[a] = length;
-  Tensor out;
-  if (outer == 1) {  // one block: a view
-    const std::size_t offset = static_cast<std::size_t>(start * inner) * element_size(x.dtype());
-    out = Tensor(std::make_shared<TensorImpl>(x.impl()->storage(), x.impl()->byte_offset() + offset, out_shape,
-                                              x.dtype()));
-  } else {
-    out = Tensor::empty(out_shape, x.dtype(), x.device());
-    copy_blocks(x, out, outer, d, inner, start, length, true);
-  }
+  Tensor out = make_view(x, std::move(out_shape), x.strides(), start * x.strides()[a]);
   if (grad_mode_enabled() && x.requires_grad())
     autograd::record(std::make_shared<NarrowBackward>(s, outer, d, inner, start, length), {&x}, out);
   return out;

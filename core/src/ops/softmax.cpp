@@ -25,7 +25,8 @@ class LogSoftmaxBackward final : public Node {
 };
 }  // namespace
 
-Tensor log_softmax(const Tensor& x, std::int64_t dim) {
+Tensor log_softmax(const Tensor& x_in, std::int64_t dim) {
+  const Tensor x = contiguous_input(x_in);
   auto again = [=](const Tensor& t) { return log_softmax(t, dim); };
   if (autocast_detail::applies(autocast_detail::Op::LogSoftmax, x))
     return autocast_detail::call(autocast_detail::Op::LogSoftmax, again, x);

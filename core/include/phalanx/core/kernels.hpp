@@ -83,7 +83,8 @@ struct StridedLayout {
 // ---- attention geometry ----
 /// One scaled_dot_product_attention call as its kernels see it: `batch` independent heads
 /// (the leading dims flattened, `lead` of them, sizes in lead_sizes), each q [l, e],
-/// k [s, e], v [s, ev] and out [l, ev], contiguous float32. The optional mask (kind) is
+/// k [s, e], v [s, ev] and out [l, ev], contiguous float32 (q/k/v may be strided views on the
+/// CPU: qkv_strided). The optional mask (kind) is
 /// read at mask[offset(head) + i * mask_row_stride + j * mask_col_stride], where offset
 /// sums head index * mask_lead_strides over the leading dims (stride 0: broadcast); strides
 /// are in elements. Dropout (p > 0) keeps weight (head, i, j) when the counter-based hash
@@ -102,6 +103,13 @@ struct AttentionParams {
   std::int64_t mask_row_stride, mask_col_stride;
   float dropout_p;
   std::uint64_t dropout_seed;
+  /// The CPU kernels read q, k and v as views in place (nanoGPT's split/view/transpose of a
+  /// packed qkv): when set, q/k/v are flat tensors spanning the views, head h's rows start at
+  /// the sum of its leading indices times *_lead_strides and lie *_row_stride apart, each
+  /// row's elements adjacent. Other devices get contiguous operands (false; strides unused).
+  bool qkv_strided;
+  std::int64_t q_lead_strides[kMaxLead], k_lead_strides[kMaxLead], v_lead_strides[kMaxLead];
+  std::int64_t q_row_stride, k_row_stride, v_row_stride;
 };
 // ---- end attention geometry ----
 

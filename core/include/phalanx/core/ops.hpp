@@ -62,17 +62,25 @@ Tensor sum(const Tensor& x, std::int64_t dim, bool keepdim = false);
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, std::int64_t dim, bool keepdim = false);
 
+// ---- views (docs/transformer_ops.md, "Views"): results alias x's storage with their own strides ----
+/// torch.reshape: a view when x's strides allow one, else a contiguous copy.
 Tensor reshape(const Tensor& x, const Shape& shape);
+/// torch.view: always a view; a ShapeError when x's strides do not allow one.
+Tensor view(const Tensor& x, const Shape& shape);
+/// torch.unsqueeze / torch.squeeze (one dim, or every size-1 dim): views.
+Tensor unsqueeze(const Tensor& x, std::int64_t dim);
+Tensor squeeze(const Tensor& x, std::int64_t dim);
+Tensor squeeze(const Tensor& x);
+/// A view with dims d0 and d1 swapped.
 Tensor transpose(const Tensor& x, std::int64_t d0, std::int64_t d1);
 /// torch.narrow: elements [start, start + length) of dimension `dim` (negative counts from the
-/// end). A view sharing x's storage when the slice is one block in memory (dim 0, or every
-/// dimension before `dim` of size 1), otherwise a copy: do not write into the result in place.
+/// end). Always a view sharing x's storage; writing into it (copy_, fill_) writes into x.
 /// Splits packed inputs: `narrow(x, 1, 0, 16)` is PyTorch's `x[:, :16]`.
 Tensor narrow(const Tensor& x, std::int64_t dim, std::int64_t start, std::int64_t length);
 
 // ---- transformer building blocks (docs/transformers.md) ----
-// Phalanx tensors are always contiguous: permute (like transpose) materialises its result
-// and contiguous() returns its argument; the values and gradients are PyTorch's.
+// permute (like transpose) returns a view; contiguous() returns x itself when it is
+// contiguous, else a contiguous copy whose gradient is the identity (PyTorch's meaning).
 Tensor permute(const Tensor& x, const std::vector<std::int64_t>& dims);
 Tensor contiguous(const Tensor& x);
 /// torch.cat / torch.stack (every tensor the same shape but `dim`, for cat; all equal, for stack).

@@ -1,6 +1,7 @@
 #pragma once
-// Tensor: a handle (shared ownership) to a contiguous row-major view of a Storage,
-// with autograd metadata. Copying a Tensor aliases it, as in PyTorch.
+// Tensor: a handle (shared ownership) to a strided view of a Storage (a byte offset, a shape
+// and element strides, as PyTorch's), with autograd metadata. Copying a Tensor aliases it, as
+// in PyTorch. Kernels, data<T>() and raw_data() need contiguous tensors (docs/transformer_ops.md, "Views").
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,12 +38,23 @@ class Tensor {
   DType dtype() const;
   Device device() const;
   std::size_t nbytes() const;
+  /// Element strides, one per dim (PyTorch's Tensor.stride()).
+  const std::vector<std::int64_t>& strides() const;
+  std::int64_t stride(std::int64_t dim) const;
+  /// PyTorch's rule: row-major strides, size-1 dims' strides ignored; an empty tensor is contiguous.
+  bool is_contiguous() const;
+  /// Offset of the first element from the storage's start, in elements.
+  std::int64_t storage_offset() const;
+  /// Itself when contiguous, else a contiguous copy (differentiable: phalanx::contiguous).
+  Tensor contiguous() const;
 
-  /// Typed host pointer to the first element; checks that T matches the dtype and that the
-  /// tensor is in host memory (a CUDA or sim tensor throws TypeError: copy it to the CPU).
+  /// Typed host pointer to the first element; checks that T matches the dtype, that the
+  /// tensor is in host memory (a CUDA or sim tensor throws TypeError: copy it to the CPU) and
+  /// that it is contiguous (a view throws TypeError: call .contiguous() first).
   template <typename T> T* data() const;
   /// The first element's address on the tensor's own device (a device pointer for CUDA and
   /// sim tensors: for kernels, plugins and byte copies through the device's kernel table).
+  /// A non-contiguous view throws TypeError: call .contiguous() first.
   void* raw_data() const;
   /// Value of a one-element tensor (copied to the host if needed).
   float item() const;
@@ -60,7 +72,7 @@ class Tensor {
   const std::shared_ptr<Node>& grad_fn() const;
   /// Backpropagates from this tensor. A scalar needs no `gradient`.
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
-  /// Same storage, no history.
+  /// Same storage and strides, no history.
   Tensor detach() const;
   /// Registers a hook run right after this leaf's gradient is accumulated; returns a handle
   /// for remove_grad_accumulated_hook.
@@ -72,17 +84,22 @@ class Tensor {
   void set_grad_destination(const Tensor& destination) const;
 
   // ---- shape and copies ----
-  Tensor reshape(const Shape& shape) const;  ///< shares storage (all tensors are contiguous)
-  Tensor view(const Shape& shape) const { return reshape(shape); }
+  /// A view when the strides allow one, else a contiguous copy (torch.reshape).
+  Tensor reshape(const Shape& shape) const;
+  /// Always a view; throws ShapeError when the strides do not allow one (torch.view).
+  Tensor view(const Shape& shape) const;
   Tensor flatten(std::int64_t start_dim = 1) const;
-  Tensor transpose(std::int64_t d0, std::int64_t d1) const;  ///< materialised copy
+  Tensor transpose(std::int64_t d0, std::int64_t d1) const;  ///< a view
   Tensor t() const { return transpose(0, 1); }
+  /// A contiguous copy of the values (outside autograd).
   Tensor clone() const;
   Tensor to(Device device) const;
   /// Rows [begin, end) along dim 0, sharing storage (no copy).
   Tensor narrow_rows(std::int64_t begin, std::int64_t end) const;
 
   // ---- in-place, outside autograd (optimizers, initialisation, DDP) ----
+  // zero_, fill_ and copy_ write through a view's strides into its base; add_ and mul_ need a
+  // contiguous tensor (a view throws TypeError).
   Tensor& zero_();
   Tensor& fill_(double value);
   Tensor& copy_(const Tensor& src);
@@ -102,6 +119,11 @@ class Tensor {
 /// The values as PyTorch 1.13 prints them ("tensor([[ 0.1000, -2.0000], ..."; summarised past 1000
 /// elements; device/dtype/grad suffixes); str() is the short description.
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+namespace detail {
+/// Throws the TypeError of data<T>()/raw_data() on a non-contiguous view.
+[[noreturn]] void throw_not_contiguous(const char* what, const Tensor& t);
+}  // namespace detail
 
 }  // namespace phalanx
 

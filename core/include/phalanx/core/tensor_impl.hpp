@@ -24,13 +24,47 @@ struct AutogradMeta {
   Tensor grad_destination;
 };
 
+/// Row-major (contiguous) element strides of `shape`.
+inline std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
+  std::vector<std::int64_t> st(shape.size());
+  std::int64_t acc = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= shape[i] > 1 ? shape[i] : 1;
+  }
+  return st;
+}
+
+/// PyTorch's rule: the strides are row-major's, ignoring dims of size 1; an empty tensor is
+/// contiguous.
+inline bool strides_are_contiguous(const Shape& shape, const std::vector<std::int64_t>& strides) {
+  std::int64_t expected = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] == 0) return true;
+    if (shape[i] == 1) continue;
+    if (strides[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
+}
+
 class TensorImpl {
  public:
+  /// A contiguous (row-major) view.
   TensorImpl(std::shared_ptr<Storage> storage, std::size_t byte_offset, Shape shape, DType dtype)
       : storage_(std::move(storage)), offset_(byte_offset), shape_(std::move(shape)),
-        numel_(numel_of(shape_)), dtype_(dtype) {}
+        strides_(contiguous_strides(shape_)), numel_(numel_of(shape_)), dtype_(dtype), contiguous_(true) {}
+  /// A view with element strides (>= 0; 0 repeats an element, as expand does).
+  TensorImpl(std::shared_ptr<Storage> storage, std::size_t byte_offset, Shape shape,
+             std::vector<std::int64_t> strides, DType dtype)
+      : storage_(std::move(storage)), offset_(byte_offset), shape_(std::move(shape)),
+        strides_(std::move(strides)), numel_(numel_of(shape_)), dtype_(dtype),
+        contiguous_(strides_are_contiguous(shape_, strides_)) {}
 
   const Shape& shape() const { return shape_; }
+  /// Element strides, one per dim.
+  const std::vector<std::int64_t>& strides() const { return strides_; }
+  bool is_contiguous() const { return contiguous_; }
   std::int64_t numel() const { return numel_; }
   DType dtype() const { return dtype_; }
   Device device() const { return storage_->device(); }
@@ -55,8 +89,10 @@ class TensorImpl {
   std::shared_ptr<Storage> storage_;
   std::size_t offset_;
   Shape shape_;
+  std::vector<std::int64_t> strides_;
   std::int64_t numel_;
   DType dtype_;
+  bool contiguous_;
   std::unique_ptr<AutogradMeta> autograd_;
 };
 
@@ -69,6 +105,7 @@ T* Tensor::data() const {
   if (!impl_->device().is_cpu())
     throw TypeError(detail::concat("data<T>(): ", str(), " is not in host memory; copy it first with "
                                    ".to(Device::cpu()) (or read it with item()/to_vector())"));
+  if (!impl_->is_contiguous()) detail::throw_not_contiguous("data<T>()", *this);
   return static_cast<T*>(impl_->data());
 }
 
