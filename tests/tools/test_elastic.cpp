@@ -288,3 +288,31 @@ TEST_CASE("elastic: a node's launcher asked to stop leaves; the job goes on with
   CHECK(slurp(d + "/el.npz") == slurp(d + "/one.npz"));
   std::filesystem::remove_all(d);
 }
+
+TEST_CASE("elastic: a node with another --nproc-per-node is refused before it is admitted") {
+  // Each node makes WORLD_SIZE = members x its own count: admitted, this node's workers
+  // would see world size 4 and ranks 2, 3 beside the host's world size 2.
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_nproc");
+  const std::string ep = " --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port());
+  const std::string prog = d + "/w.sh";
+  {
+    std::FILE* f = std::fopen(prog.c_str(), "w");
+    std::fputs("echo \"worker world=$WORLD_SIZE rank=$RANK\"\n", f);
+    std::fclose(f);
+  }
+  Node n0 = start(std::string(PHALANX_RUN) + " --nnodes 1:2 --rdzv-id J --rdzv-last-call 3" + ep + " /bin/sh " + prog,
+                  d + "/n0.txt", "a");
+  Reaper reaper{{&n0}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  Node n1 = start(std::string(PHALANX_RUN) + " --nnodes 1:2 --nproc-per-node 2 --rdzv-id J" + ep + " /bin/sh " + prog,
+                  d + "/n1.txt", "b");
+  const int c1 = finish(n1, 20s), c0 = finish(n0, 20s);
+  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
+  INFO(o0 << o1);
+  CHECK(c1 == 2);
+  CHECK(has(o1, "--nproc-per-node is 2 on this node but 1 on the node that hosts the job's store"));
+  CHECK_FALSE(has(o1, "world=4"));
+  CHECK(c0 == 0);
+  CHECK(has(o0, "round 0: node 0 of 1"));
+  std::filesystem::remove_all(d);
+}

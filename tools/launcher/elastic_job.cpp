@@ -336,6 +336,20 @@ int launch_elastic(LaunchOptions& o, const JobStore& js) {
   const auto tick = std::min(std::max(ms(o.monitor_interval), std::chrono::milliseconds(20)),
                              std::chrono::milliseconds(250));
   std::unique_ptr<Membership> mp;
+  // Every node computes WORLD_SIZE and RANK as members x its own --nproc-per-node: a node
+  // with another count would give its workers ranks the others do not have. Checked before
+  // it takes an id, so the job never admits it.
+  std::string theirs;
+  try {
+    if (js.hosting) js.store->set(elastic_key("nproc"), std::to_string(o.nproc_per_node));
+    else theirs = text_of(js.store->get(elastic_key("nproc")));
+  } catch (const std::exception& e) {
+    throw LaunchError(1, std::string("cannot join the job's store: ") + e.what());
+  }
+  if (!js.hosting && theirs != std::to_string(o.nproc_per_node))
+    throw LaunchError(2, "--nproc-per-node is " + std::to_string(o.nproc_per_node) + " on this node but " + theirs +
+                             " on the node that hosts the job's store: every node must run the same number of "
+                             "workers");
   try {
     mp = std::make_unique<Membership>(js.store, js.hosting, tick, ms(o.keep_alive), o.nnodes);
   } catch (const std::exception& e) {
