@@ -316,3 +316,47 @@ TEST_CASE("elastic: a node with another --nproc-per-node is refused before it is
   CHECK(has(o0, "round 0: node 0 of 1"));
   std::filesystem::remove_all(d);
 }
+
+TEST_CASE("elastic: a join does not spend a restart when a stopped peer's exit fails a worker first") {
+  // Node 0's launcher stops its worker at once when it closes the round for the join; node
+  // 1's notices on its next tick (0.25 s here). Meanwhile node 1's worker, like a DDP
+  // worker whose peer vanished, fails on its own: a consequence of the stop, not a failure.
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_joinfail");
+  const std::string prog = d + "/w.sh";
+  {
+    std::FILE* f = std::fopen(prog.c_str(), "w");
+    std::fprintf(f,
+                 "D=%s\n"
+                 "if [ \"$PHALANX_RESTART_COUNT\" -ge 1 ]; then echo \"worker world=$WORLD_SIZE\"; exit 0; fi\n"
+                 "if [ \"$GROUP_RANK\" = 0 ]; then\n"
+                 "  trap 'rm -f $D/up; exit 143' TERM\n"
+                 "  touch $D/up\n"
+                 "  while :; do sleep 0.01; done\n"
+                 "fi\n"
+                 "while [ ! -e $D/up ]; do sleep 0.01; done\n"
+                 "touch $D/ready\n"
+                 "while [ -e $D/up ]; do sleep 0.01; done\n"
+                 "exit 1\n",
+                 d.c_str());
+    std::fclose(f);
+  }
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:3 --rdzv-id J --rdzv-last-call 1 --max-restarts 0 "
+                          "--rdzv-endpoint 127.0.0.1:" + std::to_string(free_port());
+  Node n0 = start(run + " /bin/sh " + prog, d + "/n0.txt", "a"), n1, n2;
+  Reaper reaper{{&n0, &n1, &n2}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run + " --monitor-interval 0.25 /bin/sh " + prog, d + "/n1.txt", "b");
+  const auto until = Clock::now() + 20s;
+  while (!std::filesystem::exists(d + "/ready") && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  REQUIRE(std::filesystem::exists(d + "/ready"));
+  n2 = start(run + " /bin/sh " + prog, d + "/n2.txt", "c");
+  const int c0 = finish(n0, 30s), c1 = finish(n1, 30s), c2 = finish(n2, 30s);
+  const std::string o0 = slurp(n0.out);
+  INFO(o0 << slurp(n1.out) << slurp(n2.out));
+  CHECK(c0 == 0);
+  CHECK(c1 == 0);
+  CHECK(c2 == 0);
+  CHECK(has(o0, "ended for a change of membership (a node joins): not counted as a restart"));
+  CHECK(has(o0, "round 1: node 0 of 3"));
+  std::filesystem::remove_all(d);
+}

@@ -242,9 +242,12 @@ std::optional<int> settle_as_host(const LaunchOptions& o, Membership& m, HostSta
   for (const auto& rep : reports) all_ok = all_ok && rep.ok;
   if (all_ok) return end_job(m, k, members, 0);
 
+  // The host closed the round for a join or a departure before any worker failed: whatever
+  // the workers did after that (a peer on another node stopped first, a connection closed)
+  // is the stop's consequence, whatever its tier. A node gone is counted below.
   const bool membership = m.closed_for_membership(k);
   const auto verdict = job_blame(reports);
-  const bool worker_failed = verdict && !(membership && blame_tier(*verdict->failure) >= 2);
+  const bool worker_failed = verdict && !membership;
   if (!gone.empty() || worker_failed) {
     ++hs.failures;  // a node that died counts, as torchrun counts its survivors' failed workers
     std::optional<WorkerFailure> blamed;
