@@ -360,3 +360,51 @@ TEST_CASE("elastic: a join does not spend a restart when a stopped peer's exit f
   CHECK(has(o0, "round 1: node 0 of 3"));
   std::filesystem::remove_all(d);
 }
+
+TEST_CASE("elastic: a launcher asked to stop between rounds leaves; the next round does not wait for it") {
+  // Round 0 fails on node 0; node 2's worker ignores the stop, so the host waits for node
+  // 2's report (its --term-timeout) while node 1 has reported and waits for the verdict.
+  // Node 1's launcher then gets SIGTERM: it leaves. The host must not put it in round 1
+  // (its keep-alive has not lapsed yet), wait for it there and count it as a failure.
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_between");
+  const std::string prog = d + "/w.sh";
+  {
+    std::FILE* f = std::fopen(prog.c_str(), "w");
+    std::fprintf(f,
+                 "D=%s\n"
+                 "if [ \"$PHALANX_RESTART_COUNT\" -ge 1 ]; then echo \"worker world=$WORLD_SIZE\"; exit 0; fi\n"
+                 "case $GROUP_RANK in\n"
+                 "0) while [ ! -e $D/fail ]; do sleep 0.02; done; exit 1;;\n"
+                 "1) touch $D/up1; exec sleep 30;;\n"
+                 "*) trap '' TERM; touch $D/up2; while :; do sleep 0.05; done;;\n"
+                 "esac\n",
+                 d.c_str());
+    std::fclose(f);
+  }
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:3 --rdzv-id J --rdzv-last-call 10 --max-restarts 1 "
+                          "--rdzv-keep-alive 3 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port());
+  Node n0 = start(run + " /bin/sh " + prog, d + "/n0.txt", "a"), n1, n2;
+  Reaper reaper{{&n0, &n1, &n2}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run + " /bin/sh " + prog, d + "/n1.txt", "b");
+  REQUIRE(wait_for(n1.out, "launcher id 1", 20s));
+  n2 = start(run + " --term-timeout 4 /bin/sh " + prog, d + "/n2.txt", "c");
+  const auto until = Clock::now() + 20s;
+  while (!(std::filesystem::exists(d + "/up1") && std::filesystem::exists(d + "/up2")) && Clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  REQUIRE(std::filesystem::exists(d + "/up2"));
+  std::FILE* fail = std::fopen((d + "/fail").c_str(), "w");
+  std::fclose(fail);
+  REQUIRE(wait_for(n1.out, "node 1: stopped", 20s));  // it reported; it waits for the verdict
+  std::this_thread::sleep_for(2500ms);  // node 2 reports 4 s after its stop
+  ::kill(n1.pid, SIGTERM);
+  const int c1 = finish(n1, 20s), c0 = finish(n0, 30s), c2 = finish(n2, 30s);
+  const std::string o0 = slurp(n0.out);
+  INFO(o0 << slurp(n1.out) << slurp(n2.out));
+  CHECK(c1 == 128 + SIGTERM);
+  CHECK(c0 == 0);
+  CHECK(c2 == 0);
+  CHECK(has(o0, "round 1: 2 node(s), world size 2 (restarts counted: 1 of 1)"));
+  CHECK_FALSE(has(o0, "giving up"));
+  std::filesystem::remove_all(d);
+}

@@ -28,6 +28,17 @@ bool contains(const std::vector<int>& v, int x) {
   return false;
 }
 
+/// A launcher that leaves the job of its own accord (a signal) outside a round's report
+/// says so, so that the host neither puts it in the next round nor counts it as gone.
+std::string left_key(int id) { return elastic_key("left/" + std::to_string(id)); }
+void say_left(Store& s, int id) {
+  try {
+    s.set(left_key(id), std::string("1"));
+  } catch (const std::exception&) {  // the store is gone: nothing to tell
+  }
+}
+bool has_left(Store& s, int id) { return s.check({left_key(id)}); }
+
 /// The host's verdict on a round: the job ends with `code`, or goes on with `next` in round k+1.
 struct Verdict {
   bool end = false;
@@ -54,9 +65,9 @@ std::vector<int> form_round(const LaunchOptions& o, Membership& m, const std::ve
     if (const int sig = take_signal()) throw Interrupted(sig);
     std::vector<int> c;
     for (int id : keep)
-      if (m.alive(id)) c.push_back(id);
+      if (m.alive(id) && !has_left(m.store(), id)) c.push_back(id);
     for (int id : m.waiting(c))  // a launcher that left (asked to stop) is on its way out
-      if (static_cast<int>(c.size()) < o.nnodes && !contains(departed, id)) c.push_back(id);
+      if (static_cast<int>(c.size()) < o.nnodes && !contains(departed, id) && !has_left(m.store(), id)) c.push_back(id);
     const auto now = Clock::now();
     if (static_cast<int>(c.size()) >= o.nnodes) return c;
     if (static_cast<int>(c.size()) >= o.min_nodes) {
@@ -93,6 +104,7 @@ std::optional<std::pair<int, std::vector<int>>> wait_admitted(Membership& m, int
   for (;;) {
     if (const int sig = take_signal()) {
       std::fprintf(stderr, "phalanx-run: got %s while waiting to be admitted; leaving the job.\n", strsignal(sig));
+      say_left(s, m.id());
       code = 128 + sig;
       return std::nullopt;
     }
@@ -215,6 +227,11 @@ std::optional<int> settle_as_host(const LaunchOptions& o, Membership& m, HostSta
     const std::string key = elastic_round_key(k, "report/" + std::to_string(id));
     while (!s.check({key}) && m.alive(id)) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     NodeReport rep;
+    if (!s.check({key}) && has_left(s, id)) {  // asked to stop before it could report
+      left.push_back(id);
+      std::fprintf(stderr, "phalanx-run: node %zu's launcher was asked to stop: it leaves the job.\n", i);
+      continue;
+    }
     if (!s.check({key}) || !from_json(text_of(s.get(key)), rep)) {
       gone.push_back(id);
       std::fprintf(stderr, "phalanx-run: node %zu (launcher id %d) is gone: no keep-alive for %.3g s "
@@ -310,6 +327,7 @@ Verdict settle_as_member(const LaunchOptions& o, Membership& m, int k, const Nod
   Store& s = m.store();
   s.set(elastic_round_key(k, "report/" + std::to_string(m.id())), launcher::to_json(mine));
   if (mine.interrupted) {
+    say_left(s, m.id());
     std::fprintf(stderr, "phalanx-run: got %s: this node leaves the job; the others go on.\n",
                  strsignal(mine.interrupted));
     return {true, 128 + mine.interrupted, {}};
@@ -318,6 +336,7 @@ Verdict settle_as_member(const LaunchOptions& o, Membership& m, int k, const Nod
   for (;;) {
     if (const int sig = take_signal()) {
       std::fprintf(stderr, "phalanx-run: got %s while waiting for the job's verdict; leaving.\n", strsignal(sig));
+      say_left(s, m.id());
       return {true, 128 + sig, {}};
     }
     if (m.store_lost()) throw LaunchError(1, "lost the job's store (is the launcher that hosts it gone?)");
