@@ -408,3 +408,24 @@ TEST_CASE("elastic: a launcher asked to stop between rounds leaves; the next rou
   CHECK_FALSE(has(o0, "giving up"));
   std::filesystem::remove_all(d);
 }
+
+TEST_CASE("elastic: a node without --checkpoint-dir beside one with it is one line, not a hang") {
+  // The host runs round 0 alone; the joiner, without a folder, makes round 1, where only the
+  // host's rank would enter the resume's checkpoint sharing (a collective).
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_nodir");
+  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " +
+                            d + "/init.npz --global-batch 64 --lr 0.1 --epochs 3000 --exact --micro-batch 16";
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --backend gloo --rdzv-id J --rdzv-last-call 0.2 "
+                          "--max-restarts 0 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " ";
+  Node n0 = start(run + train + " --checkpoint-dir " + d + "/ck0", d + "/n0.txt", "a"), n1;
+  Reaper reaper{{&n0, &n1}};
+  REQUIRE(wait_for(n0.out, "round 0: node 0 of 1", 20s));
+  n1 = start(run + train, d + "/n1.txt", "b");
+  const int c0 = finish(n0, 30s), c1 = finish(n1, 10s);
+  const std::string o0 = slurp(n0.out);
+  INFO(o0 << slurp(n1.out));
+  CHECK(c0 == 1);
+  CHECK(c1 == 1);
+  CHECK(has(o0, "checkpoint dir differs across ranks: rank 0 has given, rank 1 has none"));
+  std::filesystem::remove_all(d);
+}
