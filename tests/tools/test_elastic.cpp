@@ -182,7 +182,7 @@ TEST_CASE("elastic 2:3: fewer than MIN nodes after --rdzv-timeout is one line") 
   const std::string o = slurp(n0.out);
   INFO(o);
   CHECK(code == 1);
-  CHECK(has(o, "1 node(s) in the job after waiting 0 s (--rdzv-timeout), fewer than the 2 --nnodes 2:3 needs"));
+  CHECK(has(o, "1 node(s) in the job after waiting 0.5 s (--rdzv-timeout), fewer than the 2 --nnodes 2:3 needs"));
   std::filesystem::remove_all(d);
 }
 

@@ -22,6 +22,12 @@ using nlohmann::json;
 
 std::chrono::milliseconds ms(double s) { return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000)); }
 std::string text_of(const Bytes& b) { return std::string(b.begin(), b.end()); }
+/// 0.5 as "0.5", 60 as "60" (std::to_string(int) said "waited 0 s" for --rdzv-timeout 0.5).
+std::string seconds_text(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", s);
+  return b;
+}
 bool contains(const std::vector<int>& v, int x) {
   for (int y : v)
     if (y == x) return true;
@@ -82,7 +88,7 @@ std::vector<int> form_round(const LaunchOptions& o, Membership& m, const std::ve
       said = true;
       if (now - start > ms(o.rdzv_timeout))
         throw LaunchError(1, std::to_string(c.size()) + " node(s) in the job after waiting " +
-                                 std::to_string(static_cast<int>(o.rdzv_timeout)) + " s (--rdzv-timeout), fewer than " +
+                                 seconds_text(o.rdzv_timeout) + " s (--rdzv-timeout), fewer than " +
                                  "the " + std::to_string(o.min_nodes) + " --nnodes " + std::to_string(o.min_nodes) +
                                  ":" + std::to_string(o.nnodes) + " needs: start more nodes' launchers with the same "
                                  "--rdzv-endpoint and --rdzv-id, or lower MIN");
