@@ -429,3 +429,31 @@ TEST_CASE("elastic: a node without --checkpoint-dir beside one with it is one li
   CHECK(has(o0, "checkpoint dir differs across ranks: rank 0 has given, rank 1 has none"));
   std::filesystem::remove_all(d);
 }
+
+TEST_CASE("elastic: with --resume-from, a node that joins with an empty folder gets the job's newest checkpoint") {
+  // The host runs round 0 alone from --resume-from and checkpoints into its own folder; in
+  // round 1 the joiner's folder is empty: it must not fall back to --resume-from's step.
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_resume_from");
+  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " +
+                            d + "/init.npz --global-batch 64 --lr 0.1 --exact --micro-batch 16";
+  REQUIRE(trainer_test::run_command(train + " --epochs 1 --checkpoint-dir " + d + "/pre --checkpoint-every 5",
+                                    d + "/pre.txt")
+              .code == 0);
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --backend gloo --rdzv-id J --rdzv-last-call 0.2 "
+                          "--rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " " + train +
+                          " --epochs 3000 --checkpoint-every 20 --resume-from " + d +
+                          "/pre/checkpoint-0000000005.npz --checkpoint-dir " + d;
+  Node n0 = start(run + "/ck0", d + "/n0.txt", "a"), n1;
+  Reaper reaper{{&n0, &n1}};
+  REQUIRE(wait_for(n0.out, "resumed at step 5", 20s));
+  n1 = start(run + "/ck1", d + "/n1.txt", "b");
+  REQUIRE(wait_for(n0.out, "round 1: node 0 of 2 (world size 2)", 20s));
+  const bool received = wait_for(n1.out, "received the checkpoint of step", 20s);
+  std::this_thread::sleep_for(500ms);
+  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
+  INFO(o0 << o1);
+  CHECK(received);
+  CHECK_FALSE(has(o0, "resume step differs across ranks"));
+  CHECK_FALSE(has(o0, "giving up"));
+  std::filesystem::remove_all(d);
+}
