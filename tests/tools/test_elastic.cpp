@@ -182,7 +182,7 @@ TEST_CASE("elastic 2:3: fewer than MIN nodes after --rdzv-timeout is one line") 
   const std::string o = slurp(n0.out);
   INFO(o);
   CHECK(code == 1);
-  CHECK(has(o, "1 node(s) in the job after waiting 0 s (--rdzv-timeout), fewer than the 2 --nnodes 2:3 needs"));
+  CHECK(has(o, "1 node(s) in the job after waiting 0.5 s (--rdzv-timeout), fewer than the 2 --nnodes 2:3 needs"));
   std::filesystem::remove_all(d);
 }
 
@@ -286,5 +286,174 @@ TEST_CASE("elastic: a node's launcher asked to stop leaves; the job goes on with
   CHECK(has(o0, "round 1: node 0 of 1 (world size 2)"));
   CHECK_FALSE(has(o0, "round 2:"));  // the node that left is not taken back
   CHECK(slurp(d + "/el.npz") == slurp(d + "/one.npz"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a node with another --nproc-per-node is refused before it is admitted") {
+  // Each node makes WORLD_SIZE = members x its own count: admitted, this node's workers
+  // would see world size 4 and ranks 2, 3 beside the host's world size 2.
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_nproc");
+  const std::string ep = " --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port());
+  const std::string prog = d + "/w.sh";
+  {
+    std::FILE* f = std::fopen(prog.c_str(), "w");
+    std::fputs("echo \"worker world=$WORLD_SIZE rank=$RANK\"\n", f);
+    std::fclose(f);
+  }
+  Node n0 = start(std::string(PHALANX_RUN) + " --nnodes 1:2 --rdzv-id J --rdzv-last-call 3" + ep + " /bin/sh " + prog,
+                  d + "/n0.txt", "a");
+  Reaper reaper{{&n0}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  Node n1 = start(std::string(PHALANX_RUN) + " --nnodes 1:2 --nproc-per-node 2 --rdzv-id J" + ep + " /bin/sh " + prog,
+                  d + "/n1.txt", "b");
+  const int c1 = finish(n1, 20s), c0 = finish(n0, 20s);
+  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
+  INFO(o0 << o1);
+  CHECK(c1 == 2);
+  CHECK(has(o1, "--nproc-per-node is 2 on this node but 1 on the node that hosts the job's store"));
+  CHECK_FALSE(has(o1, "world=4"));
+  CHECK(c0 == 0);
+  CHECK(has(o0, "round 0: node 0 of 1"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a join does not spend a restart when a stopped peer's exit fails a worker first") {
+  // Node 0's launcher stops its worker at once when it closes the round for the join; node
+  // 1's notices on its next tick (0.25 s here). Meanwhile node 1's worker, like a DDP
+  // worker whose peer vanished, fails on its own: a consequence of the stop, not a failure.
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_joinfail");
+  const std::string prog = d + "/w.sh";
+  {
+    std::FILE* f = std::fopen(prog.c_str(), "w");
+    std::fprintf(f,
+                 "D=%s\n"
+                 "if [ \"$PHALANX_RESTART_COUNT\" -ge 1 ]; then echo \"worker world=$WORLD_SIZE\"; exit 0; fi\n"
+                 "if [ \"$GROUP_RANK\" = 0 ]; then\n"
+                 "  trap 'rm -f $D/up; exit 143' TERM\n"
+                 "  touch $D/up\n"
+                 "  while :; do sleep 0.01; done\n"
+                 "fi\n"
+                 "while [ ! -e $D/up ]; do sleep 0.01; done\n"
+                 "touch $D/ready\n"
+                 "while [ -e $D/up ]; do sleep 0.01; done\n"
+                 "exit 1\n",
+                 d.c_str());
+    std::fclose(f);
+  }
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:3 --rdzv-id J --rdzv-last-call 1 --max-restarts 0 "
+                          "--rdzv-endpoint 127.0.0.1:" + std::to_string(free_port());
+  Node n0 = start(run + " /bin/sh " + prog, d + "/n0.txt", "a"), n1, n2;
+  Reaper reaper{{&n0, &n1, &n2}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run + " --monitor-interval 0.25 /bin/sh " + prog, d + "/n1.txt", "b");
+  const auto until = Clock::now() + 20s;
+  while (!std::filesystem::exists(d + "/ready") && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  REQUIRE(std::filesystem::exists(d + "/ready"));
+  n2 = start(run + " /bin/sh " + prog, d + "/n2.txt", "c");
+  const int c0 = finish(n0, 30s), c1 = finish(n1, 30s), c2 = finish(n2, 30s);
+  const std::string o0 = slurp(n0.out);
+  INFO(o0 << slurp(n1.out) << slurp(n2.out));
+  CHECK(c0 == 0);
+  CHECK(c1 == 0);
+  CHECK(c2 == 0);
+  CHECK(has(o0, "ended for a change of membership (a node joins): not counted as a restart"));
+  CHECK(has(o0, "round 1: node 0 of 3"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a launcher asked to stop between rounds leaves; the next round does not wait for it") {
+  // Round 0 fails on node 0; node 2's worker ignores the stop, so the host waits for node
+  // 2's report (its --term-timeout) while node 1 has reported and waits for the verdict.
+  // Node 1's launcher then gets SIGTERM: it leaves. The host must not put it in round 1
+  // (its keep-alive has not lapsed yet), wait for it there and count it as a failure.
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_between");
+  const std::string prog = d + "/w.sh";
+  {
+    std::FILE* f = std::fopen(prog.c_str(), "w");
+    std::fprintf(f,
+                 "D=%s\n"
+                 "if [ \"$PHALANX_RESTART_COUNT\" -ge 1 ]; then echo \"worker world=$WORLD_SIZE\"; exit 0; fi\n"
+                 "case $GROUP_RANK in\n"
+                 "0) while [ ! -e $D/fail ]; do sleep 0.02; done; exit 1;;\n"
+                 "1) touch $D/up1; exec sleep 30;;\n"
+                 "*) trap '' TERM; touch $D/up2; while :; do sleep 0.05; done;;\n"
+                 "esac\n",
+                 d.c_str());
+    std::fclose(f);
+  }
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:3 --rdzv-id J --rdzv-last-call 10 --max-restarts 1 "
+                          "--rdzv-keep-alive 3 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port());
+  Node n0 = start(run + " /bin/sh " + prog, d + "/n0.txt", "a"), n1, n2;
+  Reaper reaper{{&n0, &n1, &n2}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run + " /bin/sh " + prog, d + "/n1.txt", "b");
+  REQUIRE(wait_for(n1.out, "launcher id 1", 20s));
+  n2 = start(run + " --term-timeout 4 /bin/sh " + prog, d + "/n2.txt", "c");
+  const auto until = Clock::now() + 20s;
+  while (!(std::filesystem::exists(d + "/up1") && std::filesystem::exists(d + "/up2")) && Clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  REQUIRE(std::filesystem::exists(d + "/up2"));
+  std::FILE* fail = std::fopen((d + "/fail").c_str(), "w");
+  std::fclose(fail);
+  REQUIRE(wait_for(n1.out, "node 1: stopped", 20s));  // it reported; it waits for the verdict
+  std::this_thread::sleep_for(2500ms);  // node 2 reports 4 s after its stop
+  ::kill(n1.pid, SIGTERM);
+  const int c1 = finish(n1, 20s), c0 = finish(n0, 30s), c2 = finish(n2, 30s);
+  const std::string o0 = slurp(n0.out);
+  INFO(o0 << slurp(n1.out) << slurp(n2.out));
+  CHECK(c1 == 128 + SIGTERM);
+  CHECK(c0 == 0);
+  CHECK(c2 == 0);
+  CHECK(has(o0, "round 1: 2 node(s), world size 2 (restarts counted: 1 of 1)"));
+  CHECK_FALSE(has(o0, "giving up"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a node without --checkpoint-dir beside one with it is one line, not a hang") {
+  // The host runs round 0 alone; the joiner, without a folder, makes round 1, where only the
+  // host's rank would enter the resume's checkpoint sharing (a collective).
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_nodir");
+  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " +
+                            d + "/init.npz --global-batch 64 --lr 0.1 --epochs 3000 --exact --micro-batch 16";
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --backend gloo --rdzv-id J --rdzv-last-call 0.2 "
+                          "--max-restarts 0 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " ";
+  Node n0 = start(run + train + " --checkpoint-dir " + d + "/ck0", d + "/n0.txt", "a"), n1;
+  Reaper reaper{{&n0, &n1}};
+  REQUIRE(wait_for(n0.out, "round 0: node 0 of 1", 20s));
+  n1 = start(run + train, d + "/n1.txt", "b");
+  const int c0 = finish(n0, 30s), c1 = finish(n1, 10s);
+  const std::string o0 = slurp(n0.out);
+  INFO(o0 << slurp(n1.out));
+  CHECK(c0 == 1);
+  CHECK(c1 == 1);
+  CHECK(has(o0, "checkpoint dir differs across ranks: rank 0 has given, rank 1 has none"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: with --resume-from, a node that joins with an empty folder gets the job's newest checkpoint") {
+  // The host runs round 0 alone from --resume-from and checkpoints into its own folder; in
+  // round 1 the joiner's folder is empty: it must not fall back to --resume-from's step.
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_resume_from");
+  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " +
+                            d + "/init.npz --global-batch 64 --lr 0.1 --exact --micro-batch 16";
+  REQUIRE(trainer_test::run_command(train + " --epochs 1 --checkpoint-dir " + d + "/pre --checkpoint-every 5",
+                                    d + "/pre.txt")
+              .code == 0);
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --backend gloo --rdzv-id J --rdzv-last-call 0.2 "
+                          "--rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " " + train +
+                          " --epochs 3000 --checkpoint-every 20 --resume-from " + d +
+                          "/pre/checkpoint-0000000005.npz --checkpoint-dir " + d;
+  Node n0 = start(run + "/ck0", d + "/n0.txt", "a"), n1;
+  Reaper reaper{{&n0, &n1}};
+  REQUIRE(wait_for(n0.out, "resumed at step 5", 20s));
+  n1 = start(run + "/ck1", d + "/n1.txt", "b");
+  REQUIRE(wait_for(n0.out, "round 1: node 0 of 2 (world size 2)", 20s));
+  const bool received = wait_for(n1.out, "received the checkpoint of step", 20s);
+  std::this_thread::sleep_for(500ms);
+  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
+  INFO(o0 << o1);
+  CHECK(received);
+  CHECK_FALSE(has(o0, "resume step differs across ranks"));
+  CHECK_FALSE(has(o0, "giving up"));
   std::filesystem::remove_all(d);
 }

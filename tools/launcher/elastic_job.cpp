@@ -22,11 +22,28 @@ using nlohmann::json;
 
 std::chrono::milliseconds ms(double s) { return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000)); }
 std::string text_of(const Bytes& b) { return std::string(b.begin(), b.end()); }
+/// 0.5 as "0.5", 60 as "60" (std::to_string(int) said "waited 0 s" for --rdzv-timeout 0.5).
+std::string seconds_text(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", s);
+  return b;
+}
 bool contains(const std::vector<int>& v, int x) {
   for (int y : v)
     if (y == x) return true;
   return false;
 }
+
+/// A launcher that leaves the job of its own accord (a signal) outside a round's report
+/// says so, so that the host neither puts it in the next round nor counts it as gone.
+std::string left_key(int id) { return elastic_key("left/" + std::to_string(id)); }
+void say_left(Store& s, int id) {
+  try {
+    s.set(left_key(id), std::string("1"));
+  } catch (const std::exception&) {  // the store is gone: nothing to tell
+  }
+}
+bool has_left(Store& s, int id) { return s.check({left_key(id)}); }
 
 /// The host's verdict on a round: the job ends with `code`, or goes on with `next` in round k+1.
 struct Verdict {
@@ -54,9 +71,9 @@ std::vector<int> form_round(const LaunchOptions& o, Membership& m, const std::ve
     if (const int sig = take_signal()) throw Interrupted(sig);
     std::vector<int> c;
     for (int id : keep)
-      if (m.alive(id)) c.push_back(id);
+      if (m.alive(id) && !has_left(m.store(), id)) c.push_back(id);
     for (int id : m.waiting(c))  // a launcher that left (asked to stop) is on its way out
-      if (static_cast<int>(c.size()) < o.nnodes && !contains(departed, id)) c.push_back(id);
+      if (static_cast<int>(c.size()) < o.nnodes && !contains(departed, id) && !has_left(m.store(), id)) c.push_back(id);
     const auto now = Clock::now();
     if (static_cast<int>(c.size()) >= o.nnodes) return c;
     if (static_cast<int>(c.size()) >= o.min_nodes) {
@@ -71,7 +88,7 @@ std::vector<int> form_round(const LaunchOptions& o, Membership& m, const std::ve
       said = true;
       if (now - start > ms(o.rdzv_timeout))
         throw LaunchError(1, std::to_string(c.size()) + " node(s) in the job after waiting " +
-                                 std::to_string(static_cast<int>(o.rdzv_timeout)) + " s (--rdzv-timeout), fewer than " +
+                                 seconds_text(o.rdzv_timeout) + " s (--rdzv-timeout), fewer than " +
                                  "the " + std::to_string(o.min_nodes) + " --nnodes " + std::to_string(o.min_nodes) +
                                  ":" + std::to_string(o.nnodes) + " needs: start more nodes' launchers with the same "
                                  "--rdzv-endpoint and --rdzv-id, or lower MIN");
@@ -93,6 +110,7 @@ std::optional<std::pair<int, std::vector<int>>> wait_admitted(Membership& m, int
   for (;;) {
     if (const int sig = take_signal()) {
       std::fprintf(stderr, "phalanx-run: got %s while waiting to be admitted; leaving the job.\n", strsignal(sig));
+      say_left(s, m.id());
       code = 128 + sig;
       return std::nullopt;
     }
@@ -215,6 +233,11 @@ std::optional<int> settle_as_host(const LaunchOptions& o, Membership& m, HostSta
     const std::string key = elastic_round_key(k, "report/" + std::to_string(id));
     while (!s.check({key}) && m.alive(id)) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     NodeReport rep;
+    if (!s.check({key}) && has_left(s, id)) {  // asked to stop before it could report
+      left.push_back(id);
+      std::fprintf(stderr, "phalanx-run: node %zu's launcher was asked to stop: it leaves the job.\n", i);
+      continue;
+    }
     if (!s.check({key}) || !from_json(text_of(s.get(key)), rep)) {
       gone.push_back(id);
       std::fprintf(stderr, "phalanx-run: node %zu (launcher id %d) is gone: no keep-alive for %.3g s "
@@ -242,9 +265,12 @@ std::optional<int> settle_as_host(const LaunchOptions& o, Membership& m, HostSta
   for (const auto& rep : reports) all_ok = all_ok && rep.ok;
   if (all_ok) return end_job(m, k, members, 0);
 
+  // The host closed the round for a join or a departure before any worker failed: whatever
+  // the workers did after that (a peer on another node stopped first, a connection closed)
+  // is the stop's consequence, whatever its tier. A node gone is counted below.
   const bool membership = m.closed_for_membership(k);
   const auto verdict = job_blame(reports);
-  const bool worker_failed = verdict && !(membership && blame_tier(*verdict->failure) >= 2);
+  const bool worker_failed = verdict && !membership;
   if (!gone.empty() || worker_failed) {
     ++hs.failures;  // a node that died counts, as torchrun counts its survivors' failed workers
     std::optional<WorkerFailure> blamed;
@@ -307,6 +333,7 @@ Verdict settle_as_member(const LaunchOptions& o, Membership& m, int k, const Nod
   Store& s = m.store();
   s.set(elastic_round_key(k, "report/" + std::to_string(m.id())), launcher::to_json(mine));
   if (mine.interrupted) {
+    say_left(s, m.id());
     std::fprintf(stderr, "phalanx-run: got %s: this node leaves the job; the others go on.\n",
                  strsignal(mine.interrupted));
     return {true, 128 + mine.interrupted, {}};
@@ -315,6 +342,7 @@ Verdict settle_as_member(const LaunchOptions& o, Membership& m, int k, const Nod
   for (;;) {
     if (const int sig = take_signal()) {
       std::fprintf(stderr, "phalanx-run: got %s while waiting for the job's verdict; leaving.\n", strsignal(sig));
+      say_left(s, m.id());
       return {true, 128 + sig, {}};
     }
     if (m.store_lost()) throw LaunchError(1, "lost the job's store (is the launcher that hosts it gone?)");
@@ -336,6 +364,20 @@ int launch_elastic(LaunchOptions& o, const JobStore& js) {
   const auto tick = std::min(std::max(ms(o.monitor_interval), std::chrono::milliseconds(20)),
                              std::chrono::milliseconds(250));
   std::unique_ptr<Membership> mp;
+  // Every node computes WORLD_SIZE and RANK as members x its own --nproc-per-node: a node
+  // with another count would give its workers ranks the others do not have. Checked before
+  // it takes an id, so the job never admits it.
+  std::string theirs;
+  try {
+    if (js.hosting) js.store->set(elastic_key("nproc"), std::to_string(o.nproc_per_node));
+    else theirs = text_of(js.store->get(elastic_key("nproc")));
+  } catch (const std::exception& e) {
+    throw LaunchError(1, std::string("cannot join the job's store: ") + e.what());
+  }
+  if (!js.hosting && theirs != std::to_string(o.nproc_per_node))
+    throw LaunchError(2, "--nproc-per-node is " + std::to_string(o.nproc_per_node) + " on this node but " + theirs +
+                             " on the node that hosts the job's store: every node must run the same number of "
+                             "workers");
   try {
     mp = std::make_unique<Membership>(js.store, js.hosting, tick, ms(o.keep_alive), o.nnodes);
   } catch (const std::exception& e) {

@@ -127,7 +127,8 @@ std::vector<int> Membership::waiting(const std::vector<int>& members) const {
       std::lock_guard<std::mutex> lock(mu_);
       for (int f : forgotten_) member = member || f == id;
     }
-    if (!member && alive(id)) ids.push_back(id);
+    // A launcher that said it leaves (a signal while it waited) is on its way out.
+    if (!member && alive(id) && !store_->check({elastic_key("left/" + std::to_string(id))})) ids.push_back(id);
   }
   return ids;
 }

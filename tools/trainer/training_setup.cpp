@@ -239,6 +239,9 @@ TrainingSetup set_up_training(const TrainConfig& c) {
                               {"drop last", c.drop_last ? "on" : "off"},
                               {"exact", c.exact ? "micro-batch " + std::to_string(c.micro_batch) : "off"},
                               {"checkpoint every", std::to_string(c.checkpoint_every)},
+                              // Every rank with a folder (each node its own path) or none: the
+                              // resume's checkpoint sharing is a collective of the ranks that have one.
+                              {"checkpoint dir", c.checkpoint_dir.empty() ? "none" : "given"},
                               {"resume", c.resume_from.empty() ? (c.resume ? "latest" : "no") : c.resume_from}},
                              pg);
 
