@@ -269,3 +269,33 @@ TEST_CASE("async sim: a collective that skips its ready-event wait reads what th
     return 1;
   }));
 }
+
+TEST_CASE("async sim: a kernel's error on the worker is still reported after a fork") {
+  Mode lazy(kLazy);
+  DeviceKernels& k = kernels_for(Device::sim());
+  Tensor a = zeros({4}, DType::Float32, Device::sim());
+  // A copy from a sim address no block holds: queued now, fails on the worker.
+  const auto bogus = reinterpret_cast<const void*>((std::uintptr_t(1) << 55) | 64);
+  k.copy(a.raw_data(), bogus, 16);
+  // The fork drains the stream first (the child starts on a fresh one): the parent must
+  // still see the failure, at its next host read, as it would without the fork.
+  const auto child = run_processes(1, [](int) { return 0; });
+  CHECK(child[0].exit_code == 0);
+  CHECK_THROWS_AS((void)a.to_vector<float>(), ValueError);
+}
+
+TEST_CASE("async sim: a process that exits with kernels still queued exits cleanly") {
+  // The worker must not run kernels while exit() destroys what they use.
+  for (int mode : {kEager, kLazy}) {
+    CAPTURE(mode);
+    const auto r = run_processes(1, [mode](int) {
+      set_async(mode);
+      Tensor a = full({1 << 16}, 1.f, DType::Float32, Device::sim());
+      for (int i = 0; i < 2000; ++i) a = a * 1.0001f + 0.5f;
+      std::exit(0);  // static destructors and atexit handlers run (run_processes would _exit)
+      return 0;
+    });
+    CHECK(r[0].exit_code == 0);
+    CHECK(r[0].signal == 0);
+  }
+}

@@ -39,13 +39,13 @@ Stream::Stream() : state_(new State), mode_(static_cast<int>(mode_from_env())) {
 
 void Stream::before_fork() {
   Stream& st = instance();
-  if (st.mode() != Mode::Sync) {
-    try {
-      st.synchronize();
-    } catch (...) {  // reported later in the parent; the child starts clean
-    }
-  }
-  st.state_.load()->mu.lock();
+  // Drained, not synchronised: an error a queued kernel raised stays for the parent's next
+  // host wait (synchronize() would consume it here); the child starts clean.
+  State* s = st.state_.load();
+  std::unique_lock<std::mutex> lock(s->mu);
+  if (!t_worker)
+    while (s->completed < s->enqueued) st.wait_locked(s, lock, s->enqueued);
+  lock.release();  // held across the fork; unlocked by the after_fork handlers
 }
 void Stream::after_fork_parent() { instance().state_.load()->mu.unlock(); }
 void Stream::after_fork_child() {
