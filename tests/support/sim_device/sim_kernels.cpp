@@ -74,7 +74,7 @@ class SimKernels final : public DeviceKernels {
   }
 
   // ---- stream ordering: an event is the compute stream's item count when it was recorded ----
-  void* event_create() override { return new std::uint64_t(0); }
+  void* event_create(int) override { return new std::uint64_t(0); }
   void event_destroy(void* e) override { delete static_cast<std::uint64_t*>(e); }
   void event_record(void* e) override { *static_cast<std::uint64_t*>(e) = Stream::instance().ticket(); }
   void event_synchronize(void* e) override { Stream::instance().wait_ticket(*static_cast<std::uint64_t*>(e)); }
