@@ -188,7 +188,7 @@ TEST_CASE("async sim: kernels queue until the host waits, host reads wait, frees
   k.set_comm_stream(false);
   CHECK(std::isnan(now[0]));
   // An event recorded now completes once the queue ran up to it.
-  void* ev = k.event_create();
+  void* ev = k.event_create(0);
   k.event_record(ev);
   CHECK_FALSE(k.event_query(ev));
   k.event_synchronize(ev);
@@ -297,5 +297,34 @@ TEST_CASE("async sim: a process that exits with kernels still queued exits clean
     });
     CHECK(r[0].exit_code == 0);
     CHECK(r[0].signal == 0);
+  }
+}
+
+TEST_CASE("async sim: without the allreduce's ready-event wait each scenario goes wrong, not only DDP") {
+  // The proof above covers plain DDP; the hook, SyncBatchNorm and exact mode are checked
+  // bit-equal too, so each must also be shown to fail when the wait is skipped (each in a
+  // world of its own: a rank that fails may leave its peer's collectives unmatched). A run
+  // that throws (poison read as a length, say) counts as failing.
+  const Data d = make_data(96);
+  static char allreduce_only[] = "PHALANX_TEST_SKIP_READY_WAIT=allreduce";
+  const char* names[] = {"DDP with the fp16 hook", "SyncBatchNorm under DDP", "exact mode"};
+  for (int scenario = 0; scenario < 3; ++scenario) {
+    CAPTURE(names[scenario]);
+    CHECK(run_world(2, kLazy, allreduce_only, [&](const ProcessGroupPtr& pg, int rank) {
+      const auto run = [&](Device dev) {
+        if (scenario == 0) return ddp_run(d, pg, rank, 2, dev, true);
+        if (scenario == 1) return sync_bn_run(d, pg, rank, 2, dev);
+        return exact_run(d, pg, rank, 2, dev);
+      };
+      const Params cpu = run(Device::cpu());
+      bool same = false;
+      try {
+        same = identical(cpu, run(Device::sim()));
+      } catch (const Error& e) {
+        std::printf("rank %d: %s without the wait failed: %s\n", rank, names[scenario], e.what());
+      }
+      REQUIRE_RANK(rank, !same, std::string(names[scenario]) + " without the allreduce's wait equals the CPU's");
+      return 0;
+    }));
   }
 }
