@@ -328,3 +328,19 @@ TEST_CASE("async sim: without the allreduce's ready-event wait each scenario goe
     }));
   }
 }
+
+TEST_CASE("async sim: an event wait reports a queued kernel's error, as cudaEventSynchronize does") {
+  Mode lazy(kLazy);
+  DeviceKernels& k = kernels_for(Device::sim());
+  Tensor a = zeros({4}, DType::Float32, Device::sim());
+  const auto bogus = reinterpret_cast<const void*>((std::uintptr_t(1) << 55) | 64);
+  k.copy(a.raw_data(), bogus, 16);  // fails on the worker
+  void* ev = k.event_create(0);
+  k.event_record(ev);
+  // A collective's thread waits here before reading its inputs: it must not go on to move
+  // bytes a failed kernel never wrote.
+  CHECK_THROWS_AS(k.event_synchronize(ev), ValueError);
+  k.event_destroy(ev);
+  // Still reported to the compute thread's next host read.
+  CHECK_THROWS_AS((void)a.to_vector<float>(), ValueError);
+}

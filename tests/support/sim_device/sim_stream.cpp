@@ -143,6 +143,9 @@ void Stream::wait_ticket(std::uint64_t t) {
   State* s = state_.load();
   std::unique_lock<std::mutex> lock(s->mu);
   wait_locked(s, lock, t);
+  // As cudaEventSynchronize returns a sticky error: the waiter (a collective about to read
+  // its inputs) must not go on; the error stays for the compute thread's next host wait.
+  if (s->error) std::rethrow_exception(s->error);
 }
 
 bool Stream::ticket_done(std::uint64_t t) {

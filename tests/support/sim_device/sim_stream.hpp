@@ -49,6 +49,7 @@ class Stream {
 
   /// The ticket an event recorded now gets: complete once that many items have run.
   std::uint64_t ticket();
+  /// Waits until the ticket's items ran; rethrows a queued kernel's error without clearing it.
   void wait_ticket(std::uint64_t t);
   bool ticket_done(std::uint64_t t);
   /// Items queued and not yet run (tests).
