@@ -344,3 +344,20 @@ TEST_CASE("async sim: an event wait reports a queued kernel's error, as cudaEven
   // Still reported to the compute thread's next host read.
   CHECK_THROWS_AS((void)a.to_vector<float>(), ValueError);
 }
+
+TEST_CASE("async sim, lazy: the memory queued work holds stays bounded") {
+  // Every queued kernel holds its tensors: 4096 of them (the queue's item bound) on 256 KiB
+  // tensors held 1 GiB. The lazy stream also runs once the blocks allocated since it last
+  // ran exceed Stream::kLazyBytes (256 MiB).
+  static const auto live_bytes = reinterpret_cast<std::size_t (*)()>(sim_symbol("phalanx_sim_live_bytes"));
+  Mode lazy(kLazy);
+  Tensor a = full({1 << 16}, 1.f, DType::Float32, Device::sim());
+  std::size_t peak = 0;
+  for (int i = 0; i < 2000; ++i) {
+    a = a * 1.0001f + 0.5f;
+    peak = std::max(peak, live_bytes());
+  }
+  MESSAGE("peak live sim bytes: ", peak >> 20, " MiB");
+  CHECK(peak < (std::size_t(400) << 20));
+  CHECK(std::isfinite(a.to_vector<float>()[0]));
+}

@@ -36,7 +36,10 @@ class SimKernels final : public DeviceKernels {
  public:
   const char* name() const override { return "sim"; }
 
-  void* allocate(std::size_t nbytes, int) override { return Allocator::instance().allocate(nbytes); }
+  void* allocate(std::size_t nbytes, int) override {
+    Stream::instance().note_allocation(nbytes);
+    return Allocator::instance().allocate(nbytes);
+  }
   /// Stream-ordered, as a caching allocator's free on the stream that used the block: the
   /// block is poisoned and quarantined only after the work queued before the free has run.
   void deallocate(void* p, std::size_t nbytes, int) override {

@@ -154,6 +154,24 @@ bool Stream::ticket_done(std::uint64_t t) {
   return s->completed >= t;
 }
 
+void Stream::note_allocation(std::size_t nbytes) {
+  if (mode() != Mode::Lazy) return;
+  State* s = state_.load();
+  std::unique_lock<std::mutex> lock(s->mu);
+  s->allocated += nbytes;
+  if (s->allocated <= kLazyBytes) return;
+  s->allocated = 0;
+  // Waits, as a caching allocator short of memory synchronises: a flush the host does not
+  // wait for is outrun by the host's next allocations. Never on the stream's own thread.
+  if (t_worker) {
+    if (s->flush_to < s->enqueued) s->flush_to = s->enqueued;
+    s->work_cv.notify_one();
+    return;
+  }
+  // The frees the drained work queued as it ran included: they release the memory.
+  while (s->completed < s->enqueued) wait_locked(s, lock, s->enqueued);
+}
+
 std::size_t Stream::pending() {
   State* s = state_.load();
   std::lock_guard<std::mutex> lock(s->mu);
