@@ -35,7 +35,7 @@ Device device_of(const A& a, const Rest&... rest) {
 /// operation's inputs, however late the worker runs it.
 class ReadyEvent {
  public:
-  explicit ReadyEvent(DeviceKernels& k) : k_(k), event_(k.event_create()) {
+  ReadyEvent(DeviceKernels& k, int device) : k_(k), event_(k.event_create(device)) {
     if (event_) k_.event_record(event_);
   }
   ~ReadyEvent() {
@@ -80,7 +80,7 @@ WorkPtr ProcessGroup::call(const char* op, const std::string& signature, Body bo
   if (dev.is_cpu() || be_->orders_device_streams()) return dispatch(op, signature, body, args...);
   // Device tensors moved by a backend that reads host memory: the caller's stream may
   // still be computing the inputs, so record the ready event now, on the caller's thread.
-  auto ready = std::make_shared<ReadyEvent>(kernels_for(dev));
+  auto ready = std::make_shared<ReadyEvent>(kernels_for(dev), dev.index);
   const bool wait = skip_ready_wait_ == "0" || (skip_ready_wait_ == "allreduce" && std::strcmp(op, "allreduce") != 0);
   const auto ordered = [body, ready, wait](std::uint64_t seq, Args&... a) {
     const CommStream stream(*ready, wait);

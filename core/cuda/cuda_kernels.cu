@@ -301,27 +301,51 @@ void CudaKernels::copy_from_host(void* dst, const void* src, std::size_t n) {
   PHALANX_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
 }
 
-void* CudaKernels::event_create() {
+// Events of the legacy default stream of their own device (every kernel's and copy's). A
+// process group makes one per collective on a device tensor: they are kept for reuse rather
+// than created and destroyed each time. Reusing one whose last record has not completed is
+// safe: cudaEventRecord replaces what it captures, and nobody waits on a destroyed event.
+void* CudaKernels::event_create(int device) {
+  {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    for (auto it = spare_events_.rbegin(); it != spare_events_.rend(); ++it)
+      if ((*it)->device == device) {
+        Event* e = *it;
+        spare_events_.erase(std::next(it).base());
+        return e;
+      }
+  }
+  PHALANX_CUDA_CHECK(cudaSetDevice(device));
   cudaEvent_t e = nullptr;
   PHALANX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  return e;
+  return new Event{e, device};
 }
 void CudaKernels::event_destroy(void* e) {
-  if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));  // released by CUDA once it completed
+  if (!e) return;
+  std::lock_guard<std::mutex> lock(events_mu_);
+  spare_events_.push_back(static_cast<Event*>(e));
 }
-void CudaKernels::event_record(void* e) { PHALANX_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), 0)); }
-void CudaKernels::event_synchronize(void* e) { PHALANX_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); }
+void CudaKernels::event_record(void* e) {
+  const Event& ev = *static_cast<Event*>(e);
+  PHALANX_CUDA_CHECK(cudaSetDevice(ev.device));  // the stream must be on the event's device
+  PHALANX_CUDA_CHECK(cudaEventRecord(ev.event, 0));
+}
+void CudaKernels::event_synchronize(void* e) {
+  PHALANX_CUDA_CHECK(cudaEventSynchronize(static_cast<Event*>(e)->event));
+}
 bool CudaKernels::event_query(void* e) {
-  const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(e));
+  const cudaError_t q = cudaEventQuery(static_cast<Event*>(e)->event);
   if (q == cudaErrorNotReady) {
-    (void)cudaGetLastError();  // not finished is no error
+    (void)cudaGetLastError();  // not finished is no error (as PyTorch's CUDAEvent::query)
     return false;
   }
   PHALANX_CUDA_CHECK(q);
   return true;
 }
 void CudaKernels::stream_wait_event(void* e) {
-  PHALANX_CUDA_CHECK(cudaStreamWaitEvent(0, static_cast<cudaEvent_t>(e), 0));
+  const Event& ev = *static_cast<Event*>(e);
+  PHALANX_CUDA_CHECK(cudaSetDevice(ev.device));
+  PHALANX_CUDA_CHECK(cudaStreamWaitEvent(0, ev.event, 0));
 }
 
 void CudaKernels::fill(Tensor& out, double v) {

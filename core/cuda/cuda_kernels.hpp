@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 
 #include <mutex>
+#include <vector>
 
 #include "cuda_allocator.hpp"
 #include "label_check.hpp"
@@ -97,7 +98,7 @@ class CudaKernels final : public DeviceKernels {
   // ---- stream ordering: events on the legacy default stream (every kernel's and copy's) ----
   // Untested on a GPU so far. set_comm_stream keeps the default (no-op): a staging copy of a
   // host backend stays a cudaMemcpy, ordered after every kernel already.
-  void* event_create() override;
+  void* event_create(int device) override;
   void event_destroy(void* event) override;
   void event_record(void* event) override;
   void event_synchronize(void* event) override;
@@ -111,6 +112,14 @@ class CudaKernels final : public DeviceKernels {
   LabelCheck labels_;
   std::mutex blas_mu_;
   cublasHandle_t handles_[kMaxDevices] = {};
+  /// An event and the device it was created on: cudaEventRecord needs a stream of that
+  /// device, and the thread that records it may have another one current.
+  struct Event {
+    cudaEvent_t event;
+    int device;
+  };
+  std::mutex events_mu_;
+  std::vector<Event*> spare_events_;  ///< destroyed events, reused (one per collective)
 };
 
 /// The process-wide table (registered by the plugin's create()).

@@ -475,7 +475,7 @@ class CheckedKernels final : public DeviceKernels {
     return k_.find_label_out_of_range(target, classes);
   }
   // stream ordering: handles only, nothing to check
-  void* event_create() override { return k_.event_create(); }
+  void* event_create(int device) override { return k_.event_create(device); }
   void event_destroy(void* e) override { k_.event_destroy(e); }
   void event_record(void* e) override { k_.event_record(e); }
   void event_synchronize(void* e) override { k_.event_synchronize(e); }

@@ -5,7 +5,12 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstddef>
+#include <cstring>
 
+#include "phalanx/backends/backend.hpp"
+#include "phalanx/core/kernels.hpp"
+#include "phalanx/core/plugin_abi.h"
 #include "support/multirank.hpp"
 
 using namespace phalanx;
@@ -127,6 +132,55 @@ TEST_CASE("a rank killed mid-collective: the survivor gets a CommError quickly, 
   CHECK(results[0].exit_code == 0);
   CHECK(Clock::now() - t0 < 15s);
 }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+namespace {
+// The vtable slot of a virtual member function (Itanium C++ ABI: the pointer holds 1 + the
+// slot's byte offset). A virtual a probe class adds comes right after its base's own, so
+// its slot is the number of slots the base has: a virtual added anywhere moves it.
+template <class M>
+std::ptrdiff_t vtable_slot(M m) {
+  struct Rep {
+    std::ptrdiff_t ptr, adj;
+  } r;
+  static_assert(sizeof(M) == sizeof(Rep), "Itanium member-function pointer");
+  std::memcpy(&r, &m, sizeof r);
+  return (r.ptr - 1) / static_cast<std::ptrdiff_t>(sizeof(void*));
+}
+struct KernelsProbe : DeviceKernels {
+  virtual void probe_slot() {}
+};
+struct BackendProbe : Backend {
+  virtual void probe_slot() {}
+};
+}  // namespace
+
+TEST_CASE("plugin ABI: PHALANX_PLUGIN_ABI_VERSION changes with the layouts plugins share") {
+  // A plugin built against other headers calls a vtable slot or a member offset that means
+  // something else here: the loader can refuse it only if the version moved with the layout.
+  // On a failure here: bump PHALANX_PLUGIN_ABI_VERSION (plugin_abi.h) and add its row.
+  struct Layout {
+    unsigned abi;
+    std::size_t backend_size;
+    std::ptrdiff_t backend_slots, kernel_slots;
+  };
+  const Layout known[] = {
+      {8, 40, 16, 58},  // before the stream-ordering events
+      {9, 40, 16, 65},  // DeviceKernels' event_* / stream_wait_event / set_comm_stream; Backend's flag
+  };
+  const Layout now{PHALANX_PLUGIN_ABI_VERSION, sizeof(Backend), vtable_slot(&BackendProbe::probe_slot),
+                   vtable_slot(&KernelsProbe::probe_slot)};
+  const Layout* row = nullptr;
+  for (const auto& l : known)
+    if (l.abi == now.abi) row = &l;
+  INFO("ABI ", now.abi, ": sizeof(Backend) ", now.backend_size, ", Backend's vtable slots ", now.backend_slots,
+       ", DeviceKernels' ", now.kernel_slots);
+  REQUIRE_MESSAGE(row != nullptr, "no recorded layout for this ABI version: add its row");
+  CHECK(row->backend_size == now.backend_size);
+  CHECK(row->backend_slots == now.backend_slots);
+  CHECK(row->kernel_slots == now.kernel_slots);
+}
+#endif
 
 TEST_CASE("plugins: missing, ABI mismatch, unavailable; each with its own error") {
   CHECK_THROWS_WITH_AS(create_process_group("nosuch", BackendConfig{}),

@@ -188,7 +188,7 @@ TEST_CASE("async sim: kernels queue until the host waits, host reads wait, frees
   k.set_comm_stream(false);
   CHECK(std::isnan(now[0]));
   // An event recorded now completes once the queue ran up to it.
-  void* ev = k.event_create();
+  void* ev = k.event_create(0);
   k.event_record(ev);
   CHECK_FALSE(k.event_query(ev));
   k.event_synchronize(ev);
@@ -268,4 +268,96 @@ TEST_CASE("async sim: a collective that skips its ready-event wait reads what th
     REQUIRE_RANK(rank, false, "DDP on sim ran without any ready-event wait");
     return 1;
   }));
+}
+
+TEST_CASE("async sim: a kernel's error on the worker is still reported after a fork") {
+  Mode lazy(kLazy);
+  DeviceKernels& k = kernels_for(Device::sim());
+  Tensor a = zeros({4}, DType::Float32, Device::sim());
+  // A copy from a sim address no block holds: queued now, fails on the worker.
+  const auto bogus = reinterpret_cast<const void*>((std::uintptr_t(1) << 55) | 64);
+  k.copy(a.raw_data(), bogus, 16);
+  // The fork drains the stream first (the child starts on a fresh one): the parent must
+  // still see the failure, at its next host read, as it would without the fork.
+  const auto child = run_processes(1, [](int) { return 0; });
+  CHECK(child[0].exit_code == 0);
+  CHECK_THROWS_AS((void)a.to_vector<float>(), ValueError);
+}
+
+TEST_CASE("async sim: a process that exits with kernels still queued exits cleanly") {
+  // The worker must not run kernels while exit() destroys what they use.
+  for (int mode : {kEager, kLazy}) {
+    CAPTURE(mode);
+    const auto r = run_processes(1, [mode](int) {
+      set_async(mode);
+      Tensor a = full({1 << 16}, 1.f, DType::Float32, Device::sim());
+      for (int i = 0; i < 2000; ++i) a = a * 1.0001f + 0.5f;
+      std::exit(0);  // static destructors and atexit handlers run (run_processes would _exit)
+      return 0;
+    });
+    CHECK(r[0].exit_code == 0);
+    CHECK(r[0].signal == 0);
+  }
+}
+
+TEST_CASE("async sim: without the allreduce's ready-event wait each scenario goes wrong, not only DDP") {
+  // The proof above covers plain DDP; the hook, SyncBatchNorm and exact mode are checked
+  // bit-equal too, so each must also be shown to fail when the wait is skipped (each in a
+  // world of its own: a rank that fails may leave its peer's collectives unmatched). A run
+  // that throws (poison read as a length, say) counts as failing.
+  const Data d = make_data(96);
+  static char allreduce_only[] = "PHALANX_TEST_SKIP_READY_WAIT=allreduce";
+  const char* names[] = {"DDP with the fp16 hook", "SyncBatchNorm under DDP", "exact mode"};
+  for (int scenario = 0; scenario < 3; ++scenario) {
+    CAPTURE(names[scenario]);
+    CHECK(run_world(2, kLazy, allreduce_only, [&](const ProcessGroupPtr& pg, int rank) {
+      const auto run = [&](Device dev) {
+        if (scenario == 0) return ddp_run(d, pg, rank, 2, dev, true);
+        if (scenario == 1) return sync_bn_run(d, pg, rank, 2, dev);
+        return exact_run(d, pg, rank, 2, dev);
+      };
+      const Params cpu = run(Device::cpu());
+      bool same = false;
+      try {
+        same = identical(cpu, run(Device::sim()));
+      } catch (const Error& e) {
+        std::printf("rank %d: %s without the wait failed: %s\n", rank, names[scenario], e.what());
+      }
+      REQUIRE_RANK(rank, !same, std::string(names[scenario]) + " without the allreduce's wait equals the CPU's");
+      return 0;
+    }));
+  }
+}
+
+TEST_CASE("async sim: an event wait reports a queued kernel's error, as cudaEventSynchronize does") {
+  Mode lazy(kLazy);
+  DeviceKernels& k = kernels_for(Device::sim());
+  Tensor a = zeros({4}, DType::Float32, Device::sim());
+  const auto bogus = reinterpret_cast<const void*>((std::uintptr_t(1) << 55) | 64);
+  k.copy(a.raw_data(), bogus, 16);  // fails on the worker
+  void* ev = k.event_create(0);
+  k.event_record(ev);
+  // A collective's thread waits here before reading its inputs: it must not go on to move
+  // bytes a failed kernel never wrote.
+  CHECK_THROWS_AS(k.event_synchronize(ev), ValueError);
+  k.event_destroy(ev);
+  // Still reported to the compute thread's next host read.
+  CHECK_THROWS_AS((void)a.to_vector<float>(), ValueError);
+}
+
+TEST_CASE("async sim, lazy: the memory queued work holds stays bounded") {
+  // Every queued kernel holds its tensors: 4096 of them (the queue's item bound) on 256 KiB
+  // tensors held 1 GiB. The lazy stream also runs once the blocks allocated since it last
+  // ran exceed Stream::kLazyBytes (256 MiB).
+  static const auto live_bytes = reinterpret_cast<std::size_t (*)()>(sim_symbol("phalanx_sim_live_bytes"));
+  Mode lazy(kLazy);
+  Tensor a = full({1 << 16}, 1.f, DType::Float32, Device::sim());
+  std::size_t peak = 0;
+  for (int i = 0; i < 2000; ++i) {
+    a = a * 1.0001f + 0.5f;
+    peak = std::max(peak, live_bytes());
+  }
+  MESSAGE("peak live sim bytes: ", peak >> 20, " MiB");
+  CHECK(peak < (std::size_t(400) << 20));
+  CHECK(std::isfinite(a.to_vector<float>()[0]));
 }

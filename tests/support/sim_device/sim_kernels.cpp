@@ -36,7 +36,10 @@ class SimKernels final : public DeviceKernels {
  public:
   const char* name() const override { return "sim"; }
 
-  void* allocate(std::size_t nbytes, int) override { return Allocator::instance().allocate(nbytes); }
+  void* allocate(std::size_t nbytes, int) override {
+    Stream::instance().note_allocation(nbytes);
+    return Allocator::instance().allocate(nbytes);
+  }
   /// Stream-ordered, as a caching allocator's free on the stream that used the block: the
   /// block is poisoned and quarantined only after the work queued before the free has run.
   void deallocate(void* p, std::size_t nbytes, int) override {
@@ -74,7 +77,7 @@ class SimKernels final : public DeviceKernels {
   }
 
   // ---- stream ordering: an event is the compute stream's item count when it was recorded ----
-  void* event_create() override { return new std::uint64_t(0); }
+  void* event_create(int) override { return new std::uint64_t(0); }
   void event_destroy(void* e) override { delete static_cast<std::uint64_t*>(e); }
   void event_record(void* e) override { *static_cast<std::uint64_t*>(e) = Stream::instance().ticket(); }
   void event_synchronize(void* e) override { Stream::instance().wait_ticket(*static_cast<std::uint64_t*>(e)); }

@@ -39,13 +39,13 @@ Stream::Stream() : state_(new State), mode_(static_cast<int>(mode_from_env())) {
 
 void Stream::before_fork() {
   Stream& st = instance();
-  if (st.mode() != Mode::Sync) {
-    try {
-      st.synchronize();
-    } catch (...) {  // reported later in the parent; the child starts clean
-    }
-  }
-  st.state_.load()->mu.lock();
+  // Drained, not synchronised: an error a queued kernel raised stays for the parent's next
+  // host wait (synchronize() would consume it here); the child starts clean.
+  State* s = st.state_.load();
+  std::unique_lock<std::mutex> lock(s->mu);
+  if (!t_worker)
+    while (s->completed < s->enqueued) st.wait_locked(s, lock, s->enqueued);
+  lock.release();  // held across the fork; unlocked by the after_fork handlers
 }
 void Stream::after_fork_parent() { instance().state_.load()->mu.unlock(); }
 void Stream::after_fork_child() {
@@ -143,12 +143,33 @@ void Stream::wait_ticket(std::uint64_t t) {
   State* s = state_.load();
   std::unique_lock<std::mutex> lock(s->mu);
   wait_locked(s, lock, t);
+  // As cudaEventSynchronize returns a sticky error: the waiter (a collective about to read
+  // its inputs) must not go on; the error stays for the compute thread's next host wait.
+  if (s->error) std::rethrow_exception(s->error);
 }
 
 bool Stream::ticket_done(std::uint64_t t) {
   State* s = state_.load();
   std::lock_guard<std::mutex> lock(s->mu);
   return s->completed >= t;
+}
+
+void Stream::note_allocation(std::size_t nbytes) {
+  if (mode() != Mode::Lazy) return;
+  State* s = state_.load();
+  std::unique_lock<std::mutex> lock(s->mu);
+  s->allocated += nbytes;
+  if (s->allocated <= kLazyBytes) return;
+  s->allocated = 0;
+  // Waits, as a caching allocator short of memory synchronises: a flush the host does not
+  // wait for is outrun by the host's next allocations. Never on the stream's own thread.
+  if (t_worker) {
+    if (s->flush_to < s->enqueued) s->flush_to = s->enqueued;
+    s->work_cv.notify_one();
+    return;
+  }
+  // The frees the drained work queued as it ran included: they release the memory.
+  while (s->completed < s->enqueued) wait_locked(s, lock, s->enqueued);
 }
 
 std::size_t Stream::pending() {

@@ -49,12 +49,18 @@ class Stream {
 
   /// The ticket an event recorded now gets: complete once that many items have run.
   std::uint64_t ticket();
+  /// Waits until the ticket's items ran; rethrows a queued kernel's error without clearing it.
   void wait_ticket(std::uint64_t t);
   bool ticket_done(std::uint64_t t);
   /// Items queued and not yet run (tests).
   std::size_t pending();
+  /// A block of `nbytes` is being allocated: in lazy mode, once kLazyBytes were allocated
+  /// since the queue last ran, the caller waits until what is queued ran (queued work holds
+  /// its tensors, so an unflushed queue of kLazyBound items held that many tensors' memory).
+  void note_allocation(std::size_t nbytes);
 
   static constexpr std::size_t kLazyBound = 4096;
+  static constexpr std::size_t kLazyBytes = std::size_t(256) << 20;
 
  private:
   struct State {
@@ -62,6 +68,7 @@ class Stream {
     std::condition_variable work_cv, done_cv;
     std::deque<std::function<void()>> queue;
     std::uint64_t enqueued = 0, completed = 0, flush_to = 0;
+    std::size_t allocated = 0;  // bytes allocated since the lazy queue was last flushed
     std::exception_ptr error;
     bool started = false;
   };

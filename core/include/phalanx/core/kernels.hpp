@@ -318,18 +318,19 @@ class DeviceKernels {
   // ordered with the compute stream: it must wait for an event recorded where the data was
   // produced. The defaults suit a device whose work is done when the call returns (the CPU):
   // no event (nullptr), nothing to wait for.
-  /// A new event, or nullptr when the device needs none.
-  virtual void* event_create() { return nullptr; }
+  /// A new event on device `device_index` (the operation's tensors' device, which need not
+  /// be the calling thread's current one), or nullptr when the device needs none.
+  virtual void* event_create(int /*device_index*/) { return nullptr; }
   virtual void event_destroy(void* /*event*/) {}
-  /// Records `event` on the calling thread's stream: it completes once the work issued there
-  /// before this call has run.
+  /// Records `event` on the calling thread's stream of the event's device: it completes once
+  /// the work issued there before this call has run.
   virtual void event_record(void* /*event*/) {}
   /// Blocks the calling thread until `event` completed (the last record before this call).
   virtual void event_synchronize(void* /*event*/) {}
   /// Whether `event` completed (never blocks).
   virtual bool event_query(void* /*event*/) { return true; }
-  /// Device-side wait: the work the calling thread issues afterwards runs once `event`
-  /// completed; the host does not block.
+  /// Device-side wait: the work the calling thread issues afterwards on the event's device
+  /// runs once `event` completed; the host does not block.
   virtual void stream_wait_event(void* /*event*/) {}
   /// Whether the calling thread issues its copies and kernels on the device's communication
   /// stream (true) or its compute stream (false, every thread's default).
