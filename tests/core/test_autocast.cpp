@@ -277,3 +277,34 @@ TEST_CASE("autocast: a GPT (attention, layer norm, GELU, tied embedding) trains 
   CHECK(std::isfinite(last));
   CHECK(last < 0.8f * first);
 }
+
+TEST_CASE("autocast: a cached cast serves a second forward and backward in one region") {
+  // PyTorch: with torch.autocast(...): twice { loss = f(x, w); loss.backward() } works
+  // (ToCopyBackward saves nothing, so a second backward through the cached cast is fine).
+  Tensor w = randn({4, 3}).requires_grad_();
+  Tensor x = randn({2, 3});
+  autocast guard(DType::BFloat16);
+  sum(to_dtype(linear(x, w, Tensor()), DType::Float32)).backward();
+  const std::vector<float> g1 = w.grad().to_vector<float>();
+  CHECK(autocast::cache_size() == 1);
+  REQUIRE_NOTHROW(sum(to_dtype(linear(x, w, Tensor()), DType::Float32)).backward());
+  const std::vector<float> g2 = w.grad().to_vector<float>();
+  for (std::size_t i = 0; i < g1.size(); ++i) CHECK(g2[i] == 2 * g1[i]);
+}
+
+TEST_CASE("autocast: a cast made under NoGradGuard does not cut a later forward's gradient") {
+  // An evaluation forward under no_grad, then a training forward, in one region: the cast
+  // cached without history must not be reused by the forward that needs gradients.
+  // (PyTorch 1.13 reuses it and w silently gets no gradient; Phalanx does not copy that.)
+  Tensor w = randn({4, 3}).requires_grad_();
+  Tensor x = randn({2, 3});
+  autocast guard(DType::BFloat16);
+  {
+    NoGradGuard ng;
+    linear(x, w, Tensor());
+  }
+  Tensor y = linear(x, w, Tensor());
+  REQUIRE(y.requires_grad());
+  sum(to_dtype(y, DType::Float32)).backward();
+  CHECK(w.grad().defined());
+}
