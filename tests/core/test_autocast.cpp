@@ -308,3 +308,17 @@ TEST_CASE("autocast: a cast made under NoGradGuard does not cut a later forward'
   sum(to_dtype(y, DType::Float32)).backward();
   CHECK(w.grad().defined());
 }
+
+TEST_CASE("bf16 with a float32 0-dim tensor stays bf16 (PyTorch's dimensioned-first promotion)") {
+  // torch 1.13: (x_bf16 * torch.tensor(2.0)).dtype == bfloat16; x_bf16 * torch.ones(1) is float32
+  Tensor a = to_dtype(randn({4, 3}), DType::BFloat16).requires_grad_();
+  Tensor s = full({}, 2.0f).requires_grad_();
+  Tensor y = mul(a, s);
+  CHECK(y.dtype() == DType::BFloat16);
+  CHECK(add(s, a).dtype() == DType::BFloat16);
+  CHECK(mul(a, ones({1})).dtype() == DType::Float32);
+  CHECK(mul(to_dtype(s.detach(), DType::BFloat16), s.detach()).dtype() == DType::Float32);  // both 0-dim
+  sum(to_dtype(y, DType::Float32)).backward();
+  CHECK(a.grad().dtype() == DType::BFloat16);
+  CHECK(s.grad().dtype() == DType::Float32);
+}
