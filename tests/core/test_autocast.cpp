@@ -322,3 +322,14 @@ TEST_CASE("bf16 with a float32 0-dim tensor stays bf16 (PyTorch's dimensioned-fi
   CHECK(a.grad().dtype() == DType::BFloat16);
   CHECK(s.grad().dtype() == DType::Float32);
 }
+
+TEST_CASE("in-place ops on a bf16 tensor: mul_, fill_, add_ keep bf16 and the right values") {
+  Tensor h = to_dtype(full({5}, 1.5f), DType::BFloat16);
+  h.mul_(2.0f);
+  CHECK(h.dtype() == DType::BFloat16);
+  for (float v : values(h)) CHECK(v == 3.0f);
+  h.add_(to_dtype(full({5}, 1.0f), DType::BFloat16), 2.0f);
+  for (float v : values(h)) CHECK(v == 5.0f);
+  h.fill_(0.25);
+  for (float v : values(h)) CHECK(v == 0.25f);
+}
