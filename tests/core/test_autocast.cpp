@@ -163,9 +163,10 @@ TEST_CASE("autocast: gradients reach float32 masters as float32, PyTorch's value
   CHECK(w.dtype() == DType::Float32);
   CHECK(w.grad().dtype() == DType::Float32);
   CHECK(b.grad().dtype() == DType::Float32);
-  CHECK(scaled_err(loss, f.at("grad.loss")) <= 1e-2);
-  CHECK(scaled_err(w.grad(), f.at("grad.w")) <= 2e-2);
-  CHECK(scaled_err(b.grad(), f.at("grad.b")) <= 2e-2);
+  CHECK(scaled_err(loss, f.at("grad.loss")) <= 1e-6);  // float32 loss; its summation order differs
+  // docs/mixed_precision.md says bit-equal: the test holds the gradients to that
+  CHECK(scaled_err(w.grad(), f.at("grad.w")) == 0);
+  CHECK(scaled_err(b.grad(), f.at("grad.b")) == 0);
   MESSAGE("grad w scaled error " << scaled_err(w.grad(), f.at("grad.w")) << ", b "
                                  << scaled_err(b.grad(), f.at("grad.b")));
 }
@@ -173,11 +174,13 @@ TEST_CASE("autocast: gradients reach float32 masters as float32, PyTorch's value
 TEST_CASE("autocast: op outputs and dtypes as PyTorch 1.13 (relative 1e-2)") {
   const TensorMap& f = fixture();
   autocast guard(DType::BFloat16);
-  // lower-precision list: float32 inputs cast to bf16, bf16 products, float32 accumulation
-  check_op("linear", linear(in("x"), in("w"), in("b")));
-  check_op("linear_nobias", linear(in("x"), in("w"), Tensor()));
-  check_op("matmul", matmul(in("a"), in("m")));
-  check_op("conv2d", conv2d(in("img"), in("cw"), in("cb"), 1, 1));
+  // lower-precision list: float32 inputs cast to bf16, bf16 products, float32 accumulation.
+  // A tolerance of 0 where docs/mixed_precision.md says bit-equal (every bf16 GEMM path:
+  // PHALANX_BF16_GEMM=amx, avx512bf16 and fallback all give PyTorch's bits at these sizes).
+  check_op("linear", linear(in("x"), in("w"), in("b")), 0);
+  check_op("linear_nobias", linear(in("x"), in("w"), Tensor()), 0);
+  check_op("matmul", matmul(in("a"), in("m")), 0);
+  check_op("conv2d", conv2d(in("img"), in("cw"), in("cb"), 1, 1), 0);
   // the rest from PyTorch's own bf16 linear output, so that each op is compared alone
   const Tensor h = bf16(f.at("linear"));
   check_op("relu", relu(h), 0);
@@ -189,16 +192,16 @@ TEST_CASE("autocast: op outputs and dtypes as PyTorch 1.13 (relative 1e-2)") {
   check_op("mul_bf16_bf16", mul(h, h), 0);
   check_op("sub_bias", sub(h, in("b")), 0);
   check_op("add_scalar", add(h, 0.5f), 0);
-  check_op("sum", sum(h));
-  check_op("mean_dim", mean(h, 1));
-  check_op("softmax", softmax(h, -1));
+  check_op("sum", sum(h), 0);
+  check_op("mean_dim", mean(h, 1), 0);
+  check_op("softmax", softmax(h, -1), 0);
   check_op("log_softmax", log_softmax(h, -1));
   check_op("layer_norm", layer_norm(h, {32}));
   check_op("masked_fill", masked_fill(h, in("mask"), -1.f), 0);
   check_op("transpose", transpose(h, 0, 1), 0);
   check_op("cat_bf16_f32", cat({h, in("y")}), 0);
-  check_op("cross_entropy", cross_entropy(h, in("t")));
-  check_op("mse_loss", mse_loss(h, in("y")));
+  check_op("cross_entropy", cross_entropy(h, in("t")), 0);
+  check_op("mse_loss", mse_loss(h, in("y")), 0);
   check_op("max_pool2d", max_pool2d(bf16(f.at("conv2d")), 2), 0);
 }
 
