@@ -336,3 +336,21 @@ TEST_CASE("in-place ops on a bf16 tensor: mul_, fill_, add_ keep bf16 and the ri
   h.fill_(0.25);
   for (float v : values(h)) CHECK(v == 0.25f);
 }
+
+TEST_CASE("backward() from a bf16 one-element output: the implicit gradient is a bf16 one") {
+  // torch seeds ones_like(y) in y's dtype; Phalanx seeds float32 ones, which the bf16 GEMM's
+  // backward must take (the weight's gradient is x rounded to bf16, as float32).
+  Tensor w = randn({1, 3}).requires_grad_();
+  Tensor x = randn({1, 3});
+  Tensor y;
+  {
+    autocast guard(DType::BFloat16);
+    y = linear(x, w, Tensor());
+  }
+  REQUIRE(y.dtype() == DType::BFloat16);
+  REQUIRE_NOTHROW(y.backward());
+  REQUIRE(w.grad().defined());
+  CHECK(w.grad().dtype() == DType::Float32);
+  const auto gx = values(to_dtype(x, DType::BFloat16)), gw = w.grad().to_vector<float>();
+  for (std::size_t i = 0; i < gw.size(); ++i) CHECK(gw[i] == gx[i]);
+}
