@@ -140,8 +140,10 @@ Tensor cast(const Tensor& t, Policy policy, DeviceType device) {
   State& s = state();
   const DType to = policy == Policy::LowerPrecision ? device_state(device)->dtype : DType::Float32;
   if (from == to || policy == Policy::None) return t;
+  // Not under NoGradGuard: a cast made there has no history, and a later forward in the
+  // region that reused it would give the weight no gradient (PyTorch 1.13 does that).
   const bool cacheable = policy == Policy::LowerPrecision && from == DType::Float32 && s.cache_enabled &&
-                         t.is_leaf() && t.requires_grad();
+                         t.is_leaf() && t.requires_grad() && grad_mode_enabled();
   if (cacheable) {
     auto it = s.cache.find(t.impl());
     if (it != s.cache.end()) return it->second.second;

@@ -35,6 +35,7 @@ class ToDtypeBackward final : public Node {
     return {out};
   }
   const char* name() const override { return "ToDtypeBackward"; }
+  bool reusable() const override { return true; }  // saves nothing (PyTorch's ToCopyBackward)
 
  private:
   DType from_;

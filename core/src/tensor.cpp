@@ -295,7 +295,16 @@ Tensor& Tensor::mul_(float f) {
   if (!is_contiguous())
     throw TypeError("mul_(): " + str() + " is a non-contiguous view; add_ and mul_ need a contiguous "
                     "tensor (write the result through the view with copy_)");
-  kernels_for(device()).scale(*this, f);
+  DeviceKernels& k = kernels_for(device());
+  if (dtype() == DType::BFloat16 || dtype() == DType::Float16) {
+    // the kernel's scale is float32: scale a float32 copy, round once (PyTorch's bf16 mul_)
+    Tensor w = Tensor::empty(shape(), DType::Float32, device());
+    k.convert(*this, w);
+    k.scale(w, f);
+    k.convert(w, *this);
+    return *this;
+  }
+  k.scale(*this, f);
   return *this;
 }
 

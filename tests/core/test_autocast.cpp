@@ -163,9 +163,10 @@ TEST_CASE("autocast: gradients reach float32 masters as float32, PyTorch's value
   CHECK(w.dtype() == DType::Float32);
   CHECK(w.grad().dtype() == DType::Float32);
   CHECK(b.grad().dtype() == DType::Float32);
-  CHECK(scaled_err(loss, f.at("grad.loss")) <= 1e-2);
-  CHECK(scaled_err(w.grad(), f.at("grad.w")) <= 2e-2);
-  CHECK(scaled_err(b.grad(), f.at("grad.b")) <= 2e-2);
+  CHECK(scaled_err(loss, f.at("grad.loss")) <= 1e-6);  // float32 loss; its summation order differs
+  // docs/mixed_precision.md says bit-equal: the test holds the gradients to that
+  CHECK(scaled_err(w.grad(), f.at("grad.w")) == 0);
+  CHECK(scaled_err(b.grad(), f.at("grad.b")) == 0);
   MESSAGE("grad w scaled error " << scaled_err(w.grad(), f.at("grad.w")) << ", b "
                                  << scaled_err(b.grad(), f.at("grad.b")));
 }
@@ -173,11 +174,13 @@ TEST_CASE("autocast: gradients reach float32 masters as float32, PyTorch's value
 TEST_CASE("autocast: op outputs and dtypes as PyTorch 1.13 (relative 1e-2)") {
   const TensorMap& f = fixture();
   autocast guard(DType::BFloat16);
-  // lower-precision list: float32 inputs cast to bf16, bf16 products, float32 accumulation
-  check_op("linear", linear(in("x"), in("w"), in("b")));
-  check_op("linear_nobias", linear(in("x"), in("w"), Tensor()));
-  check_op("matmul", matmul(in("a"), in("m")));
-  check_op("conv2d", conv2d(in("img"), in("cw"), in("cb"), 1, 1));
+  // lower-precision list: float32 inputs cast to bf16, bf16 products, float32 accumulation.
+  // A tolerance of 0 where docs/mixed_precision.md says bit-equal (every bf16 GEMM path:
+  // PHALANX_BF16_GEMM=amx, avx512bf16 and fallback all give PyTorch's bits at these sizes).
+  check_op("linear", linear(in("x"), in("w"), in("b")), 0);
+  check_op("linear_nobias", linear(in("x"), in("w"), Tensor()), 0);
+  check_op("matmul", matmul(in("a"), in("m")), 0);
+  check_op("conv2d", conv2d(in("img"), in("cw"), in("cb"), 1, 1), 0);
   // the rest from PyTorch's own bf16 linear output, so that each op is compared alone
   const Tensor h = bf16(f.at("linear"));
   check_op("relu", relu(h), 0);
@@ -189,16 +192,16 @@ TEST_CASE("autocast: op outputs and dtypes as PyTorch 1.13 (relative 1e-2)") {
   check_op("mul_bf16_bf16", mul(h, h), 0);
   check_op("sub_bias", sub(h, in("b")), 0);
   check_op("add_scalar", add(h, 0.5f), 0);
-  check_op("sum", sum(h));
-  check_op("mean_dim", mean(h, 1));
-  check_op("softmax", softmax(h, -1));
+  check_op("sum", sum(h), 0);
+  check_op("mean_dim", mean(h, 1), 0);
+  check_op("softmax", softmax(h, -1), 0);
   check_op("log_softmax", log_softmax(h, -1));
   check_op("layer_norm", layer_norm(h, {32}));
   check_op("masked_fill", masked_fill(h, in("mask"), -1.f), 0);
   check_op("transpose", transpose(h, 0, 1), 0);
   check_op("cat_bf16_f32", cat({h, in("y")}), 0);
-  check_op("cross_entropy", cross_entropy(h, in("t")));
-  check_op("mse_loss", mse_loss(h, in("y")));
+  check_op("cross_entropy", cross_entropy(h, in("t")), 0);
+  check_op("mse_loss", mse_loss(h, in("y")), 0);
   check_op("max_pool2d", max_pool2d(bf16(f.at("conv2d")), 2), 0);
 }
 
@@ -276,4 +279,78 @@ TEST_CASE("autocast: a GPT (attention, layer norm, GELU, tied embedding) trains 
   MESSAGE("GPT under autocast: loss " << first << " -> " << last << " in 30 SGD steps");
   CHECK(std::isfinite(last));
   CHECK(last < 0.8f * first);
+}
+
+TEST_CASE("autocast: a cached cast serves a second forward and backward in one region") {
+  // PyTorch: with torch.autocast(...): twice { loss = f(x, w); loss.backward() } works
+  // (ToCopyBackward saves nothing, so a second backward through the cached cast is fine).
+  Tensor w = randn({4, 3}).requires_grad_();
+  Tensor x = randn({2, 3});
+  autocast guard(DType::BFloat16);
+  sum(to_dtype(linear(x, w, Tensor()), DType::Float32)).backward();
+  const std::vector<float> g1 = w.grad().to_vector<float>();
+  CHECK(autocast::cache_size() == 1);
+  REQUIRE_NOTHROW(sum(to_dtype(linear(x, w, Tensor()), DType::Float32)).backward());
+  const std::vector<float> g2 = w.grad().to_vector<float>();
+  for (std::size_t i = 0; i < g1.size(); ++i) CHECK(g2[i] == 2 * g1[i]);
+}
+
+TEST_CASE("autocast: a cast made under NoGradGuard does not cut a later forward's gradient") {
+  // An evaluation forward under no_grad, then a training forward, in one region: the cast
+  // cached without history must not be reused by the forward that needs gradients.
+  // (PyTorch 1.13 reuses it and w silently gets no gradient; Phalanx does not copy that.)
+  Tensor w = randn({4, 3}).requires_grad_();
+  Tensor x = randn({2, 3});
+  autocast guard(DType::BFloat16);
+  {
+    NoGradGuard ng;
+    linear(x, w, Tensor());
+  }
+  Tensor y = linear(x, w, Tensor());
+  REQUIRE(y.requires_grad());
+  sum(to_dtype(y, DType::Float32)).backward();
+  CHECK(w.grad().defined());
+}
+
+TEST_CASE("bf16 with a float32 0-dim tensor stays bf16 (PyTorch's dimensioned-first promotion)") {
+  // torch 1.13: (x_bf16 * torch.tensor(2.0)).dtype == bfloat16; x_bf16 * torch.ones(1) is float32
+  Tensor a = to_dtype(randn({4, 3}), DType::BFloat16).requires_grad_();
+  Tensor s = full({}, 2.0f).requires_grad_();
+  Tensor y = mul(a, s);
+  CHECK(y.dtype() == DType::BFloat16);
+  CHECK(add(s, a).dtype() == DType::BFloat16);
+  CHECK(mul(a, ones({1})).dtype() == DType::Float32);
+  CHECK(mul(to_dtype(s.detach(), DType::BFloat16), s.detach()).dtype() == DType::Float32);  // both 0-dim
+  sum(to_dtype(y, DType::Float32)).backward();
+  CHECK(a.grad().dtype() == DType::BFloat16);
+  CHECK(s.grad().dtype() == DType::Float32);
+}
+
+TEST_CASE("in-place ops on a bf16 tensor: mul_, fill_, add_ keep bf16 and the right values") {
+  Tensor h = to_dtype(full({5}, 1.5f), DType::BFloat16);
+  h.mul_(2.0f);
+  CHECK(h.dtype() == DType::BFloat16);
+  for (float v : values(h)) CHECK(v == 3.0f);
+  h.add_(to_dtype(full({5}, 1.0f), DType::BFloat16), 2.0f);
+  for (float v : values(h)) CHECK(v == 5.0f);
+  h.fill_(0.25);
+  for (float v : values(h)) CHECK(v == 0.25f);
+}
+
+TEST_CASE("backward() from a bf16 one-element output: the implicit gradient is a bf16 one") {
+  // torch seeds ones_like(y) in y's dtype; Phalanx seeds float32 ones, which the bf16 GEMM's
+  // backward must take (the weight's gradient is x rounded to bf16, as float32).
+  Tensor w = randn({1, 3}).requires_grad_();
+  Tensor x = randn({1, 3});
+  Tensor y;
+  {
+    autocast guard(DType::BFloat16);
+    y = linear(x, w, Tensor());
+  }
+  REQUIRE(y.dtype() == DType::BFloat16);
+  REQUIRE_NOTHROW(y.backward());
+  REQUIRE(w.grad().defined());
+  CHECK(w.grad().dtype() == DType::Float32);
+  const auto gx = values(to_dtype(x, DType::BFloat16)), gw = w.grad().to_vector<float>();
+  for (std::size_t i = 0; i < gw.size(); ++i) CHECK(gw[i] == gx[i]);
 }

@@ -141,7 +141,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     grad = Tensor();
     if (!retain_graph) {
       n->release_saved();
-      if (!dynamic_cast<AccumulateGrad*>(n)) n->released = true;
+      if (!n->reusable() && !dynamic_cast<AccumulateGrad*>(n)) n->released = true;
     }
     for (std::size_t i = 0; i < n->next_edges.size(); ++i) {
       Node* next = n->next_edges[i].fn.get();

@@ -77,12 +77,19 @@ template <typename... T>
 bool any_reduced(const T&... t) {
   return (is_reduced(t) || ...);
 }
+inline bool is_floating(const Tensor& t) {
+  return t.defined() && (t.dtype() == DType::Float32 || is_reduced(t));
+}
 /// PyTorch's promotion among the floating dtypes of the defined arguments (bf16 with float32
 /// is float32; bf16 with float16 is float32); integer and bool arguments do not take part.
+/// As PyTorch's result_type, a 0-dim tensor takes part only when no argument with dimensions
+/// is floating: bf16 (n) with a float32 0-dim tensor is bf16, with a float32 (1) it is float32.
 inline DType promote_types(std::initializer_list<const Tensor*> ts) {
+  bool dimensioned = false;
+  for (const Tensor* t : ts) dimensioned |= is_floating(*t) && !t->shape().empty();
   bool f32 = false, bf = false, h = false;
   for (const Tensor* t : ts) {
-    if (!t->defined()) continue;
+    if (!is_floating(*t) || (dimensioned && t->shape().empty())) continue;
     f32 |= t->dtype() == DType::Float32;
     bf |= t->dtype() == DType::BFloat16;
     h |= t->dtype() == DType::Float16;

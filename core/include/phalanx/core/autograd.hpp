@@ -32,6 +32,9 @@ class Node {
   virtual const char* name() const = 0;
   /// Frees saved tensors after a backward without retain_graph.
   virtual void release_saved() {}
+  /// Whether the node may run again after a backward without retain_graph because it saves
+  /// nothing (autocast's cached casts are reused by every forward of the region).
+  virtual bool reusable() const { return false; }
 
   std::vector<Edge> next_edges;
   std::uint64_t sequence_nr() const { return seq_; }
