@@ -15,6 +15,8 @@ namespace phalanx::samplers {
 TensorDataset::TensorDataset(Tensor features, Tensor labels, std::int64_t num_classes)
     : features_(std::move(features)), labels_(std::move(labels)) {
   if (!features_.defined() || !labels_.defined()) throw ValueError("TensorDataset: undefined tensor");
+  features_ = features_.contiguous();  // a view (a column of a table) is read by its values
+  labels_ = labels_.contiguous();
   if (features_.dim() < 1 || labels_.dim() < 1)
     throw ShapeError("TensorDataset: features and labels need a leading sample dimension, got " +
                      shape_str(features_.shape()) + " and " + shape_str(labels_.shape()));
@@ -90,8 +92,9 @@ void put_row(const Tensor& t, const char* what, std::int64_t index, const Shape&
   if (!(t.device() == Device::cpu()))
     throw ValueError(detail::concat("MapDataset: example ", index, " has ", what, " on ", t.device().str(),
                                     "; get(i) must return CPU tensors (the DataLoader batches on the CPU)"));
-  const std::size_t bytes = t.nbytes();
-  std::memcpy(static_cast<char*>(batch.raw_data()) + static_cast<std::size_t>(row) * bytes, t.raw_data(), bytes);
+  const Tensor src = t.contiguous();  // an example may be a view of a larger tensor
+  const std::size_t bytes = src.nbytes();
+  std::memcpy(static_cast<char*>(batch.raw_data()) + static_cast<std::size_t>(row) * bytes, src.raw_data(), bytes);
 }
 }  // namespace
 

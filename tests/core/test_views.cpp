@@ -11,6 +11,7 @@
 #include "phalanx/backends/process_group.hpp"
 #include "phalanx/backends/world_of_one.hpp"
 #include "phalanx/core/ops.hpp"
+#include "phalanx/data/dataset.hpp"
 #include "support/gradcheck.hpp"
 
 using namespace phalanx;
@@ -237,4 +238,41 @@ TEST_CASE("split of a permuted tensor: the gradient comes back through permute's
   sum(parts[1]).backward();
   const auto gx = vals(x.grad());
   for (std::size_t i = 0; i < gx.size(); ++i) CHECK(gx[i] == ((i % 12) / 4 == 1 ? 1.f : 0.f));
+}
+
+TEST_CASE("views: an empty view is contiguous, whatever its strides") {
+  const Tensor e = narrow(transpose(ar({2, 3}), 0, 1), 0, 0, 0);  // shape [0, 2], strides (1, 3)
+  CHECK(e.numel() == 0);
+  CHECK(e.is_contiguous());
+}
+
+TEST_CASE("views: storage moved under a view (Module::to's way) leaves it contiguous over the new bytes") {
+  Tensor v = transpose(ar({2, 3}), 0, 1);  // [[0, 3], [1, 4], [2, 5]]
+  REQUIRE_FALSE(v.is_contiguous());
+  const Tensor moved = v.contiguous();  // what Tensor::to writes on another device: the values row-major
+  v.impl()->set_storage(moved.impl()->storage(), moved.impl()->byte_offset());
+  CHECK(v.is_contiguous());
+  CHECK(vals(v) == std::vector<float>{0, 3, 1, 4, 2, 5});
+}
+
+TEST_CASE("views: batch_norm refuses running statistics that are views (they are updated in place)") {
+  Tensor st = zeros({4, 2});
+  Tensor rm = squeeze(narrow(st, 1, 0, 1), 1), rv = squeeze(narrow(st, 1, 1, 1), 1);  // stride 2
+  rv.fill_(1);
+  Generator g(3);
+  CHECK_THROWS_AS(batch_norm(randn({8, 4}, &g), rm, rv, Tensor(), Tensor(), true, 0.1, 1e-5), ValueError);
+  // contiguous running statistics are updated in place, as before
+  Tensor rm2 = zeros({4}), rv2 = ones({4});
+  batch_norm(randn({8, 4}, &g), rm2, rv2, Tensor(), Tensor(), true, 0.1, 1e-5);
+  CHECK(vals(rm2) != std::vector<float>(4, 0.f));
+}
+
+TEST_CASE("views: a TensorDataset made of a table's columns reads them by their values") {
+  const Tensor table = ar({5, 3});  // rows: [3r, 3r + 1, 3r + 2]
+  samplers::TensorDataset ds(narrow(table, 1, 0, 2), squeeze(narrow(table, 1, 2, 1), 1));
+  Tensor x = Tensor::empty({2, 2}), y = Tensor::empty({2});
+  const std::int64_t idx[] = {4, 1};
+  ds.gather(idx, 2, x, y);
+  CHECK(vals(x) == std::vector<float>{12, 13, 3, 4});
+  CHECK(vals(y) == std::vector<float>{14, 5});
 }

@@ -169,7 +169,13 @@ Tensor batch_norm_backward_elemt(const Tensor& grad_y_in, const Tensor& x_in, co
 
 Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean_in, const Tensor& running_var_in, const Tensor& weight_in,
                   const Tensor& bias_in, bool training, double momentum, double eps) {
-  const Tensor x = contiguous_input(x_in), running_mean = contiguous_input(running_mean_in), running_var = contiguous_input(running_var_in), weight = contiguous_input(weight_in), bias = contiguous_input(bias_in);
+  // The running statistics are updated in place: a view of them would update a copy.
+  if ((running_mean_in.defined() && !running_mean_in.is_contiguous()) ||
+      (running_var_in.defined() && !running_var_in.is_contiguous()))
+    throw ValueError("batch_norm: running_mean and running_var are updated in place and must be contiguous; "
+                     "pass tensors of their own (e.g. .contiguous() once, kept as the module's buffers)");
+  const Tensor x = contiguous_input(x_in), running_mean = running_mean_in, running_var = running_var_in,
+               weight = contiguous_input(weight_in), bias = contiguous_input(bias_in);
   if (any_reduced(x, weight, bias))  // the output keeps x's dtype (PyTorch's mixed bf16 / float32 norm)
     return in_float32(x.dtype(), [=](const Tensor& a, const Tensor& w, const Tensor& b) {
       return batch_norm(a, running_mean, running_var, w, b, training, momentum, eps); }, x, weight, bias);

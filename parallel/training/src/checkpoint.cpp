@@ -96,7 +96,7 @@ std::uint64_t checksum_of(const Items& items) {
   for (const auto& [k, v] : items) {
     if (k == "manifest.checksum") continue;
     h.meta(k, v);
-    const Tensor host = v.to(Device::cpu());
+    const Tensor host = v.contiguous().to(Device::cpu());  // a view (a model's buffer) by its values
     h.bytes(host.raw_data(), host.nbytes());
   }
   return h.h;

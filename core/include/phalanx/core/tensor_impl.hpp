@@ -30,7 +30,9 @@ inline std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
   std::int64_t acc = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= shape[i] > 1 ? shape[i] : 1;
+    // saturate: an empty tensor may have dims whose product overflows (its strides never
+    // address memory); a non-empty one was checked for overflow where its shape was made
+    if (__builtin_mul_overflow(acc, shape[i] > 1 ? shape[i] : 1, &acc)) acc = INT64_MAX;
   }
   return st;
 }
@@ -38,9 +40,10 @@ inline std::vector<std::int64_t> contiguous_strides(const Shape& shape) {
 /// PyTorch's rule: the strides are row-major's, ignoring dims of size 1; an empty tensor is
 /// contiguous.
 inline bool strides_are_contiguous(const Shape& shape, const std::vector<std::int64_t>& strides) {
+  for (const std::int64_t d : shape)
+    if (d == 0) return true;
   std::int64_t expected = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
-    if (shape[i] == 0) return true;
     if (shape[i] == 1) continue;
     if (strides[i] != expected) return false;
     expected *= shape[i];
@@ -72,11 +75,15 @@ class TensorImpl {
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   std::size_t byte_offset() const { return offset_; }
 
-  /// Points this tensor at other storage (Module::to moves parameters this way, so every
-  /// handle to them, an optimizer's included, sees the move).
+  /// Points this tensor at other storage that holds its values row-major from `byte_offset`
+  /// (as Tensor::to writes them; Module::to moves parameters this way, so every handle to
+  /// them, an optimizer's included, sees the move). A view becomes contiguous: its old
+  /// strides described the old storage.
   void set_storage(std::shared_ptr<Storage> storage, std::size_t byte_offset) {
     storage_ = std::move(storage);
     offset_ = byte_offset;
+    strides_ = contiguous_strides(shape_);
+    contiguous_ = true;
   }
 
   AutogradMeta* autograd() const { return autograd_.get(); }
