@@ -40,14 +40,19 @@ int main(int argc, char** argv) {
   Tensor bhtd = randn({16, 4, 128, 32}, &g);  // k^T of attention: the last two dims swapped
   Tensor bthd = randn({16, 128, 4, 32}, &g), big = randn({16, 512, 8, 64}, &g), sq = randn({1024, 1024}, &g);
   Tensor qkv = randn({16, 128, 384}, &g);
+  // permute/transpose/split return views: each case materialises them (.contiguous()), as the
+  // peer does, so the rows time the copies.
   std::vector<Tensor> parts = split(qkv, 128, 2);
+  for (Tensor& p : parts) p = p.contiguous();  // cat's inputs are tensors of their own, as the peer's
   Tensor scores = randn({16, 4, 128, 128}, &g), causal = triu(ones({128, 128}, DType::Bool), 1);
   const std::vector<Case> cases = {
-      {"permute_bthd", [&] { (void)permute(bthd, {0, 2, 1, 3}); }, bthd.nbytes()},
-      {"permute_bthd_big", [&] { (void)permute(big, {0, 2, 1, 3}); }, big.nbytes()},
-      {"transpose_1024", [&] { (void)permute(sq, {1, 0}); }, sq.nbytes()},
-      {"transpose_kT", [&] { (void)transpose(bhtd, 2, 3); }, bhtd.nbytes()},
-      {"split_qkv", [&] { (void)split(qkv, 128, 2); }, qkv.nbytes()},
+      {"permute_bthd", [&] { (void)permute(bthd, {0, 2, 1, 3}).contiguous(); }, bthd.nbytes()},
+      {"permute_bthd_big", [&] { (void)permute(big, {0, 2, 1, 3}).contiguous(); }, big.nbytes()},
+      {"transpose_1024", [&] { (void)permute(sq, {1, 0}).contiguous(); }, sq.nbytes()},
+      {"transpose_kT", [&] { (void)transpose(bhtd, 2, 3).contiguous(); }, bhtd.nbytes()},
+      {"split_qkv", [&] {
+         for (const Tensor& p : split(qkv, 128, 2)) (void)p.contiguous();
+       }, qkv.nbytes()},
       {"cat_qkv", [&] { (void)cat(parts, 2); }, qkv.nbytes()},
       {"masked_fill_causal", [&] { (void)masked_fill(scores, causal, -INFINITY); }, scores.nbytes()},
   };
