@@ -183,7 +183,13 @@ TEST_CASE("exact mode: the same weights and logged losses, bit for bit, on W = 1
         CHECK(many.weights == one.weights);
         CHECK(many.losses == one.losses);
       }
-    // Exactness does not cost accuracy: within 1e-6 (relative, in norm) of normal mode.
+    // Exactness does not cost accuracy: within 1e-6 (relative, in norm) of normal mode with
+    // SGD, whose update is linear in the gradient. Adam's first steps divide each gradient by
+    // its own magnitude (m / sqrt(v) ~ sign(g)), so a gradient element that is a few ulp from
+    // zero can take another sign when the sums are ordered differently (the float32 GEMM's
+    // AVX2 and AVX-512 kernels block differently): 3.4e-6 measured on an AVX2-only EPYC,
+    // < 1e-6 on an AVX-512 Xeon; 1e-5 holds both.
+    const double tolerance = opt_kind == "sgd" ? 1e-6 : 1e-5;
     const auto plain = train_plain(opt_kind, 5);
     const auto exact = floats_of(one.weights);
     std::size_t at = 0;
@@ -195,7 +201,7 @@ TEST_CASE("exact mode: the same weights and logged losses, bit for bit, on W = 1
         norm += static_cast<double>(w) * w;
         ++at;
       }
-      CHECK(std::sqrt(diff / norm) < 1e-6);
+      CHECK(std::sqrt(diff / norm) < tolerance);
     }
   }
 }
