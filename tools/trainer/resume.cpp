@@ -101,7 +101,8 @@ StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
   // On a restart with --resume-from too: a node whose folder has nothing newer would load
   // --resume-from while the others resume from the job's newest.
   if (ckdir && (restart > 0 || (c.resume && c.resume_from.empty())))
-    share_newest_checkpoint(*ckdir, expect, *s.pg, s.dev, parallel::read_launch_env().local_rank);
+    share_newest_checkpoint(*ckdir, expect, *s.pg, s.dev, parallel::read_launch_env().local_rank,
+                            c.keep_checkpoints);
   if (ckdir && (c.resume || restart > 0)) {
     // The newest file that verifies; a damaged one is passed over (kept, named) and never pruned.
     std::vector<parallel::SkippedCheckpoint> skipped;
