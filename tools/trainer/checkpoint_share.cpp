@@ -149,8 +149,6 @@ int remove_stale_received_temps(const std::string& dir) {
 
 std::int64_t share_newest_checkpoint(parallel::CheckpointDir& dir, const parallel::CheckpointExpect& expect,
                                      ProcessGroup& pg, Device device, int local_rank, int keep_last) {
-  // A transfer killed mid-write (its node's launcher stopped) left its temporary here.
-  if (local_rank == 0) remove_stale_received_temps(dir.dir());
   if (pg.size() < 2) return -1;
   std::int64_t mine = -1;
   std::string path;

@@ -15,9 +15,9 @@ namespace phalanx::trainer {
 /// (-1: nothing was sent). Throws IoError when the file received does not verify.
 /// A node that received prunes its folder as a saving rank 0 prunes its own: the newest
 /// `keep_last` checkpoints stay (--keep-checkpoints; damaged files passed over are neither
-/// counted nor removed). The first local rank removes the temporaries of transfers that a
-/// killed process left (received_temp_name's, of this host, whose process is gone) at the
-/// start, and after a transfer that failed; never another file.
+/// counted nor removed). After a transfer that failed, the first local rank removes its
+/// temporary and those a killed process left (remove_stale_received_temps, which the
+/// trainer also calls at start on every node's first local rank); never another file.
 std::int64_t share_newest_checkpoint(parallel::CheckpointDir& dir, const parallel::CheckpointExpect& expect,
                                      ProcessGroup& pg, Device device, int local_rank, int keep_last);
 

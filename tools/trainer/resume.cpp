@@ -93,6 +93,8 @@ StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
   if (!c.checkpoint_dir.empty()) {
     ckdir = std::make_unique<parallel::CheckpointDir>(c.checkpoint_dir, c.keep_checkpoints);
     if (rank == 0) ckdir->lock();  // one run per folder, for the whole run; a killed writer's temp files go
+    // On every node: a checkpoint transfer killed mid-write (checkpoint_share) left its temporary.
+    if (parallel::read_launch_env().local_rank == 0) remove_stale_received_temps(ckdir->dir());
   }
   const int restart = parallel::read_launch_env().restart_count;
   std::string& resume_path = sp.resume_path;
