@@ -330,7 +330,9 @@ std::optional<int> settle_as_host(const LaunchOptions& o, Membership& m, HostSta
     }
   } else {
     std::fprintf(stderr, "phalanx-run: round %d ended for a change of membership (%s): not counted as a restart.\n",
-                 k, !left.empty() ? "a node left" : !dropped.empty() ? "a node died before it started" : "a node joins");
+                 k, !left.empty()      ? "a node left"
+                    : !dropped.empty() ? "a node died before it started"
+                                       : "a node joins");
   }
   std::vector<int> keep;
   for (int id : members)

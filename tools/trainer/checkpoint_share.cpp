@@ -131,9 +131,9 @@ int remove_stale_received_temps(const std::string& dir) {
     if (name.rfind("checkpoint-", 0) != 0 || at == std::string::npos) continue;
     const std::string rest = name.substr(at + std::strlen(kTempMark));  // <pid>-<host>
     const auto dash = rest.find('-');
-    if (dash == 0 || dash == std::string::npos || rest.substr(0, dash).find_first_not_of("0123456789") != std::string::npos ||
-        dash > 9 || rest.substr(dash + 1) != me)
-      continue;  // another host's (its writer may live), or not of this naming
+    const bool digits = dash != std::string::npos && dash > 0 && dash <= 9 &&
+                        rest.substr(0, dash).find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || rest.substr(dash + 1) != me) continue;  // another host's (its writer may live), or not ours
     const long pid = std::stol(rest.substr(0, dash));
     if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)) {
       const std::string path = dir + "/" + name;
