@@ -529,3 +529,32 @@ TEST_CASE("elastic: a node's own folder keeps --keep-checkpoints after a transfe
   for (const auto& f : kept) CHECK(std::filesystem::exists(f));
   std::filesystem::remove_all(d);
 }
+
+TEST_CASE("elastic: a launcher waiting to be admitted that reads the job's clean end late exits 0") {
+  // MAX 2 reached in round 0: the third launcher waits. It is stopped (a loaded machine)
+  // while the job ends (for less than its keep-alive); the host must wait for it to read the
+  // end before its store goes, else it finds the store gone and takes the clean end for the
+  // host's death (exit 1).
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_lateend");
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --rdzv-id J --rdzv-last-call 1 "
+                          "--rdzv-keep-alive 10 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " /bin/sleep 2";
+  Node n0 = start(run, d + "/n0.txt", "a"), n1, n2;
+  Reaper reaper{{&n0, &n1, &n2}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run, d + "/n1.txt", "b");
+  REQUIRE(wait_for(n1.out, "round 0: node 1 of 2", 20s));
+  n2 = start(run, d + "/n2.txt", "c");
+  REQUIRE(wait_for(n2.out, "waiting for the next round", 20s));
+  ::kill(n2.pid, SIGSTOP);
+  CHECK(finish(n1, 30s) == 0);  // it read the end: the host may go any moment now
+  std::this_thread::sleep_for(500ms);
+  ::kill(n2.pid, SIGCONT);
+  const int c2 = finish(n2, 20s), c0 = finish(n0, 20s);
+  const std::string o2 = slurp(n2.out);
+  INFO(o2);
+  CHECK(c0 == 0);
+  CHECK(c2 == 0);
+  CHECK(has(o2, "the job ended before this node was admitted"));
+  CHECK_FALSE(has(o2, "lost the job's store"));
+  std::filesystem::remove_all(d);
+}

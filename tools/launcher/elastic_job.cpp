@@ -58,6 +58,9 @@ LaunchError host_gone(const LaunchOptions& o, const JobStore& js, const std::str
                             "again first");
 }
 
+/// A launcher waiting to be admitted read that the job ended.
+std::string end_ack_key(int id) { return elastic_key("end_ack/" + std::to_string(id)); }
+
 /// The host's verdict on a round: the job ends with `code`, or goes on with `next` in round k+1.
 struct Verdict {
   bool end = false;
@@ -132,6 +135,10 @@ std::optional<std::pair<int, std::vector<int>>> wait_admitted(const LaunchOption
     // the keep-alive thread or this loop finds out first.
     if (m.store_lost()) throw host_gone(o, js);
     if (s.check({elastic_key("end")})) {
+      // Said to the host, which waits for it before its store goes: else a launcher that
+      // reads the end late (a loaded machine) would find the store gone and take the job's
+      // clean end for the host's death.
+      s.set(end_ack_key(m.id()), std::string("1"));
       std::fprintf(stderr, "phalanx-run: the job ended before this node was admitted.\n");
       code = 0;
       return std::nullopt;
@@ -232,6 +239,10 @@ int end_job(Membership& m, int k, const std::vector<int>& members, int code) {
       while (Clock::now() < deadline && m.alive(id) && !s.check({elastic_round_key(k, "ack/" + std::to_string(id))}))
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    // And the launchers waiting to be admitted: each says it read the end (wait_admitted).
+    for (int id : m.waiting(members))
+      while (Clock::now() < deadline && m.alive(id) && !has_left(s, id) && !s.check({end_ack_key(id)}))
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
   } catch (const std::exception&) {
   }
   return code;

@@ -13,6 +13,8 @@
 //   phalanx/elastic/r<k>/report/<id> how round k ended on that launcher (NodeReport JSON)
 //   phalanx/elastic/r<k>/next        the host's verdict: the job ends (and how) or goes on
 //   phalanx/elastic/r<k>/ack/<id>    that launcher read the verdict
+//   phalanx/elastic/r<k>/started/<id> that member read round k's members (elastic_job.cpp)
+//   phalanx/elastic/end_ack/<id>     a launcher waiting to be admitted read the job's end
 #include <chrono>
 #include <map>
 #include <memory>
