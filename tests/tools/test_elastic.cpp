@@ -558,3 +558,45 @@ TEST_CASE("elastic: a launcher waiting to be admitted that reads the job's clean
   CHECK_FALSE(has(o2, "lost the job's store"));
   std::filesystem::remove_all(d);
 }
+
+TEST_CASE("elastic: a transfer never prunes a folder that holds another run's checkpoints") {
+  // Node 1's folder holds another run's steps 1..3 (another --lr: they do not load here).
+  // It receives the job's step 6 and resumes from it; the other run's files are not this
+  // job's to prune (--keep-checkpoints 2 would have removed steps 1 and 2).
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_foreign");
+  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " +
+                            d + "/init.npz --global-batch 64 --exact --micro-batch 16 --epochs 1";
+  REQUIRE(trainer_test::run_command(train + " --lr 0.1 --checkpoint-every 1 --keep-checkpoints 100 --checkpoint-dir " +
+                                        d + "/ck0",
+                                    d + "/pre.txt")
+              .code == 0);
+  REQUIRE(trainer_test::run_command(train + " --lr 0.05 --checkpoint-every 1 --keep-checkpoints 100 --checkpoint-dir " +
+                                        d + "/ck1",
+                                    d + "/pre.txt")
+              .code == 0);
+  for (int s = 4; s <= 8; ++s) {
+    char b[64];
+    std::snprintf(b, sizeof b, "/checkpoint-%010d.npz", s);
+    std::filesystem::remove(d + "/ck1" + b);
+    if (s > 6) std::filesystem::remove(d + "/ck0" + b);
+  }
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --backend gloo --rdzv-id J --rdzv-last-call 10 "
+                          "--max-restarts 0 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " " + train +
+                          " --lr 0.1 --resume --keep-checkpoints 2 --checkpoint-dir " + d;
+  Node n0 = start(run + "/ck0", d + "/n0.txt", "a"), n1;
+  Reaper reaper{{&n0, &n1}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run + "/ck1", d + "/n1.txt", "b");
+  const int c0 = finish(n0, 60s), c1 = finish(n1, 20s);
+  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
+  INFO(o0 << o1);
+  CHECK(c0 == 0);
+  CHECK(c1 == 0);
+  REQUIRE(has(o1, "received the checkpoint of step 6"));
+  for (int s : {1, 2, 3, 6}) {
+    char b[64];
+    std::snprintf(b, sizeof b, "/ck1/checkpoint-%010d.npz", s);
+    CHECK_MESSAGE(std::filesystem::exists(d + b), b);
+  }
+  std::filesystem::remove_all(d);
+}

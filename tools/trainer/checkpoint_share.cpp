@@ -153,13 +153,16 @@ std::int64_t share_newest_checkpoint(parallel::CheckpointDir& dir, const paralle
   std::int64_t mine = -1;
   std::string path;
   std::vector<parallel::SkippedCheckpoint> skipped;  // reported by the resume that follows
+  bool foreign = false;
   try {
     if (auto got = dir.load_newest(expect, &skipped)) {
       mine = got->second.state.step;
       path = got->first;
     }
   } catch (const std::exception&) {
-    // Another kind of run's file: the resume that follows says so on this rank.
+    // Another kind of run's file: the resume that follows says so on this rank (or loads
+    // the file received). Those files are not this job's: nothing here is pruned.
+    foreign = true;
   }
   const std::string bytes = path.empty() ? std::string() : read_bytes(path);
   const auto all = gather(mine, static_cast<std::int64_t>(bytes.size()), pg, device);
@@ -198,7 +201,7 @@ std::int64_t share_newest_checkpoint(parallel::CheckpointDir& dir, const paralle
     throw;
   }
   if (receive) {
-    prune(dir, keep_last, to, skipped);  // the folder keeps what rank 0's keeps: --keep-checkpoints
+    if (!foreign) prune(dir, keep_last, to, skipped);  // the folder keeps what rank 0's keeps: --keep-checkpoints
     std::printf("phalanx-train: received the checkpoint of step %lld from rank %d (%lld bytes, verified) into %s\n",
                 static_cast<long long>(newest), source, static_cast<long long>(size), to.c_str());
     std::fflush(stdout);

@@ -15,7 +15,8 @@ namespace phalanx::trainer {
 /// (-1: nothing was sent). Throws IoError when the file received does not verify.
 /// A node that received prunes its folder as a saving rank 0 prunes its own: the newest
 /// `keep_last` checkpoints stay (--keep-checkpoints; damaged files passed over are neither
-/// counted nor removed). After a transfer that failed, the first local rank removes its
+/// counted nor removed; a folder whose newest file is another run's, which does not load
+/// here, is not pruned at all). After a transfer that failed, the first local rank removes its
 /// temporary and those a killed process left (remove_stale_received_temps, which the
 /// trainer also calls at start on every node's first local rank); never another file.
 std::int64_t share_newest_checkpoint(parallel::CheckpointDir& dir, const parallel::CheckpointExpect& expect,
