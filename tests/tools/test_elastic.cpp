@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -507,6 +508,12 @@ TEST_CASE("elastic: a node's own folder keeps --keep-checkpoints after a transfe
   for (const auto& f : kept) std::fclose(std::fopen(f.c_str(), "w"));
   const std::string stale = tmp + "999999999-" + host;  // no such process
   std::fclose(std::fopen(stale.c_str(), "w"));
+  // A pid this host does not know, but the file is locked: a live writer in another pid
+  // namespace (a container) or on another machine of this name, on a shared folder.
+  const std::string held = tmp + "999999998-" + host;
+  const int held_fd = ::open(held.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  REQUIRE(held_fd >= 0);
+  REQUIRE(::flock(held_fd, LOCK_EX | LOCK_NB) == 0);
   const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --backend gloo --rdzv-id J --rdzv-last-call 10 "
                           "--max-restarts 0 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " " + train +
                           " --resume --keep-checkpoints 2 --checkpoint-dir " + d;
@@ -527,6 +534,8 @@ TEST_CASE("elastic: a node's own folder keeps --keep-checkpoints after a transfe
   CHECK(checkpoints == std::vector<std::string>{"checkpoint-0000000003.npz", "checkpoint-0000000006.npz"});
   CHECK_FALSE(std::filesystem::exists(stale));
   for (const auto& f : kept) CHECK(std::filesystem::exists(f));
+  CHECK(std::filesystem::exists(held));
+  ::close(held_fd);
   std::filesystem::remove_all(d);
 }
 

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -60,6 +61,10 @@ void write_atomically(const std::string& dir, const std::string& path, const std
   const std::string tmp = received_temp_name(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw IoError("cannot write " + tmp + ": " + std::strerror(errno) + "; give a writable --checkpoint-dir");
+  // Held until the rename: remove_stale_received_temps takes a temporary whose pid this host
+  // does not know for a dead writer's only when it can lock it (the pid may be of another pid
+  // namespace, or another machine of the same name, on a shared folder).
+  ::flock(fd, LOCK_EX | LOCK_NB);
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -72,11 +77,13 @@ void write_atomically(const std::string& dir, const std::string& path, const std
     done += static_cast<std::size_t>(n);
   }
   ::fsync(fd);
-  ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
     ::unlink(tmp.c_str());
-    throw IoError("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+    ::close(fd);
+    throw IoError("cannot rename " + tmp + " to " + path + ": " + why);
   }
+  ::close(fd);
   if (const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); d >= 0) {
     ::fsync(d);
     ::close(d);
@@ -143,7 +150,14 @@ int remove_stale_received_temps(const std::string& dir) {
   }
   ::closedir(d);
   int removed = 0;
-  for (const auto& f : stale) removed += ::unlink(f.c_str()) == 0 ? 1 : 0;
+  for (const auto& f : stale) {
+    // Its writer holds a lock on it until its rename: a file still locked has a live writer
+    // whose pid this host cannot see (another pid namespace, another machine of this name).
+    const int fd = ::open(f.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) removed += ::unlink(f.c_str()) == 0 ? 1 : 0;
+    ::close(fd);
+  }
   return removed;
 }
 

@@ -25,7 +25,8 @@ std::int64_t share_newest_checkpoint(parallel::CheckpointDir& dir, const paralle
 /// The temporary a transfer into `path` writes first: <path>.tmp.recv-<pid>-<host>.
 std::string received_temp_name(const std::string& path);
 /// Removes the temporaries of received_temp_name's naming in `dir` whose writer (this host's
-/// process of that pid) is gone; returns how many.
+/// process of that pid) is gone and that nobody holds locked (the writer's flock, held until
+/// its rename: a live writer this host's pids do not show); returns how many.
 int remove_stale_received_temps(const std::string& dir);
 
 }  // namespace phalanx::trainer
