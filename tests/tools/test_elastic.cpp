@@ -7,9 +7,11 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "elastic_support.hpp"
 #include "trainer_harness.hpp"
 
 using namespace std::chrono_literals;
@@ -38,12 +41,14 @@ int free_port() {
   return port;
 }
 
-/// A launcher started with `args` (split on spaces), its output in `out`, as node `host`.
-struct Node {
-  pid_t pid = -1;
-  std::string out;
-};
+using Node = elastic_test::Launcher;
+using elastic_test::finish;
+using elastic_test::has;
+using elastic_test::has_checkpoint;
+using elastic_test::Reaper;
+using elastic_test::wait_for;
 
+/// A launcher started with `args` (split on spaces), its output in `out`, as node `host`.
 Node start(const std::string& args, const std::string& out, const std::string& host) {
   std::vector<std::string> words;
   std::string w;
@@ -70,52 +75,6 @@ Node start(const std::string& args, const std::string& out, const std::string& h
     ::_exit(127);
   }
   return n;
-}
-
-/// Kills the launchers a failed REQUIRE leaves behind (their workers die with them).
-struct Reaper {
-  std::vector<Node*> nodes;
-  ~Reaper() {
-    for (Node* n : nodes)
-      if (n->pid > 0 && ::kill(n->pid, SIGKILL) == 0) ::waitpid(n->pid, nullptr, 0);
-  }
-};
-
-/// Its exit code, or -1 when it is still running after `limit` (then it is killed).
-int finish(Node& n, std::chrono::milliseconds limit) {
-  const auto end = Clock::now() + limit;
-  int status = 0;
-  while (Clock::now() < end) {
-    if (::waitpid(n.pid, &status, WNOHANG) == n.pid) {
-      n.pid = -1;
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-  ::kill(n.pid, SIGKILL);
-  ::waitpid(n.pid, &status, 0);
-  n.pid = -1;
-  return -1;
-}
-
-bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
-
-/// Waits until `path` holds `what` after byte `from`; false after `limit`.
-bool wait_for(const std::string& path, const std::string& what, std::chrono::milliseconds limit, std::size_t from = 0) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    const std::string s = slurp(path);
-    if (s.size() > from && s.find(what, from) != std::string::npos) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return false;
-}
-
-bool has_checkpoint(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.path().filename().string().rfind("checkpoint-", 0) == 0) return true;
-  return false;
 }
 
 }  // namespace
@@ -455,5 +414,198 @@ TEST_CASE("elastic: with --resume-from, a node that joins with an empty folder g
   CHECK(received);
   CHECK_FALSE(has(o0, "resume step differs across ranks"));
   CHECK_FALSE(has(o0, "giving up"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a node killed during the first round's last call is dropped, not counted (--max-restarts 0)") {
+  // It registered (an id, a keep-alive) and died before it read round 0's members: its
+  // keep-alive (4 s) has not lapsed when the last call ends, so the host puts it in round 0.
+  // It never ran a worker of the round: the job goes on with the host, no restart spent.
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_lastcall");
+  const std::string prog = d + "/w.sh";
+  {
+    std::FILE* f = std::fopen(prog.c_str(), "w");
+    std::fputs("echo \"worker world=$WORLD_SIZE round=$PHALANX_RESTART_COUNT\"\n", f);
+    std::fclose(f);
+  }
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --rdzv-id J --rdzv-last-call 2 --rdzv-keep-alive 4 "
+                          "--max-restarts 0 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " /bin/sh " +
+                          prog;
+  Node n0 = start(run, d + "/n0.txt", "a"), n1;
+  Reaper reaper{{&n0, &n1}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run, d + "/n1.txt", "b");
+  REQUIRE(wait_for(n1.out, "(launcher id 1)", 20s));
+  ::kill(n1.pid, SIGKILL);
+  CHECK(finish(n1, 5s) == 128 + SIGKILL);
+  const int c0 = finish(n0, 30s);
+  const std::string o0 = slurp(n0.out);
+  INFO(o0);
+  REQUIRE(has(o0, "round 0: node 0 of 2"));  // the case: the dead node was put in the round
+  CHECK(c0 == 0);
+  CHECK(has(o0, "(launcher id 1) died before it started round 0: it was never in the round"));
+  CHECK(has(o0, "(a node died before it started): not counted as a restart"));
+  CHECK(has(o0, "round 1: node 0 of 1"));
+  CHECK(has(o0, "worker world=1 round=1"));
+  CHECK_FALSE(has(o0, "giving up"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a launcher waiting to be admitted exits 1 naming the host when the host's launcher dies") {
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_hostdies");
+  const std::string port = std::to_string(free_port());
+  // MIN 2: the host waits in round 0's last call (30 s) with the other launcher waiting.
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 2:3 --rdzv-id J --rdzv-last-call 30 "
+                          "--rdzv-endpoint 127.0.0.1:" + port + " /bin/true";
+  Node n0 = start(run, d + "/n0.txt", "a"), n1;
+  Reaper reaper{{&n0, &n1}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run, d + "/n1.txt", "b");
+  REQUIRE(wait_for(n1.out, "waits to be admitted", 20s));
+  std::this_thread::sleep_for(300ms);  // the host has seen its keep-alive
+  ::kill(n0.pid, SIGKILL);
+  CHECK(finish(n0, 5s) == 128 + SIGKILL);
+  const int c1 = finish(n1, 20s);
+  const std::string o1 = slurp(n1.out);
+  INFO(o1);
+  CHECK(c1 == 1);
+  CHECK(has(o1, "phalanx-run: lost the job's store: the launcher that hosts it (127.0.0.1:" + port + ") is gone"));
+  CHECK(has(o1, "restart the job"));
+  CHECK_FALSE(has(o1, "the job ended before this node was admitted"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a node's own folder keeps --keep-checkpoints after a transfer; stale transfer temporaries go") {
+  // Node 1's folder holds steps 1..3, the host's 1..6: node 1 receives step 6 and must then
+  // hold what rank 0's folder would after a save: the newest 2. A transfer killed mid-write
+  // (its process gone) left a temporary of this host: removed at the start; the others stay.
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_prune");
+  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " +
+                            d + "/init.npz --global-batch 64 --lr 0.1 --exact --micro-batch 16 --epochs 1";
+  for (const char* ck : {"ck0", "ck1"})
+    REQUIRE(trainer_test::run_command(train + " --checkpoint-every 1 --keep-checkpoints 100 --checkpoint-dir " + d +
+                                          "/" + ck,
+                                      d + "/pre.txt")
+                .code == 0);
+  const auto steps_in = [](const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  for (int s = 4; s <= 8; ++s) {
+    char b[64];
+    std::snprintf(b, sizeof b, "/checkpoint-%010d.npz", s);
+    std::filesystem::remove(d + "/ck1" + b);
+    if (s > 6) std::filesystem::remove(d + "/ck0" + b);
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::string tmp = d + "/ck1/checkpoint-0000000007.npz.tmp.recv-";
+  const std::vector<std::string> kept = {tmp + "999999999-other-host",  // another host's: its writer may live
+                                         tmp + std::to_string(::getpid()) + "-" + host,  // a live writer's
+                                         d + "/ck1/notes.tmp"};
+  for (const auto& f : kept) std::fclose(std::fopen(f.c_str(), "w"));
+  const std::string stale = tmp + "999999999-" + host;  // no such process
+  std::fclose(std::fopen(stale.c_str(), "w"));
+  // A pid this host does not know, but the file is locked: a live writer in another pid
+  // namespace (a container) or on another machine of this name, on a shared folder.
+  const std::string held = tmp + "999999998-" + host;
+  const int held_fd = ::open(held.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  REQUIRE(held_fd >= 0);
+  REQUIRE(::flock(held_fd, LOCK_EX | LOCK_NB) == 0);
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --backend gloo --rdzv-id J --rdzv-last-call 10 "
+                          "--max-restarts 0 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " " + train +
+                          " --resume --keep-checkpoints 2 --checkpoint-dir " + d;
+  Node n0 = start(run + "/ck0", d + "/n0.txt", "a"), n1;
+  Reaper reaper{{&n0, &n1}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run + "/ck1", d + "/n1.txt", "b");
+  const int c0 = finish(n0, 60s), c1 = finish(n1, 20s);
+  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
+  INFO(o0 << o1);
+  CHECK(c0 == 0);
+  CHECK(c1 == 0);
+  CHECK(has(o1, "received the checkpoint of step 6"));
+  const auto names = steps_in(d + "/ck1");
+  std::vector<std::string> checkpoints;
+  for (const auto& n : names)
+    if (n.rfind("checkpoint-", 0) == 0 && n.size() == 25) checkpoints.push_back(n);
+  CHECK(checkpoints == std::vector<std::string>{"checkpoint-0000000003.npz", "checkpoint-0000000006.npz"});
+  CHECK_FALSE(std::filesystem::exists(stale));
+  for (const auto& f : kept) CHECK(std::filesystem::exists(f));
+  CHECK(std::filesystem::exists(held));
+  ::close(held_fd);
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a launcher waiting to be admitted that reads the job's clean end late exits 0") {
+  // MAX 2 reached in round 0: the third launcher waits. It is stopped (a loaded machine)
+  // while the job ends (for less than its keep-alive); the host must wait for it to read the
+  // end before its store goes, else it finds the store gone and takes the clean end for the
+  // host's death (exit 1).
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_lateend");
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --rdzv-id J --rdzv-last-call 1 "
+                          "--rdzv-keep-alive 10 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " /bin/sleep 2";
+  Node n0 = start(run, d + "/n0.txt", "a"), n1, n2;
+  Reaper reaper{{&n0, &n1, &n2}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run, d + "/n1.txt", "b");
+  REQUIRE(wait_for(n1.out, "round 0: node 1 of 2", 20s));
+  n2 = start(run, d + "/n2.txt", "c");
+  REQUIRE(wait_for(n2.out, "waiting for the next round", 20s));
+  ::kill(n2.pid, SIGSTOP);
+  CHECK(finish(n1, 30s) == 0);  // it read the end: the host may go any moment now
+  std::this_thread::sleep_for(500ms);
+  ::kill(n2.pid, SIGCONT);
+  const int c2 = finish(n2, 20s), c0 = finish(n0, 20s);
+  const std::string o2 = slurp(n2.out);
+  INFO(o2);
+  CHECK(c0 == 0);
+  CHECK(c2 == 0);
+  CHECK(has(o2, "the job ended before this node was admitted"));
+  CHECK_FALSE(has(o2, "lost the job's store"));
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("elastic: a transfer never prunes a folder that holds another run's checkpoints") {
+  // Node 1's folder holds another run's steps 1..3 (another --lr: they do not load here).
+  // It receives the job's step 6 and resumes from it; the other run's files are not this
+  // job's to prune (--keep-checkpoints 2 would have removed steps 1 and 2).
+  const std::string d = trainer_test::case_study_dir("phalanx_elastic_foreign");
+  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " +
+                            d + "/init.npz --global-batch 64 --exact --micro-batch 16 --epochs 1";
+  REQUIRE(trainer_test::run_command(train + " --lr 0.1 --checkpoint-every 1 --keep-checkpoints 100 --checkpoint-dir " +
+                                        d + "/ck0",
+                                    d + "/pre.txt")
+              .code == 0);
+  REQUIRE(trainer_test::run_command(train + " --lr 0.05 --checkpoint-every 1 --keep-checkpoints 100 --checkpoint-dir " +
+                                        d + "/ck1",
+                                    d + "/pre.txt")
+              .code == 0);
+  for (int s = 4; s <= 8; ++s) {
+    char b[64];
+    std::snprintf(b, sizeof b, "/checkpoint-%010d.npz", s);
+    std::filesystem::remove(d + "/ck1" + b);
+    if (s > 6) std::filesystem::remove(d + "/ck0" + b);
+  }
+  const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --backend gloo --rdzv-id J --rdzv-last-call 10 "
+                          "--max-restarts 0 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " " + train +
+                          " --lr 0.1 --resume --keep-checkpoints 2 --checkpoint-dir " + d;
+  Node n0 = start(run + "/ck0", d + "/n0.txt", "a"), n1;
+  Reaper reaper{{&n0, &n1}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run + "/ck1", d + "/n1.txt", "b");
+  const int c0 = finish(n0, 60s), c1 = finish(n1, 20s);
+  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
+  INFO(o0 << o1);
+  CHECK(c0 == 0);
+  CHECK(c1 == 0);
+  REQUIRE(has(o1, "received the checkpoint of step 6"));
+  for (int s : {1, 2, 3, 6}) {
+    char b[64];
+    std::snprintf(b, sizeof b, "/ck1/checkpoint-%010d.npz", s);
+    CHECK_MESSAGE(std::filesystem::exists(d + b), b);
+  }
   std::filesystem::remove_all(d);
 }

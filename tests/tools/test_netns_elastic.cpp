@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "tools/elastic_support.hpp"
 #include "tools/trainer_harness.hpp"
 
 using namespace std::chrono_literals;
@@ -96,10 +97,12 @@ class ThreeHosts {
   std::string ns_[3], sw_, addr_[3], reason_;
 };
 
-struct Launcher {
-  pid_t pid = -1;
-  std::string out;
-};
+using elastic_test::finish;
+using elastic_test::has;
+using elastic_test::has_checkpoint;
+using elastic_test::Launcher;
+using elastic_test::Reaper;
+using elastic_test::wait_for;
 
 /// phalanx-run `args` in namespace `ns` (exec'd: pid is the launcher's), output in `out`.
 Launcher start_in(const std::string& ns, const std::string& args, const std::string& out) {
@@ -116,52 +119,6 @@ Launcher start_in(const std::string& ns, const std::string& args, const std::str
     ::_exit(127);
   }
   return l;
-}
-
-int finish(Launcher& l, std::chrono::seconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    if (::waitpid(l.pid, &status, WNOHANG) == l.pid) {
-      l.pid = -1;
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    if (Clock::now() > deadline) {
-      ::kill(l.pid, SIGKILL);
-      ::waitpid(l.pid, &status, 0);
-      l.pid = -1;
-      return -1;
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-}
-
-/// Kills what a failed REQUIRE leaves running.
-struct Reaper {
-  std::vector<Launcher*> ls;
-  ~Reaper() {
-    for (Launcher* l : ls)
-      if (l->pid > 0 && ::kill(l->pid, SIGKILL) == 0) ::waitpid(l->pid, nullptr, 0);
-  }
-};
-
-bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
-
-bool wait_for(const std::string& path, const std::string& what, std::chrono::seconds limit, std::size_t from = 0) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    const std::string s = slurp(path);
-    if (s.size() > from && s.find(what, from) != std::string::npos) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return false;
-}
-
-bool has_checkpoint(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.path().filename().string().rfind("checkpoint-", 0) == 0) return true;
-  return false;
 }
 
 }  // namespace

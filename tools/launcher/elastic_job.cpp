@@ -45,6 +45,22 @@ void say_left(Store& s, int id) {
 }
 bool has_left(Store& s, int id) { return s.check({left_key(id)}); }
 
+/// A member says it read round k's members and starts its workers: a member that never
+/// does (it died between registering and the round's close) was never in the round.
+std::string started_key(int k, int id) { return elastic_round_key(k, "started/" + std::to_string(id)); }
+
+/// The launcher that hosts the job's store is gone (the store goes with it): what a launcher
+/// that is not the host says, in one line, and exits 1 with (the job cannot go on).
+LaunchError host_gone(const LaunchOptions& o, const JobStore& js, const std::string& detail = {}) {
+  return LaunchError(1, "lost the job's store: the launcher that hosts it (" + o.master_addr + ":" +
+                            std::to_string(js.port) + ") is gone" + (detail.empty() ? "" : " (" + detail + ")") +
+                            "; an elastic job cannot outlive it: restart the job, starting that node's launcher "
+                            "again first");
+}
+
+/// A launcher waiting to be admitted read that the job ended.
+std::string end_ack_key(int id) { return elastic_key("end_ack/" + std::to_string(id)); }
+
 /// The host's verdict on a round: the job ends with `code`, or goes on with `next` in round k+1.
 struct Verdict {
   bool end = false;
@@ -104,7 +120,8 @@ void publish_round(Store& s, int k, const std::vector<int>& members) {
 
 /// A launcher that is not the host: waits until a round after `after` admits it. Returns
 /// the round and its members, or nullopt with `code` set when the job ended (or a signal came).
-std::optional<std::pair<int, std::vector<int>>> wait_admitted(Membership& m, int after, int& code) {
+std::optional<std::pair<int, std::vector<int>>> wait_admitted(const LaunchOptions& o, const JobStore& js,
+                                                              Membership& m, int after, int& code) {
   Store& s = m.store();
   bool said = false;
   for (;;) {
@@ -114,7 +131,14 @@ std::optional<std::pair<int, std::vector<int>>> wait_admitted(Membership& m, int
       code = 128 + sig;
       return std::nullopt;
     }
-    if (m.store_lost() || s.check({elastic_key("end")})) {
+    // The host's death takes the store with it: that is no clean end (exit 1), whichever of
+    // the keep-alive thread or this loop finds out first.
+    if (m.store_lost()) throw host_gone(o, js);
+    if (s.check({elastic_key("end")})) {
+      // Said to the host, which waits for it before its store goes: else a launcher that
+      // reads the end late (a loaded machine) would find the store gone and take the job's
+      // clean end for the host's death.
+      s.set(end_ack_key(m.id()), std::string("1"));
       std::fprintf(stderr, "phalanx-run: the job ended before this node was admitted.\n");
       code = 0;
       return std::nullopt;
@@ -215,6 +239,10 @@ int end_job(Membership& m, int k, const std::vector<int>& members, int code) {
       while (Clock::now() < deadline && m.alive(id) && !s.check({elastic_round_key(k, "ack/" + std::to_string(id))}))
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    // And the launchers waiting to be admitted: each says it read the end (wait_admitted).
+    for (int id : m.waiting(members))
+      while (Clock::now() < deadline && m.alive(id) && !has_left(s, id) && !s.check({end_ack_key(id)}))
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
   } catch (const std::exception&) {
   }
   return code;
@@ -226,7 +254,7 @@ std::optional<int> settle_as_host(const LaunchOptions& o, Membership& m, HostSta
                                   const std::vector<int>& members, const NodeReport& mine, std::vector<int>& next) {
   Store& s = m.store();
   std::vector<NodeReport> reports{mine};
-  std::vector<int> gone, left;
+  std::vector<int> gone, left, dropped;
   for (std::size_t i = 0; i < members.size(); ++i) {
     const int id = members[i];
     if (id == m.id()) continue;
@@ -236,6 +264,15 @@ std::optional<int> settle_as_host(const LaunchOptions& o, Membership& m, HostSta
     if (!s.check({key}) && has_left(s, id)) {  // asked to stop before it could report
       left.push_back(id);
       std::fprintf(stderr, "phalanx-run: node %zu's launcher was asked to stop: it leaves the job.\n", i);
+      continue;
+    }
+    if (!s.check({key}) && !s.check({started_key(k, id)})) {
+      // It died after it registered and before it read this round's members (the first
+      // round's last call, or between rounds): never a member, as torchrun's rendezvous
+      // counts only the nodes alive at the round's close. Not a failure: no restart spent.
+      dropped.push_back(id);
+      std::fprintf(stderr, "phalanx-run: node %zu (launcher id %d) died before it started round %d: it was "
+                   "never in the round; the job re-forms without it.\n", i, id, k);
       continue;
     }
     if (!s.check({key}) || !from_json(text_of(s.get(key)), rep)) {
@@ -261,7 +298,7 @@ std::optional<int> settle_as_host(const LaunchOptions& o, Membership& m, HostSta
       std::fprintf(stderr, "phalanx-run: node %d: %s; the job ends.\n", rep.node, rep.fatal.c_str());
       return end_job(m, k, members, 2);
     }
-  bool all_ok = gone.empty() && left.empty();
+  bool all_ok = gone.empty() && left.empty() && dropped.empty();
   for (const auto& rep : reports) all_ok = all_ok && rep.ok;
   if (all_ok) return end_job(m, k, members, 0);
 
@@ -304,11 +341,13 @@ std::optional<int> settle_as_host(const LaunchOptions& o, Membership& m, HostSta
     }
   } else {
     std::fprintf(stderr, "phalanx-run: round %d ended for a change of membership (%s): not counted as a restart.\n",
-                 k, left.empty() ? "a node joins" : "a node left");
+                 k, !left.empty()      ? "a node left"
+                    : !dropped.empty() ? "a node died before it started"
+                                       : "a node joins");
   }
   std::vector<int> keep;
   for (int id : members)
-    if (!contains(gone, id) && !contains(left, id)) keep.push_back(id);
+    if (!contains(gone, id) && !contains(left, id) && !contains(dropped, id)) keep.push_back(id);
   hs.departed.insert(hs.departed.end(), left.begin(), left.end());
   for (int id : left) m.forget(id);
   try {
@@ -329,7 +368,7 @@ std::optional<int> settle_as_host(const LaunchOptions& o, Membership& m, HostSta
 }
 
 /// Not the host: posts this node's report and waits for the host's verdict.
-Verdict settle_as_member(const LaunchOptions& o, Membership& m, int k, const NodeReport& mine) {
+Verdict settle_as_member(const LaunchOptions& o, const JobStore& js, Membership& m, int k, const NodeReport& mine) {
   Store& s = m.store();
   s.set(elastic_round_key(k, "report/" + std::to_string(m.id())), launcher::to_json(mine));
   if (mine.interrupted) {
@@ -345,7 +384,7 @@ Verdict settle_as_member(const LaunchOptions& o, Membership& m, int k, const Nod
       say_left(s, m.id());
       return {true, 128 + sig, {}};
     }
-    if (m.store_lost()) throw LaunchError(1, "lost the job's store (is the launcher that hosts it gone?)");
+    if (m.store_lost()) throw host_gone(o, js);
     if (s.check({key})) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -354,7 +393,6 @@ Verdict settle_as_member(const LaunchOptions& o, Membership& m, int k, const Nod
   if (v.end && v.code != 0)
     std::fprintf(stderr, "phalanx-run: the job ends (exit code %d); the launcher that hosts its store says why.\n",
                  v.code);
-  (void)o;
   return v;
 }
 
@@ -408,11 +446,12 @@ int launch_elastic(LaunchOptions& o, const JobStore& js) {
     for (;;) {
       if (!js.hosting && (k < 0 || !contains(members, m.id()))) {
         int code = 0;
-        const auto admitted = wait_admitted(m, k, code);
+        const auto admitted = wait_admitted(o, js, m, k, code);
         if (!admitted) return code;
         k = admitted->first;
         members = admitted->second;
       }
+      if (!js.hosting) m.store().set(started_key(k, m.id()), std::string("1"));
       int node_rank = 0;
       for (std::size_t i = 0; i < members.size(); ++i)
         if (members[i] == m.id()) node_rank = static_cast<int>(i);
@@ -424,7 +463,7 @@ int launch_elastic(LaunchOptions& o, const JobStore& js) {
         members = next;
         ++k;
       } else {
-        const Verdict v = settle_as_member(o, m, k, mine);
+        const Verdict v = settle_as_member(o, js, m, k, mine);
         if (v.end) return v.code;
         members = v.next;
         ++k;
@@ -433,7 +472,8 @@ int launch_elastic(LaunchOptions& o, const JobStore& js) {
   } catch (const LaunchError&) {
     throw;
   } catch (const std::exception& e) {
-    throw LaunchError(1, std::string("lost the job's store (is the launcher that hosts it gone?): ") + e.what());
+    if (js.hosting) throw LaunchError(1, std::string("the job's store failed: ") + e.what());
+    throw host_gone(o, js, e.what());
   }
 }
 

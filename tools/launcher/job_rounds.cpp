@@ -1,8 +1,5 @@
 #include "job_rounds.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <stdexcept>
 
@@ -74,26 +71,14 @@ std::optional<NodeReport> job_blame(const std::vector<NodeReport>& reports) {
 JobRounds::JobRounds(std::shared_ptr<Store> store, int nnodes, int node, std::chrono::milliseconds tick,
                      std::chrono::milliseconds stale_after)
     : store_(std::move(store)), nnodes_(nnodes), node_(node), tick_(tick), stale_after_(stale_after) {
-  if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) throw std::runtime_error("phalanx-run: pipe failed");
-  thread_ = std::thread([this] { heartbeat_loop(); });
+  loop_.start([this](std::unique_lock<std::mutex>& lock) { return heartbeat(lock); });
 }
 
-JobRounds::~JobRounds() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    quit_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-  ::close(wake_[0]);
-  ::close(wake_[1]);
-}
+JobRounds::~JobRounds() { loop_.stop(); }
 
 void JobRounds::wake() {
   if (woken_.exchange(true)) return;
-  const char b = 1;
-  if (::write(wake_[1], &b, 1) < 0) {
-  }
+  wake_.notify();
 }
 
 std::string JobRounds::why() const {
@@ -146,9 +131,7 @@ void JobRounds::begin(int k) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   // Under the lock: a wake for the last round written after this drain would stay unread.
-  char b[16];
-  while (::read(wake_[0], b, sizeof b) > 0) {
-  }
+  wake_.drain();
   woken_ = false;
   round_ = k;
   why_.clear();
@@ -156,12 +139,10 @@ void JobRounds::begin(int k) {
     why_ = lost_;
     wake();
   }
-  cv_.notify_all();
 }
 
-void JobRounds::heartbeat_loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!quit_) {
+bool JobRounds::heartbeat(std::unique_lock<std::mutex>& lock) {
+  {
     const int k = round_.load();
     lock.unlock();
     std::string why, lost;
@@ -180,9 +161,9 @@ void JobRounds::heartbeat_loop() {
       why_ = why;
       wake();
     }
-    if (!lost_.empty()) return;  // nothing more to say to a store that is gone
-    cv_.wait_for(lock, tick_, [this] { return quit_; });
+    if (!lost_.empty()) return false;  // nothing more to say to a store that is gone
   }
+  return true;
 }
 
 void JobRounds::throw_if_lost() const {

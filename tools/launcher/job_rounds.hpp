@@ -13,19 +13,18 @@
 //   phalanx/launch/next_node          node ranks given out without --node-rank (node_rank.hpp)
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <stdexcept>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <phalanx/backends/store.hpp>
 
 #include "blame.hpp"
+#include "wakeable_loop.hpp"
 
 namespace phalanx::launcher {
 
@@ -79,7 +78,7 @@ class JobRounds {
   /// Watches round k: wake_fd() becomes readable when another node closes it or the store
   /// is lost (why() then says which).
   void begin(int k);
-  int wake_fd() const { return wake_[0]; }
+  int wake_fd() const { return wake_.fd(); }
   std::string why() const;
   /// True once the store is gone (node 0's launcher exited): nothing more can be said.
   bool store_lost() const;
@@ -96,7 +95,7 @@ class JobRounds {
   void finish(int k, const std::function<int()>& interrupted = {});
 
  private:
-  void heartbeat_loop();
+  bool heartbeat(std::unique_lock<std::mutex>& lock);  ///< one tick; false: the store is lost
   void wake();
   void throw_if_lost() const;
   /// Throws when a peer's heartbeat has not moved for stale_after.
@@ -104,15 +103,13 @@ class JobRounds {
   std::shared_ptr<Store> store_;
   int nnodes_, node_;
   std::chrono::milliseconds tick_, stale_after_;
-  int wake_[2] = {-1, -1};
+  WakePipe wake_;
   std::atomic<int> round_{-1};
   std::atomic<bool> woken_{false};
   mutable std::mutex mu_;
   std::string why_;
   std::string lost_;  ///< set once the store is gone: every later call fails at once with it
-  std::condition_variable cv_;
-  bool quit_ = false;
-  std::thread thread_;
+  WakeableLoop loop_{mu_, tick_};  ///< last: stopped before the state it reads goes
 };
 
 }  // namespace phalanx::launcher

@@ -1,8 +1,5 @@
 #include "membership.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <sstream>
 #include <stdexcept>
 
@@ -40,35 +37,21 @@ Membership::Membership(std::shared_ptr<Store> store, bool host, std::chrono::mil
     : store_(std::move(store)), host_(host), tick_(tick), keep_alive_(keep_alive), max_nodes_(max_nodes) {
   id_ = host_ ? 0 : static_cast<int>(store_->add(elastic_key("next_id"), 1));
   store_->add(alive_key(id_), 1);
-  if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) throw std::runtime_error("pipe failed");
-  thread_ = std::thread([this] { loop(); });
+  loop_.start([this](std::unique_lock<std::mutex>& lock) { return this->tick(lock); });
 }
 
-Membership::~Membership() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    quit_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-  ::close(wake_[0]);
-  ::close(wake_[1]);
-}
+Membership::~Membership() { loop_.stop(); }
 
 void Membership::wake(const std::string& why) {  // mu_ held
   if (woken_) return;
   woken_ = true;
   why_ = why;
-  const char b = 1;
-  if (::write(wake_[1], &b, 1) < 0) {
-  }
+  wake_.notify();
 }
 
 void Membership::begin(int k, const std::vector<int>& members) {
   std::lock_guard<std::mutex> lock(mu_);
-  char b[16];
-  while (::read(wake_[0], b, sizeof b) > 0) {
-  }
+  wake_.drain();
   woken_ = false;
   why_.clear();
   round_ = k;
@@ -150,9 +133,8 @@ void Membership::watch_liveness() {
   }
 }
 
-void Membership::loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!quit_) {
+bool Membership::tick(std::unique_lock<std::mutex>& lock) {
+  {
     const int k = round_;
     const bool check_closed = watching_ && !woken_ && k >= 0;
     const std::vector<int> members = members_;
@@ -191,11 +173,11 @@ void Membership::loop() {
     if (!lost.empty()) {
       lost_ = lost;
       wake(lost);
-      return;
+      return false;
     }
     if (!closer.empty() && k == round_ && watching_) wake(closer);
-    cv_.wait_for(lock, tick_, [this] { return quit_; });
   }
+  return true;
 }
 
 }  // namespace phalanx::launcher

@@ -13,17 +13,18 @@
 //   phalanx/elastic/r<k>/report/<id> how round k ended on that launcher (NodeReport JSON)
 //   phalanx/elastic/r<k>/next        the host's verdict: the job ends (and how) or goes on
 //   phalanx/elastic/r<k>/ack/<id>    that launcher read the verdict
-#include <atomic>
+//   phalanx/elastic/r<k>/started/<id> that member read round k's members (elastic_job.cpp)
+//   phalanx/elastic/end_ack/<id>     a launcher waiting to be admitted read the job's end
 #include <chrono>
-#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <phalanx/backends/store.hpp>
+
+#include "wakeable_loop.hpp"
 
 namespace phalanx::launcher {
 
@@ -51,7 +52,7 @@ class Membership {
   void begin(int k, const std::vector<int>& members);
   /// The round's workers are gone: the host stops closing it.
   void end_watch();
-  int wake_fd() const { return wake_[0]; }
+  int wake_fd() const { return wake_.fd(); }
   std::string why() const;
   bool store_lost() const;
   /// Closes round k (first close wins; never throws).
@@ -68,7 +69,7 @@ class Membership {
   void forget(int id);
 
  private:
-  void loop();
+  bool tick(std::unique_lock<std::mutex>& lock);  ///< one keep-alive tick; false: the store is lost
   void watch_liveness();  ///< host: keep-alive counters of every id
   void wake(const std::string& why);
   std::shared_ptr<Store> store_;
@@ -76,9 +77,8 @@ class Membership {
   int id_ = 0;
   std::chrono::milliseconds tick_, keep_alive_;
   int max_nodes_;
-  int wake_[2] = {-1, -1};
+  WakePipe wake_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   int round_ = -1;
   bool watching_ = false;
   bool woken_ = false;
@@ -91,8 +91,7 @@ class Membership {
   };
   std::map<int, Seen> seen_;
   std::vector<int> forgotten_;  ///< host: each id's keep-alive counter and when it last moved
-  bool quit_ = false;
-  std::thread thread_;
+  WakeableLoop loop_{mu_, tick_};  ///< last: stopped before the state it reads goes
 };
 
 }  // namespace phalanx::launcher

@@ -93,6 +93,8 @@ StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
   if (!c.checkpoint_dir.empty()) {
     ckdir = std::make_unique<parallel::CheckpointDir>(c.checkpoint_dir, c.keep_checkpoints);
     if (rank == 0) ckdir->lock();  // one run per folder, for the whole run; a killed writer's temp files go
+    // On every node: a checkpoint transfer killed mid-write (checkpoint_share) left its temporary.
+    if (parallel::read_launch_env().local_rank == 0) remove_stale_received_temps(ckdir->dir());
   }
   const int restart = parallel::read_launch_env().restart_count;
   std::string& resume_path = sp.resume_path;
@@ -101,7 +103,8 @@ StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
   // On a restart with --resume-from too: a node whose folder has nothing newer would load
   // --resume-from while the others resume from the job's newest.
   if (ckdir && (restart > 0 || (c.resume && c.resume_from.empty())))
-    share_newest_checkpoint(*ckdir, expect, *s.pg, s.dev, parallel::read_launch_env().local_rank);
+    share_newest_checkpoint(*ckdir, expect, *s.pg, s.dev, parallel::read_launch_env().local_rank,
+                            c.keep_checkpoints);
   if (ckdir && (c.resume || restart > 0)) {
     // The newest file that verifies; a damaged one is passed over (kept, named) and never pruned.
     std::vector<parallel::SkippedCheckpoint> skipped;
