@@ -15,6 +15,16 @@ __global__ void label_flag_k(const long long* t, std::int64_t n, long long class
     if (t[i] < 0 || t[i] >= classes) *flag = 1;  // every writer stores the same value
 }
 
+__global__ void label_flag_value_k(const long long* t, std::int64_t n, long long classes, float* flag, float value) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(blockDim.x) * gridDim.x)
+    if (t[i] < 0 || t[i] >= classes) *flag = value;  // every writer stores the same value
+}
+
+int blocks_for_labels(std::int64_t n, int threads) {
+  return static_cast<int>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
+}
+
 /// This thread's check that has not been read yet.
 struct Pending {
   LabelCheck* owner = nullptr;
@@ -61,7 +71,7 @@ void LabelCheck::launch(const Tensor& target, std::int64_t classes) {
   Slot* s = acquire(target.device().index);
   *static_cast<volatile int*>(s->host) = 0;  // the slot's last kernel has finished (resolve/acquire)
   const int threads = 256;
-  const int blocks = static_cast<int>(std::min<std::int64_t>((n + threads - 1) / threads, 65535));
+  const int blocks = blocks_for_labels(n, threads);
   label_flag_k<<<blocks, threads>>>(static_cast<const long long*>(target.raw_data()), n, classes, s->mapped);
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) e = cudaEventRecord(s->done, 0);
@@ -73,6 +83,15 @@ void LabelCheck::launch(const Tensor& target, std::int64_t classes) {
   pending.slot = s;
   pending.target = target;
   pending.classes = classes;
+}
+
+void LabelCheck::flag_into(const Tensor& target, std::int64_t classes, const Tensor& flag, float value) {
+  const std::int64_t n = target.numel();
+  const int threads = 256;
+  label_flag_value_k<<<blocks_for_labels(n, threads), threads>>>(static_cast<const long long*>(target.raw_data()), n,
+                                                                 classes, static_cast<float*>(flag.raw_data()), value);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw_cuda("label check kernel (step flag)", e, __FILE__, __LINE__);
 }
 
 void LabelCheck::resolve() {

@@ -22,6 +22,10 @@ class LabelCheck {
   void launch(const Tensor& target, std::int64_t classes);
   /// Waits for this thread's pending check, if any; throws ValueError when it saw a bad label.
   void resolve();
+  /// The check under a DDP step: writes `value` into `flag` (one float32 on the labels'
+  /// device) when a label is outside [0, classes), on the default stream; no host wait, no
+  /// pinned slot (the reducer reduces the flag with its last bucket: docs/ddp.md).
+  void flag_into(const Tensor& target, std::int64_t classes, const Tensor& flag, float value);
 
   /// A flag in mapped pinned memory and the event after the kernel that may raise it.
   struct Slot {

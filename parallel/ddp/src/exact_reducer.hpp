@@ -69,7 +69,7 @@ class ExactReducer final : public GradReducer {
   };
   struct Bucket {
     std::vector<std::size_t> params;  // reverse registration order (the maxima's order)
-    Tensor maxima;                 // float32 [params (+1: the void flag, last bucket)] on the device
+    Tensor maxima;                 // float32 [params (+1: the step flag, last bucket)] on the device
     std::vector<float> host_max;   // the agreed maxima
     // Unchunked: one chunk, the bucket's own int64 sums. Chunked (CPU, inline shm or W = 1):
     // chunks of kCpuChunk elements over one shared buffer, each reduced and converted back
@@ -103,6 +103,8 @@ class ExactReducer final : public GradReducer {
   std::size_t next_bucket = 0;  // the next bucket whose maxima go out
   std::string nonfinite;        // the first parameter whose agreed max is NaN or Inf
   bool step_void = false;       // some rank's step was void (the last bucket's flag)
+  bool bad_label = false;       // some rank's cross_entropy saw a label out of range (the flag: 2)
+  std::shared_ptr<const void> alive = std::make_shared<int>(0);  // the label sink's owner token
 
   void on_grad_ready(std::size_t p);
   void finalize() override;
@@ -110,12 +112,14 @@ class ExactReducer final : public GradReducer {
   void reduce_sums();
   void drain();
   void finish_step(bool void_rank);
+  void install_label_sink();
   [[noreturn]] void void_step(const std::string& why);
   void reset_step() {
     micro = 0;
     next_bucket = 0;
     nonfinite.clear();
     step_void = false;
+    bad_label = false;
     armed = false;
     in_pass = false;
     std::fill(ready.begin(), ready.end(), 0);

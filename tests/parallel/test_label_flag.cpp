@@ -1,0 +1,193 @@
+// The step flag (docs/ddp.md, "The step flag"): a cross_entropy label out of range on one
+// rank under DDP makes every rank raise the same one-line error at the end of that backward,
+// before any optimizer step, on the CPU and on the sim device's asynchronous mode (which
+// defers every kernel, as a GPU's stream does), for the bucketed reducer (default and fp16
+// hooks) and exact mode, W = 2 and 3 forked ranks over gloo. No replica steps on that pass,
+// the replicas stay bit-identical, and the next step runs in step on every rank.
+#include <dlfcn.h>
+#include <doctest/doctest.h>
+
+#include <cstring>
+
+#include "support/ddp_fixtures.hpp"
+#include "support/multirank.hpp"
+
+using namespace phalanx;
+using namespace phalanx::test;
+using parallel::DDP;
+using parallel::DDPOptions;
+
+namespace {
+
+using Params = std::vector<std::vector<float>>;
+
+int set_async(int mode) {
+  (void)zeros({1}, DType::Float32, Device::sim());  // loads the sim plugin
+  void* h = ::dlopen(PHALANX_SIM_PLUGIN, RTLD_NOW | RTLD_NOLOAD);
+  if (!h) throw std::runtime_error("libphalanx_sim.so is not loaded");
+  auto f = reinterpret_cast<int (*)(int)>(::dlsym(h, "phalanx_sim_set_async"));
+  if (!f) throw std::runtime_error("phalanx_sim_set_async not exported");
+  return f(mode);
+}
+constexpr int kLazy = 2;
+
+Params host_params(const std::vector<Tensor>& ps) {
+  Params out;
+  for (const auto& p : ps) out.push_back(p.to_vector<float>());
+  return out;
+}
+
+bool same_bits(const Params& a, const Params& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
+  return true;
+}
+
+/// Whether every rank holds these bits: the elementwise MAX and MIN over the group equal them.
+bool same_on_every_rank(const ProcessGroupPtr& pg, const Params& mine) {
+  bool same = true;
+  for (const auto& v : mine) {
+    Tensor hi = tensor(v, {static_cast<std::int64_t>(v.size())}), lo = hi.clone();
+    pg->allreduce(hi, ReduceOp::Max)->wait();
+    pg->allreduce(lo, ReduceOp::Min)->wait();
+    same = same && hi.to_vector<float>() == v && lo.to_vector<float>() == v;
+  }
+  return same;
+}
+
+/// Labels rows [b, e) of `d`, with row 1 made `bad` when `bad` is not -1.
+Tensor labels(const Data& d, std::int64_t b, std::int64_t e, std::int64_t bad, Device dev) {
+  std::vector<std::int64_t> y = d.y.narrow_rows(b, e).contiguous().to_vector<std::int64_t>();
+  if (bad != -1) y[1] = bad;
+  return tensor(y, {e - b}).to(dev);
+}
+
+/// Three steps of the bucketed reducer; in step 1 the last rank's batch holds label `bad`.
+/// Returns the error every rank saw in step 1 (empty: none).
+std::string bucketed(const Data& d, const ProcessGroupPtr& pg, int rank, int W, Device dev, bool fp16,
+                     std::int64_t bad) {
+  DDPOptions o;
+  o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
+  auto model = many_small_one_large();
+  model->to(dev);
+  DDP ddp(model, pg, o);
+  if (ddp.bucket_layout().size() < 4) throw std::runtime_error("fewer than 4 buckets");
+  if (fp16) ddp.register_comm_hook(parallel::fp16_compress_hook());
+  auto opt = make_opt("sgd", ddp.parameters());
+  const std::int64_t per = 12 / W;
+  std::string seen;
+  for (int step = 0; step < 3; ++step) {
+    const std::int64_t b = step * 12 + rank * per;
+    const Params before = host_params(ddp.parameters());
+    opt->zero_grad();
+    try {
+      Tensor loss = cross_entropy(ddp.forward(d.x.narrow_rows(b, b + per).to(dev)),
+                                  labels(d, b, b + per, step == 1 && rank == W - 1 ? bad : -1, dev));
+      loss.backward();
+      opt->step();
+    } catch (const ValueError& e) {
+      REQUIRE_RANK(rank, step == 1, e.what());
+      seen = e.what();
+      REQUIRE_RANK(rank, same_bits(before, host_params(ddp.parameters())), "a replica stepped on the bad pass");
+    }
+  }
+  REQUIRE_RANK(rank, same_on_every_rank(pg, host_params(ddp.parameters())), "the replicas differ");
+  // Evaluation (no backward to follow) still raises at once, on this rank alone.
+  NoGradGuard no_grad;
+  bool raised = false;
+  try {
+    cross_entropy(ddp.forward(d.x.narrow_rows(0, 4).to(dev)), labels(d, 0, 4, 9, dev));
+  } catch (const ValueError& e) {
+    raised = std::string(e.what()).find("target[1] = 9 is not a class index in [0, 5)") != std::string::npos;
+  }
+  REQUIRE_RANK(rank, raised, "no immediate label error in evaluation");
+  return seen;
+}
+
+/// Two steps of exact mode (12 micro-batches of 2); in step 0 the last rank's second
+/// micro-batch holds label `bad`.
+std::string exact(const Data& d, const ProcessGroupPtr& pg, int rank, int W, Device dev, std::int64_t bad) {
+  DDPOptions o;
+  o.exact().enabled = true;
+  o.exact().global_batch = 24;
+  o.exact().micro_batch = 2;
+  o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
+  Generator g(3);
+  auto model = nn::mlp({16, 32, 32, 5}, "relu", &g);
+  model->to(dev);
+  DDP ddp(model, pg, o);
+  auto opt = make_opt("sgd", ddp.parameters());
+  const std::int64_t per = 12 / W;
+  std::string seen;
+  for (int step = 0; step < 2; ++step) {
+    const Params before = host_params(ddp.parameters());
+    opt->zero_grad();
+    try {
+      for (std::int64_t m = 0; m < per; ++m) {
+        const std::int64_t b = step * 24 + (rank * per + m) * 2;
+        const bool poison = step == 0 && rank == W - 1 && m == std::min<std::int64_t>(1, per - 1);
+        cross_entropy(ddp.forward(d.x.narrow_rows(b, b + 2).to(dev)), labels(d, b, b + 2, poison ? bad : -1, dev))
+            .backward();
+      }
+      opt->step();
+    } catch (const ValueError& e) {
+      REQUIRE_RANK(rank, step == 0, e.what());
+      seen = e.what();
+      REQUIRE_RANK(rank, same_bits(before, host_params(ddp.parameters())), "a replica stepped on the bad step");
+    }
+  }
+  REQUIRE_RANK(rank, same_on_every_rank(pg, host_params(ddp.parameters())), "the replicas differ");
+  return seen;
+}
+
+template <class Body>
+bool run_world(int W, int mode, Body body) {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  const auto results = run_processes(W, [&](int rank) {
+    set_num_threads(1);
+    set_async(mode);
+    set_rank_env(rank, W, port);
+    ::setenv("PHALANX_STORE_HOSTED", "1", 1);
+    parallel::InitOptions io;
+    io.timeout = std::chrono::seconds(20);
+    auto pg = parallel::init_process_group(io);
+    const int code = body(pg, rank);
+    parallel::destroy_process_group();
+    return code;
+  }, std::chrono::seconds(120));
+  bool ok = true;
+  for (int r = 0; r < W; ++r) ok = ok && results[r].exit_code == 0 && results[r].signal == 0;
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE("step flag, W = 2 and 3, CPU and async sim: a bad label on one rank stops every rank with one error") {
+  const Data d = make_data(96);
+  for (int W : {2, 3}) {
+    CAPTURE(W);
+    const std::string bucket_error = detail::concat(
+        "DDP: cross_entropy got a target outside [0, classes) on 1 of ", W,
+        " rank(s) in this step, so this step's reduced gradients are contaminated on every rank and no rank "
+        "may step; skip this optimizer step, zero the gradients and fix the labels (each must be a class "
+        "index below the model's output width)");
+    const std::string exact_error = detail::concat(
+        "DDP exact mode: cross_entropy got a target outside [0, classes) on at least one of ", W,
+        " rank(s) in this step, so this step is void on every rank and its gradients are cleared; skip this "
+        "optimizer step and fix the labels (each must be a class index below the model's output width)");
+    const bool ok = run_world(W, kLazy, [&](const ProcessGroupPtr& pg, int rank) {
+      for (Device dev : {Device::cpu(), Device::sim()}) {
+        for (bool fp16 : {false, true}) {
+          const std::string seen = bucketed(d, pg, rank, W, dev, fp16, fp16 ? -3 : 5);
+          REQUIRE_RANK(rank, seen == bucket_error, dev.str() + (fp16 ? " fp16 hook: " : ": ") + seen);
+        }
+        const std::string seen = exact(d, pg, rank, W, dev, 7);
+        REQUIRE_RANK(rank, seen == exact_error, dev.str() + " exact: " + seen);
+      }
+      return 0;
+    });
+    CHECK(ok);
+  }
+}
