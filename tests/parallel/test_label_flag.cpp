@@ -9,6 +9,9 @@
 
 #include <cstring>
 
+#include <phalanx/backends/memory_store.hpp>
+#include <phalanx/core/half.hpp>
+
 #include "support/ddp_fixtures.hpp"
 #include "support/multirank.hpp"
 
@@ -190,4 +193,48 @@ TEST_CASE("step flag, W = 2 and 3, CPU and async sim: a bad label on one rank st
     });
     CHECK(ok);
   }
+}
+
+TEST_CASE("step flag, W = 1 with PHALANX_TEST_REDUCER_AT_ONE (the GPU check's switch): bit-equal, then the flag stops a bad step") {
+  // What tests/cuda/test_cuda_ddp.cpp does on NCCL, here on gloo with CPU and sim tensors.
+  set_async(0);
+  const Data d = make_data(64);
+  ::setenv("PHALANX_TEST_REDUCER_AT_ONE", "1", 1);
+  auto pg = make_thread_group("gloo", 0, 1, std::make_shared<MemoryStore>(std::chrono::seconds(10)));
+  for (Device dev : {Device::cpu(), Device::sim()})
+    for (bool fp16 : {false, true}) {
+      CAPTURE(dev.str());
+      CAPTURE(fp16);
+      DDPOptions o;
+      o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
+      auto net = many_small_one_large(), plain = many_small_one_large();
+      net->to(dev);
+      plain->to(dev);
+      DDP ddp(net, pg, o);
+      REQUIRE(ddp.bucket_layout().size() >= 4);  // the switch built the reducer
+      if (fp16) ddp.register_comm_hook(parallel::fp16_compress_hook());
+      auto opt = make_opt("sgd", ddp.parameters()), plain_opt = make_opt("sgd", plain->parameters());
+      const Tensor x = d.x.narrow_rows(0, 16).to(dev), y = labels(d, 0, 16, -1, dev);
+      for (int s = 0; s < 3; ++s) {
+        opt->zero_grad();
+        cross_entropy(ddp.forward(x), y).backward();
+        opt->step();
+        plain_opt->zero_grad();
+        cross_entropy(plain->forward(x), y).backward();
+        if (fp16)  // the hook at W = 1: a round trip through float16
+          for (const Tensor& p : plain->parameters()) p.grad().copy_(to_dtype(to_dtype(p.grad(), DType::Float16), DType::Float32));
+        plain_opt->step();
+        REQUIRE(same_bits(host_params(ddp.parameters()), host_params(plain->parameters())));
+      }
+      const Params before = host_params(ddp.parameters());
+      opt->zero_grad();
+      CHECK_THROWS_WITH_AS(cross_entropy(ddp.forward(x), labels(d, 0, 16, 5, dev)).backward(),
+                           "DDP: cross_entropy got a target outside [0, classes) on 1 of 1 rank(s) in this step, so "
+                           "this step's reduced gradients are contaminated on every rank and no rank may step; skip "
+                           "this optimizer step, zero the gradients and fix the labels (each must be a class index "
+                           "below the model's output width)",
+                           ValueError);
+      CHECK(same_bits(before, host_params(ddp.parameters())));
+    }
+  ::unsetenv("PHALANX_TEST_REDUCER_AT_ONE");
 }
