@@ -11,6 +11,7 @@
 
 #include <phalanx/backends/memory_store.hpp>
 #include <phalanx/core/half.hpp>
+#include <phalanx/core/kernels.hpp>
 
 #include "support/ddp_fixtures.hpp"
 #include "support/multirank.hpp"
@@ -237,4 +238,58 @@ TEST_CASE("step flag, W = 1 with PHALANX_TEST_REDUCER_AT_ONE (the GPU check's sw
       CHECK(same_bits(before, host_params(ddp.parameters())));
     }
   ::unsetenv("PHALANX_TEST_REDUCER_AT_ONE");
+}
+
+TEST_CASE("exact mode, W = 2, async sim: a device error reported in finish_step voids the step and leaves the reducer reset") {
+  // A queued device copy from an address no block holds fails on the sim worker and is
+  // reported at the next host read: in exact mode on a device, the maxima's read in
+  // finish_step (launch_max), as CUDA's deferred errors are. It used to escape finish_step's
+  // CommError-only catch, skipping the void maxima, drain and reset_step: the ranks then went
+  // out of step.
+  const Data d = make_data(96);
+  const bool ok = run_world(2, kLazy, [&](const ProcessGroupPtr& pg, int rank) {
+    const Device dev = Device::sim();
+    DDPOptions o;
+    o.exact().enabled = true;
+    o.exact().global_batch = 24;
+    o.exact().micro_batch = 2;
+    o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
+    Generator g(3);
+    auto model = nn::mlp({16, 32, 32, 5}, "relu", &g);
+    model->to(dev);
+    DDP ddp(model, pg, o);
+    auto opt = make_opt("sgd", ddp.parameters());
+    const std::int64_t per = 6;
+    std::string seen;
+    bool value_error = false;
+    for (int step = 0; step < 3; ++step) {
+      const Params before = host_params(ddp.parameters());
+      opt->zero_grad();
+      try {
+        for (std::int64_t m = 0; m < per; ++m) {
+          const std::int64_t b = step * 24 + (rank * per + m) * 2;
+          Tensor loss = cross_entropy(ddp.forward(d.x.narrow_rows(b, b + 2).to(dev)), labels(d, b, b + 2, -1, dev));
+          if (step == 0 && rank == 1 && m == per - 1) {
+            Tensor a = zeros({4}, DType::Float32, dev);
+            const auto bogus = reinterpret_cast<const void*>((std::uintptr_t(1) << 55) | 64);
+            kernels_for(dev).copy(a.raw_data(), bogus, 16);
+          }
+          loss.backward();
+        }
+        opt->step();
+      } catch (const std::exception& e) {
+        REQUIRE_RANK(rank, step == 0, e.what());
+        seen = e.what();
+        value_error = dynamic_cast<const ValueError*>(&e) != nullptr;
+        REQUIRE_RANK(rank, same_bits(before, host_params(ddp.parameters())), "a replica stepped on the void step");
+      }
+    }
+    REQUIRE_RANK(rank, !seen.empty(), "step 0 raised nothing");
+    if (rank == 1) REQUIRE_RANK(rank, value_error, seen);
+    if (rank == 0)
+      REQUIRE_RANK(rank, seen.find("stopped part-way on at least one of 2") != std::string::npos, seen);
+    REQUIRE_RANK(rank, same_on_every_rank(pg, host_params(ddp.parameters())), "the replicas differ");
+    return 0;
+  });
+  CHECK(ok);
 }
