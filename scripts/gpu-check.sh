@@ -32,8 +32,8 @@
 #   gpu-bundle/gpu-check.sh [--only KEY] [--list]   (the copy inside the bundle)
 #   scripts/gpu-check.sh               (finds gpu-bundle/ or unpacks gpu-bundle.tar.gz beside it)
 #   PHALANX_BUNDLE=DIR scripts/gpu-check.sh
-# --only KEY runs that step alone (the environment is still found, not audited); --list
-# prints the keys.
+# --only KEY runs that step alone (the environment is still found; its audit only picks
+# lib/fallback where needed); --list prints the keys.
 set -uo pipefail
 
 STEP_KEYS="environment cpu-ddp cpu-example cpu-side gpu-suite conv nccl-reducer memcheck racecheck initcheck gpu-ddp gpu-example gpu-exact gpu-bench nccl-hang"
@@ -342,6 +342,9 @@ check_environment() {
   DETAIL="every library resolves into the bundle, the system or CUDA's folders"
 }
 step environment "environment" check_environment
+# --only another step: the audit still runs, quietly, for its one effect (lib/fallback when
+# the target's libstdc++ is too old); its verdict belongs to the environment step.
+if [ -n "$ONLY" ] && [ "$ONLY" != environment ]; then audit "$cuda_path" >/dev/null 2>&1 || true; fi
 
 # ---- CPU: the bundle's programs work from here ----
 train_common=(--train-x "$DATA:x" --train-y "$DATA:y" --global-batch 64 --lr 0.1 --epochs 30 --no-shuffle --eval-train --seed 0)
