@@ -1,7 +1,7 @@
 // The step flag (docs/ddp.md, "The step flag"): a cross_entropy label out of range on one
 // rank under DDP makes every rank raise the same one-line error at the end of that backward,
 // before any optimizer step, on the CPU and on the sim device's asynchronous mode (which
-// defers every kernel, as a GPU's stream does), for the bucketed reducer (default and fp16
+// defers kernels, eager and lazy, as a GPU's stream does), for the bucketed reducer (default and fp16
 // hooks) and exact mode, W = 2 and 3 forked ranks over gloo. No replica steps on that pass,
 // the replicas stay bit-identical, and the next step runs in step on every rank.
 #include <dlfcn.h>
@@ -33,7 +33,7 @@ int set_async(int mode) {
   if (!f) throw std::runtime_error("phalanx_sim_set_async not exported");
   return f(mode);
 }
-constexpr int kLazy = 2;
+constexpr int kEager = 1, kLazy = 2;  // PHALANX_SIM_ASYNC=1 / lazy
 
 Params host_params(const std::vector<Tensor>& ps) {
   Params out;
@@ -168,10 +168,12 @@ bool run_world(int W, int mode, Body body) {
 
 }  // namespace
 
-TEST_CASE("step flag, W = 2 and 3, CPU and async sim: a bad label on one rank stops every rank with one error") {
+TEST_CASE("step flag, W = 2 and 3, CPU and async sim (eager and lazy): a bad label on one rank stops every rank with one error") {
   const Data d = make_data(96);
-  for (int W : {2, 3}) {
+  for (int W : {2, 3})
+  for (int mode : {kEager, kLazy}) {
     CAPTURE(W);
+    CAPTURE(mode);
     const std::string bucket_error = detail::concat(
         "DDP: cross_entropy got a target outside [0, classes) on 1 of ", W,
         " rank(s) in this step, so this step's reduced gradients are contaminated on every rank and no rank "
@@ -181,7 +183,7 @@ TEST_CASE("step flag, W = 2 and 3, CPU and async sim: a bad label on one rank st
         "DDP exact mode: cross_entropy got a target outside [0, classes) on at least one of ", W,
         " rank(s) in this step, so this step is void on every rank and its gradients are cleared; skip this "
         "optimizer step and fix the labels (each must be a class index below the model's output width)");
-    const bool ok = run_world(W, kLazy, [&](const ProcessGroupPtr& pg, int rank) {
+    const bool ok = run_world(W, mode, [&](const ProcessGroupPtr& pg, int rank) {
       for (Device dev : {Device::cpu(), Device::sim()}) {
         for (bool fp16 : {false, true}) {
           const std::string seen = bucketed(d, pg, rank, W, dev, fp16, fp16 ? -3 : 5);
