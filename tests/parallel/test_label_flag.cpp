@@ -295,3 +295,57 @@ TEST_CASE("exact mode, W = 2, async sim: a device error reported in finish_step 
   });
   CHECK(ok);
 }
+
+/// The default hook, which queues a failing device copy after the last bucket's wait, once:
+/// the next host read, finalize's read of the step flag, reports it.
+struct FailAfterLastBucket final : parallel::CommHook {
+  explicit FailAfterLastBucket(std::size_t buckets) : last(buckets - 1) {}
+  std::string name() const override { return "fail_after_last_bucket"; }
+  void launch(ProcessGroup& pg, parallel::GradBucket& b) override { inner->launch(pg, b); }
+  void finish(ProcessGroup& pg, parallel::GradBucket& b) override {
+    inner->finish(pg, b);
+    if (b.index != last || fired) return;
+    fired = true;
+    const auto bogus = reinterpret_cast<const void*>((std::uintptr_t(1) << 55) | 64);
+    kernels_for(b.buffer.device()).copy(b.buffer.raw_data(), bogus, 4);
+  }
+  parallel::CommHookPtr inner = parallel::allreduce_hook();
+  std::size_t last;
+  bool fired = false;
+};
+
+TEST_CASE("bucketed reducer: an error reported by the step flag's read leaves the reducer reset") {
+  // The flag's read in finalize is a host read: it reports an earlier deferred device error
+  // (here a failed sim copy; on CUDA the deferred label check of a loss computed outside a
+  // step). That read used to come before reset_pass: the next forward then finished the
+  // already finished buckets again (a null Work) and the rank crashed.
+  const Data d = make_data(64);
+  const bool ok = run_world(2, kLazy, [&](const ProcessGroupPtr& pg, int rank) {
+    const Device dev = Device::sim();
+    DDPOptions o;
+    o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
+    auto net = many_small_one_large();
+    net->to(dev);
+    DDP ddp(net, pg, o);
+    REQUIRE_RANK(rank, ddp.bucket_layout().size() >= 4, "fewer than 4 buckets");
+    if (rank == 1) ddp.register_comm_hook(std::make_shared<FailAfterLastBucket>(ddp.bucket_layout().size()));
+    const Tensor x = d.x.narrow_rows(rank * 16, rank * 16 + 16).to(dev), y = labels(d, rank * 16, rank * 16 + 16, -1, dev);
+    bool raised = false;
+    try {
+      cross_entropy(ddp.forward(x), y).backward();
+    } catch (const std::exception& e) {
+      REQUIRE_RANK(rank, rank == 1, e.what());
+      raised = std::string(e.what()).find("outside every live sim block") != std::string::npos;
+    }
+    REQUIRE_RANK(rank, raised == (rank == 1), "the failed copy was not reported by the flag's read");
+    for (int s = 0; s < 3; ++s) {
+      for (const Tensor& p : ddp.parameters()) p.set_grad(Tensor());
+      cross_entropy(ddp.forward(x), y).backward();
+    }
+    std::vector<Tensor> grads;
+    for (const Tensor& p : ddp.parameters()) grads.push_back(p.grad());
+    REQUIRE_RANK(rank, same_on_every_rank(pg, host_params(grads)), "the reduced gradients differ");
+    return 0;
+  });
+  CHECK(ok);
+}

@@ -326,8 +326,17 @@ void Reducer::finalize() {
   const auto end = Clock::now();
   last_wait_ = std::chrono::duration<double>(end - wait_start).count();
   last_comm_ = std::chrono::duration<double>(end - first_launch_).count();
-  // The flag's mean over ranks; read once a step, after the buckets' waits above.
-  const float flag = pass_flag();
+  // The flag's mean over ranks; read once a step, after the buckets' waits above. The read
+  // may report an earlier deferred device error (CUDA: a label check outside the step): the
+  // pass is over either way, so the reducer is reset before that error leaves (else the next
+  // forward would finish these buckets a second time).
+  float flag = 0.f;
+  try {
+    flag = pass_flag();
+  } catch (...) {
+    reset_pass();
+    throw;
+  }
   reset_pass();
   raise_flagged(flag, "DDP: ");
 }
@@ -346,7 +355,13 @@ void Reducer::shadow_pass() {
     failed = next_launch_;
   }
   if (std::exception_ptr e = finish_launched(&failed); e && !error) error = e;
-  const float flag = error ? 0.f : pass_flag();
+  float flag = 0.f;
+  try {
+    if (!error) flag = pass_flag();
+  } catch (...) {
+    reset_pass();
+    throw;
+  }
   reset_pass();
   if (error)
     rethrow_with_context(error, detail::concat("DDP (joined rank): reducing gradient bucket ", failed, " failed: "));
