@@ -534,9 +534,9 @@ std::int64_t CudaKernels::find_label_out_of_range(const Tensor& target, std::int
   if (!target.numel()) return -1;
   // Under a DDP step the check writes the reducer's step flag on the device (no host round
   // trip; label_flag.hpp); otherwise into pinned host memory, read at the next host read.
-  if (const detail::LabelFlagSink* sink = detail::label_flag_for_check())
-    labels_.flag_into(target, classes, sink->flag, sink->value);
-  else
+  if (const auto* sinks = detail::label_flag_for_check()) {
+    for (const detail::LabelFlagSink* sink : *sinks) labels_.flag_into(target, classes, sink->flag, sink->value);
+  } else
     labels_.launch(target, classes);
   return -1;
 }

@@ -296,6 +296,61 @@ TEST_CASE("exact mode, W = 2, async sim: a device error reported in finish_step 
   CHECK(ok);
 }
 
+TEST_CASE("step flag: a loss outside a DDP step (a plain model's, or after the step) still raises at once") {
+  // The sink used to be installed at the reducer's construction and left on the thread: every
+  // later cross_entropy in grad mode on that thread (a plain model's, or one after the step)
+  // wrote the flag instead of raising, with class 0 for its bad rows, and nothing raised
+  // unless that DDP model ran another backward.
+  set_async(0);
+  const Data d = make_data(64);
+  ::setenv("PHALANX_TEST_REDUCER_AT_ONE", "1", 1);
+  auto pg = make_thread_group("gloo", 0, 1, std::make_shared<MemoryStore>(std::chrono::seconds(10)));
+  for (Device dev : {Device::cpu(), Device::sim()}) {
+    CAPTURE(dev.str());
+    DDPOptions o;
+    o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
+    auto net_a = many_small_one_large(), plain = many_small_one_large();
+    net_a->to(dev);
+    plain->to(dev);
+    DDP a(net_a, pg, o);
+    const Tensor x = d.x.narrow_rows(0, 16).to(dev), good = labels(d, 0, 16, -1, dev), bad = labels(d, 0, 16, 5, dev);
+    // A plain model on the thread of a DDP model not in a step.
+    CHECK_THROWS_WITH_AS(cross_entropy(plain->forward(x), bad), "cross_entropy: target[1] = 5 is not a class index in [0, 5)",
+                         ValueError);
+    cross_entropy(a.forward(x), good).backward();
+    CHECK_THROWS_WITH_AS(cross_entropy(plain->forward(x), bad), "cross_entropy: target[1] = 5 is not a class index in [0, 5)",
+                         ValueError);
+  }
+  ::unsetenv("PHALANX_TEST_REDUCER_AT_ONE");
+}
+
+TEST_CASE("step flag: two DDP models stepping on one thread, a bad label in one: it never steps silently") {
+  set_async(0);
+  const Data d = make_data(64);
+  ::setenv("PHALANX_TEST_REDUCER_AT_ONE", "1", 1);
+  auto pg = make_thread_group("gloo", 0, 1, std::make_shared<MemoryStore>(std::chrono::seconds(10)));
+  for (Device dev : {Device::cpu(), Device::sim()}) {
+    CAPTURE(dev.str());
+    DDPOptions o;
+    o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
+    auto net_a = many_small_one_large(), net_b = many_small_one_large();
+    net_a->to(dev);
+    net_b->to(dev);
+    DDP a(net_a, pg, o), b(net_b, pg, o);
+    const Tensor x = d.x.narrow_rows(0, 16).to(dev), good = labels(d, 0, 16, -1, dev), bad = labels(d, 0, 16, 5, dev);
+    // A's bad label fails A's step (and B's: a loss of this thread in B's step window may
+    // feed B); it used to go to B's flag alone (the later forward's), and A stepped.
+    Tensor out_a = a.forward(x), out_b = b.forward(x);
+    Tensor loss_a = cross_entropy(out_a, bad), loss_b = cross_entropy(out_b, good);
+    CHECK_THROWS_AS(loss_a.backward(), ValueError);
+    CHECK_THROWS_AS(loss_b.backward(), ValueError);
+    // Both reducers are reset: the next step of each is clean.
+    cross_entropy(a.forward(x), good).backward();
+    cross_entropy(b.forward(x), good).backward();
+  }
+  ::unsetenv("PHALANX_TEST_REDUCER_AT_ONE");
+}
+
 /// The default hook, which queues a failing device copy after the last bucket's wait, once:
 /// the next host read, finalize's read of the step flag, reports it.
 struct FailAfterLastBucket final : parallel::CommHook {

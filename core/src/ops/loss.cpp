@@ -27,23 +27,40 @@ class CrossEntropyBackward final : public Node {
   Tensor probs_, target_;
   float scale_;
 };
-thread_local detail::LabelFlagSink label_sink;
-thread_local const detail::LabelFlagSink* checking = nullptr;
+thread_local std::vector<std::weak_ptr<detail::LabelFlagSink>> registered;
+thread_local std::vector<const detail::LabelFlagSink*> found;
+thread_local const std::vector<const detail::LabelFlagSink*>* checking = nullptr;
 
-/// Marks the label check running on this thread as the sink's (label_flag_for_check).
+/// Marks the label check running on this thread as writing these sinks (label_flag_for_check).
 struct CheckingWith {
-  explicit CheckingWith(const detail::LabelFlagSink* s) { checking = s; }
+  explicit CheckingWith(const std::vector<const detail::LabelFlagSink*>* s) { checking = s; }
   ~CheckingWith() { checking = nullptr; }
 };
 }  // namespace
 
 namespace detail {
-void set_label_flag_sink(LabelFlagSink sink) { label_sink = std::move(sink); }
-const LabelFlagSink* label_flag_sink(const Device& device) {
-  if (!label_sink.flag.defined() || label_sink.owner.expired()) return nullptr;
-  return label_sink.flag.device() == device ? &label_sink : nullptr;
+void add_label_flag_sink(const std::shared_ptr<LabelFlagSink>& sink) {
+  bool have = false;
+  for (auto it = registered.begin(); it != registered.end();) {
+    const std::shared_ptr<LabelFlagSink> s = it->lock();
+    if (!s) {
+      it = registered.erase(it);
+      continue;
+    }
+    have = have || s == sink;
+    ++it;
+  }
+  if (!have) registered.push_back(sink);
 }
-const LabelFlagSink* label_flag_for_check() { return checking; }
+const std::vector<const LabelFlagSink*>& label_flag_sinks(const Device& device) {
+  found.clear();
+  for (const auto& w : registered)
+    if (const std::shared_ptr<LabelFlagSink> s = w.lock();
+        s && s->active.load(std::memory_order_relaxed) && s->flag.device() == device)
+      found.push_back(s.get());  // the reducer (the owner) outlives this cross_entropy call
+  return found;
+}
+const std::vector<const LabelFlagSink*>* label_flag_for_check() { return checking; }
 }  // namespace detail
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& target_in, Reduction reduction) {
@@ -67,17 +84,20 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target_in, Reduction
   // Under a DDP step (a backward will follow) a bad label goes to the step flag, so every
   // rank raises together at the end of backward (label_flag.hpp); a deferring device (CUDA)
   // writes the flag itself and returns -1. Evaluation (no backward) still raises here.
-  const detail::LabelFlagSink* sink =
-      grad_mode_enabled() && logits.requires_grad() ? detail::label_flag_sink(logits.device()) : nullptr;
+  const std::vector<const detail::LabelFlagSink*>* sinks = nullptr;
+  if (grad_mode_enabled() && logits.requires_grad())
+    if (const auto& s = detail::label_flag_sinks(logits.device()); !s.empty()) sinks = &s;
   std::int64_t bad;
   {
-    const CheckingWith scope(sink);
+    const CheckingWith scope(sinks);
     bad = k.find_label_out_of_range(target, c);
   }
   Tensor target_used = target;
-  if (bad >= 0 && sink) {
-    Tensor flag = sink->flag;
-    flag.fill_(sink->value);
+  if (bad >= 0 && sinks) {
+    for (const detail::LabelFlagSink* sink : *sinks) {
+      Tensor flag = sink->flag;
+      flag.fill_(sink->value);
+    }
     // The kernels index rows by label: give them class 0 (the step is void on every rank).
     target_used = zeros({n}, DType::Int64, target.device());
   } else if (bad >= 0) {

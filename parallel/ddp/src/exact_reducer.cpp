@@ -159,18 +159,23 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
     buckets.push_back(std::move(bucket));
   }
   reset_step();
-  install_label_sink();
   attach_grad_hooks(params, [this](std::size_t p) { on_grad_ready(p); });
 }
 
 void ExactReducer::install_label_sink() {
   // A bad label in a micro-batch's loss writes 2 into the step flag (the last bucket's last
   // maximum) on the device; the maxima's allreduce MAX carries it to every rank. Installed
-  // at construction and at every forward, on its thread, and left there (a loss inside the
-  // model's forward is covered too); only a loss in grad mode uses it.
+  // and activated at every DDP forward in grad mode, on its thread (a loss inside the
+  // model's forward is covered too), until finish_step has read the flag (reset_step).
   if (buckets.empty()) return;
-  const Bucket& last = buckets.back();
-  detail::set_label_flag_sink({view_of(last.maxima, last.maxima.numel() - 1, {1}), 2.f, alive});
+  if (!sink) {
+    const Bucket& last = buckets.back();
+    sink = std::make_shared<detail::LabelFlagSink>();
+    sink->flag = view_of(last.maxima, last.maxima.numel() - 1, {1});
+    sink->value = 2.f;
+  }
+  detail::add_label_flag_sink(sink);
+  sink->active = true;
 }
 
 ExactReducer::~ExactReducer() {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "grad_reducer.hpp"
+#include "phalanx/core/label_flag.hpp"
 
 namespace phalanx {
 class DeviceKernels;
@@ -104,7 +105,7 @@ class ExactReducer final : public GradReducer {
   std::string nonfinite;        // the first parameter whose agreed max is NaN or Inf
   bool step_void = false;       // some rank's step was void (the last bucket's flag)
   bool bad_label = false;       // some rank's cross_entropy saw a label out of range (the flag: 2)
-  std::shared_ptr<const void> alive = std::make_shared<int>(0);  // the label sink's owner token
+  std::shared_ptr<detail::LabelFlagSink> sink;  // the step flag as cross_entropy's label sink
 
   void on_grad_ready(std::size_t p);
   void finalize() override;
@@ -113,6 +114,7 @@ class ExactReducer final : public GradReducer {
   void drain();
   void finish_step(bool void_rank);
   void install_label_sink();
+  void before_forward() override { install_label_sink(); }
   [[noreturn]] void void_step(const std::string& why);
   void reset_step() {
     micro = 0;
@@ -120,6 +122,7 @@ class ExactReducer final : public GradReducer {
     nonfinite.clear();
     step_void = false;
     bad_label = false;
+    if (sink) sink->active = false;  // the flag has been read: losses raise at once again
     armed = false;
     in_pass = false;
     std::fill(ready.begin(), ready.end(), 0);

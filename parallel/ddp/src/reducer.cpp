@@ -64,7 +64,6 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroup
   for (std::size_t p = 0; p < n; ++p) params_[p].set_grad_destination(views_[p]);
   pending_.resize(buckets_.size());
   reset_pass();
-  install_label_sink();
   attach_grad_hooks(params_, [this](std::size_t p) { on_grad_ready(p); });
 }
 
@@ -77,7 +76,8 @@ void Reducer::set_hook(CommHookPtr hook) {
 }
 
 void Reducer::reset_pass() {
-  set_pass_flag(0.f);  // a device fill: no host wait
+  if (sink_) sink_->active = false;  // the flag has been read (or is void): losses raise again
+  set_pass_flag(0.f);                // a device fill: no host wait
   for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = static_cast<int>(buckets_[b].params.size());
   std::fill(ready_.begin(), ready_.end(), 0);
   next_launch_ = 0;
@@ -89,10 +89,17 @@ void Reducer::set_pass_flag(float value) { flag_.fill_(value); }
 float Reducer::pass_flag() const { return flag_.item(); }
 
 void Reducer::install_label_sink() {
-  // Installed at construction and at every forward, on the forward's thread, and left there:
-  // a loss computed inside the model's forward (before arm) is covered too. Only a loss in
-  // grad mode uses it (a backward follows); the reducer's destruction retires it (alive_).
-  detail::set_label_flag_sink({flag_, static_cast<float>(pg_->size() + 1), alive_});
+  // Registered and activated at every DDP forward in grad mode, on the forward's thread
+  // (before the module runs: a loss computed inside the forward is covered too); inactive
+  // again once finalize has read the flag (reset_pass), so a loss after the step, or of a
+  // model outside DDP, raises at once. This thread holds it weakly: it dies with the reducer.
+  if (!sink_) {
+    sink_ = std::make_shared<detail::LabelFlagSink>();
+    sink_->flag = flag_;
+    sink_->value = static_cast<float>(pg_->size() + 1);
+  }
+  detail::add_label_flag_sink(sink_);
+  sink_->active = true;
 }
 
 void Reducer::raise_flagged(float flag, const char* who) const {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "grad_reducer.hpp"
+#include "phalanx/core/label_flag.hpp"
 
 namespace phalanx::parallel {
 
@@ -58,12 +59,13 @@ class Reducer final : public GradReducer {
   float pass_flag() const;
   /// Makes this reducer's flag this thread's label sink (the forward's loss comes next).
   void install_label_sink();
+  void before_forward() override { install_label_sink(); }
   /// Throws the error the reduced step flag says every rank raises, if any.
   void raise_flagged(float flag, const char* who) const;
 
   Device device_;                       // the parameters' device: buckets live there
   Tensor flag_;                         // the step flag: the last bucket's last element
-  std::shared_ptr<const void> alive_ = std::make_shared<int>(0);  // the label sink's owner token
+  std::shared_ptr<detail::LabelFlagSink> sink_;  // the step flag as cross_entropy's label sink
   std::vector<Tensor> params_;
   std::vector<std::string> names_;
   ProcessGroupPtr pg_;
