@@ -48,6 +48,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+START=$(date +%s)  # before the bundle's unpacking: the 6 minutes count from here
+
 # ---- the bundle ----
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 unpacked=""
@@ -78,10 +80,10 @@ exec > >(tee "$LOG") 2>&1
 TEE_PID=$!
 cd "$WORK"
 
-START=$(date +%s)
-BUDGET_S=${PHALANX_CHECK_BUDGET_S:-290}  # steps not started after this many seconds fail
+BUDGET_S=${PHALANX_CHECK_BUDGET_S:-280}  # steps not started after this many seconds fail
 HANG_S=60                                  # the last step's own limit (nccl-hang)
-HARD_END=$((START + BUDGET_S + HANG_S))    # and no command runs past this: 350 s, within 6 minutes
+HARD_END=$((START + BUDGET_S + HANG_S))    # and no command runs past this (+10 s to kill one
+# that ignores SIGTERM: timeout --kill-after): 340 s (350 s), within 6 minutes
 # (the hang-prone step, last, has its own HANG_S seconds after the others' BUDGET_S)
 failures=0
 steps_json=()

@@ -144,7 +144,9 @@ TEST_CASE("nccl order: out-of-place collectives right after a long kernel that w
 TEST_CASE("nccl hang: a collective queued behind a long kernel past the timeout: TimeoutError, abort, clean exit") {
   if (!nccl_here()) return;
   auto pg = group_of_one(std::chrono::milliseconds(300));
-  Tensor t = long_kernel(200);  // seconds of GEMMs ahead of the collective on the device
+  // 600 fp32 GEMMs of 4096^3: ~1.6 s on an H100 (~50 TFLOP/s without TF32), well past the
+  // 300 ms timeout (200 left a margin of ~250 ms, less with a faster GEMM).
+  Tensor t = long_kernel(600);
   const auto t0 = std::chrono::steady_clock::now();
   WorkPtr w = pg->allreduce(t, ReduceOp::Sum);
   CHECK_THROWS_AS(w->wait(), TimeoutError);
