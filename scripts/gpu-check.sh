@@ -2,28 +2,53 @@
 # The GPU check (docs/gpu.md), run on the GPU machine from the bundle that
 # scripts/gpu-bundle.sh made here: nothing fetched, and no build step unless the target's
 # CUDA major is not the bundle's (then the two CUDA plugins are first rebuilt with the
-# target's nvcc: "plugins for this machine's CUDA", below). Steps:
-#   environment     the GPU, python3 and its torch, CUDA's libraries (nvidia-* wheels of that
-#                   python3, or /usr/local/cuda), and an ldd audit: every library resolves into
-#                   the bundle, the system's glibc/libstdc++ or CUDA's folders found here
-#   cpu ddp         phalanx-train alone vs 2 workers over Gloo under phalanx-run (CPU)
-#   cpu example     lr_scaling_study --check (CPU)
-#   cpu-side tests  the CUDA plugin's behaviour without a usable device
-#   gpu suite       tests/cuda's suite (ops and gradients vs CPU, optimizers, conversions,
-#                   NCCL world of one)
-#   memcheck        compute-sanitizer --tool memcheck over the kernel cases, when the tool works
-#   gpu ddp         phalanx-train on CUDA alone vs W=1 over NCCL and W=2 over Gloo on one GPU
-#                   (phalanx-run), each within 1e-5 of the one process
-#   gpu example     lr_scaling_study --device cuda --check
-#   gpu bench       bench_mlp_step --device cuda against PyTorch CUDA (python3 from PATH)
+# target's nvcc: "plugins for this machine's CUDA", below). Steps (KEY: what), in order; the
+# hang-prone one last, with its own short limit:
+#   environment     the GPU, python (the first of python3, /opt/torch/.venv/bin/python3,
+#                   /usr/bin/python3 that imports torch) and its torch, CUDA's libraries
+#                   (nvidia-* wheels of that python, or /usr/local/cuda), and an ldd audit:
+#                   every library resolves into the bundle, the system's glibc/libstdc++ or
+#                   CUDA's folders found here
+#   cpu-ddp         phalanx-train alone vs 2 workers over Gloo under phalanx-run (CPU)
+#   cpu-example     lr_scaling_study --check (CPU)
+#   cpu-side        the CUDA plugin's behaviour without a usable device (no GPU only)
+#   gpu-suite       tests/cuda's suite less the cases of the steps below (ops and gradients vs
+#                   CPU, optimizers, conversions, NCCL world of one)
+#   conv            every conv/pool/im2col/col2im/channel-bias kernel against the CPU
+#   nccl-reducer    the bucketed reducer on NCCL at world size 1 (small buckets, plain/fp16/
+#                   bf16 hooks, bit-equal to the plain model; the step flag on a bad label) and
+#                   out-of-place collectives right after a long kernel that writes their input
+#   memcheck, racecheck, initcheck   compute-sanitizer's tools over kernel cases
+#   gpu-ddp         phalanx-train on CUDA alone vs W=1 over NCCL and W=2 over Gloo on one GPU
+#   gpu-example     lr_scaling_study --device cuda --check
+#   gpu-exact       lr_scaling_study --device cuda --exact --micro-batch 16 --check
+#   gpu-bench       bench_mlp_step --device cuda against PyTorch CUDA
+#   nccl-hang       last, limit 60 s: a watchdog timeout with a collective queued behind a long
+#                   kernel (TimeoutError, abort, clean exit); a peer that never joins
 # Without a GPU (or with PHALANX_CHECK_NO_GPU=1) every GPU step reports "skipped (no GPU)".
 # Writes gpu-check.log and gpu-check.json (figures) to $PHALANX_CHECK_OUT, else $OUT, else
-# ./gpu-check-out; exits non-zero when any step fails. Meant to finish within 8 minutes.
+# ./gpu-check-out; exits non-zero when any step fails. Finishes within 6 minutes (360 s).
 #
-#   gpu-bundle/gpu-check.sh            (the copy inside the bundle)
+#   gpu-bundle/gpu-check.sh [--only KEY] [--list]   (the copy inside the bundle)
 #   scripts/gpu-check.sh               (finds gpu-bundle/ or unpacks gpu-bundle.tar.gz beside it)
 #   PHALANX_BUNDLE=DIR scripts/gpu-check.sh
+# --only KEY runs that step alone (the environment is still found; its audit only picks
+# lib/fallback where needed); --list prints the keys.
 set -uo pipefail
+
+STEP_KEYS="environment cpu-ddp cpu-example cpu-side gpu-suite conv nccl-reducer memcheck racecheck initcheck gpu-ddp gpu-example gpu-exact gpu-bench nccl-hang"
+ONLY=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --only) ONLY=${2:-}; shift 2 || shift
+            case " $STEP_KEYS " in *" $ONLY "*) ;; *) echo "gpu-check: --only needs one of: $STEP_KEYS"; exit 2 ;; esac ;;
+    --list) echo "$STEP_KEYS"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    *) echo "gpu-check: unknown argument $1 (usage: gpu-check.sh [--only KEY] [--list])"; exit 2 ;;
+  esac
+done
+
+START=$(date +%s)  # before the bundle's unpacking: the 6 minutes count from here
 
 # ---- the bundle ----
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -55,9 +80,11 @@ exec > >(tee "$LOG") 2>&1
 TEE_PID=$!
 cd "$WORK"
 
-START=$(date +%s)
-BUDGET_S=${PHALANX_CHECK_BUDGET_S:-420}  # steps not started after this many seconds fail (the call: 8 min)
-HARD_END=$((START + BUDGET_S + 20))        # and no command runs past this
+BUDGET_S=${PHALANX_CHECK_BUDGET_S:-280}  # steps not started after this many seconds fail
+HANG_S=60                                  # the last step's own limit (nccl-hang)
+HARD_END=$((START + BUDGET_S + HANG_S))    # and no command runs past this (+10 s to kill one
+# that ignores SIGTERM: timeout --kill-after): 340 s (350 s), within 6 minutes
+# (the hang-prone step, last, has its own HANG_S seconds after the others' BUDGET_S)
 failures=0
 steps_json=()
 figures_json=()
@@ -74,21 +101,26 @@ record() { # NAME STATUS SECONDS DETAIL
 elapsed() { echo $(( $(date +%s) - START )); }
 # tmo SECONDS CMD...: CMD with a time limit, cut to what the budget leaves (exit 124 when it
 # runs out).
+STEP_END=$((START + BUDGET_S + HANG_S))  # step() sets it: the budget's end, or the hang step's
 tmo() {
-  local s=$1 left=$((HARD_END - $(date +%s))); shift
+  local s=$1 left=$((STEP_END - $(date +%s))); shift
   [ "$left" -lt "$s" ] && s=$(( left > 5 ? left : 5 ))
   timeout --kill-after=10 "$s" "$@"
 }
 
 # step NAME FUNCTION [ARGS...]: runs a check; it passes when FUNCTION returns 0. FUNCTION may
 # set DETAIL (one line for the summary).
+# step KEY NAME FUNCTION [ARGS...] (KEY: --only's name for it).
 step() {
-  local name=$1; shift
+  local key=$1 name=$2; shift 2
+  [ -z "$ONLY" ] || [ "$ONLY" = "$key" ] || return 0
   echo; echo "== $name"
-  if [ "$(elapsed)" -ge "$BUDGET_S" ]; then
+  if [ "$key" != nccl-hang ] && [ "$(elapsed)" -ge "$BUDGET_S" ]; then
     failures=$((failures + 1)); record "$name" failed 0 "not started: the ${BUDGET_S}s budget is spent"; return
   fi
   DETAIL=""
+  if [ "$key" = nccl-hang ]; then STEP_END=$(( $(date +%s) + HANG_S )); [ "$STEP_END" -le "$HARD_END" ] || STEP_END=$HARD_END
+  else STEP_END=$((START + BUDGET_S + 10)); fi
   local t0 t1 rc
   t0=$(date +%s.%N)
   "$@"; rc=$?
@@ -103,7 +135,10 @@ step() {
     record "$name" failed "$dt" "exit $rc${DETAIL:+; $DETAIL}"
   fi
 }
-skip() { echo; echo "== $1"; record "$1" "skipped ($2)" 0 ""; }
+skip() { # KEY NAME WHY
+  [ -z "$ONLY" ] || [ "$ONLY" = "$1" ] || return 0
+  echo; echo "== $2"; record "$2" "skipped ($3)" 0 ""
+}
 
 # ---- environment: the GPU, python3, CUDA's libraries ----
 echo "gpu-check: bundle $B"
@@ -125,11 +160,18 @@ fi
 figure host "$(uname -n)" string
 figure glibc "$(getconf GNU_LIBC_VERSION 2>/dev/null | sed 's/^glibc //')" string
 
-PY=$(command -v python3 || true)
+# Python: the first of python3 (PATH), /opt/torch/.venv/bin/python3, /usr/bin/python3 that
+# imports torch (its nvidia-* wheels are CUDA's libraries too); else the first that runs.
+PY=""
 torch_line=""
+for cand in "$(command -v python3 || true)" /opt/torch/.venv/bin/python3 /usr/bin/python3; do
+  [ -n "$cand" ] && [ -x "$cand" ] || continue
+  [ -n "$PY" ] || PY=$cand
+  line=$("$cand" -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null) || continue
+  PY=$cand; torch_line=$line; break
+done
 if [ -n "$PY" ]; then
-  torch_line=$("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null || true)
-  echo "python3: $PY (torch: ${torch_line:-not importable})"
+  echo "python: $PY (torch: ${torch_line:-not importable from any of python3, /opt/torch/.venv/bin/python3, /usr/bin/python3})"
   figure python3 "$PY" string
   figure torch "${torch_line:-none}" string
 fi
@@ -235,13 +277,19 @@ rebuild_plugins() {
 }
 if [ -n "$rebuild_reason" ]; then
   add_dir "${PHALANX_CUDA_HOME:-/usr/local/cuda}/lib64"
-  step "plugins for this machine's CUDA" rebuild_plugins
+  step "${ONLY:+$ONLY}" "plugins for this machine's CUDA" rebuild_plugins
   cuda_path=$(IFS=:; echo "${cuda_dirs[*]}")
 fi
 BASE_LD="${cuda_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH="$B/lib${BASE_LD:+:$BASE_LD}"
 export PHALANX_DATA_DIR=$B/data PHALANX_PEERS_DIR=$B/peers
-[ -n "$PY" ] && export PHALANX_PYTHON=$PY
+# PyTorch (the benchmark's peer) runs without the bundle's libraries first on its path: they
+# are Debian's builds (OpenBLAS, libzip, ...), not what its wheels expect.
+if [ -n "$PY" ]; then
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$BASE_LD" "$PY" >"$WORK/python3"
+  chmod +x "$WORK/python3"
+  export PHALANX_PYTHON=$WORK/python3
+fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 # The ldd audit: every library of the bundle resolves into the bundle (by its run paths alone:
@@ -295,7 +343,10 @@ check_environment() {
   fi
   DETAIL="every library resolves into the bundle, the system or CUDA's folders"
 }
-step "environment" check_environment
+step environment "environment" check_environment
+# --only another step: the audit still runs, quietly, for its one effect (lib/fallback when
+# the target's libstdc++ is too old); its verdict belongs to the environment step.
+if [ -n "$ONLY" ] && [ "$ONLY" != environment ]; then audit "$cuda_path" >/dev/null 2>&1 || true; fi
 
 # ---- CPU: the bundle's programs work from here ----
 train_common=(--train-x "$DATA:x" --train-y "$DATA:y" --global-batch 64 --lr 0.1 --epochs 30 --no-shuffle --eval-train --seed 0)
@@ -332,44 +383,47 @@ ddp_vs_one() {
   done
   return $ok
 }
-step "cpu ddp: W=2 over Gloo equals one process" ddp_vs_one cpu cpu "2 gloo cpu"
+step cpu-ddp "cpu ddp: W=2 over Gloo equals one process" ddp_vs_one cpu cpu "2 gloo cpu"
 
-example() { # DEVICE
-  tmo 120 "$BIN/lr_scaling_study" --device "$1" --check >"$WORK/ex.out" 2>&1
+example() { # DEVICE [ARGS...]
+  local dev=$1; shift
+  tmo 120 "$BIN/lr_scaling_study" --device "$dev" "$@" --check >"$WORK/ex.out" 2>&1
   local rc=$?; cat "$WORK/ex.out"
   DETAIL=$(grep -o 'check: [a-zA-Z]*' "$WORK/ex.out" | tail -1)
   [ -n "$DETAIL" ] || DETAIL=$(last_words "$WORK/ex.out")
   return $rc
 }
-step "cpu example: lr_scaling_study --check" example cpu
+step cpu-example "cpu example: lr_scaling_study --check" example cpu
 
 cpu_side() { tmo 60 "$BIN/cuda_cpu_side_tests"; }
 if [ "$HAVE_GPU" = 1 ]; then
-  skip "cpu-side tests" "a GPU is here; the GPU suite covers the device"
+  skip cpu-side "cpu-side tests" "a GPU is here; the GPU suite covers the device"
 else
-  step "cpu-side tests (no device)" cpu_side
+  step cpu-side "cpu-side tests (no device)" cpu_side
 fi
 
 # ---- GPU ----
-# The whole suite (tests/cuda: "cuda:*" kernel cases, "nccl:*" NCCL cases; 10-30 s). NCCL can
-# hang where the plugin cannot bound it (inside ncclCommAbort): on a time-out the suite runs
-# again without the "peer never joins" case, so the other cases still report; the step fails.
+# tests/cuda's suite, split so that each step can be rerun alone (--only) and the hang-prone
+# NCCL cases run last with their own limit: "cuda:*" kernel cases, "nccl:*" NCCL cases,
+# "nccl reducer:*"/"nccl order:*" the reducer and stream order on NCCL, "nccl hang:*" the
+# watchdog and the peer that never joins (NCCL can hang where the plugin cannot bound it,
+# inside ncclCommAbort: the limit keeps that from eating the other steps' time).
+SPLIT_OFF='cuda: conv2d*,cuda: max*,nccl reducer:*,nccl order:*,nccl hang:*'
 suite_counts() { grep -E '^\[doctest\] (test cases|assertions):' "$1" | tr -s ' ' | sed 's/^\[doctest\] //' | paste -sd ';' -; }
-gpu_suite() {
-  NCCL_DEBUG=${NCCL_DEBUG:-WARN} tmo 180 "$BIN/cuda_tests" >"$WORK/suite.out" 2>&1
-  local rc=$?; cat "$WORK/suite.out"
-  DETAIL=$(suite_counts "$WORK/suite.out")
-  if [ $rc -eq 77 ]; then  # nvidia-smi sees a GPU, the plugin does not: a failure here
-    DETAIL="the suite found no usable CUDA device: $(grep -m1 '^SKIPPED' "$WORK/suite.out")"; return 1
-  fi
-  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    echo "-- the suite timed out: again without the \"never joins\" case"
-    NCCL_DEBUG=${NCCL_DEBUG:-WARN} tmo 120 "$BIN/cuda_tests" -tce="*never joins*" >"$WORK/suite2.out" 2>&1
-    local rc2=$?; cat "$WORK/suite2.out"
-    DETAIL="timed out; without the \"never joins\" case: exit $rc2, $(suite_counts "$WORK/suite2.out")"
-  fi
+# cases SECONDS OUT DOCTEST-ARGS...: a part of the suite; a skip (no usable device although
+# nvidia-smi sees one) is a failure.
+cases() {
+  local limit=$1 out=$2; shift 2
+  NCCL_DEBUG=${NCCL_DEBUG:-WARN} tmo "$limit" "$BIN/cuda_tests" "$@" >"$out" 2>&1
+  local rc=$?; cat "$out"
+  DETAIL=$(suite_counts "$out")
+  if [ $rc -eq 77 ]; then DETAIL="the suite found no usable CUDA device: $(grep -m1 '^SKIPPED' "$out")"; return 1; fi
   return $rc
 }
+gpu_suite() { cases 150 "$WORK/suite.out" -tce="$SPLIT_OFF"; }
+conv_cases() { cases 60 "$WORK/conv.out" -tc='cuda: conv2d*,cuda: max*'; }
+reducer_cases() { cases 90 "$WORK/reducer.out" -tc='nccl reducer:*,nccl order:*'; }
+hang_cases() { cases "$HANG_S" "$WORK/hang.out" -tc='nccl hang:*'; }
 no_gpu_suite() { # the suite must skip itself cleanly (exit 77) where there is no GPU
   tmo 60 "$BIN/cuda_tests" >"$WORK/suite.out" 2>&1
   local rc=$?; cat "$WORK/suite.out"
@@ -377,20 +431,26 @@ no_gpu_suite() { # the suite must skip itself cleanly (exit 77) where there is n
   DETAIL="expected exit 77 without a GPU"; return 1
 }
 
-memcheck() {
-  local cs
+# sanitizer TOOL SECONDS CASES: compute-sanitizer --tool TOOL over some kernel cases (the NCCL
+# cases and the 2^31-element tensor would take minutes under it).
+sanitizer() {
+  local tool=$1 limit=$2 filter=$3 cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
   [ -n "$cs" ] || { DETAIL="compute-sanitizer not found"; return 77; }
-  # The kernel cases only ("cuda:*"): NCCL and the 8 GiB tensor under memcheck would take minutes.
-  tmo 150 "$cs" --tool memcheck --error-exitcode 86 --print-limit 20 "$BIN/cuda_tests" \
-    -tc='cuda:*' -tce='*2^31*' >"$WORK/mc.out" 2>&1
-  local rc=$?; tail -40 "$WORK/mc.out"
-  if grep -qE 'Device not supported|Error: Target application terminated before first instrumented API call|unable to (initialize|load)' "$WORK/mc.out"; then
-    DETAIL="the tool does not work here: $(grep -m1 -E 'Device not supported|Error:|unable to' "$WORK/mc.out")"; return 77
+  local extra=()
+  [ "$tool" = initcheck ] && extra=(--track-unused-memory no)
+  tmo "$limit" "$cs" --tool "$tool" "${extra[@]}" --error-exitcode 86 --print-limit 20 "$BIN/cuda_tests" \
+    -tc="$filter" -tce='*2^31*' >"$WORK/$tool.out" 2>&1
+  local rc=$?; tail -40 "$WORK/$tool.out"
+  if grep -qE 'Device not supported|Error: Target application terminated before first instrumented API call|unable to (initialize|load)' "$WORK/$tool.out"; then
+    DETAIL="the tool does not work here: $(grep -m1 -E 'Device not supported|Error:|unable to' "$WORK/$tool.out")"; return 77
   fi
-  DETAIL=$(grep -m1 -E 'ERROR SUMMARY' "$WORK/mc.out")
+  DETAIL=$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/$tool.out")
   return $rc
 }
+# memcheck over every kernel case; racecheck (shared memory: the reductions, attention, the
+# conv/pool kernels) and initcheck (reads of unwritten device memory) over a smaller set.
+KERNEL_SET='cuda: matmul*,cuda: conv2d*,cuda: max*,cuda: elementwise*,CUDA: scaled_dot*,CUDA: batch_norm*'
 
 bench() {
   tmo 150 "$BIN/bench_mlp_step" --device cuda >"$WORK/bench.out" 2>&1
@@ -413,19 +473,27 @@ bench() {
   return $ok
 }
 
-if [ "$HAVE_GPU" = 1 ]; then
-  step "gpu suite" gpu_suite
-  step "memcheck (kernel cases)" memcheck
-  step "gpu ddp: W=1 over NCCL and W=2 over Gloo on one GPU equal one process" ddp_vs_one cuda cuda "1 nccl cuda" "2 gloo cuda:0"
-  step "gpu example: lr_scaling_study --device cuda --check" example cuda
-  step "gpu bench: bench_mlp_step --device cuda vs PyTorch CUDA" bench
-else
-  step "gpu suite" no_gpu_suite
-  for s in "memcheck (kernel cases)" "gpu ddp: W=1 over NCCL and W=2 over Gloo on one GPU equal one process" \
-           "gpu example: lr_scaling_study --device cuda --check" "gpu bench: bench_mlp_step --device cuda vs PyTorch CUDA"; do
-    skip "$s" "no GPU"
-  done
-fi
+# gpu_step KEY NAME FUNCTION [ARGS...]: a GPU step; without a GPU it reports skipped, except
+# the suite, which must then skip itself (exit 77).
+gpu_step() {
+  if [ "$HAVE_GPU" = 1 ]; then step "$@"
+  elif [ "$1" = gpu-suite ]; then step gpu-suite "$2" no_gpu_suite
+  else skip "$1" "$2" "no GPU"; fi
+}
+gpu_step gpu-suite "gpu suite (kernels, optimizers, conversions, NCCL world of one)" gpu_suite
+gpu_step conv "conv and pool kernels (im2col, col2im, channel bias, pools) vs the CPU" conv_cases
+gpu_step nccl-reducer "nccl reducer at W=1 (buckets, fp16/bf16 hooks, step flag) and stream order" reducer_cases
+gpu_step memcheck "memcheck (kernel cases)" sanitizer memcheck 100 'cuda:*'
+gpu_step racecheck "racecheck (kernel cases)" sanitizer racecheck 60 "$KERNEL_SET"
+gpu_step initcheck "initcheck (kernel cases)" sanitizer initcheck 45 "$KERNEL_SET"
+gpu_step gpu-ddp "gpu ddp: W=1 over NCCL and W=2 over Gloo on one GPU equal one process" \
+  ddp_vs_one cuda cuda "1 nccl cuda" "2 gloo cuda:0"
+gpu_step gpu-example "gpu example: lr_scaling_study --device cuda --check" example cuda
+gpu_step gpu-exact "gpu exact: lr_scaling_study --device cuda --exact --micro-batch 16 --check" \
+  example cuda --exact --micro-batch 16
+gpu_step gpu-bench "gpu bench: bench_mlp_step --device cuda vs PyTorch CUDA" bench
+gpu_step nccl-hang "nccl hang (last, ${HANG_S} s): watchdog timeout behind a long kernel, a peer that never joins" \
+  hang_cases
 
 # ---- summary ----
 total=$(elapsed)

@@ -53,8 +53,26 @@ if [ "$rc" != 0 ] || ! grep -q '"verdict": "passed"' "$T/out-whole/gpu-check.jso
   cat "$T/whole.log"
   say "FAILED: the relocated bundle's check exited $rc"; exit 1
 fi
-grep -q '"status": "skipped (no GPU)"' "$T/out-whole/gpu-check.json" || nvidia-smi -L >/dev/null 2>&1 ||
-  { say "FAILED: without a GPU the GPU steps must report skipped (no GPU)"; exit 1; }
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  # Every GPU step is listed, skipped (no GPU); the suite skipped itself.
+  for name in "conv and pool kernels" "nccl reducer at W=1" "memcheck (kernel cases)" "racecheck (kernel cases)" \
+              "initcheck (kernel cases)" "gpu ddp:" "gpu example:" "gpu exact:" "gpu bench:" "nccl hang (last"; do
+    grep -F "\"name\": \"$name" "$T/out-whole/gpu-check.json" | grep -q '"status": "skipped (no GPU)"' ||
+      { say "FAILED: without a GPU the step \"$name...\" must be listed as skipped (no GPU)"; exit 1; }
+  done
+  grep -F '"name": "gpu suite' "$T/out-whole/gpu-check.json" | grep -q '"status": "skipped (no GPU)"' ||
+    { say "FAILED: without a GPU the suite must skip itself"; exit 1; }
+fi
+# A step reruns alone (--only KEY), and the keys are listed.
+keys=$("$T/copy/gpu-check.sh" --list)
+for k in environment gpu-suite conv nccl-reducer memcheck racecheck initcheck gpu-exact nccl-hang; do
+  case " $keys " in *" $k "*) ;; *) say "FAILED: gpu-check.sh --list lacks $k"; exit 1 ;; esac
+done
+mkdir "$T/only"
+PHALANX_CHECK_OUT=$T/only "$T/copy/gpu-check.sh" --only environment >"$T/only.log" 2>&1 ||
+  { cat "$T/only.log"; say "FAILED: gpu-check.sh --only environment"; exit 1; }
+[ "$(grep -c '"status"' "$T/only/gpu-check.json")" = 1 ] ||
+  { cat "$T/only.log"; say "FAILED: --only environment ran other steps too"; exit 1; }
 
 # Every check must be able to fail: a library missing from the bundle, then damaged data.
 mv "$T/copy/lib/libzip.so.4" "$T/libzip.so.4"

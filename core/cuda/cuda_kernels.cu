@@ -8,6 +8,7 @@
 #include "cuda_check.hpp"
 #include "cuda_kernels.hpp"
 #include "phalanx/core/half.hpp"
+#include "phalanx/core/label_flag.hpp"
 
 namespace phalanx::cuda {
 
@@ -530,7 +531,13 @@ std::int64_t CudaKernels::find_label_out_of_range(const Tensor& target, std::int
   // Deferred (kernels.hpp): the check runs on the device; a bad label is reported by this
   // thread's next copy_to_host (the loss read), or by its next label check.
   on_device(target);
-  if (target.numel()) labels_.launch(target, classes);
+  if (!target.numel()) return -1;
+  // Under a DDP step the check writes the reducer's step flag on the device (no host round
+  // trip; label_flag.hpp); otherwise into pinned host memory, read at the next host read.
+  if (const auto* sinks = detail::label_flag_for_check()) {
+    for (const detail::LabelFlagSink* sink : *sinks) labels_.flag_into(target, classes, sink->flag, sink->value);
+  } else
+    labels_.launch(target, classes);
   return -1;
 }
 

@@ -125,8 +125,16 @@ TEST_CASE("cuda: a bad label is reported when the loss is read, with the CPU's m
   // reported once; the next step is clean
   Tensor good = tensor(std::vector<std::int64_t>{0, 2}, {2}).to(kGpu);
   CHECK(std::abs(cross_entropy(logits, good).item() - std::log(3.f)) < 1e-6);
-  // a bad batch that is never read is reported by the next label check
+  // a bad batch that is never read is reported by the next label check when its kernel has
+  // finished, else chained into that check (no host wait) and reported at the next read
   (void)cross_entropy(logits, tensor(std::vector<std::int64_t>{-1, 0}, {2}).to(kGpu));
-  CHECK_THROWS_WITH_AS(cross_entropy(logits, good), doctest::Contains("target[0] = -1"), ValueError);
+  CHECK_THROWS_WITH_AS(cross_entropy(logits, good).item(), doctest::Contains("target[0] = -1"), ValueError);
   CHECK(std::abs(cross_entropy(logits, good, Reduction::Sum).item() - 2 * std::log(3.f)) < 1e-5);
+  // several checks before a read: the first bad label of the first bad batch is reported
+  Tensor bad2 = tensor(std::vector<std::int64_t>{3, 1}, {2}).to(kGpu);
+  auto three_then_read = [&] {
+    return add(add(cross_entropy(logits, good), cross_entropy(logits, bad2)), cross_entropy(logits, bad)).item();
+  };
+  CHECK_THROWS_WITH_AS(three_then_read(), doctest::Contains("target[0] = 3 is not a class index in [0, 3)"), ValueError);
+  CHECK(std::abs(cross_entropy(logits, good).item() - std::log(3.f)) < 1e-6);
 }

@@ -2,6 +2,8 @@
 // and mse_loss.
 #include "ops/autocast_support.hpp"
 #include "ops/op_support.hpp"
+#include "phalanx/core/creation.hpp"
+#include "phalanx/core/label_flag.hpp"
 #include "phalanx/core/ops.hpp"
 
 namespace phalanx {
@@ -25,7 +27,41 @@ class CrossEntropyBackward final : public Node {
   Tensor probs_, target_;
   float scale_;
 };
+thread_local std::vector<std::weak_ptr<detail::LabelFlagSink>> registered;
+thread_local std::vector<const detail::LabelFlagSink*> found;
+thread_local const std::vector<const detail::LabelFlagSink*>* checking = nullptr;
+
+/// Marks the label check running on this thread as writing these sinks (label_flag_for_check).
+struct CheckingWith {
+  explicit CheckingWith(const std::vector<const detail::LabelFlagSink*>* s) { checking = s; }
+  ~CheckingWith() { checking = nullptr; }
+};
 }  // namespace
+
+namespace detail {
+void add_label_flag_sink(const std::shared_ptr<LabelFlagSink>& sink) {
+  bool have = false;
+  for (auto it = registered.begin(); it != registered.end();) {
+    const std::shared_ptr<LabelFlagSink> s = it->lock();
+    if (!s) {
+      it = registered.erase(it);
+      continue;
+    }
+    have = have || s == sink;
+    ++it;
+  }
+  if (!have) registered.push_back(sink);
+}
+const std::vector<const LabelFlagSink*>& label_flag_sinks(const Device& device) {
+  found.clear();
+  for (const auto& w : registered)
+    if (const std::shared_ptr<LabelFlagSink> s = w.lock();
+        s && s->active.load(std::memory_order_relaxed) && s->flag.device() == device)
+      found.push_back(s.get());  // the reducer (the owner) outlives this cross_entropy call
+  return found;
+}
+const std::vector<const LabelFlagSink*>* label_flag_for_check() { return checking; }
+}  // namespace detail
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& target_in, Reduction reduction) {
   const Tensor logits = contiguous_input(logits_in), target = contiguous_input(target_in);
@@ -45,15 +81,33 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target_in, Reduction
   const std::int64_t n = logits.shape()[0], c = logits.shape()[1];
   if (n == 0) throw ValueError("cross_entropy: empty batch");
   DeviceKernels& k = kernels_for(logits.device());
-  const std::int64_t bad = k.find_label_out_of_range(target, c);
-  if (bad >= 0) {
+  // Under a DDP step (a backward will follow) a bad label goes to the step flag, so every
+  // rank raises together at the end of backward (label_flag.hpp); a deferring device (CUDA)
+  // writes the flag itself and returns -1. Evaluation (no backward) still raises here.
+  const std::vector<const detail::LabelFlagSink*>* sinks = nullptr;
+  if (grad_mode_enabled() && logits.requires_grad())
+    if (const auto& s = detail::label_flag_sinks(logits.device()); !s.empty()) sinks = &s;
+  std::int64_t bad;
+  {
+    const CheckingWith scope(sinks);
+    bad = k.find_label_out_of_range(target, c);
+  }
+  Tensor target_used = target;
+  if (bad >= 0 && sinks) {
+    for (const detail::LabelFlagSink* sink : *sinks) {
+      Tensor flag = sink->flag;
+      flag.fill_(sink->value);
+    }
+    // The kernels index rows by label: give them class 0 (the step is void on every rank).
+    target_used = zeros({n}, DType::Int64, target.device());
+  } else if (bad >= 0) {
     const std::int64_t label = target.narrow_rows(bad, bad + 1).item_int();
     throw ValueError(detail::concat("cross_entropy: target[", bad, "] = ", label,
                                     " is not a class index in [0, ", c, ")"));
   }
   Tensor probs = empty_like(logits);
   Tensor rows = Tensor::empty({n}, DType::Float32, logits.device());
-  k.cross_entropy(logits, target, probs, rows);
+  k.cross_entropy(logits, target_used, probs, rows);
   Tensor out;
   float scale = 1.f;
   if (reduction == Reduction::None) {
@@ -64,7 +118,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target_in, Reduction
     k.sum_dim(rows, 1, n, 1, out, scale);
   }
   if (grad_mode_enabled() && logits.requires_grad())
-    autograd::record(std::make_shared<CrossEntropyBackward>(probs, target, scale), {&logits}, out);
+    autograd::record(std::make_shared<CrossEntropyBackward>(probs, target_used, scale), {&logits}, out);
   return out;
 }
 

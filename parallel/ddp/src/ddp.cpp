@@ -66,6 +66,7 @@ void DistributedDataParallel::before_forward(const Tensor* first, bool single) {
   notified_.reset();
   flags_work_.reset();
   forward_samples_ = first != nullptr && first->defined() && first->dim() >= 1 ? first->size(0) : -1;
+  if (reducer_ && grad_mode_enabled()) reducer_->before_forward();
   const bool join = join_config().enable;
   if (join && reducer_) reducer_->check_join();
   if (!reducer_ && !join) return;

@@ -9,6 +9,7 @@
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/creation.hpp"
 #include "phalanx/core/kernels.hpp"
+#include "phalanx/core/label_flag.hpp"
 #include "phalanx/core/tensor_impl.hpp"
 #include "phalanx/parallel/exact.hpp"
 
@@ -161,6 +162,22 @@ ExactReducer::ExactReducer(std::vector<std::pair<std::string, Tensor>> named, Pr
   attach_grad_hooks(params, [this](std::size_t p) { on_grad_ready(p); });
 }
 
+void ExactReducer::install_label_sink() {
+  // A bad label in a micro-batch's loss writes 2 into the step flag (the last bucket's last
+  // maximum) on the device; the maxima's allreduce MAX carries it to every rank. Installed
+  // and activated at every DDP forward in grad mode, on its thread (a loss inside the
+  // model's forward is covered too), until finish_step has read the flag (reset_step).
+  if (buckets.empty()) return;
+  if (!sink) {
+    const Bucket& last = buckets.back();
+    sink = std::make_shared<detail::LabelFlagSink>();
+    sink->flag = view_of(last.maxima, last.maxima.numel() - 1, {1});
+    sink->value = 2.f;
+  }
+  detail::add_label_flag_sink(sink);
+  sink->active = true;
+}
+
 ExactReducer::~ExactReducer() {
   detach_grad_hooks();
   drain();
@@ -174,6 +191,7 @@ void ExactReducer::arm(const Tensor&) {
               ") got no backward (each forward in grad mode is one micro-batch and needs its backward; run "
               "evaluation under NoGradGuard)");
   armed = true;
+  install_label_sink();
   // This micro-batch's gradients are written straight into its slot: .grad() must be
   // undefined for that (the step's first micro-batch thereby clears the previous result).
   for (std::size_t p = 0; p < params.size(); ++p) {
@@ -265,7 +283,9 @@ void ExactReducer::launch_max(std::size_t bi, bool void_rank) {
     for (float& m : h)
       if (std::isnan(m)) m = INFINITY;
   }
-  if (bi + 1 == buckets.size()) h.back() = void_rank ? 1.f : 0.f;
+  // The step flag: 1 from a void rank; 2 (already there, from the device) from a rank whose
+  // loss saw a bad label; a MAX, so a bad label wins.
+  if (bi + 1 == buckets.size()) h.back() = void_rank ? 1.f : h.back() >= 1.5f ? 2.f : 0.f;
   if (pg->size() > 1) {
     kernels->copy_from_host(b.maxima.raw_data(), h.data(), h.size() * 4);
     b.max_work = pg->allreduce(b.maxima, ReduceOp::Max);
@@ -282,7 +302,10 @@ void ExactReducer::reduce_sums() {
       w->wait();
       kernels->copy_to_host(b.host_max.data(), b.maxima.raw_data(), b.host_max.size() * 4);
     }
-    if (bi + 1 == buckets.size() && b.host_max.back() != 0.f) step_void = true;
+    if (bi + 1 == buckets.size() && b.host_max.back() != 0.f) {
+      step_void = true;
+      bad_label = b.host_max.back() >= 1.5f;
+    }
     for (std::size_t i = 0; i < b.params.size() && nonfinite.empty(); ++i)
       if (!std::isfinite(b.host_max[i])) nonfinite = names[b.params[i]];
   }
@@ -342,7 +365,7 @@ void ExactReducer::drain() {
 }
 
 void ExactReducer::finish_step(bool void_rank) {
-  std::exception_ptr comm_error;
+  std::exception_ptr comm_error, other_error;
   try {
     for (; next_bucket < buckets.size(); ++next_bucket) launch_max(next_bucket, void_rank);
     if (void_rank) {
@@ -356,13 +379,26 @@ void ExactReducer::finish_step(bool void_rank) {
     }
   } catch (const CommError&) {
     comm_error = std::current_exception();
+  } catch (...) {
+    // Not the group's failure (a device error reading the maxima, or CUDA's deferred label
+    // error of a loss computed outside the step): this rank's step is void. Send the maxima
+    // it has not sent yet with the void flag, so the peers' step fails too and the group stays
+    // in step, and leave the reducer reset below before rethrowing.
+    other_error = std::current_exception();
+    try {
+      for (; next_bucket < buckets.size(); ++next_bucket)
+        if (!buckets[next_bucket].max_work) launch_max(next_bucket, true);
+    } catch (const CommError&) {
+      comm_error = std::current_exception();
+    } catch (...) {
+    }
   }
   drain();
   // Every step starts from zero maxima, a void one's too (its maxima hold this rank's partial
   // or the group's agreed ones): a leftover would raise the next step's max, hence change its
   // scale, on this rank only, making the next step's bits depend on who voided what.
   for (auto& b : buckets) b.maxima.zero_();
-  const bool was_void = step_void;
+  const bool was_void = step_void, was_bad_label = bad_label;
   const std::string bad = nonfinite;
   reset_step();
   clear_grads();
@@ -373,7 +409,14 @@ void ExactReducer::finish_step(bool void_rank) {
       rethrow_with_context(std::current_exception(), "DDP exact mode: reducing the gradients failed: ");
     }
   }
+  if (other_error) std::rethrow_exception(other_error);
   if (void_rank) return;  // the caller (void_step) says why
+  // The same message on every rank: it depends on the agreed flag only.
+  if (was_bad_label)
+    throw ValueError(detail::concat(
+        "DDP exact mode: cross_entropy got a target outside [0, classes) on at least one of ", pg->size(),
+        " rank(s) in this step, so this step is void on every rank and its gradients are cleared; skip this "
+        "optimizer step and fix the labels (each must be a class index below the model's output width)"));
   if (was_void)
     throw PeerFailedError(detail::concat(
         "DDP exact mode: a backward pass stopped part-way on at least one of ", pg->size(),

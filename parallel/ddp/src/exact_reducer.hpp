@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "grad_reducer.hpp"
+#include "phalanx/core/label_flag.hpp"
 
 namespace phalanx {
 class DeviceKernels;
@@ -69,7 +70,7 @@ class ExactReducer final : public GradReducer {
   };
   struct Bucket {
     std::vector<std::size_t> params;  // reverse registration order (the maxima's order)
-    Tensor maxima;                 // float32 [params (+1: the void flag, last bucket)] on the device
+    Tensor maxima;                 // float32 [params (+1: the step flag, last bucket)] on the device
     std::vector<float> host_max;   // the agreed maxima
     // Unchunked: one chunk, the bucket's own int64 sums. Chunked (CPU, inline shm or W = 1):
     // chunks of kCpuChunk elements over one shared buffer, each reduced and converted back
@@ -103,6 +104,8 @@ class ExactReducer final : public GradReducer {
   std::size_t next_bucket = 0;  // the next bucket whose maxima go out
   std::string nonfinite;        // the first parameter whose agreed max is NaN or Inf
   bool step_void = false;       // some rank's step was void (the last bucket's flag)
+  bool bad_label = false;       // some rank's cross_entropy saw a label out of range (the flag: 2)
+  std::shared_ptr<detail::LabelFlagSink> sink;  // the step flag as cross_entropy's label sink
 
   void on_grad_ready(std::size_t p);
   void finalize() override;
@@ -110,12 +113,16 @@ class ExactReducer final : public GradReducer {
   void reduce_sums();
   void drain();
   void finish_step(bool void_rank);
+  void install_label_sink();
+  void before_forward() override { install_label_sink(); }
   [[noreturn]] void void_step(const std::string& why);
   void reset_step() {
     micro = 0;
     next_bucket = 0;
     nonfinite.clear();
     step_void = false;
+    bad_label = false;
+    if (sink) sink->active = false;  // the flag has been read: losses raise at once again
     armed = false;
     in_pass = false;
     std::fill(ready.begin(), ready.end(), 0);

@@ -1,6 +1,7 @@
 #include "grad_reducer.hpp"
 
 #include "exact_reducer.hpp"
+#include "phalanx/core/env.hpp"
 #include "reducer.hpp"
 
 namespace phalanx::parallel {
@@ -44,8 +45,11 @@ std::unique_ptr<GradReducer> make_grad_reducer(const nn::Module& module, const P
     if (pg->size() > 1) share(false);
     return std::make_unique<ExactReducer>(module.named_parameters(), pg, o);
   }
-  if (pg->size() == 1) return nullptr;  // a world of one: no reducer, no hooks, no copies
-  share(true);
+  // A world of one: no reducer, no hooks, no copies. PHALANX_TEST_REDUCER_AT_ONE=1 (tests
+  // only) builds the bucketed reducer anyway, so one GPU can run buckets, the step flag and
+  // the comm hooks over NCCL (scripts/gpu-check.sh, "nccl reducer").
+  if (pg->size() == 1 && !env::flag("PHALANX_TEST_REDUCER_AT_ONE", false)) return nullptr;
+  if (pg->size() > 1) share(true);
   return std::make_unique<Reducer>(module.named_parameters(), pg, o);
 }
 

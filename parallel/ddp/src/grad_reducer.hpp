@@ -32,6 +32,9 @@ class GradReducer {
   /// After a forward in grad mode: a backward is expected. `output` is the forward's
   /// result (find_unused_parameters walks the graph from it).
   virtual void arm(const Tensor& output) = 0;
+  /// Before a DDP forward in grad mode, on its thread (a loss inside the forward included):
+  /// the reducer's label sink becomes active there (label_flag.hpp).
+  virtual void before_forward() {}
   const BucketLayout& layout() const { return layout_; }
 
   // What the reducer can do. Each check throws the one-line error that says what to do

@@ -8,6 +8,7 @@
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/creation.hpp"
+#include "phalanx/core/label_flag.hpp"
 #include "phalanx/core/timeline.hpp"
 
 namespace phalanx::parallel {
@@ -39,10 +40,12 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroup
       bucket.offsets.push_back(total);
       total += params_[p].numel();
     }
-    // The last bucket carries one more element after its gradients: the pass flag
-    // (0 = this rank's backward completed; 1 = it stopped part-way and sends no gradients).
-    // Reduced with the gradients, it is non-zero on every rank when any rank's pass was
-    // void, at no extra collective.
+    // The last bucket carries one more element after its gradients: the step flag
+    // (0 = this rank's step is sound; 1 = its backward stopped part-way and sends no
+    // gradients; W + 1 = a cross_entropy label was out of range, written on the device by
+    // the label check). Reduced with the gradients (a mean), it is non-zero on every rank
+    // when any rank's step was void, at no extra collective, and its sum S = round(mean * W)
+    // = void ranks + (W + 1) * bad-label ranks says which.
     bucket.buffer = zeros({total + (b + 1 == layout.size() ? 1 : 0)}, DType::Float32, device_);
     if (b + 1 == layout.size())  // the flag, set and read through device ops
       flag_ = Tensor(std::make_shared<TensorImpl>(bucket.buffer.impl()->storage(),
@@ -73,6 +76,8 @@ void Reducer::set_hook(CommHookPtr hook) {
 }
 
 void Reducer::reset_pass() {
+  if (sink_) sink_->active = false;  // the flag has been read (or is void): losses raise again
+  set_pass_flag(0.f);                // a device fill: no host wait
   for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = static_cast<int>(buckets_[b].params.size());
   std::fill(ready_.begin(), ready_.end(), 0);
   next_launch_ = 0;
@@ -82,6 +87,39 @@ void Reducer::reset_pass() {
 void Reducer::set_pass_flag(float value) { flag_.fill_(value); }
 
 float Reducer::pass_flag() const { return flag_.item(); }
+
+void Reducer::install_label_sink() {
+  // Registered and activated at every DDP forward in grad mode, on the forward's thread
+  // (before the module runs: a loss computed inside the forward is covered too); inactive
+  // again once finalize has read the flag (reset_pass), so a loss after the step, or of a
+  // model outside DDP, raises at once. This thread holds it weakly: it dies with the reducer.
+  if (!sink_) {
+    sink_ = std::make_shared<detail::LabelFlagSink>();
+    sink_->flag = flag_;
+    sink_->value = static_cast<float>(pg_->size() + 1);
+  }
+  detail::add_label_flag_sink(sink_);
+  sink_->active = true;
+}
+
+void Reducer::raise_flagged(float flag, const char* who) const {
+  if (flag == 0.f) return;
+  const long world = pg_->size();
+  const long sum = std::max(1L, std::lround(static_cast<double>(flag) * world));
+  const long bad_labels = sum / (world + 1), void_ranks = sum % (world + 1);
+  // The same message on every rank: it depends on the reduced flag only.
+  if (bad_labels > 0)
+    throw ValueError(detail::concat(
+        who, "cross_entropy got a target outside [0, classes) on ", bad_labels, " of ", world,
+        " rank(s) in this step, so this step's reduced gradients are contaminated on every rank and no rank "
+        "may step; skip this optimizer step, zero the gradients and fix the labels (each must be a class "
+        "index below the model's output width)"));
+  throw PeerFailedError(detail::concat(
+      who, "the backward pass stopped part-way on ", std::max(1L, void_ranks), " of ", world,
+      " rank(s) (an exception inside their backward, or parameters without a gradient), so this "
+      "step's reduced gradients are incomplete on every rank; skip this optimizer step and zero the "
+      "gradients, or stop (the failing rank's own error says why)"));
+}
 
 void Reducer::launch_void_rest() {
   // Every rank must issue the same collectives in every pass: the buckets this rank never
@@ -146,6 +184,7 @@ void Reducer::arm(const Tensor& output) {
                       ": move the model before wrapping it in DDP");
   if (in_pass_) abandon_pass();
   armed_ = true;
+  install_label_sink();
   if (!find_unused_) return;
   // Walk the graph from the output; leaves never reached are unused in this iteration.
   std::fill(unused_.begin(), unused_.end(), 1);
@@ -268,7 +307,8 @@ void Reducer::finalize() {
         "if parts of the model are unused in some iterations, or remove them from the model"));
   }
   if (next_launch_ == 0) first_launch_ = Clock::now();
-  set_pass_flag(0.f);  // this rank's backward ran to the end
+  // The flag holds 0, or W + 1 when this rank's loss saw a bad label (written on the device
+  // by the label check since the last reduction, no_sync() passes included).
   try {
     launch_bucket(buckets_.back());
   } catch (const CommError&) {
@@ -293,17 +333,19 @@ void Reducer::finalize() {
   const auto end = Clock::now();
   last_wait_ = std::chrono::duration<double>(end - wait_start).count();
   last_comm_ = std::chrono::duration<double>(end - first_launch_).count();
-  reset_pass();
-  // The flag's mean over ranks: (ranks whose pass was void) / world.
-  const float flag = pass_flag();
-  if (flag != 0.f) {
-    const long void_ranks = std::max(1L, std::lround(static_cast<double>(flag) * pg_->size()));
-    throw PeerFailedError(detail::concat(
-        "DDP: the backward pass stopped part-way on ", void_ranks, " of ", pg_->size(),
-        " rank(s) (an exception inside their backward, or parameters without a gradient), so this "
-        "step's reduced gradients are incomplete on every rank; skip this optimizer step and zero the "
-        "gradients, or stop (the failing rank's own error says why)"));
+  // The flag's mean over ranks; read once a step, after the buckets' waits above. The read
+  // may report an earlier deferred device error (CUDA: a label check outside the step): the
+  // pass is over either way, so the reducer is reset before that error leaves (else the next
+  // forward would finish these buckets a second time).
+  float flag = 0.f;
+  try {
+    flag = pass_flag();
+  } catch (...) {
+    reset_pass();
+    throw;
   }
+  reset_pass();
+  raise_flagged(flag, "DDP: ");
 }
 
 void Reducer::shadow_pass() {
@@ -320,13 +362,17 @@ void Reducer::shadow_pass() {
     failed = next_launch_;
   }
   if (std::exception_ptr e = finish_launched(&failed); e && !error) error = e;
+  float flag = 0.f;
+  try {
+    if (!error) flag = pass_flag();
+  } catch (...) {
+    reset_pass();
+    throw;
+  }
   reset_pass();
   if (error)
     rethrow_with_context(error, detail::concat("DDP (joined rank): reducing gradient bucket ", failed, " failed: "));
-  if (pass_flag() != 0.f)
-    throw PeerFailedError(detail::concat("DDP: the backward pass stopped part-way on a rank still training, so "
-                                         "this step's reduced gradients are incomplete (the failing rank's own "
-                                         "error says why)"));
+  raise_flagged(flag, "DDP (joined rank): ");
 }
 
 }  // namespace phalanx::parallel

@@ -3,17 +3,20 @@
 // (docs/ddp.md). Parameters' gradients live in their bucket's flat buffer; the autograd
 // hook of each parameter marks it ready; a full bucket is handed to the comm hook at once,
 // buckets strictly in index order (so every rank issues the same collectives in the same
-// order); the last bucket, which carries the pass flag, at the end of backward, whose
+// order); the last bucket, which carries the step flag, at the end of backward, whose
 // callback then waits for all of them. A pass that stops part-way on one rank sends its
-// remaining buckets void (flag set), so every rank's pass fails and the ranks stay in step.
-// Buckets, views and the flag live on the parameters' device; the host reads only the flag
-// (one element, copied back) once per step.
+// remaining buckets void (flag set), so every rank's pass fails and the ranks stay in step;
+// a bad cross_entropy label writes the same flag on the device (label_flag.hpp), so every
+// rank raises the label error together. Buckets, views and the flag live on the parameters'
+// device; the host reads only the flag (one element, copied back) once per step, after the
+// buckets' own waits.
 #include <chrono>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "grad_reducer.hpp"
+#include "phalanx/core/label_flag.hpp"
 
 namespace phalanx::parallel {
 
@@ -54,9 +57,15 @@ class Reducer final : public GradReducer {
   std::exception_ptr drain_pass(std::size_t* failed);
   void set_pass_flag(float value);
   float pass_flag() const;
+  /// Makes this reducer's flag this thread's label sink (the forward's loss comes next).
+  void install_label_sink();
+  void before_forward() override { install_label_sink(); }
+  /// Throws the error the reduced step flag says every rank raises, if any.
+  void raise_flagged(float flag, const char* who) const;
 
   Device device_;                       // the parameters' device: buckets live there
-  Tensor flag_;                         // the pass flag: the last bucket's last element
+  Tensor flag_;                         // the step flag: the last bucket's last element
+  std::shared_ptr<detail::LabelFlagSink> sink_;  // the step flag as cross_entropy's label sink
   std::vector<Tensor> params_;
   std::vector<std::string> names_;
   ProcessGroupPtr pg_;
