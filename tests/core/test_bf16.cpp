@@ -575,3 +575,26 @@ TEST_CASE("bf16 GEMM fallback: the vectorised bf16 store is the scalar rounding 
     }
   }
 }
+
+TEST_CASE("kernel checks: bf16 reaches the CPU table for relu and bias sums only, dtypes matched") {
+  DeviceKernels& k = kernels_for(Device::cpu());
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const Tensor xb = to_dtype(randn({6}), DType::BFloat16);
+  Tensor out32 = Tensor::empty({6}), outb = Tensor::empty({6}, DType::BFloat16);
+  CHECK(message([&] { k.unary(UnaryOp::Relu, xb, outb); }).empty());
+  CHECK(message([&] { k.unary(UnaryOp::Relu, xb, out32); }).find("'out' is float32, expected bfloat16") != std::string::npos);
+  CHECK(message([&] { k.unary(UnaryOp::Exp, xb, outb); }).find("'x' is bfloat16, expected float32") != std::string::npos);
+  Tensor gx = Tensor::empty({6}, DType::BFloat16);
+  CHECK(message([&] { k.unary_backward(UnaryOp::Relu, xb, Tensor(), Tensor(), gx); })
+            .find("needs y in bfloat16") != std::string::npos);
+  Tensor sums = Tensor::empty({3}), sums_b = Tensor::empty({3}, DType::BFloat16);
+  CHECK(message([&] { k.sum_to_period(xb, sums, 1.f); }).empty());
+  CHECK(message([&] { k.sum_to_period(xb, sums_b, 1.f); }).find("'out' is bfloat16, expected float32") != std::string::npos);
+}
