@@ -1,9 +1,11 @@
 // bfloat16 elementwise kernels (cpu/bf16_elementwise.hpp). Plain loops on the 16-bit patterns
-// that the compiler vectorises; one body, compiled three times (AVX-512F+BW, AVX2, baseline),
-// picked at each call. Integer compares only (relu) or float32 adds in a fixed order (column
-// sums): every level gives the same bits.
+// that the compiler vectorises; one body, compiled twice (AVX2, baseline x86-64), picked at each
+// call. Integer compares only (relu) or float32 adds in a fixed order (column sums): both give
+// the same bits. No AVX-512 variant: none could be executed where these were written (Zen 3),
+// and code must not run for the first time in CI; an AVX-512 CPU runs the AVX2 one.
 #include "cpu/bf16_elementwise.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "cpu/simd_level.hpp"
@@ -28,13 +30,14 @@ PHALANX_INLINE std::uint16_t relu_one(std::uint16_t u) {
   return static_cast<std::uint16_t>((u & pos) | nan);
 }
 
-PHALANX_INLINE void relu_body(const std::uint16_t* __restrict x, std::uint16_t* __restrict o, std::int64_t n) {
+// o may be x (in place): element i is read before it is written, no __restrict.
+PHALANX_INLINE void relu_body(const std::uint16_t* x, std::uint16_t* o, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) o[i] = relu_one(x[i]);
 }
 
-// Passes g where !(y <= 0): y > 0 or y NaN; a NaN g becomes 0xFFFF.
-PHALANX_INLINE void relu_backward_body(const std::uint16_t* __restrict g, const std::uint16_t* __restrict y,
-                                       std::uint16_t* __restrict o, std::int64_t n) {
+// Passes g where !(y <= 0): y > 0 or y NaN; a NaN g becomes 0xFFFF. o may be g or y.
+PHALANX_INLINE void relu_backward_body(const std::uint16_t* g, const std::uint16_t* y, std::uint16_t* o,
+                                       std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
     const std::uint16_t yi = y[i], gi = g[i];
     const bool pass = static_cast<std::uint16_t>(yi - 1u) < 0x7F80u || (yi & 0x7FFFu) > 0x7F80u;
@@ -72,25 +75,16 @@ PHALANX_INLINE void column_sums_body(const std::uint16_t* __restrict x, std::int
 PHALANX_BF16_LEVEL(scalar, )
 #ifdef PHALANX_BF16_X86
 PHALANX_BF16_LEVEL(avx2, PHALANX_TARGET("avx2"))
-PHALANX_BF16_LEVEL(avx512, PHALANX_TARGET("avx512f,avx512bw"))
 #endif
 
-/// 2: AVX-512F with BW (16-bit lanes), 1: AVX2, 0: baseline; capped by PHALANX_BF16_SIMD.
-int level() {
-  int l = simd_level("PHALANX_BF16_SIMD");
-#ifdef PHALANX_BF16_X86
-  static const bool bw = __builtin_cpu_supports("avx512bw");
-  if (l == 2 && !bw) l = 1;
-#endif
-  return l;
-}
+/// 1: AVX2, 0: baseline; capped by PHALANX_BF16_SIMD (its "avx512" means AVX2 here).
+int level() { return std::min(simd_level("PHALANX_BF16_SIMD"), 1); }
 
 }  // namespace
 
 void relu_bf16(const std::uint16_t* x, std::uint16_t* o, std::int64_t n) {
 #ifdef PHALANX_BF16_X86
   switch (level()) {
-    case 2: return relu_avx512(x, o, n);
     case 1: return relu_avx2(x, o, n);
     default: break;
   }
@@ -101,7 +95,6 @@ void relu_bf16(const std::uint16_t* x, std::uint16_t* o, std::int64_t n) {
 void relu_backward_bf16(const std::uint16_t* g, const std::uint16_t* y, std::uint16_t* o, std::int64_t n) {
 #ifdef PHALANX_BF16_X86
   switch (level()) {
-    case 2: return relu_backward_avx512(g, y, o, n);
     case 1: return relu_backward_avx2(g, y, o, n);
     default: break;
   }
@@ -112,7 +105,6 @@ void relu_backward_bf16(const std::uint16_t* g, const std::uint16_t* y, std::uin
 void column_sums_bf16(const std::uint16_t* x, std::int64_t rows, std::int64_t p, float* o) {
 #ifdef PHALANX_BF16_X86
   switch (level()) {
-    case 2: return column_sums_avx512(x, rows, p, o);
     case 1: return column_sums_avx2(x, rows, p, o);
     default: break;
   }

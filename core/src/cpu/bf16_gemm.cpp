@@ -103,8 +103,9 @@ namespace {
 
 // The fallback's store: o = round(v) or round(v + beta * o), c10's round_to_nearest_even
 // (float_to_bf16: NaN as 0x7FC0), one pass the compiler vectorises (no FMA contraction in this
-// build: the same bits as the scalar rule on every clone).
-__attribute__((target_clones("avx512f", "avx2", "default")))
+// build: the same bits as the scalar rule on every clone). AVX2 and baseline only: an AVX-512
+// clone could not be executed where this was written, and would first run in CI.
+__attribute__((target_clones("avx2", "default")))
 void store_rounded(const float* __restrict v, std::uint16_t* __restrict o, std::int64_t n, float beta) {
   const auto round = [](float w) {
     std::uint32_t u;
