@@ -59,6 +59,7 @@ Tensor unary(UnaryOp op, const Tensor& x_in) {
   const Tensor x = contiguous_input(x_in);
   // bf16 ReLU on the CPU runs on the 16-bit values (cpu/bf16_elementwise.hpp: the same bits as
   // the float32 kernel rounded once, without two float32 temporaries and two casts per pass).
+  check_defined(x, unary_name(op), "input");
   const bool native_bf16 = op == UnaryOp::Relu && x.dtype() == DType::BFloat16 && x.device().is_cpu();
   if (is_reduced(x) && !native_bf16) return in_float32(x.dtype(), [op](const Tensor& t) { return unary(op, t); }, x);
   if (!native_bf16) check_float(x, unary_name(op));
