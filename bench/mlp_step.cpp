@@ -233,7 +233,8 @@ int run(int argc, char** argv) {
       const double vs_fp32 = ours[0].median / ours[1].median;
       const double vs_torch = theirs[1].ok() ? theirs[1].median / ours[1].median : 0.0;
       const double torch_gain = theirs[0].ok() && theirs[1].ok() ? theirs[0].median / theirs[1].median : 0.0;
-      std::printf("bf16 bars (speedups, ratios of the medians; faster side's step time in the denominator):\n");
+      std::printf("bf16 bars (ratios of the medians, the bf16 step's time in the denominator: > 1 means that "
+                  "bf16 step is faster):\n");
       std::printf("    phalanx fp32 / phalanx bf16   %5.2fx   bar >= 1.6: %s   (runs: fp32 %s, bf16 %s)\n", vs_fp32,
                   vs_fp32 >= 1.6 ? "met" : "NOT met", bench::show(ours[0], "us").c_str(), bench::show(ours[1], "us").c_str());
       if (vs_torch > 0)
