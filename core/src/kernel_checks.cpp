@@ -92,6 +92,11 @@ class CheckedKernels final : public DeviceKernels {
  public:
   CheckedKernels(DeviceType type, DeviceKernels& inner) : type_(type), k_(inner), name_(inner.name()) {}
   DeviceKernels& inner() const { return k_; }
+  /// float32, or bfloat16 for ReLU on the CPU table (its bf16 kernels, cpu/bf16_elementwise.hpp).
+  DType relu_dtype(UnaryOp op, const Tensor& t) const {
+    return type_ == DeviceType::CPU && op == UnaryOp::Relu && dtype_of(t) == DType::BFloat16 ? DType::BFloat16
+                                                                                            : DType::Float32;
+  }
   const char* name() const override { return name_; }
 
   // memory: raw pointers, nothing to check beyond what the allocator does
@@ -108,15 +113,20 @@ class CheckedKernels final : public DeviceKernels {
     k_.fill(out, value);
   }
   void unary(UnaryOp op, const Tensor& x, Tensor& out) override {
-    call("unary").on("x", x).on("out", out).f32("x", x).f32("out", out).numel("out", out, numel_of(x), "x's numel");
+    Call c = call("unary");
+    c.on("x", x).on("out", out);
+    const DType dt = relu_dtype(op, x);
+    c.dtype("x", x, dt).dtype("out", out, dt).numel("out", out, numel_of(x), "x's numel");
     k_.unary(op, x, out);
   }
   void unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y, Tensor& grad_x) override {
     const std::int64_t n = numel_of(grad_y);
-    call("unary_backward")
-        .on("grad_y", grad_y).on_opt("x", x).on_opt("y", y).on("grad_x", grad_x)
-        .f32("grad_y", grad_y).f32("grad_x", grad_x).numel("grad_x", grad_x, n, "grad_y's numel")
+    Call c = call("unary_backward");
+    c.on("grad_y", grad_y).on_opt("x", x).on_opt("y", y).on("grad_x", grad_x);
+    const DType dt = relu_dtype(op, grad_y);
+    c.dtype("grad_y", grad_y, dt).dtype("grad_x", grad_x, dt).numel("grad_x", grad_x, n, "grad_y's numel")
         .numel_opt("x", x, n, "grad_y's numel").numel_opt("y", y, n, "grad_y's numel");
+    if (dt == DType::BFloat16) c.that(y.defined() && dtype_of(y) == dt, "a bfloat16 relu_backward needs y in bfloat16");
     k_.unary_backward(op, grad_y, x, y, grad_x);
   }
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override {
@@ -166,7 +176,11 @@ class CheckedKernels final : public DeviceKernels {
   }
 
   void sum_to_period(const Tensor& in, Tensor& out, float scale) override {
-    call("sum_to_period").on("in", in).on("out", out).f32("in", in).f32("out", out)
+    Call c = call("sum_to_period");
+    c.on("in", in).on("out", out);
+    // the CPU table also sums a bfloat16 `in` (into float32 out): a bf16 Linear's bias gradient
+    const bool bf = type_ == DeviceType::CPU && dtype_of(in) == DType::BFloat16;
+    c.dtype("in", in, bf ? DType::BFloat16 : DType::Float32).f32("out", out)
         .that(divides(numel_of(out), numel_of(in)), "out's numel (the period) must divide in's");
     k_.sum_to_period(in, out, scale);
   }

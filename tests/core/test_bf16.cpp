@@ -392,3 +392,238 @@ TEST_CASE("bf16 mm and linear against PyTorch 1.13 (fixtures/bf16_matmul_parity.
     MESSAGE(path_name << " vs PyTorch 1.13:" << report);
   }
 }
+
+// ---- the native bf16 kernels (cpu/bf16_elementwise.hpp) against the float32 path ----
+
+namespace {
+
+/// Sets PHALANX_BF16_SIMD for the scope (restores unset).
+struct Bf16Simd {
+  explicit Bf16Simd(const char* v) { ::setenv("PHALANX_BF16_SIMD", v, 1); }
+  ~Bf16Simd() { ::unsetenv("PHALANX_BF16_SIMD"); }
+};
+// No AVX-512 variant of these kernels (bf16_elementwise.cpp): "avx512" is accepted as a cap and
+// runs the AVX2 code, so it is one more spelling of the AVX2 row here, not a third path.
+const char* const kSimdLevels[] = {"scalar", "avx2", "avx512"};
+
+/// Random bf16 patterns with the special ones mixed in: +-0, +-inf, NaNs (quiet, signalling,
+/// negative), subnormals, the largest finite values.
+std::vector<std::uint16_t> random_bits16(std::size_t n, std::mt19937& rng) {
+  static const std::uint16_t special[] = {0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC0, 0x7F81, 0xFFFF,
+                                          0x0001, 0x8001, 0x007F, 0x7F7F, 0xFF7F, 0x3F80, 0xBF80};
+  std::uniform_int_distribution<int> any(0, 0xFFFF), pick(0, 14), coin(0, 3);
+  std::vector<std::uint16_t> v(n);
+  for (auto& x : v) x = static_cast<std::uint16_t>(coin(rng) == 0 ? special[pick(rng)] : any(rng));
+  return v;
+}
+
+/// relu through the float32 kernel: widen, relu, round once (the in_float32 path).
+Tensor relu_via_float32(const Tensor& x_bf16) { return to_dtype(relu(to_dtype(x_bf16, DType::Float32)), DType::BFloat16); }
+
+}  // namespace
+
+TEST_CASE("bf16 relu forward: the float32 kernel's bits rounded once, every SIMD level, odd sizes") {
+  std::mt19937 rng(11);
+  for (std::int64_t n : {1, 7, 15, 16, 17, 31, 33, 64, 1000, 4099}) {
+    const std::vector<std::uint16_t> x = random_bits16(static_cast<std::size_t>(n), rng);
+    const Tensor xt = bf16_tensor(x, {n});
+    const std::vector<std::uint16_t> want = bits16(relu_via_float32(xt));
+    for (const char* level : kSimdLevels) {
+      CAPTURE(n);
+      CAPTURE(std::string(level));
+      Bf16Simd env(level);
+      const Tensor y = relu(xt);
+      CHECK(y.dtype() == DType::BFloat16);
+      CHECK(bits16(y) == want);
+    }
+  }
+  // The rules spelled out: +0 for x <= 0 (-0 too), x for x > 0 (inf, subnormals), 0xFFFF for any NaN.
+  const Tensor y = relu(bf16_tensor({0x8000, 0x0000, 0xBF80, 0x3F80, 0x0001, 0x7F80, 0xFF80, 0x7FC1, 0xFFC0}, {9}));
+  CHECK(bits16(y) == std::vector<std::uint16_t>{0, 0, 0, 0x3F80, 0x0001, 0x7F80, 0, 0xFFFF, 0xFFFF});
+}
+
+TEST_CASE("bf16 relu backward: the float32 backward's bits, bf16 and float32 incoming gradients") {
+  std::mt19937 rng(12);
+  for (std::int64_t n : {1, 5, 16, 33, 257, 3001}) {
+    const std::vector<std::uint16_t> x = random_bits16(static_cast<std::size_t>(n), rng),
+                                     g = random_bits16(static_cast<std::size_t>(n), rng);
+    const Tensor gt = bf16_tensor(g, {n});
+    // The float32 path: the casts are differentiable, so the gradient is relu's float32 backward
+    // between two conversions.
+    Tensor x_ref = bf16_tensor(x, {n});
+    x_ref.requires_grad_();
+    relu_via_float32(x_ref).backward(gt);
+    const std::vector<std::uint16_t> want = bits16(x_ref.grad());
+    for (const char* level : kSimdLevels) {
+      CAPTURE(n);
+      CAPTURE(std::string(level));
+      Bf16Simd env(level);
+      Tensor xn = bf16_tensor(x, {n});
+      xn.requires_grad_();
+      relu(xn).backward(gt);
+      CHECK(bits16(xn.grad()) == want);
+    }
+    // A float32 gradient handed to the bf16 output: the float32 backward rounded once.
+    const Tensor g32 = randn({n});
+    Tensor a = bf16_tensor(x, {n}), b = bf16_tensor(x, {n});
+    a.requires_grad_();
+    b.requires_grad_();
+    relu_via_float32(a).backward(g32);
+    relu(b).backward(g32);
+    CHECK(bits16(b.grad()) == bits16(a.grad()));
+  }
+  // One node on the bf16 values, not a relu between two float32 casts.
+  Tensor x = to_dtype(randn({8}), DType::BFloat16);
+  x.requires_grad_();
+  const Tensor y = relu(x);
+  REQUIRE(y.grad_fn() != nullptr);
+  CHECK(std::string(y.grad_fn()->name()) == "UnaryBackward");
+}
+
+TEST_CASE("bf16 relu: gradient by finite differences") {
+  std::mt19937 rng(13);
+  // Values at least 2^-3 from 0 with a step of 2^-6: x +- h is exact in float32 and keeps x's side.
+  std::vector<std::uint16_t> xs = random_bf16(61, rng);
+  for (auto& u : xs)
+    if (std::fabs(bf16_to_float(u)) < 0.125f) u = float_to_bf16(bf16_to_float(u) < 0 ? -0.5f : 0.5f);
+  Tensor x = bf16_tensor(xs, {61});
+  x.requires_grad_();
+  const std::vector<std::uint16_t> ws = random_bf16(61, rng);
+  const Tensor w = bf16_tensor(ws, {61});
+  sum(mul(relu(x), w)).backward();  // d/dx sum(w * relu(x)) = w where x > 0
+  const std::vector<float> grad = as_floats(x.grad());
+  const double h = 1.0 / 64;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    auto f = [&](double xi) {  // sum(w * relu(x)) in double with element i moved
+      double s = 0;
+      for (std::size_t j = 0; j < xs.size(); ++j) {
+        const double v = j == i ? xi : bf16_to_float(xs[j]);
+        s += static_cast<double>(bf16_to_float(ws[j])) * (v > 0 ? v : 0);
+      }
+      return s;
+    };
+    const double x0 = bf16_to_float(xs[i]);
+    const double fd = (f(x0 + h) - f(x0 - h)) / (2 * h);
+    CAPTURE(i);
+    CHECK(grad[i] == doctest::Approx(fd).epsilon(1e-6));
+  }
+  // and the op itself evaluated in bf16 at x +- h: its difference quotient agrees with the gradient
+  Bf16Simd env("avx2");
+  for (std::size_t i = 0; i < xs.size(); i += 7) {
+    std::vector<std::uint16_t> p = xs, m = xs;
+    p[i] = float_to_bf16(bf16_to_float(xs[i]) + 0.0625f);
+    m[i] = float_to_bf16(bf16_to_float(xs[i]) - 0.0625f);
+    if (p[i] == m[i]) continue;
+    const double dp = as_floats(relu(bf16_tensor(p, {61})))[i], dm = as_floats(relu(bf16_tensor(m, {61})))[i];
+    const double fd = (dp - dm) / (bf16_to_float(p[i]) - bf16_to_float(m[i]));
+    CAPTURE(i);
+    CHECK(fd == doctest::Approx(bf16_to_float(xs[i]) > 0 ? 1.0 : 0.0));
+  }
+}
+
+TEST_CASE("bf16 linear bias gradient: column sums read bf16, the float32 sums' bits, every SIMD level") {
+  std::mt19937 rng(14);
+  for (auto [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 1}, {3, 17}, {128, 10}, {37, 1025}}) {
+    const std::vector<std::uint16_t> g = random_bf16(static_cast<std::size_t>(rows * cols), rng, 3.f);
+    // float32 sums added row by row, rounded once
+    std::vector<float> acc(static_cast<std::size_t>(cols), 0.f);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < cols; ++j) acc[j] += bf16_to_float(g[r * cols + j]);
+    std::vector<std::uint16_t> want(acc.size());
+    for (std::size_t j = 0; j < acc.size(); ++j) want[j] = float_to_bf16(acc[j]);
+    for (const char* level : kSimdLevels) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(std::string(level));
+      Bf16Simd env(level);
+      Tensor x = to_dtype(randn({rows, 4}), DType::BFloat16), w = to_dtype(randn({cols, 4}), DType::BFloat16),
+             b = to_dtype(randn({cols}), DType::BFloat16);
+      b.requires_grad_();
+      linear(x, w, b).backward(bf16_tensor(g, {rows, cols}));
+      CHECK(bits16(b.grad()) == want);
+      // the kernel alone: the float32 column sums of the widened values
+      Tensor s = Tensor::empty({cols}, DType::Float32);
+      kernels_for(Device::cpu()).sum_to_period(bf16_tensor(g, {rows, cols}), s, 1.f);
+      CHECK(s.to_vector<float>() == acc);
+    }
+  }
+}
+
+TEST_CASE("PHALANX_BF16_SIMD is read strictly") {
+  Bf16Simd env("avx1024");
+  CHECK_THROWS_AS(relu(to_dtype(randn({4}), DType::BFloat16)), ConfigError);
+}
+
+TEST_CASE("bf16 GEMM fallback: the vectorised bf16 store is the scalar rounding rule, beta 0 and not") {
+  std::mt19937 rng(15);
+  GemmPath env("fallback");
+  for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{1, 1, 1}, {3, 17, 5}, {33, 65, 31}}) {
+    std::vector<std::uint16_t> a = random_bf16(static_cast<std::size_t>(m * k), rng),
+                               b = random_bf16(static_cast<std::size_t>(k * n), rng),
+                               c0 = random_bf16(static_cast<std::size_t>(m * n), rng);
+    a[0] = 0x7FC1;  // a NaN row: C's first row is NaN, written 0x7FC0 (float_to_bf16)
+    if (m * n > 4) c0[4] = 0xFF81;
+    std::vector<float> sum(static_cast<std::size_t>(m * n));
+    kernels_for(Device::cpu()).gemm_bf16(false, true, m, n, k, 0.75f, a.data(), k, b.data(), k, 0.f, sum.data(), n, false);
+    for (float beta : {0.f, 1.f, -0.5f}) {
+      CAPTURE(m);
+      CAPTURE(n);
+      CAPTURE(beta);
+      std::vector<std::uint16_t> c = c0, want(c0.size());
+      for (std::size_t i = 0; i < c.size(); ++i)
+        want[i] = float_to_bf16(beta == 0.f ? sum[i] : sum[i] + beta * bf16_to_float(c0[i]));
+      kernels_for(Device::cpu()).gemm_bf16(false, true, m, n, k, 0.75f, a.data(), k, b.data(), k, beta, c.data(), n, true);
+      CHECK(c == want);
+    }
+  }
+}
+
+TEST_CASE("kernel checks: bf16 reaches the CPU table for relu and bias sums only, dtypes matched") {
+  DeviceKernels& k = kernels_for(Device::cpu());
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const Tensor xb = to_dtype(randn({6}), DType::BFloat16);
+  Tensor out32 = Tensor::empty({6}), outb = Tensor::empty({6}, DType::BFloat16);
+  CHECK(message([&] { k.unary(UnaryOp::Relu, xb, outb); }).empty());
+  CHECK(message([&] { k.unary(UnaryOp::Relu, xb, out32); }).find("'out' is float32, expected bfloat16") != std::string::npos);
+  CHECK(message([&] { k.unary(UnaryOp::Exp, xb, outb); }).find("'x' is bfloat16, expected float32") != std::string::npos);
+  Tensor gx = Tensor::empty({6}, DType::BFloat16);
+  CHECK(message([&] { k.unary_backward(UnaryOp::Relu, xb, Tensor(), Tensor(), gx); })
+            .find("needs y in bfloat16") != std::string::npos);
+  Tensor sums = Tensor::empty({3}), sums_b = Tensor::empty({3}, DType::BFloat16);
+  CHECK(message([&] { k.sum_to_period(xb, sums, 1.f); }).empty());
+  CHECK(message([&] { k.sum_to_period(xb, sums_b, 1.f); }).find("'out' is bfloat16, expected float32") != std::string::npos);
+}
+
+TEST_CASE("bf16 relu: in place through the kernel table (o == x, o == g) gives the out-of-place bits") {
+  std::mt19937 rng(16);
+  DeviceKernels& k = kernels_for(Device::cpu());
+  for (const char* level : {"scalar", "avx2"}) {
+    CAPTURE(std::string(level));
+    Bf16Simd env(level);
+    const std::int64_t n = 1037;
+    const std::vector<std::uint16_t> xs = random_bits16(n, rng), gs = random_bits16(n, rng);
+    Tensor x = bf16_tensor(xs, {n}), y = Tensor::empty({n}, DType::BFloat16);
+    k.unary(UnaryOp::Relu, x, y);
+    Tensor xi = bf16_tensor(xs, {n});
+    k.unary(UnaryOp::Relu, xi, xi);
+    CHECK(bits16(xi) == bits16(y));
+    Tensor g = bf16_tensor(gs, {n}), gx = Tensor::empty({n}, DType::BFloat16);
+    k.unary_backward(UnaryOp::Relu, g, Tensor(), y, gx);
+    Tensor gi = bf16_tensor(gs, {n});
+    k.unary_backward(UnaryOp::Relu, gi, Tensor(), y, gi);
+    CHECK(bits16(gi) == bits16(gx));
+  }
+}
+
+TEST_CASE("relu of an undefined tensor names the op, float32 or not") {
+  // The native bf16 branch read x.dtype() first: "dtype(): the tensor is undefined".
+  CHECK_THROWS_WITH_AS(relu(Tensor()), doctest::Contains("relu: argument 'input' is undefined"), ValueError);
+  CHECK_THROWS_WITH_AS(phalanx::exp(Tensor()), doctest::Contains("exp: argument 'input' is undefined"), ValueError);
+}

@@ -101,6 +101,30 @@ void bf16_to_floats(const std::uint16_t* __restrict s, float* __restrict d, std:
 
 namespace {
 
+// The fallback's store: o = round(v) or round(v + beta * o), c10's round_to_nearest_even
+// (float_to_bf16: NaN as 0x7FC0), one pass the compiler vectorises (no FMA contraction in this
+// build: the same bits as the scalar rule on every clone). AVX2 and baseline only: an AVX-512
+// clone could not be executed where this was written, and would first run in CI.
+__attribute__((target_clones("avx2", "default")))
+void store_rounded(const float* __restrict v, std::uint16_t* __restrict o, std::int64_t n, float beta) {
+  const auto round = [](float w) {
+    std::uint32_t u;
+    std::memcpy(&u, &w, 4);
+    const std::uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : r);
+  };
+  if (beta == 0.f) {
+    for (std::int64_t j = 0; j < n; ++j) o[j] = round(v[j]);
+    return;
+  }
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::uint32_t ob = static_cast<std::uint32_t>(o[j]) << 16;
+    float of;
+    std::memcpy(&of, &ob, 4);
+    o[j] = round(v[j] + beta * of);
+  }
+}
+
 // The fallback: the float32 GEMM on widened copies (dense, in A's and B's stored layouts).
 void gemm_fallback(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                    const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float beta,
@@ -121,12 +145,7 @@ void gemm_fallback(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_
   f32.gemm(ta, tb, m, n, k, alpha, fa.data(), std::max<std::int64_t>(ca, 1), fb.data(),
            std::max<std::int64_t>(cb, 1), 0.f, fc.data(), std::max<std::int64_t>(n, 1));
   auto* cc = static_cast<std::uint16_t*>(c);
-  for (std::int64_t i = 0; i < m; ++i)
-    for (std::int64_t j = 0; j < n; ++j) {
-      std::uint16_t& o = cc[i * ldc + j];
-      const float v = fc[static_cast<std::size_t>(i * n + j)];
-      o = float_to_bf16(beta == 0.f ? v : v + beta * bf16_to_float(o));
-    }
+  for (std::int64_t i = 0; i < m; ++i) store_rounded(fc.data() + i * n, cc + i * ldc, n, beta);
 }
 
 #ifdef PHALANX_BF16_X86

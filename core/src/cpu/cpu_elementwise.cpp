@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/bf16_elementwise.hpp"
 #include "cpu/cpu_kernels.hpp"
 
 namespace phalanx {
@@ -184,6 +185,13 @@ void apply_binary(BinaryOp op, const A& a, const B& b, O&& o) {
 }  // namespace
 
 void CpuKernels::unary(UnaryOp op, const Tensor& x, Tensor& out) {
+  if (x.dtype() == DType::BFloat16) {  // the ops send bf16 here for ReLU only (ops/elementwise.cpp)
+    if (op != UnaryOp::Relu || out.dtype() != DType::BFloat16)
+      throw TypeError("unary: a bfloat16 input on the CPU kernel is supported for relu only; convert to float32");
+    cpu::relu_bf16(static_cast<const std::uint16_t*>(x.raw_data()), static_cast<std::uint16_t*>(out.raw_data()),
+                   x.numel());
+    return;
+  }
   auto X = flat(x);
   auto O = flat(out);
   switch (op) {
@@ -200,6 +208,14 @@ void CpuKernels::unary(UnaryOp op, const Tensor& x, Tensor& out) {
 
 void CpuKernels::unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x,
                                 const Tensor& y, Tensor& grad_x) {
+  if (grad_y.dtype() == DType::BFloat16) {
+    if (op != UnaryOp::Relu || y.dtype() != DType::BFloat16 || grad_x.dtype() != DType::BFloat16)
+      throw TypeError("unary_backward: bfloat16 on the CPU kernel is supported for relu only; convert to float32");
+    cpu::relu_backward_bf16(static_cast<const std::uint16_t*>(grad_y.raw_data()),
+                            static_cast<const std::uint16_t*>(y.raw_data()),
+                            static_cast<std::uint16_t*>(grad_x.raw_data()), grad_y.numel());
+    return;
+  }
   auto G = flat(grad_y);
   auto O = flat(grad_x);
   switch (op) {

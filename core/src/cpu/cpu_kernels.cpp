@@ -1,5 +1,6 @@
 #include "cpu/cpu_kernels.hpp"
 
+#include "cpu/bf16_elementwise.hpp"
 #include "cpu/bf16_gemm.hpp"
 #include "cpu/small_gemm.hpp"
 #include "phalanx/core/half.hpp"
@@ -118,7 +119,10 @@ void column_sums(const float* __restrict x, std::int64_t rows, std::int64_t p, f
 void CpuKernels::sum_to_period(const Tensor& in, Tensor& out, float scale) {
   const std::int64_t p = out.numel(), rows = in.numel() / p;
   float* __restrict o = out.data<float>();
-  column_sums(in.data<float>(), rows, p, o);
+  if (in.dtype() == DType::BFloat16)  // a bf16 gradient's column sums, in float32 (matmul.cpp's LinearBackward)
+    cpu::column_sums_bf16(static_cast<const std::uint16_t*>(in.raw_data()), rows, p, o);
+  else
+    column_sums(in.data<float>(), rows, p, o);
   if (scale != 1.f)
     for (std::int64_t j = 0; j < p; ++j) o[j] *= scale;
 }

@@ -39,7 +39,10 @@ const char* unary_name(UnaryOp op) {
 class UnaryBackward final : public Node {
  public:
   UnaryBackward(UnaryOp op, Tensor x, Tensor y) : op_(op), x_(std::move(x)), y_(std::move(y)) {}
-  std::vector<Tensor> apply(const Tensor& g) override {
+  std::vector<Tensor> apply(const Tensor& g_in) override {
+    // A bf16 ReLU (run natively) handed a float32 gradient: rounding it first gives the bits of
+    // the float32 backward rounded once (the mask commutes with the rounding).
+    const Tensor g = y_.defined() && y_.dtype() != g_in.dtype() ? to_dtype(g_in, y_.dtype()) : g_in;
     Tensor gx = empty_like(g);
     kernels_for(g.device()).unary_backward(op_, g, x_, y_, gx);
     return {gx};
@@ -54,8 +57,12 @@ class UnaryBackward final : public Node {
 
 Tensor unary(UnaryOp op, const Tensor& x_in) {
   const Tensor x = contiguous_input(x_in);
-  if (is_reduced(x)) return in_float32(x.dtype(), [op](const Tensor& t) { return unary(op, t); }, x);
-  check_float(x, unary_name(op));
+  // bf16 ReLU on the CPU runs on the 16-bit values (cpu/bf16_elementwise.hpp: the same bits as
+  // the float32 kernel rounded once, without two float32 temporaries and two casts per pass).
+  check_defined(x, unary_name(op), "input");
+  const bool native_bf16 = op == UnaryOp::Relu && x.dtype() == DType::BFloat16 && x.device().is_cpu();
+  if (is_reduced(x) && !native_bf16) return in_float32(x.dtype(), [op](const Tensor& t) { return unary(op, t); }, x);
+  if (!native_bf16) check_float(x, unary_name(op));
   Tensor y = empty_like(x);
   kernels_for(x.device()).unary(op, x, y);
   if (grad_mode_enabled() && x.requires_grad()) {

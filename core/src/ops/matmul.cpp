@@ -297,9 +297,9 @@ class LinearBackward final : public Node {
       gb = grad_buffer(*this, 2, {out_f}, g.device(), dt);
       if (dt == DType::Float32) {
         k.sum_to_period(g, gb, 1.f);
-      } else {  // summed in float32, rounded once
+      } else {  // summed in float32, rounded once (the CPU kernel reads bf16 itself)
         Tensor sum = Tensor::empty({out_f}, DType::Float32, g.device());
-        k.sum_to_period(to_dtype(g, DType::Float32), sum, 1.f);
+        k.sum_to_period(g.device().is_cpu() ? g : to_dtype(g, DType::Float32), sum, 1.f);
         convert_into(sum, gb);
       }
     }
