@@ -131,3 +131,34 @@ TEST_CASE("lr_scaling_study --precision bf16 --check: PyTorch's float32 figures 
   r = trainer_test::run_command(std::string(LR_SCALING_STUDY) + " --precision fp16", dir() + "/out.txt");
   CHECK(r.code == 2);  // the example takes fp32 and bf16 only
 }
+
+TEST_CASE("a CNN with SyncBatchNorm on 2 workers trains under --precision bf16") {
+  // 96 images [1, 8, 8] whose class (of 4) is the bright quadrant, plus noise.
+  Generator g(11);
+  const std::int64_t n = 96;
+  Tensor x = randn({n, 1, 8, 8}, &g) * 0.5f;
+  Tensor y = randint(4, {n}, &g);
+  float* px = x.data<float>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t k = y.data<std::int64_t>()[i], r0 = (k / 2) * 4, c0 = (k % 2) * 4;
+    for (std::int64_t r = r0; r < r0 + 4; ++r)
+      for (std::int64_t c = c0; c < c0 + 4; ++c) px[i * 64 + r * 8 + c] += 1.5f;
+  }
+  save_npy(dir() + "/images.npy", x);
+  save_npy(dir() + "/labels.npy", y);
+  const std::string args = " --train-x " + dir() + "/images.npy --train-y " + dir() + "/labels.npy --test-x " + dir() +
+                           "/images.npy --test-y " + dir() + "/labels.npy --model cnn:4-8:4 --global-batch 16 --lr 0.05 "
+                           "--epochs 3 --no-shuffle --sync-bn --precision ";
+  const std::string two = std::string(PHALANX_RUN) + " --nproc-per-node 2 " + PHALANX_TRAIN;
+  const Result f = trainer_test::run_command(two + args + "fp32", dir() + "/out.txt");
+  INFO(f.out);
+  REQUIRE(f.code == 0);
+  const Result b = trainer_test::run_command(two + args + "bf16", dir() + "/out.txt");
+  INFO(b.out);
+  REQUIRE(b.code == 0);  // SyncBatchNorm takes the bf16 activations (statistics in float32)
+  const auto sf = summary(f.out), sb = summary(b.out);
+  CHECK(sb["precision"] == "bf16");
+  CHECK(sb["test_acc"].get<double>() >= 0.9);
+  CHECK(std::abs(sb["final_train_loss"].get<double>() - sf["final_train_loss"].get<double>()) <=
+        0.05 * sf["final_train_loss"].get<double>());
+}
