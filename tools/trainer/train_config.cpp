@@ -9,8 +9,8 @@
 #include <phalanx/core/error.hpp>
 #include <phalanx/core/file_safety.hpp>
 
-#include "text_format.hpp"
 #include "precision.hpp"
+#include "text_format.hpp"
 #include "train_options.hpp"
 
 namespace phalanx::trainer {
@@ -150,8 +150,7 @@ void check_combination(const CLI::App& app, TrainConfig& c) {
                      "replica itself; drop one of them");
   // fp16 on the CPU, refused before any worker starts (training_setup.cpp checks the device
   // init chose, for the other cases).
-  if (c.precision == "fp16" && c.device == "cpu")
-    throw ValueError(kFp16OnCpu);
+  if (c.precision == "fp16" && c.device == "cpu") throw ValueError(kFp16OnCpu);
   if (c.exact && c.precision == "fp16")
     throw ValueError("--exact and --precision fp16 conflict: exact mode promises the same bits on any world size, and "
                      "fp16's dynamic loss scale skips steps on overflow where exact mode stops; use --precision bf16 "

@@ -137,17 +137,16 @@ void set_up_loader(TrainingSetup& s) {
   s.steps_per_epoch = s.step->steps_per_epoch(*s.loader);
 }
 
-// --precision on the training device, checked before the data is loaded (a usage error, exit 2): fp16 is refused on
-// the CPU (PyTorch 1.13's CPU autocast is bfloat16 only), the sim device has no autocast, and
-// on another device one tiny product under autocast shows whether its kernels take the dtype
+// --precision on the training device, checked before the data is loaded (a usage error, exit
+// 2): fp16 is refused on the CPU (PyTorch 1.13's CPU autocast is bfloat16 only), the sim device
+// has no autocast, and on another device one tiny product under autocast shows whether its kernels take the dtype
 // (the CUDA plugin has no 16-bit GEMM yet: refused here in one line, not at the first step).
 void check_precision(const TrainConfig& c, Device dev) {
   if (c.precision == "fp32") return;
-  if (c.precision == "fp16" && dev.is_cpu())
-    throw DataUsageError(kFp16OnCpu);
+  if (c.precision == "fp16" && dev.is_cpu()) throw DataUsageError(kFp16OnCpu);
   if (dev.type == DeviceType::Sim)
     throw DataUsageError("--precision " + c.precision + " needs --device cpu or cuda: autocast has no " + dev.str() +
-                      " device");
+                         " device");
   if (dev.is_cpu()) return;  // bf16 on the CPU: the bf16 GEMM (or its float32 fallback) always runs
   try {
     PrecisionScope scope(precision_dtype(c.precision), dev);
@@ -156,7 +155,7 @@ void check_precision(const TrainConfig& c, Device dev) {
     (void)linear(a, a, Tensor());
   } catch (const Error& e) {
     throw DataUsageError("--precision " + c.precision + " cannot run on " + dev.str() + " (" + e.what() +
-                      "): use --precision fp32 there, or --precision bf16 with --device cpu");
+                         "): use --precision fp32 there, or --precision bf16 with --device cpu");
   }
 }
 
@@ -320,7 +319,8 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   }
   // fp16: dynamic loss scaling with PyTorch's defaults, one skip decision for every rank.
   if (c.precision == "fp16")
-    s.scaler = std::make_unique<optim::GradScaler>(optim::GradScalerOptions(), parallel::found_inf_agreement(pg, s.dev));
+    s.scaler =
+        std::make_unique<optim::GradScaler>(optim::GradScalerOptions(), parallel::found_inf_agreement(pg, s.dev));
   set_up_loader(s);
   s.schedule = make_schedule(c, *s.opt, plan.scale, s.steps_per_epoch * c.epochs);
   s.settings = resume_settings(c, plan.lr, model_desc);
