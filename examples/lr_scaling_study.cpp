@@ -188,8 +188,15 @@ int run(int argc, char** argv) {
     else if (a == "--device" && i + 1 < argc) device = argv[++i];
     else if (a == "--exact") exact = true;
     else if (a == "--micro-batch" && i + 1 < argc) micro = std::atoll(argv[++i]);
-    else if (a == "--precision" && i + 1 < argc && (std::string(argv[i + 1]) == "fp32" || std::string(argv[i + 1]) == "bf16"))
-      bf16 = std::string(argv[++i]) == "bf16";
+    else if (a == "--precision" && i + 1 < argc) {
+      const std::string p = argv[++i];
+      if (p != "fp32" && p != "bf16") {
+        std::fprintf(stderr, "%s: --precision %s: expected fp32 or bf16 (the CPU autocasts to bfloat16 only)\n",
+                     "lr_scaling_study", p.c_str());
+        return 2;
+      }
+      bf16 = p == "bf16";
+    }
     else {
       std::fprintf(stderr, "usage: lr_scaling_study [--check] [--plot F.svg] [--metrics F.jsonl] [--device cpu|cuda] "
                            "[--exact --micro-batch M] [--precision fp32|bf16]\n");

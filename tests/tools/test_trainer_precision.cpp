@@ -130,6 +130,7 @@ TEST_CASE("lr_scaling_study --precision bf16 --check: PyTorch's float32 figures 
   CHECK(r.out.find("check: passed") != std::string::npos);
   r = trainer_test::run_command(std::string(LR_SCALING_STUDY) + " --precision fp16", dir() + "/out.txt");
   CHECK(r.code == 2);  // the example takes fp32 and bf16 only
+  CHECK(r.out == "lr_scaling_study: --precision fp16: expected fp32 or bf16 (the CPU autocasts to bfloat16 only)\n");
 }
 
 TEST_CASE("a CNN with SyncBatchNorm on 2 workers trains under --precision bf16") {
