@@ -82,8 +82,15 @@ int run(int argc, char** argv) {
     else if (a == "--data" && i + 1 < argc) dir = argv[++i];
     else if (a == "--require" && i + 1 < argc) require = std::strtof(argv[++i], nullptr);
     else if (a == "--no-sync-bn") sync_bn = false;
-    else if (a == "--precision" && i + 1 < argc && (std::string(argv[i + 1]) == "fp32" || std::string(argv[i + 1]) == "bf16"))
-      bf16 = std::string(argv[++i]) == "bf16";
+    else if (a == "--precision" && i + 1 < argc) {
+      const std::string p = argv[++i];
+      if (p != "fp32" && p != "bf16") {
+        std::fprintf(stderr, "%s: --precision %s: expected fp32 or bf16 (the CPU autocasts to bfloat16 only)\n",
+                     "fashion_mnist_cnn", p.c_str());
+        return 2;
+      }
+      bf16 = p == "bf16";
+    }
     else {
       std::fprintf(stderr, "usage: fashion_mnist_cnn [--epochs N] [--no-sync-bn] [--data DIR] [--require ACC] "
                            "[--precision fp32|bf16]\n");
@@ -122,8 +129,9 @@ int run(int argc, char** argv) {
   optim::Adam opt(model->parameters(), optim::AdamOptions(plan.lr));
   optim::CosineAnnealingLR schedule(opt, epochs * loader.num_batches());
   if (rank == 0)
-    std::printf("Fashion-MNIST CNN, %d worker(s), %s, %s: %s\n", world, sync_bn ? "SyncBatchNorm" : "BatchNorm (per worker)",
-                bf16 ? "bf16 autocast" : "float32", plan.describe().c_str());
+    std::printf("Fashion-MNIST CNN, %d worker(s), %s, %s: %s\n", world,
+                sync_bn ? "SyncBatchNorm" : "BatchNorm (per worker)", bf16 ? "bf16 autocast" : "float32",
+                plan.describe().c_str());
 
   float best = 0;
   const auto t0 = std::chrono::steady_clock::now();
