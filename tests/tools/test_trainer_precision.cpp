@@ -80,6 +80,17 @@ TEST_CASE("--precision fp16 is refused on the CPU and with --exact, bf16 on the 
   r = run(kData + " --precision bf16 --device sim");  // the test device: no autocast there
   CHECK(r.code == 2);
   CHECK(r.out == "phalanx-train: --precision bf16 needs --device cpu or cuda: autocast has no sim:0 device\n");
+  r = run(kData + " --precision fp16 --device sim");  // fp16 needs a GPU: the line names cuda only
+  CHECK(r.code == 2);
+  CHECK(r.out == "phalanx-train: --precision fp16 needs --device cuda: autocast has no sim:0 device\n");
+  // A bf16 GEMM path this CPU cannot honour is refused at start-up (exit 2, before any step).
+  r = trainer_test::run_command("PHALANX_BF16_GEMM=fast " + std::string(PHALANX_TRAIN) + " " + kData +
+                                    " --precision bf16",
+                                dir() + "/out.txt");
+  CHECK(r.code == 2);
+  CHECK(lines(r.out) == 1);
+  CHECK(r.out.find("phalanx-train: ") == 0);
+  CHECK(r.out.find("PHALANX_BF16_GEMM") != std::string::npos);
   r = run(kData + " --precision fp64");
   CHECK(r.code == 2);
   CHECK(r.out.find("fp64") != std::string::npos);

@@ -145,9 +145,19 @@ void check_precision(const TrainConfig& c, Device dev) {
   if (c.precision == "fp32") return;
   if (c.precision == "fp16" && dev.is_cpu()) throw DataUsageError(kFp16OnCpu);
   if (dev.type == DeviceType::Sim)
-    throw DataUsageError("--precision " + c.precision + " needs --device cpu or cuda: autocast has no " + dev.str() +
-                         " device");
-  if (dev.is_cpu()) return;  // bf16 on the CPU: the bf16 GEMM (or its float32 fallback) always runs
+    throw DataUsageError("--precision " + c.precision + " needs " +
+                         (c.precision == "fp16" ? "--device cuda" : "--device cpu or cuda") + ": autocast has no " +
+                         dev.str() + " device");
+  if (dev.is_cpu()) {
+    // bf16 on the CPU: the bf16 GEMM (or its float32 fallback) always runs, but a
+    // PHALANX_BF16_GEMM this CPU cannot honour is refused here, not at the first step.
+    try {
+      (void)bf16_gemm_info();
+    } catch (const Error& e) {
+      throw DataUsageError(e.what());
+    }
+    return;
+  }
   try {
     PrecisionScope scope(precision_dtype(c.precision), dev);
     NoGradGuard no_grad;
