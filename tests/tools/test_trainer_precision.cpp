@@ -117,6 +117,17 @@ TEST_CASE("the precision is in the checkpoint; resuming with another one says so
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("resuming a") == std::string::npos);
+  // A file written before --precision existed (no "precision" setting) loads, as fp32.
+  const auto newest = parallel::CheckpointDir(ck).latest();
+  REQUIRE(newest.has_value());
+  parallel::LoadedCheckpoint old = parallel::load_checkpoint(*newest);
+  REQUIRE(old.state.config.erase("precision") == 1);
+  parallel::save_checkpoint(*newest, old.state);
+  r = run(kData + " --epochs 4 --precision bf16 --checkpoint-dir " + ck + " --resume");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("phalanx-train: resuming an fp32 checkpoint with --precision bf16\n") != std::string::npos);
+  CHECK(summary(r.out)["steps"] == 32);
 }
 
 TEST_CASE("exact mode under --precision bf16: the same weights on 1 and 2 workers, bit for bit") {
