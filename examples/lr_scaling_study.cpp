@@ -215,6 +215,12 @@ int run(int argc, char** argv) {
   auto world = parallel::init_process_group(io);  // [1] a world of one, or the launcher's workers
   const Device dev = parallel::local_device();
   const int W = world->size(), rank = world->rank();
+  if (bf16 && !dev.is_cpu() && dev.type != DeviceType::CUDA) {  // the sim test device has no autocast
+    if (rank == 0)
+      std::fprintf(stderr, "lr_scaling_study: --precision bf16 needs --device cpu or cuda (autocast has no %s device)\n",
+                   dev.str().c_str());
+    return 2;
+  }
   if (256 % W != 0) {
     if (rank == 0) std::fprintf(stderr, "lr_scaling_study: run it with 1, 2, 4, 8 ... workers (W must divide 256)\n");
     return 2;

@@ -153,6 +153,9 @@ TEST_CASE("lr_scaling_study --precision bf16 --check: PyTorch's float32 figures 
   r = trainer_test::run_command(std::string(LR_SCALING_STUDY) + " --precision fp16", dir() + "/out.txt");
   CHECK(r.code == 2);  // the example takes fp32 and bf16 only
   CHECK(r.out == "lr_scaling_study: --precision fp16: expected fp32 or bf16 (the CPU autocasts to bfloat16 only)\n");
+  r = trainer_test::run_command(std::string(LR_SCALING_STUDY) + " --precision bf16 --device sim", dir() + "/out.txt");
+  CHECK(r.code == 2);  // refused before training, in the example's words
+  CHECK(r.out == "lr_scaling_study: --precision bf16 needs --device cpu or cuda (autocast has no sim:0 device)\n");
 }
 
 TEST_CASE("a CNN with SyncBatchNorm on 2 workers trains under --precision bf16") {
