@@ -2,6 +2,7 @@
 //
 //   phalanx-run --nproc-per-node 2 build/examples/fashion_mnist_cnn [--epochs 5] [--no-sync-bn]
 //                                                                  [--data DIR] [--require ACC]
+//                                                                  [--precision fp32|bf16]
 //
 // The model is the one PyTorch's DDP tutorials teach with, in nn.Sequential layout:
 //   Conv2d(1, 32, 3, padding=1) - BatchNorm2d(32) - ReLU - MaxPool2d(2)      28x28 -> 14x14
@@ -18,6 +19,12 @@
 //     statistics are those of the global batch of 128: the model trains as on one process
 //     at batch 128, whatever the number of workers. --no-sync-bn keeps the plain BatchNorm.
 //
+// [2] --precision bf16: each forward (and its loss) under autocast bfloat16, as
+//     `with torch.autocast("cpu", dtype=torch.bfloat16):` — the convolutions and the Linear
+//     in bf16 (float32 sums), BatchNorm, pooling and the loss in the dtype autocast gives
+//     them (docs/mixed_precision.md); the weights, their gradients and Adam stay float32.
+//     Evaluation runs under it too, so the accuracy printed is the bf16 model's.
+//
 // Prints loss and test accuracy per epoch (rank 0); every worker evaluates its shard of the
 // test set and the counts are summed. --require ACC exits non-zero unless the best test
 // accuracy reaches ACC.
@@ -25,8 +32,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
+#include <phalanx/core/autocast.hpp>
 #include <phalanx/phalanx.hpp>
 
 using namespace phalanx;
@@ -64,7 +73,7 @@ std::shared_ptr<TensorDataset> load_images(const std::string& dir, bool train) {
 
 int run(int argc, char** argv) {
   int epochs = 5;
-  bool sync_bn = true;
+  bool sync_bn = true, bf16 = false;
   std::string dir = kFashionMnistDir;
   float require = 0;  // --require ACC: exit non-zero below this best test accuracy
   for (int i = 1; i < argc; ++i) {
@@ -73,8 +82,18 @@ int run(int argc, char** argv) {
     else if (a == "--data" && i + 1 < argc) dir = argv[++i];
     else if (a == "--require" && i + 1 < argc) require = std::strtof(argv[++i], nullptr);
     else if (a == "--no-sync-bn") sync_bn = false;
+    else if (a == "--precision" && i + 1 < argc) {
+      const std::string p = argv[++i];
+      if (p != "fp32" && p != "bf16") {
+        std::fprintf(stderr, "%s: --precision %s: expected fp32 or bf16 (the CPU autocasts to bfloat16 only)\n",
+                     "fashion_mnist_cnn", p.c_str());
+        return 2;
+      }
+      bf16 = p == "bf16";
+    }
     else {
-      std::fprintf(stderr, "usage: fashion_mnist_cnn [--epochs N] [--no-sync-bn] [--data DIR] [--require ACC]\n");
+      std::fprintf(stderr, "usage: fashion_mnist_cnn [--epochs N] [--no-sync-bn] [--data DIR] [--require ACC] "
+                           "[--precision fp32|bf16]\n");
       return 2;
     }
   }
@@ -110,7 +129,8 @@ int run(int argc, char** argv) {
   optim::Adam opt(model->parameters(), optim::AdamOptions(plan.lr));
   optim::CosineAnnealingLR schedule(opt, epochs * loader.num_batches());
   if (rank == 0)
-    std::printf("Fashion-MNIST CNN, %d worker(s), %s: %s\n", world, sync_bn ? "SyncBatchNorm" : "BatchNorm (per worker)",
+    std::printf("Fashion-MNIST CNN, %d worker(s), %s, %s: %s\n", world,
+                sync_bn ? "SyncBatchNorm" : "BatchNorm (per worker)", bf16 ? "bf16 autocast" : "float32",
                 plan.describe().c_str());
 
   float best = 0;
@@ -123,7 +143,12 @@ int run(int argc, char** argv) {
     float* s = stats.data<float>();
     for (Batch& b : loader) {
       opt.zero_grad();
-      Tensor loss = cross_entropy(model->forward(b.x), b.y);
+      Tensor loss;
+      {
+        std::optional<autocast> guard;  // [2]
+        if (bf16) guard.emplace(DType::BFloat16);
+        loss = cross_entropy(model->forward(b.x), b.y);
+      }
       loss.backward();
       opt.step();
       schedule.step();
@@ -133,6 +158,8 @@ int run(int argc, char** argv) {
     model->eval();  // BatchNorm uses its running statistics (rank 0's, broadcast by DDP)
     {
       NoGradGuard no_grad;
+      std::optional<autocast> guard;  // [2]
+      if (bf16) guard.emplace(DType::BFloat16);
       for (Batch& b : test_loader) {
         const Tensor predicted = argmax(model->forward(b.x), 1);  // the first largest logit
         const auto* k = predicted.data<std::int64_t>();

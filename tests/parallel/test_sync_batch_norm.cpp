@@ -2,7 +2,10 @@
 // BatchNorm on the global batch (output, input/weight/bias gradients, running stats) within
 // 1e-5; the same on sim tensors at W = 2; eval mode; convert_sync_batchnorm; under Join with
 // DDP, a joined rank shadows SyncBatchNorm's reductions with zero counts.
+// bf16 input (autocast): float32 statistics, bf16 output and input gradient.
 #include <doctest/doctest.h>
+
+#include <phalanx/core/half.hpp>
 
 #include "support/gradcheck.hpp"
 #include "support/multirank.hpp"
@@ -248,4 +251,36 @@ TEST_CASE("Join with DDP on a CNN with SyncBatchNorm2d, W = 3, rank r has 1 + r 
         CHECK(max_rel_err(finals[r].at(k), v) == 0.0);
     }
   CHECK(finals[0].at("1.num_batches_tracked").item_int() == W);  // every rank counted every iteration
+}
+
+TEST_CASE("SyncBatchNorm takes bf16 input (autocast): float32 statistics, bf16 out and bf16 input gradient") {
+  // W = 2 on bf16 activations equals one process's float32 BatchNorm on the same (bf16) values
+  // over the global batch, within one bf16 rounding of the output; the running statistics,
+  // the weight and bias and their gradients stay float32.
+  Generator gen(5);
+  const Shape shape{8, 3, 2, 2};
+  const Tensor x = to_dtype(to_dtype(randn(shape, &gen) * 2.f + 0.5f, DType::BFloat16), DType::Float32);
+  const Tensor g = randn(shape, &gen);
+  const Reference want = reference(x, g, 1, 3);
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(2, [&](int rank) {
+    auto pg = group(rank, 2, store, "sbn_bf16");
+    SyncBatchNorm bn(3, 1e-5, 0.1, true, true, pg);
+    const Tensor xs = to_dtype(rows(x, 4 * rank, 4 * rank + 4), DType::BFloat16).requires_grad_();
+    const Tensor gr = rows(g, 4 * rank, 4 * rank + 4);
+    Tensor y = bn.forward(xs);
+    REQUIRE_RANK(rank, y.dtype() == DType::BFloat16, "output dtype " + y.str());
+    sum(to_dtype(y, DType::Float32) * gr).backward();
+    REQUIRE_RANK(rank, xs.grad().dtype() == DType::BFloat16, "input gradient dtype " + xs.grad().str());
+    REQUIRE_RANK(rank, bn.running_mean.dtype() == DType::Float32 && bn.running_var.dtype() == DType::Float32,
+                 "running statistics stay float32");
+    REQUIRE_RANK(rank, bn.weight.grad().dtype() == DType::Float32, "weight gradient float32");
+    const double eo = rel(to_dtype(y.detach(), DType::Float32), rows(want.out[0], 4 * rank, 4 * rank + 4));
+    REQUIRE_RANK(rank, eo <= 1.0 / 128, detail::concat("output relative error ", eo));
+    // float32 statistics on the bf16 values: the running stats equal the float32 reference's.
+    REQUIRE_RANK(rank, rel(bn.running_mean, want.running_mean) <= 1e-5, "running_mean");
+    REQUIRE_RANK(rank, rel(bn.running_var, want.running_var) <= 1e-5, "running_var");
+    const double eg = rel(to_dtype(xs.grad(), DType::Float32), rows(want.grad_x[0], 4 * rank, 4 * rank + 4));
+    REQUIRE_RANK(rank, eg <= 1.0 / 128, detail::concat("input gradient relative error ", eg));
+  });
 }

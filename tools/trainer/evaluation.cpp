@@ -84,6 +84,8 @@ std::pair<double, double> evaluate(nn::Module& model, const std::shared_ptr<Tens
     ds->gather(idx.data() + b, n, x, y);
     Tensor logits = model.forward(x.to(dev));
     if (counted == 0) continue;
+    // Under --precision bf16 the logits are bf16 (autocast's linear): read as float32, exactly.
+    if (logits.dtype() != DType::Float32) logits = to_dtype(logits, DType::Float32);
     if (counted < n) {
       logits = logits.to(Device::cpu());
       logits = Tensor(logits).reshape({n, classes});

@@ -22,7 +22,7 @@ bool elastic_launch() { return env::flag("PHALANX_ELASTIC", false); }
 /// Loads checkpoint `ck` (read from sp.resume_path) into the model, the optimizer and the
 /// schedule, and sets where the run resumes: its step, epoch, partial sums (into the step
 /// plan) and curves.
-void restore(TrainingSetup& s, parallel::LoadedCheckpoint& ck, StartPoint& sp) {
+void restore(const TrainConfig& c, TrainingSetup& s, parallel::LoadedCheckpoint& ck, StartPoint& sp) {
   const int world = s.world, rank = s.rank;
   const std::int64_t steps_per_epoch = s.steps_per_epoch;
   const std::string& resume_path = sp.resume_path;
@@ -38,8 +38,13 @@ void restore(TrainingSetup& s, parallel::LoadedCheckpoint& ck, StartPoint& sp) {
     throw ConfigError("checkpoint " + resume_path + ": its LR schedule does not fit this run's (" + e.what() +
                       "): resume with the same --warmup-steps and --lr-schedule");
   }
-  // The loss scale goes on where it was; a file without one (written without loss scaling)
-  // leaves this run's scaler at its initial scale.
+  // --precision may change on resume (the weights and the optimizer are float32 masters in
+  // every precision); a file without it was written before the option: fp32.
+  const auto saved = ck.state.config.find("precision");
+  const std::string precision = saved == ck.state.config.end() ? "fp32" : saved->second;
+  if (precision != c.precision) sp.precision_change = precision;
+  // The loss scale goes on where it was (fp16 to fp16); a file without one (written without
+  // loss scaling) leaves this run's scaler at its initial scale.
   if (s.scaler && ck.state.scaler.size() != 0) s.scaler->load_state_dict(ck.state.scaler);
   sp.step = ck.state.step;
   sp.start_epoch = ck.state.epoch;
@@ -150,7 +155,7 @@ StartPoint find_start(const TrainConfig& c, TrainingSetup& s) {
     std::printf("phalanx-train: no checkpoint in %s yet; starting from step 0\n", c.checkpoint_dir.c_str());
   }
   if (ckdir && !resume_path.empty()) ckdir->protect(resume_path);  // the pruning never removes it
-  if (loaded) restore(s, *loaded, sp);
+  if (loaded) restore(c, s, *loaded, sp);
   // Where the ranks resume must agree too (they read the same folder; a rank that found
   // another file, or none, is named here rather than diverging silently).
   parallel::check_consistent({{"resume step", std::to_string(sp.step)}}, s.pg);

@@ -20,6 +20,8 @@ struct StartPoint {
   std::int64_t step = 0, start_epoch = 0, skip_batches = 0;
   tools::Series train_curve{"train loss", {}, {}}, test_curve{"test loss", {}, {}};
   double elapsed_before = 0;  ///< training seconds before the resume point (metrics' clock)
+  /// The checkpoint's --precision when it is not this run's ("": the same); announced.
+  std::string precision_change;
 };
 
 /// Finds and loads the checkpoint to resume from, if any (one-line errors for a damaged or

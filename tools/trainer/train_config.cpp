@@ -9,6 +9,7 @@
 #include <phalanx/core/error.hpp>
 #include <phalanx/core/file_safety.hpp>
 
+#include "precision.hpp"
 #include "text_format.hpp"
 #include "train_options.hpp"
 
@@ -147,6 +148,13 @@ void check_combination(const CLI::App& app, TrainConfig& c) {
   if (c.zero && c.exact)
     throw ValueError("--zero and --exact conflict: exact mode reduces gradients in fixed point and updates every "
                      "replica itself; drop one of them");
+  // fp16 on the CPU, refused before any worker starts (training_setup.cpp checks the device
+  // init chose, for the other cases).
+  if (c.precision == "fp16" && c.device == "cpu") throw ValueError(kFp16OnCpu);
+  if (c.exact && c.precision == "fp16")
+    throw ValueError("--exact and --precision fp16 conflict: exact mode promises the same bits on any world size, and "
+                     "fp16's dynamic loss scale skips steps on overflow where exact mode stops; use --precision bf16 "
+                     "(no loss scaling) or drop --exact");
   if (c.exact && c.allow_nonfinite)
     throw ValueError("--exact and --allow-nonfinite conflict: exact mode sums gradients in fixed point, where NaN and inf "
                      "have no value (a non-finite gradient stops the step); drop one of them");

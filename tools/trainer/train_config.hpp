@@ -29,6 +29,9 @@ struct TrainConfig {
   std::int64_t classes = 0;
   bool sync_bn = false;  ///< --sync-bn: BatchNorm -> parallel::SyncBatchNorm (statistics over the global batch)
   bool zero = false;     ///< --zero: the optimizer state sharded over the ranks (ZeroRedundancyOptimizer)
+  /// --precision: fp32 (no autocast), bf16 (forward and loss under autocast bfloat16) or fp16
+  /// (autocast float16 with a GradScaler; not on the CPU). docs/trainer.md, *Precision*.
+  std::string precision = "fp32";
   bool is_cnn() const { return !cnn_channels.empty(); }
   std::string activation = "relu";
   std::string init;

@@ -279,6 +279,10 @@ std::vector<OptionSpec> make_options() {
       flag("--sync-bn", &T::sync_bn,
            "CNN: BatchNorm statistics over the global batch (SyncBatchNorm) instead of each worker's"),
       flag("--zero", &T::zero, "shard the optimizer state over the workers (ZeroRedundancyOptimizer, ZeRO stage 1)"),
+      choice("--precision", &T::precision,
+             "fp32; bf16: forward and loss under autocast bfloat16 (matrix products in bf16 with float32 sums, "
+             "float32 weights and optimizer); fp16: autocast float16 with dynamic loss scaling (GradScaler), a GPU only",
+             {"fp32", "bf16", "fp16"}),
       choice("--activation", &T::activation, "relu or tanh", {"relu", "tanh"}),
       text("--init", &T::init,
            "initial weights .npz with PyTorch state_dict names (0.weight, ...; a GPT's are nanoGPT's: "

@@ -25,6 +25,7 @@
 #include "epoch_report.hpp"
 #include "evaluation.hpp"
 #include "metrics_log.hpp"
+#include "precision.hpp"
 #include "progress_bar.hpp"
 #include "resume.hpp"
 #include "svg_chart.hpp"
@@ -145,6 +146,7 @@ class TrainingLoop {
   // The step in progress: the rate it uses (before the schedule moves it), its last pass's loss.
   double lr_used_ = 0;
   float last_loss_ = 0;
+  const DType autocast_dtype_;  // --precision's (Float32: no autocast)
 };
 
 TrainingLoop::TrainingLoop(const TrainConfig& c, TrainingSetup& s, StartPoint& sp)
@@ -158,7 +160,8 @@ TrainingLoop::TrainingLoop(const TrainConfig& c, TrainingSetup& s, StartPoint& s
       reporter_({s.pg.get(), s.dev, s.step->losses_agreed(), s.data.has_test(), s.data.text_val != nullptr}, metrics_,
                 progress_,
                 std::move(sp.train_curve), std::move(sp.test_curve)),
-      plan_(*s.step) {
+      plan_(*s.step),
+      autocast_dtype_(precision_dtype(c.precision)) {
   if (rank_ == 0 && !c.metrics.empty()) {
     if (sp.resume_path.empty()) metrics_.open_fresh(c.metrics);
     else metrics_.open_resumed(c.metrics, sp.step, sp.start_epoch);
@@ -194,6 +197,14 @@ void TrainingLoop::announce() const {
               c_.sync_bn ? " with SyncBatchNorm" : "", c_.optimizer.c_str(), c_.zero ? " (ZeRO: state sharded)" : "", world_,
               s_.pg->backend_name().c_str(), s_.plan.describe().c_str());
   if (const std::string how = plan_.describe(); !how.empty()) std::printf("phalanx-train: %s\n", how.c_str());
+  if (c_.precision == "bf16")
+    std::printf("phalanx-train: precision bf16: forward and loss under autocast bfloat16 (linear, matmul, conv2d and "
+                "attention in bf16 with float32 sums; float32 weights, gradients and optimizer)%s\n",
+                s_.dev.is_cpu() ? ("; bf16 GEMM: " + bf16_gemm_info()).c_str() : "");
+  else if (c_.precision == "fp16")
+    std::printf("phalanx-train: precision fp16: forward and loss under autocast float16, dynamic loss scaling "
+                "(GradScaler, initial scale %g, one skip decision on every rank)\n",
+                static_cast<double>(s_.scaler->get_scale()));
   if (!resume_path.empty() && start_epoch < c_.epochs)
     std::printf("phalanx-train: resumed at step %lld (epoch %lld, checkpoint written at %s) from %s\n",
                 static_cast<long long>(step), static_cast<long long>(start_epoch + 1), sp_.resumed.written_at().c_str(),
@@ -203,6 +214,12 @@ void TrainingLoop::announce() const {
                 "nothing left to train (raise --epochs to go on)\n",
                 static_cast<long long>(step), static_cast<long long>(start_epoch), sp_.resumed.written_at().c_str(),
                 resume_path.c_str());
+  if (const std::string& was = sp_.precision_change; !was.empty())
+    std::printf("phalanx-train: resuming a%s %s checkpoint with --precision %s%s\n",
+                was == "bf16" ? "" : "n", was.c_str(), c_.precision.c_str(),
+                was == "fp16"            ? " (its loss scale is dropped)"
+                : c_.precision == "fp16" ? " (the loss scale starts afresh)"
+                                         : "");
   std::fflush(stdout);
 }
 
@@ -273,7 +290,11 @@ void TrainingLoop::run_epoch(std::int64_t epoch) {
 void TrainingLoop::forward_backward(const Batch& b, std::int64_t epoch, std::int64_t batch_index, std::int64_t micro) {
   const Device dev = s_.dev;
   const std::int64_t step = sp_.step, steps_per_epoch = s_.steps_per_epoch;
-  Tensor loss = model_loss(s_.model->forward(b.x.to(dev)), b.y.to(dev));
+  Tensor loss;
+  {
+    PrecisionScope scope(autocast_dtype_, dev);  // --precision: the forward and the loss; backward outside
+    loss = model_loss(s_.model->forward(b.x.to(dev)), b.y.to(dev));
+  }
   const float l = loss.item();
   // A non-finite loss stops here, before its gradients reach any weight (and before any
   // checkpoint could hold them): the last good checkpoint stays the newest.
@@ -328,9 +349,11 @@ void TrainingLoop::end_epoch(std::int64_t epoch, std::int64_t batches) {
   PendingEpoch done{epoch};
   plan_.end_epoch(done);
   if (s_.data.test) {
+    PrecisionScope scope(autocast_dtype_, s_.dev);  // evaluated as trained (bf16 logits read as float32)
     s_.model->eval();
     std::tie(done.test_loss, done.test_acc) = evaluate(*s_.model, s_.data.test, *s_.pg);
   } else if (s_.data.text_val) {
+    PrecisionScope scope(autocast_dtype_, s_.dev);
     s_.model->eval();
     done.test_loss = evaluate_lm(*s_.model, s_.data.text_val, *s_.pg);
   }
@@ -367,6 +390,8 @@ std::optional<parallel::CheckpointState> TrainingLoop::checkpoint_state(std::int
   s.micro_batch = plan_.pass_batch();
   s.exact = plan_.exact();
   s.config = s_.settings;
+  // Not a setting a resume must keep (resume.cpp says when it changes); files without it: fp32.
+  s.config["precision"] = c_.precision;
   s.scalars["seconds"] = sp_.elapsed_before + seconds();
   const tools::Series &train_curve = reporter_.train_curve(), &test_curve = reporter_.test_curve();
   std::vector<float> tc(train_curve.y.begin(), train_curve.y.end()), ec(test_curve.y.begin(), test_curve.y.end());
@@ -379,6 +404,7 @@ int TrainingLoop::finish() {
   const double secs = seconds();
   double final_loss = reporter_.last_epoch_loss();
   if (c_.eval_train) {
+    PrecisionScope scope(autocast_dtype_, s_.dev);
     s_.model->eval();
     final_loss = s_.data.text_train ? evaluate_lm(*s_.model, s_.data.text_train, *s_.pg)
                                     : evaluate(*s_.model, s_.data.train, *s_.pg).first;
@@ -398,7 +424,7 @@ int TrainingLoop::finish() {
   metrics_.close();  // a write that failed (a full disk) is an error, not a truncated file
   if (rank_ == 0) {
     nlohmann::json summary{{"final_train_loss", final_loss}, {"steps", sp_.step}, {"seconds", secs},
-                           {"world_size", world_}, {"backend", s_.pg->backend_name()}};
+                           {"world_size", world_}, {"backend", s_.pg->backend_name()}, {"precision", c_.precision}};
     if (reporter_.test_acc() >= 0) summary["test_acc"] = reporter_.test_acc();
     if (s_.data.text_val && !reporter_.test_curve().y.empty()) summary["val_loss"] = reporter_.test_curve().y.back();
     std::printf("%s\n", summary.dump().c_str());

@@ -10,8 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <phalanx/core/half.hpp>
 #include <phalanx/core/nn/gpt.hpp>
 
+#include "precision.hpp"
 #include "text_format.hpp"
 
 namespace phalanx::trainer {
@@ -135,6 +137,48 @@ void set_up_loader(TrainingSetup& s) {
   s.steps_per_epoch = s.step->steps_per_epoch(*s.loader);
 }
 
+// --precision on the training device, checked before the data is loaded (a usage error, exit
+// 2): fp16 is refused on the CPU (PyTorch 1.13's CPU autocast is bfloat16 only), the sim device
+// has no autocast, and on another device one tiny product under autocast shows whether its kernels take the dtype
+// (the CUDA plugin has no 16-bit GEMM yet: refused here in one line, not at the first step).
+void check_precision(const TrainConfig& c, Device dev) {
+  if (c.precision == "fp32") return;
+  if (c.precision == "fp16" && dev.is_cpu()) throw DataUsageError(kFp16OnCpu);
+  if (dev.type == DeviceType::Sim)
+    throw DataUsageError("--precision " + c.precision + " needs " +
+                         (c.precision == "fp16" ? "--device cuda" : "--device cpu or cuda") + ": autocast has no " +
+                         dev.str() + " device");
+  if (dev.is_cpu()) {
+    // bf16 on the CPU: the bf16 GEMM (or its float32 fallback) always runs, but a
+    // PHALANX_BF16_GEMM this CPU cannot honour is refused here, not at the first step.
+    try {
+      (void)bf16_gemm_info();
+    } catch (const Error& e) {
+      throw DataUsageError(e.what());
+    }
+    return;
+  }
+  try {
+    PrecisionScope scope(precision_dtype(c.precision), dev);
+    NoGradGuard no_grad;
+    const Tensor a = ones({2, 2}).to(dev);
+    (void)linear(a, a, Tensor());
+  } catch (const Error& e) {
+    throw DataUsageError("--precision " + c.precision + " cannot run on " + dev.str() + " (" + e.what() +
+                         "): use --precision fp32 there, or --precision bf16 with --device cpu");
+  }
+}
+
+// What the ranks must agree on about the precision. Exact mode under bf16 keeps its bits only
+// when every rank's bf16 GEMM sums in the same order (docs/mixed_precision.md): the path
+// (amx, avx512bf16, fallback) is compared too, so a mixed job is refused before it trains.
+std::string precision_consistency(const TrainConfig& c, Device dev) {
+  if (!(c.exact && c.precision == "bf16" && dev.is_cpu())) return c.precision;
+  const std::string info = bf16_gemm_info();
+  return c.precision + " with the bf16 GEMM path " + info.substr(0, info.find_first_of(" :")) +
+         " (exact mode: set PHALANX_BF16_GEMM to one path on every rank)";
+}
+
 }  // namespace
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& ps, double lr,
@@ -183,6 +227,7 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   s.world = pg->size();
   s.rank = pg->rank();
   const int world = s.world, rank = s.rank;
+  check_precision(c, s.dev);
   s.data = load_data(c);
   const Datasets& data = s.data;
   // The model as text: the MLP's widths, the CNN's spec with its classes ("cnn:32-64:10"),
@@ -237,6 +282,7 @@ TrainingSetup set_up_training(const TrainConfig& c) {
                               {"seed", std::to_string(c.seed)},
                               {"shuffle", c.shuffle ? "on" : "off"},
                               {"drop last", c.drop_last ? "on" : "off"},
+                              {"precision", precision_consistency(c, s.dev)},
                               {"exact", c.exact ? "micro-batch " + std::to_string(c.micro_batch) : "off"},
                               {"checkpoint every", std::to_string(c.checkpoint_every)},
                               // Every rank with a folder (each node its own path) or none: the
@@ -281,6 +327,10 @@ TrainingSetup set_up_training(const TrainConfig& c) {
   } else {
     s.opt = make_optimizer(c, model->parameters(), plan.lr, no_decay);
   }
+  // fp16: dynamic loss scaling with PyTorch's defaults, one skip decision for every rank.
+  if (c.precision == "fp16")
+    s.scaler =
+        std::make_unique<optim::GradScaler>(optim::GradScalerOptions(), parallel::found_inf_agreement(pg, s.dev));
   set_up_loader(s);
   s.schedule = make_schedule(c, *s.opt, plan.scale, s.steps_per_epoch * c.epochs);
   s.settings = resume_settings(c, plan.lr, model_desc);

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <phalanx/optim/grad_scaler.hpp>
+#include <phalanx/parallel/found_inf_agreement.hpp>
 #include <phalanx/phalanx.hpp>
 
 #include "model_spec.hpp"

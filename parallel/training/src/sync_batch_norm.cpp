@@ -3,6 +3,7 @@
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/core/autograd.hpp"
 #include "phalanx/core/creation.hpp"
+#include "phalanx/core/half.hpp"
 #include "phalanx/core/kernels.hpp"
 #include "phalanx/core/nn/sequential.hpp"
 #include "phalanx/core/ops.hpp"
@@ -41,6 +42,11 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
   const ProcessGroupPtr pg = process_group();
   // PyTorch: no synchronisation in eval mode, nor in a group of one.
   if (!is_training() || pg->size() == 1) return nn::BatchNorm::forward(x);
+  // A 16-bit input (autocast's bf16 activations): statistics and normalisation in float32 on
+  // the input's values, the output rounded back to its dtype, as BatchNorm's bf16 path
+  // (phalanx-train --precision bf16 --sync-bn). The casts are differentiable.
+  if (x.dtype() == DType::BFloat16 || x.dtype() == DType::Float16)
+    return to_dtype(forward(to_dtype(x, DType::Float32)), x.dtype());
   const std::int64_t C = num_features, W = pg->size();
   std::int64_t local = x.shape()[0];
   for (std::int64_t i = 2; i < x.dim(); ++i) local *= x.shape()[i];
