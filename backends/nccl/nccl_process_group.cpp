@@ -196,6 +196,11 @@ NcclBackend::~NcclBackend() {
     }
     comm_ = nullptr;
   }
+  // Aborted (here or by the watchdog): NCCL's kernels have stopped, but what was queued on
+  // the stream after them (an allgather's copies out of its scratch) still runs. The group
+  // releases the tensors of failed and unfinished operations after this returns, so the
+  // stream must be idle first, or the compute stream could get a block it still writes.
+  if (stream_) (void)cudaStreamSynchronize(stream_);
   barrier_ = Tensor();
   if (ready_) cudaEventDestroy(ready_);
   if (done_) cudaEventDestroy(done_);

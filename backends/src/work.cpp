@@ -48,6 +48,14 @@ void Work::wait_host(std::chrono::milliseconds timeout) {
   // Queued on the device: wait for its done event first (a device that runs its work when
   // it is waited for: the lazy sim's side stream); the completion thread's watch then ends.
   std::exception_ptr device_error;
+  if (!done_.load(std::memory_order_acquire) && !enqueued_.load(std::memory_order_acquire) && !polled()) {
+    // Not on the device yet (the worker has not run it): wait until it is, so that it is
+    // waited for there below; a watcher never makes a lazy device run it (the sim's).
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, timeout.count() < 0 ? timeout_ : timeout, [&] {
+      return done_.load(std::memory_order_relaxed) || enqueued_.load(std::memory_order_relaxed) || poll_;
+    });
+  }
   if (enqueued_.load(std::memory_order_acquire) && !done_.load(std::memory_order_acquire)) {
     try {
       device_kernels_->event_synchronize(done_event_);

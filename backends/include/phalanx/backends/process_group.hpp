@@ -224,6 +224,11 @@ class ProcessGroup final {
   DeviceOp* device_op_ = nullptr;
   DeviceOp pending_device_;
   std::deque<std::pair<WorkPtr, std::function<void()>>> completions_;
+  // The waiters of device operations that failed on the completion thread (a watchdog's
+  // timeout, an abort): the tensors they hold may still be in use by work queued on the
+  // backend's stream, so they are released with the group, after the backend (which
+  // finishes or aborts that work first), never when the failure is found.
+  std::vector<std::function<void()>> failed_device_waiters_;
   std::condition_variable completion_cv_;
   std::thread completer_;
   WorkPtr completing_;  // the deferred completion running now
