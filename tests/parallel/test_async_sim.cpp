@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "phalanx/backends/world_of_one.hpp"
 #include "phalanx/core/kernels.hpp"
 #include "phalanx/core/tensor_impl.hpp"
+#include "phalanx/parallel/all_reduce_scalar.hpp"
 #include "support/ddp_fixtures.hpp"
 #include "support/multirank.hpp"
 
@@ -100,6 +102,14 @@ class SideStreamBackend final : public Backend {
     declare_device_streams();
   }
   std::string name() const override { return "side:" + inner_->backend_name(); }
+  // As NcclBackend's destructor: the stream is idle before the group releases what the
+  // operations still queued there (or failed while queued) hold.
+  ~SideStreamBackend() override {
+    try {
+      Side::get().drain();
+    } catch (...) {
+    }
+  }
 
  protected:
   void on_close() noexcept override { Side::get().flush(); }
@@ -156,20 +166,33 @@ class SideStreamBackend final : public Backend {
     complete_on_device([this, op, seq, done] {
       DeviceKernels& k = kernels_for(Device::sim());
       const auto deadline = std::chrono::steady_clock::now() + timeout();
+      // The watchdog's timeout while the device has not run it yet (it runs later, as the
+      // copies NCCL queued after an aborted kernel do).
+      if (seq >= timeout_from_.load()) throw TimeoutError(describe(op, seq) + ": timed out (test)");
       while (!k.event_query(done)) {
         if (std::chrono::steady_clock::now() > deadline)
           throw TimeoutError(describe(op, seq) + ": the side stream did not run it");
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       k.event_synchronize(done);  // done: rethrows what failed on the side stream
+      // What NCCL's watchdog finds after the caller's wait() returned: an asynchronous error.
+      if (seq >= fail_from_.load())
+        throw CommError(describe(op, seq) + ": failed on the device after its wait() returned (test)");
     });
   }
   ProcessGroupPtr inner_;
+
+ public:
+  /// Operations numbered `seq` and later fail in the watcher, once the side stream ran them.
+  std::atomic<std::uint64_t> fail_from_{~std::uint64_t(0)};
+  /// Operations numbered `seq` and later time out in the watcher before the side stream ran them.
+  std::atomic<std::uint64_t> timeout_from_{~std::uint64_t(0)};
 };
 
 ProcessGroupPtr side_group(ProcessGroupPtr inner) {
   return std::make_shared<ProcessGroup>(BackendPtr(new SideStreamBackend(std::move(inner))));
 }
+SideStreamBackend& side_backend(const ProcessGroupPtr& pg) { return dynamic_cast<SideStreamBackend&>(pg->backend()); }
 
 /// Restores the mode at the end of a test case.
 struct Mode {
@@ -613,4 +636,72 @@ TEST_CASE("async sim, side stream: a collective's tensors are held until its don
       return 0;
     }));
   }
+}
+
+TEST_CASE("async sim, side stream: a failure found after wait() returned reaches host readers") {
+  // The collective ran (its bytes are right) but the watcher fails it afterwards, as NCCL's
+  // watchdog does on a timeout or a peer's asynchronous error: wait() had already returned
+  // (a device-side wait), so a caller that reads the result on the host must learn of it
+  // (Work::synchronize), not act on what an aborted collective left behind.
+  Mode lazy(kLazy);
+  {
+    auto pg = side_group(make_world_of_one());
+    side_backend(pg).fail_from_ = pg->sequence_number();
+    CHECK_THROWS_AS(parallel::all_reduce_scalar(2.0, ReduceOp::Sum, pg, Device::sim()), CommError);
+  }
+  // DDP: a bucket's reduction fails after the backward's waits returned; the backward (where
+  // the pass flag's read synchronises the host) must throw, before the optimizer steps.
+  const Data d = make_data(96);
+  CHECK(run_world(2, kLazy, nullptr, [&](const ProcessGroupPtr& pg, int rank) {
+    auto side = side_group(pg);
+    DDPOptions o;
+    o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
+    auto model = many_small_one_large();
+    model->to(Device::sim());
+    DDP ddp(model, side, o);
+    const Tensor x = d.x.narrow_rows(0, 8).to(Device::sim()), y = d.y.narrow_rows(0, 8).to(Device::sim());
+    cross_entropy(ddp.forward(x), y).backward();  // a good step first
+    side_backend(side).fail_from_ = side->sequence_number();
+    bool threw = false;
+    try {
+      cross_entropy(ddp.forward(x), y).backward();
+    } catch (const CommError& e) {
+      threw = true;
+      std::printf("rank %d: %s\n", rank, e.what());
+    }
+    REQUIRE_RANK(rank, threw, "the backward whose bucket failed after its wait() returned did not throw");
+    return 0;
+  }));
+}
+
+TEST_CASE("async sim, side stream: a collective that failed before the device ran it keeps its tensors") {
+  // The watchdog times an operation out while the device has not run it (lazy: nothing made
+  // the side stream run). The caller dropped its tensor; the block must stay allocated until
+  // the group is gone (its backend drains its stream first), not go back to the allocator
+  // when the failure is found, while work queued on the stream still writes it.
+  CHECK(run_world(2, kLazy, nullptr, [&](const ProcessGroupPtr& pg, int rank) {
+    const void* p = nullptr;
+    Tensor probe = zeros({1}, DType::Float32, Device::sim());
+    {
+      auto side = side_group(pg);
+      side_backend(side).timeout_from_ = side->sequence_number();
+      Tensor t = full({256}, 1.f + rank, DType::Float32, Device::sim());
+      p = t.raw_data();
+      auto w = side->allreduce(t);
+      t = Tensor();
+      for (int i = 0; i < 5000 && !w->is_completed(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      REQUIRE_RANK(rank, w->is_completed() && w->exception(), "the watcher did not fail the operation");
+      for (int i = 0; i < 50 && freed_poisoned(p) == -1; ++i) {  // frees queued on the compute stream run
+        (void)probe.to_vector<float>();
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      REQUIRE_RANK(rank, freed_poisoned(p) == -1, "a failed operation's tensor was released before its stream ran it");
+    }
+    for (int i = 0; i < 500 && freed_poisoned(p) == -1; ++i) {
+      (void)probe.to_vector<float>();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    REQUIRE_RANK(rank, freed_poisoned(p) == 1, "the block was not freed intact once the group was gone");
+    return 0;
+  }));
 }

@@ -280,10 +280,14 @@ void Reducer::finalize() {
   }
   ++next_launch_;
   const auto wait_start = Clock::now();
+  device_works_.clear();
   for (auto& b : buckets_) {
     try {
+      const WorkPtr work = b.work;  // the hook's finish drops it
       finish_bucket(b);
+      if (work && work->on_device() && !work->is_completed()) device_works_.push_back(work);
     } catch (const CommError&) {
+      device_works_.clear();
       reset_pass();
       rethrow_with_context(std::current_exception(),
                            detail::concat("DDP: reducing gradient bucket ", b.index, " (", b.params.size(),
@@ -296,6 +300,19 @@ void Reducer::finalize() {
   reset_pass();
   // The flag's mean over ranks: (ranks whose pass was void) / world.
   const float flag = pass_flag();
+  // Reading it synchronised the host with the device, so the buckets reduced on a device
+  // stream (their wait() did not block the host) have ended there: a failure the backend
+  // found after that wait() returned (NCCL's watchdog: a timeout, a dead peer, an abort)
+  // surfaces here, before the optimizer steps on what an aborted collective left behind.
+  for (const auto& work : device_works_) {
+    try {
+      work->synchronize();
+    } catch (const CommError&) {
+      device_works_.clear();
+      rethrow_with_context(std::current_exception(), "DDP: a gradient bucket's reduction failed on the device: ");
+    }
+  }
+  device_works_.clear();
   if (flag != 0.f) {
     const long void_ranks = std::max(1L, std::lround(static_cast<double>(flag) * pg_->size()));
     throw PeerFailedError(detail::concat(
