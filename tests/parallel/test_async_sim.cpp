@@ -564,21 +564,24 @@ TEST_CASE("async sim, side stream: without Work::wait's device-side wait each sc
   // PHALANX_TEST_SKIP_DEVICE_ORDER=wait_allreduce: an allreduce's wait() returns without making
   // the compute stream wait for it, so what reads its output (the bucket's copy back to the
   // gradients, SyncBatchNorm's statistics, exact mode's sums) reads it before it is written:
-  // the step uses this rank's own values. =wait (every operation): DDP's construction reads
-  // the lengths of the model check before they are gathered.
+  // the step uses this rank's own values. =wait (every operation): the same for every
+  // collective whose result stays on the device (host readers synchronize()). W = 3: DDP's
+  // division by the world size runs before the skipped sum, and the reducer's host check
+  // after the pass flag then lets the sum run on the divided values: at W = 2 that is the
+  // CPU's result bit for bit (a division by 2 is exact), at W = 3 it is not.
   const Data d = make_data(96);
   static char skip_allreduce[] = "PHALANX_TEST_SKIP_DEVICE_ORDER=wait_allreduce";
   static char skip_every[] = "PHALANX_TEST_SKIP_DEVICE_ORDER=wait";
   const char* names[] = {"DDP", "DDP with the fp16 hook", "SyncBatchNorm under DDP", "exact mode", "DDP (every wait)"};
   for (int scenario = 0; scenario < 5; ++scenario) {
     CAPTURE(names[scenario]);
-    CHECK(run_world(2, kLazy, scenario < 4 ? skip_allreduce : skip_every, [&](const ProcessGroupPtr& pg, int rank) {
+    CHECK(run_world(3, kLazy, scenario < 4 ? skip_allreduce : skip_every, [&](const ProcessGroupPtr& pg, int rank) {
       auto side = side_group(pg);
       const auto run = [&](const ProcessGroupPtr& g, Device dev) {
-        if (scenario == 0 || scenario == 4) return ddp_run(d, g, rank, 2, dev, false);
-        if (scenario == 1) return ddp_run(d, g, rank, 2, dev, true);
-        if (scenario == 2) return sync_bn_run(d, g, rank, 2, dev);
-        return exact_run(d, g, rank, 2, dev);
+        if (scenario == 0 || scenario == 4) return ddp_run(d, g, rank, 3, dev, false);
+        if (scenario == 1) return ddp_run(d, g, rank, 3, dev, true);
+        if (scenario == 2) return sync_bn_run(d, g, rank, 3, dev);
+        return exact_run(d, g, rank, 3, dev);
       };
       const Params cpu = run(pg, Device::cpu());
       bool same = false, threw = false;
