@@ -188,12 +188,19 @@ NcclBackend::~NcclBackend() {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
     }
-    if (state == ncclSuccess)
+    if (state == ncclSuccess) {
+      (void)cudaStreamSynchronize(stream_);  // flushed: the tensors waiters still hold are free after this
       ncclCommDestroy(comm_);
-    else
+    } else {
       ncclCommAbort(comm_);
+    }
     comm_ = nullptr;
   }
+  // Aborted (here or by the watchdog): NCCL's kernels have stopped, but what was queued on
+  // the stream after them (an allgather's copies out of its scratch) still runs. The group
+  // releases the tensors of failed and unfinished operations after this returns, so the
+  // stream must be idle first, or the compute stream could get a block it still writes.
+  if (stream_) (void)cudaStreamSynchronize(stream_);
   barrier_ = Tensor();
   if (ready_) cudaEventDestroy(ready_);
   if (done_) cudaEventDestroy(done_);
@@ -284,28 +291,48 @@ void NcclBackend::watch(const char* op, std::uint64_t seq, cudaEvent_t done, Clo
 }
 
 template <typename Fn, typename After>
-void NcclBackend::collective(const char* op, std::uint64_t seq, Fn&& enqueue, After&& after) {
+void NcclBackend::collective(const char* op, std::uint64_t seq, Fn&& enqueue, After&& after,
+                             std::vector<Tensor> scratch) {
   const auto deadline = Clock::now() + timeout();
+  // Issued by the process group (docs/gpu.md, "Stream ordering"): `ready` was recorded on the
+  // compute stream when the caller issued the operation; `done` belongs to its Work.
+  const auto ready = static_cast<cudaEvent_t>(ready_event());
+  const auto done = static_cast<cudaEvent_t>(done_event());
   {
     std::lock_guard<std::mutex> lock(mu_);
     check_alive_locked(op, seq);
     flush_p2p_locked(op, seq, deadline);  // sends/receives issued before this go first
     cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
-    // The collective may only read what the compute stream has finished writing.
-    cuda_ok(cudaEventRecord(ready_, 0), "cudaEventRecord");
-    cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    // The collective may only read what the compute stream had written when it was issued:
+    // a device-side wait, so kernels issued after it (the rest of the backward) overlap it.
+    if (ready) cuda_ok(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+    // A barrier (no tensor of the caller's), or scratch this thread allocated just now: its
+    // block may have been freed by compute-stream work still queued, so wait for all of it.
+    if (!ready || !scratch.empty()) {
+      cuda_ok(cudaEventRecord(ready_, 0), "cudaEventRecord");
+      cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    }
     enqueue();
     // Non-blocking communicator: until NCCL reports ncclSuccess the kernel may not be on the
     // stream yet, and nothing else may be queued there (NCCL's rule), so `after` comes after.
     wait_enqueued_locked(op, seq, deadline);
     after();
-    cuda_ok(cudaEventRecord(done_, stream_), "cudaEventRecord");
-    // No cudaStreamWaitEvent(0, done_): the Work completes only once watch() saw done_ on the
-    // host, so whoever waits for it reads finished data, and the compute stream's kernels
-    // queued meanwhile (the rest of the backward) overlap the collective instead of waiting.
+    cuda_ok(cudaEventRecord(done ? done : done_, stream_), "cudaEventRecord");
   }
-  // Watchdog: this worker thread (not the caller) waits, with the group's timeout.
-  watch(op, seq, done_, deadline);
+  if (!done) {  // a barrier: the host waits for it, as c10d's barrier does
+    watch(op, seq, done_, deadline);
+    return;
+  }
+  // The worker goes on to the next operation (bucket k+1 is queued while bucket k runs); the
+  // group's completion thread is the watchdog: it polls `done` with this operation's
+  // deadline, NCCL's asynchronous error and abort(), and completes the Work. The group holds
+  // the caller's tensors until then; `scratch` is held here.
+  complete_on_device([this, op, seq, done, deadline, scratch = std::move(scratch)] {
+    (void)scratch;
+    // The completion thread's CUDA calls: on this rank's GPU (else CUDA makes a context on cuda:0).
+    cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
+    watch(op, seq, done, deadline);
+  });
 }
 
 template <typename Fn>
@@ -321,9 +348,14 @@ void NcclBackend::queue_p2p(bool send, const Tensor& t, int peer, std::uint64_t 
     std::lock_guard<std::mutex> lock(mu_);
     check_alive_locked(op, seq);
     cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
-    // The data as the compute stream has it now, however late the group is posted.
-    cuda_ok(cudaEventRecord(ready_, 0), "cudaEventRecord");
-    cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    // The data as the compute stream had it when the operation was issued, however late the
+    // group is posted.
+    if (const auto ready = static_cast<cudaEvent_t>(ready_event())) {
+      cuda_ok(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+    } else {
+      cuda_ok(cudaEventRecord(ready_, 0), "cudaEventRecord");
+      cuda_ok(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    }
     p2p_queue_.push_back(p);
   }
   defer_completion([this, p] { complete_p2p(*p); });
@@ -428,7 +460,8 @@ void NcclBackend::run_allgather(std::vector<Tensor>& out, const Tensor& in, std:
           cuda_ok(cudaMemcpyAsync(out[k].raw_data(), static_cast<char*>(flat.raw_data()) + k * in.nbytes(),
                                   in.nbytes(), cudaMemcpyDeviceToDevice, stream_),
                   "cudaMemcpyAsync");
-      });
+      },
+      {flat});
 }
 
 void NcclBackend::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, ReduceOp op, std::uint64_t seq) {
@@ -436,23 +469,29 @@ void NcclBackend::run_reduce_scatter(Tensor& out, std::vector<Tensor>& in, Reduc
   check_tensor(out, "reduce_scatter");
   for (const auto& i : in) check_tensor(i, "reduce_scatter");
   Tensor flat = Tensor::empty({out.numel() * size()}, out.dtype(), out.device());
-  collective("reduce_scatter", seq, [&] {
-    for (int k = 0; k < size(); ++k)
-      cuda_ok(cudaMemcpyAsync(static_cast<char*>(flat.raw_data()) + k * out.nbytes(), in[k].raw_data(), out.nbytes(),
-                              cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
-    nccl_ok(ncclReduceScatter(flat.raw_data(), out.raw_data(), out.numel(), nccl_type(out.dtype()), nccl_op(op), comm_,
-                              stream_), "ncclReduceScatter");
-  });
+  collective(
+      "reduce_scatter", seq,
+      [&] {
+        for (int k = 0; k < size(); ++k)
+          cuda_ok(cudaMemcpyAsync(static_cast<char*>(flat.raw_data()) + k * out.nbytes(), in[k].raw_data(),
+                                  out.nbytes(), cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+        nccl_ok(ncclReduceScatter(flat.raw_data(), out.raw_data(), out.numel(), nccl_type(out.dtype()), nccl_op(op),
+                                  comm_, stream_), "ncclReduceScatter");
+      },
+      [] {}, {flat});
 }
 
 void NcclBackend::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq) {
   Ran r{this, seq};
   check_tensor(t, "reduce");
   Tensor scratch = rank() == root ? t : Tensor::empty(t.shape(), t.dtype(), t.device());
-  collective("reduce", seq, [&] {
-    nccl_ok(ncclReduce(t.raw_data(), scratch.raw_data(), t.numel(), nccl_type(t.dtype()), nccl_op(op), root, comm_,
-                       stream_), "ncclReduce");
-  });
+  collective(
+      "reduce", seq,
+      [&] {
+        nccl_ok(ncclReduce(t.raw_data(), scratch.raw_data(), t.numel(), nccl_type(t.dtype()), nccl_op(op), root, comm_,
+                           stream_), "ncclReduce");
+      },
+      [] {}, rank() == root ? std::vector<Tensor>{} : std::vector<Tensor>{scratch});
 }
 
 void NcclBackend::run_gather(std::vector<Tensor>& out, const Tensor& in, int root, std::uint64_t seq) {

@@ -6,10 +6,15 @@
 // peer) or abort() aborts the communicator; the waiting rank gets a TimeoutError/CommError
 // naming the operation and the ranks.
 //
-// Collectives run on a dedicated stream that first waits (an event, no host synchronisation)
-// for the work already queued on the compute stream. The worker thread watches each
-// collective until it finishes, and only then completes its Work: the compute stream does
-// not wait for the collective (its later kernels overlap it), so read a result after wait().
+// Stream-ordered Works (docs/gpu.md, "Stream ordering"): collectives run on a dedicated
+// stream that first waits on the device for the ready event the process group recorded on
+// the compute stream when the caller issued the operation. The worker queues the collective,
+// records its done event and goes on to the next one (no host round trip between DDP's
+// buckets); the group's completion thread watches the done event (timeout, NCCL's
+// asynchronous errors, abort) and completes the Work. Work::wait() makes the caller's
+// compute stream wait for the done event and returns (Work::synchronize() blocks the
+// host); the group holds the tensors until the done event completed. A barrier blocks
+// the host until it finished on the GPU.
 //
 // Point-to-point: NCCL has no tags and runs a communicator's operations one after another, so
 // a send posted alone waits on the GPU for its receive, and a ring of send-then-recv posted
@@ -76,12 +81,14 @@ class NcclBackend final : public Backend {
   };
 
   void create_communicator(const BackendConfig& c);
-  /// Makes the comm stream wait for the compute stream, runs `enqueue`, then watches.
+  /// Makes the comm stream wait for the operation's ready event, runs `enqueue`, records
+  /// its done event and hands the watch to the completion thread (a barrier: watches here).
   template <typename Fn>
   void collective(const char* op, std::uint64_t seq, Fn&& enqueue);
-  /// ... then runs `after` (more work on the comm stream) once NCCL has enqueued.
+  /// ... then runs `after` (more work on the comm stream) once NCCL has enqueued. `scratch`:
+  /// tensors this thread allocated for the operation, held until it completed.
   template <typename Fn, typename After>
-  void collective(const char* op, std::uint64_t seq, Fn&& enqueue, After&& after);
+  void collective(const char* op, std::uint64_t seq, Fn&& enqueue, After&& after, std::vector<Tensor> scratch = {});
   void queue_p2p(bool send, const Tensor& t, int peer, std::uint64_t seq);
   void complete_p2p(P2pOp& op);
   /// Posts every queued send/receive as one group (mu_ held).
@@ -104,7 +111,7 @@ class NcclBackend final : public Backend {
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;  // a barrier's, and waits for scratch
   Tensor barrier_;  // one float, allocated by the first barrier
 
   std::mutex mu_;  // the communicator, the stream's events and the p2p queue (worker and completion thread)

@@ -2,6 +2,7 @@
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/process_group.hpp"
+#include "phalanx/core/kernels.hpp"
 
 namespace phalanx {
 
@@ -17,6 +18,25 @@ Backend::~Backend() = default;
 void Backend::defer_completion(std::function<void()> waiter) {
   if (!group_)
     throw CommError(name() + ": defer_completion outside a run_* hook of its process group");
+  group_->defer_completion(std::move(waiter));
+}
+
+void* Backend::ready_event() const {
+  const auto* d = group_ ? group_->device_op_ : nullptr;
+  return d && d->ready ? d->kernels->event_handle(d->ready) : nullptr;
+}
+
+void* Backend::done_event() const {
+  const auto* d = group_ ? group_->device_op_ : nullptr;
+  return d && d->done ? d->kernels->event_handle(d->done) : nullptr;
+}
+
+void Backend::complete_on_device(std::function<void()> waiter) {
+  auto* d = group_ ? group_->device_op_ : nullptr;
+  if (!d || !d->done)
+    throw CommError(name() + ": complete_on_device outside a run_* hook on device tensors of a group whose "
+                             "backend orders device streams (declare_device_streams)");
+  d->enqueued = true;
   group_->defer_completion(std::move(waiter));
 }
 

@@ -33,7 +33,8 @@ ProcessGroup::ProcessGroup(BackendPtr backend)
       size_(be_->size()),
       timeout_(be_->timeout()),
       inline_ops_(be_->inline_ops()),
-      skip_ready_wait_(env::choice("PHALANX_TEST_SKIP_READY_WAIT", "0", {"0", "1", "allreduce"})) {
+      skip_ready_wait_(env::choice("PHALANX_TEST_SKIP_READY_WAIT", "0", {"0", "1", "allreduce"})),
+      skip_device_order_(env::choice("PHALANX_TEST_SKIP_DEVICE_ORDER", "0", {"0", "wait", "wait_allreduce", "hold"})) {
   be_->group_ = this;
   worker_exited_ = inline_ops_;
   completer_exited_ = true;  // started with the first deferred completion
@@ -41,6 +42,9 @@ ProcessGroup::ProcessGroup(BackendPtr backend)
 }
 
 ProcessGroup::~ProcessGroup() {
+  // Waiters of a device backend that never ran: destroyed after the backend, which finishes
+  // or aborts its device work first.
+  std::deque<std::pair<WorkPtr, std::function<void()>>> unfinished;
   destroying_.store(true, std::memory_order_release);
   be_->on_close();  // a wait that can no longer end well (a posted receive) returns now
   stop_threads();
@@ -50,7 +54,12 @@ ProcessGroup::~ProcessGroup() {
       work->finish(std::make_exception_ptr(CommError(detail::concat(
           work->op(), " #", work->sequence_number(), " on rank ", rank_,
           ": the process group was destroyed before it completed"))));
-    completions_.clear();  // the waiters refer to the backend: gone before it
+    // The waiters refer to the backend: never called again. A device backend's (their
+    // tensors held for a device that may still use them) die after it; others' now.
+    if (be_->orders_device_streams())
+      unfinished.swap(completions_);
+    else
+      completions_.clear();
     // Anything still queued never ran: fail it rather than leave a waiter hanging.
     for (auto& item : queue_)
       item.work->finish(std::make_exception_ptr(CommError(detail::concat(

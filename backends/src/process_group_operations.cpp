@@ -32,7 +32,9 @@ Device device_of(const A& a, const Rest&... rest) {
 
 /// The ready event of an operation on device tensors: recorded on the issuing thread's
 /// stream when the operation is issued, so it covers exactly the work that produced the
-/// operation's inputs, however late the worker runs it.
+/// operation's inputs, however late the worker runs it. Waited for on the host by the thread
+/// that runs a host-staging backend (CommStream), on the device by a backend that orders
+/// device streams (Backend::ready_event).
 class ReadyEvent {
  public:
   ReadyEvent(DeviceKernels& k, int device) : k_(k), event_(k.event_create(device)) {
@@ -77,10 +79,41 @@ class CommStream {
 template <class Body, class... Args>
 WorkPtr ProcessGroup::call(const char* op, const std::string& signature, Body body, const Args&... args) {
   const Device dev = device_of(args...);
-  if (dev.is_cpu() || be_->orders_device_streams()) return dispatch(op, signature, body, args...);
-  // Device tensors moved by a backend that reads host memory: the caller's stream may
-  // still be computing the inputs, so record the ready event now, on the caller's thread.
+  if (dev.is_cpu()) return dispatch(op, signature, body, args...);
+  // Device tensors: the caller's stream may still be computing the inputs, so record the
+  // ready event now, on the caller's thread (not when the worker runs the operation).
   auto ready = std::make_shared<ReadyEvent>(kernels_for(dev), dev.index);
+  if (be_->orders_device_streams()) {
+    // The backend waits for `ready` on its own stream (no host block), queues the operation
+    // and records its done event there (complete_on_device): the Work's wait() is then a
+    // device-side wait, and the tensors are held until the done event completed, so the
+    // allocator cannot hand their memory to the compute stream while the device still uses
+    // it (what c10d's recordStream, or its stashed tensors, ensure).
+    const auto ordered = [this, body, ready, index = dev.index](std::uint64_t seq, Args&... a) {
+      DeviceKernels& k = ready->kernels();
+      DeviceOp d{&k, ready->event(), k.event_create(index), false};
+      device_op_ = &d;
+      try {
+        body(seq, a...);
+      } catch (...) {
+        device_op_ = nullptr;
+        k.event_destroy(d.done);
+        throw;
+      }
+      device_op_ = nullptr;
+      if (!d.enqueued) {  // completed on the host after all (p2p: defer_completion)
+        k.event_destroy(d.done);
+        return;
+      }
+      pending_device_ = d;  // run_op gives the done event to the Work
+      if (skip_device_order_ == "hold") return;  // test switch: the tensors go with the closure
+      pending_waiter_ = [waiter = std::move(pending_waiter_), held = std::tuple<Args...>(a...)] {
+        (void)held;
+        waiter();
+      };
+    };
+    return dispatch(op, signature, ordered, args...);
+  }
   const bool wait = skip_ready_wait_ == "0" || (skip_ready_wait_ == "allreduce" && std::strcmp(op, "allreduce") != 0);
   const auto ordered = [body, ready, wait](std::uint64_t seq, Args&... a) {
     const CommStream stream(*ready, wait);

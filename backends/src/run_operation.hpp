@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "phalanx/backends/process_group.hpp"
+#include "phalanx/core/kernels.hpp"
 
 namespace phalanx {
 
@@ -18,6 +19,13 @@ void ProcessGroup::run_op(const WorkPtr& work, Fn& fn, const std::string& signat
     if (!signature.empty() && collective_check_) collective_check_(collective_index_++, signature);
     fn(work->sequence_number());
     if (pending_waiter_) {
+      if (pending_device_.kernels) {  // queued on the device: wait() waits there from now on
+        const bool skip_wait = skip_device_order_ != "0" &&  // a test switch
+                               (skip_device_order_ == "wait" ||
+                                (skip_device_order_ == "wait_allreduce" && work->op() == "allreduce"));
+        work->set_on_device(pending_device_.kernels, pending_device_.done, skip_wait);
+        pending_device_ = DeviceOp{};
+      }
       std::lock_guard<std::mutex> lock(mu_);
       completions_.emplace_back(work, std::move(pending_waiter_));
       pending_waiter_ = nullptr;
@@ -35,6 +43,10 @@ void ProcessGroup::run_op(const WorkPtr& work, Fn& fn, const std::string& signat
     }
   } catch (...) {
     pending_waiter_ = nullptr;
+    if (pending_device_.kernels) {
+      pending_device_.kernels->event_destroy(pending_device_.done);
+      pending_device_ = DeviceOp{};
+    }
     fail_item(work, std::current_exception());
   }
 }

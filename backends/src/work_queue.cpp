@@ -103,6 +103,10 @@ void ProcessGroup::completion_loop() {
         item.first->finish(std::current_exception());  // ended by on_close: not a job failure
       else
         fail_item(item.first, std::current_exception());
+      if (item.first->on_device()) {  // its stream may still use the tensors it holds
+        std::lock_guard<std::mutex> lock(mu_);
+        failed_device_waiters_.push_back(std::move(item.second));
+      }
     }
     std::lock_guard<std::mutex> lock(mu_);
     completing_.reset();

@@ -348,6 +348,8 @@ void CudaKernels::stream_wait_event(void* e) {
   PHALANX_CUDA_CHECK(cudaSetDevice(ev.device));
   PHALANX_CUDA_CHECK(cudaStreamWaitEvent(0, ev.event, 0));
 }
+// The cudaEvent_t, which NCCL records on its own stream (the done event of a collective).
+void* CudaKernels::event_handle(void* e) { return e ? static_cast<Event*>(e)->event : nullptr; }
 
 void CudaKernels::fill(Tensor& out, double v) {
   on_device(out);

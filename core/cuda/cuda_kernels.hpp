@@ -104,6 +104,7 @@ class CudaKernels final : public DeviceKernels {
   void event_synchronize(void* event) override;
   bool event_query(void* event) override;
   void stream_wait_event(void* event) override;
+  void* event_handle(void* event) override;
 
  private:
   static constexpr int kMaxDevices = 64;  ///< cuBLAS handles, one per device index

@@ -496,6 +496,7 @@ class CheckedKernels final : public DeviceKernels {
   bool event_query(void* e) override { return k_.event_query(e); }
   void stream_wait_event(void* e) override { k_.stream_wait_event(e); }
   void set_comm_stream(bool on) override { k_.set_comm_stream(on); }
+  void* event_handle(void* e) override { return k_.event_handle(e); }
 
  private:
   Call call(const char* kernel) const { return Call(name_, type_, kernel); }

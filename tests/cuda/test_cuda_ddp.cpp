@@ -149,10 +149,13 @@ TEST_CASE("nccl hang: a collective queued behind a long kernel past the timeout:
   Tensor t = long_kernel(600);
   const auto t0 = std::chrono::steady_clock::now();
   WorkPtr w = pg->allreduce(t, ReduceOp::Sum);
-  CHECK_THROWS_AS(w->wait(), TimeoutError);
+  // wait() is a device-side wait (the compute stream waits for the collective's done event)
+  // and returns at once; synchronize() blocks the host and reports the watchdog's verdict.
+  w->wait();
+  CHECK_THROWS_AS(w->synchronize(), TimeoutError);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
   // The communicator is aborted: the next collective fails at once rather than hanging.
-  CHECK_THROWS_AS(pg->allreduce(zeros({4}, DType::Float32, kGpu))->wait(), CommError);
+  CHECK_THROWS_AS(pg->allreduce(zeros({4}, DType::Float32, kGpu))->synchronize(), CommError);
   pg.reset();
   // The device itself still works after the abort (the GEMMs finish; a read returns).
   CHECK(host(t).size() == 4096u * 4096u);

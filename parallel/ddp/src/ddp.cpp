@@ -116,7 +116,7 @@ void DistributedDataParallel::join_main_hook() {
   if (reducer_ && options_.broadcast_buffers() && !buffers_.empty())
     broadcast_coalesced(*pg_, buffers_, find_common_rank(*pg_, device_, false));
   Tensor flags = zeros({3}, DType::Float32, device_);
-  pg_->allreduce(flags, ReduceOp::Sum)->wait();
+  pg_->allreduce(flags, ReduceOp::Sum)->synchronize();  // read on the host
   const std::vector<float> f = flags.to(Device::cpu()).to_vector<float>();
   const bool sync = f[0] > 0, grad = f[1] > 0, forward = f[2] > 0;
   if (forward) {

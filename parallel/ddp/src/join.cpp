@@ -46,7 +46,7 @@ void Join::finish() {
     Tensor count = zeros({1}, DType::Float32, device_);
     for (;;) {
       count.zero_();
-      pg_->allreduce(count, ReduceOp::Sum)->wait();
+      pg_->allreduce(count, ReduceOp::Sum)->synchronize();  // read on the host
       if (count.item() == 0.f) break;  // nobody trains any more
       if (options_.throw_on_early_termination) {
         Tensor one = ones({1}, DType::Float32, device_);
@@ -73,7 +73,7 @@ WorkPtr Join::notify_join_context(Joinable& joinable) {
   WorkPtr work = pg.allreduce(ones({1}, DType::Float32, joinable.join_device()), ReduceOp::Sum);
   if (c.throw_on_early_termination) {
     Tensor flag = zeros({1}, DType::Float32, joinable.join_device());
-    pg.allreduce(flag, ReduceOp::Sum)->wait();
+    pg.allreduce(flag, ReduceOp::Sum)->synchronize();
     if (flag.item() != 0.f)
       throw CommError("Join: at least one rank exhausted its inputs (throw_on_early_termination): "
                       "every rank stops here");
@@ -83,7 +83,7 @@ WorkPtr Join::notify_join_context(Joinable& joinable) {
 
 int find_common_rank(ProcessGroup& pg, Device device, bool condition) {
   Tensor r = full({1}, condition ? pg.rank() : -1, DType::Float32, device);
-  pg.allreduce(r, ReduceOp::Max)->wait();
+  pg.allreduce(r, ReduceOp::Max)->synchronize();
   const int rank = static_cast<int>(r.item());
   if (rank < 0) throw ValueError("Join: no rank satisfies the condition for the authoritative rank");
   return rank;

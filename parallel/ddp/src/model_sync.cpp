@@ -60,7 +60,7 @@ std::vector<std::string> allgather_bytes(ProcessGroup& pg, const std::string& mi
   Tensor len = from_buffer(&my_len, {1}, device);
   std::vector<Tensor> lens;
   for (int r = 0; r < W; ++r) lens.push_back(Tensor::empty({1}, DType::Int64, device));
-  pg.allgather(lens, len)->wait();
+  pg.allgather(lens, len)->synchronize();  // read on the host: its failure too
   std::vector<std::int64_t> sizes;
   for (const auto& l : lens) sizes.push_back(l.item_int());
   // Checked before any use: a bad length (memory a collective read too early) must not size
@@ -75,7 +75,7 @@ std::vector<std::string> allgather_bytes(ProcessGroup& pg, const std::string& mi
   Tensor buf = from_buffer(packed.data(), {words}, device);
   std::vector<Tensor> bufs;
   for (int r = 0; r < W; ++r) bufs.push_back(Tensor::empty({words}, DType::Int64, device));
-  pg.allgather(bufs, buf)->wait();
+  pg.allgather(bufs, buf)->synchronize();
   std::vector<std::string> out;
   for (int r = 0; r < W; ++r) {
     const std::vector<std::int64_t> theirs = bufs[r].to_vector<std::int64_t>();  // copied back on purpose

@@ -320,10 +320,14 @@ void Reducer::finalize() {
   }
   ++next_launch_;
   const auto wait_start = Clock::now();
+  device_works_.clear();
   for (auto& b : buckets_) {
     try {
+      const WorkPtr work = b.work;  // the hook's finish drops it
       finish_bucket(b);
+      if (work && work->on_device() && !work->is_completed()) device_works_.push_back(work);
     } catch (const CommError&) {
+      device_works_.clear();
       reset_pass();
       rethrow_with_context(std::current_exception(),
                            detail::concat("DDP: reducing gradient bucket ", b.index, " (", b.params.size(),
@@ -341,10 +345,24 @@ void Reducer::finalize() {
   try {
     flag = pass_flag();
   } catch (...) {
+    device_works_.clear();
     reset_pass();
     throw;
   }
+  // Reading it synchronised the host with the device, so the buckets reduced on a device
+  // stream (their wait() did not block the host) have ended there: a failure the backend
+  // found after that wait() returned (NCCL's watchdog: a timeout, a dead peer, an abort)
+  // surfaces here, before the optimizer steps on what an aborted collective left behind.
+  std::vector<WorkPtr> works;
+  works.swap(device_works_);
   reset_pass();
+  for (const auto& work : works) {
+    try {
+      work->synchronize();
+    } catch (const CommError&) {
+      rethrow_with_context(std::current_exception(), "DDP: a gradient bucket's reduction failed on the device: ");
+    }
+  }
   raise_flagged(flag, "DDP: ");
 }
 

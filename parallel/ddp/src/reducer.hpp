@@ -85,6 +85,9 @@ class Reducer final : public GradReducer {
   bool hook_used_ = false;
   std::chrono::steady_clock::time_point first_launch_;
   double last_wait_ = 0, last_comm_ = 0;
+  // finalize: the buckets' Works whose wait() was a device-side wait (a backend that orders
+  // device streams, NCCL): checked on the host once the pass flag's read synchronised.
+  std::vector<WorkPtr> device_works_;
 };
 
 }  // namespace phalanx::parallel

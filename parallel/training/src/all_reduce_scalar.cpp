@@ -17,7 +17,7 @@ double all_reduce_scalar(double value, ReduceOp op, ProcessGroupPtr pg) {
 double all_reduce_scalar(double value, ReduceOp op, ProcessGroupPtr pg, Device device) {
   pg = group_or_default(std::move(pg));
   Tensor t = full({1}, value, DType::Float32, device);
-  pg->allreduce(t, op)->wait();
+  pg->allreduce(t, op)->synchronize();  // read on the host: its failure too
   return t.item();
 }
 
@@ -31,7 +31,7 @@ std::int64_t all_reduce_scalar(std::int64_t value, ReduceOp op, ProcessGroupPtr 
                      "(all_reduce_scalar(double(v), ReduceOp::Avg)) or reduce with Sum and divide");
   pg = group_or_default(std::move(pg));
   Tensor t = tensor(std::vector<std::int64_t>{value}, {1}).to(device);  // exact beyond 2^53
-  pg->allreduce(t, op)->wait();
+  pg->allreduce(t, op)->synchronize();
   return t.item_int();
 }
 

@@ -29,7 +29,7 @@ bool ScalerAgreement::operator()(bool found_inf) {
                      "flag; list the DDP first: Join({&ddp, agreement.get()})");
   const timeline::Span span("grad scaler found-inf allreduce", "comm");
   flag_.fill_(found_inf ? 1.0 : 0.0);
-  pg_->allreduce(flag_, ReduceOp::Max)->wait();
+  pg_->allreduce(flag_, ReduceOp::Max)->synchronize();  // read on the host: its failure too
   return flag_.item() != 0.f;
 }
 

@@ -78,7 +78,7 @@ StopVote::~StopVote() {
 bool StopVote::read_pending() {
   if (!pending_) return false;
   WorkPtr w = std::move(pending_);
-  w->wait();
+  w->synchronize();  // read on the host: its failure too
   if (!device_.is_cpu()) host_.copy_(flag_);
   const std::int64_t* v = host_.data<std::int64_t>();
   agreed_ = static_cast<int>(v[0]);
@@ -147,7 +147,7 @@ std::string save_on_stop(ProcessGroup& pg, CheckpointDir& dir, const CheckpointS
     outcome.data<std::int64_t>()[1] = state.step;
   }
   Tensor travel = local_device().is_cpu() ? outcome : outcome.to(local_device());
-  pg.broadcast(travel, 0)->wait();
+  pg.broadcast(travel, 0)->synchronize();
   if (!travel.device().is_cpu()) outcome.copy_(travel);
   if (error) std::rethrow_exception(error);
   if (outcome.data<std::int64_t>()[0] != 1)

@@ -8,6 +8,7 @@
 #include "phalanx/core/plugin_abi.h"
 #include "sim_allocator.hpp"
 #include "sim_kernels.hpp"
+#include "sim_side_stream.hpp"
 #include "sim_stream.hpp"
 
 namespace {
@@ -61,3 +62,26 @@ SIM_EXPORT int phalanx_sim_set_async(int mode) {
 }
 /// Kernels, copies and frees queued on the compute stream and not yet run.
 SIM_EXPORT size_t phalanx_sim_pending(void) { return phalanx::sim::Stream::instance().pending(); }
+
+// The side stream (sim_side_stream.hpp), for a test backend that orders device streams
+// itself as NCCL does: `event` is a sim event (DeviceKernels::event_handle of the sim's).
+/// Queues `*fn` on the side stream (moved from).
+SIM_EXPORT void phalanx_sim_side_submit(std::function<void()>* fn) {
+  phalanx::sim::SideStream::instance().submit(std::move(*fn));
+}
+/// The side stream waits (on the device) for `event`, recorded on the compute stream.
+SIM_EXPORT void phalanx_sim_side_wait_event(void* event) {
+  const std::uint64_t t = static_cast<phalanx::sim::SimEvent*>(event)->ticket;
+  if (t) phalanx::sim::SideStream::instance().submit([t] { phalanx::sim::Stream::instance().wait_ticket(t); });
+}
+/// Records `event` on the side stream.
+SIM_EXPORT void phalanx_sim_side_record(void* event) {
+  *static_cast<phalanx::sim::SimEvent*>(event) = phalanx::sim::SimEvent{phalanx::sim::SideStream::instance().ticket(), true};
+}
+/// Lets everything queued on the side stream run (no wait).
+SIM_EXPORT void phalanx_sim_side_flush(void) { phalanx::sim::SideStream::instance().flush(); }
+/// Waits until everything queued on the side stream ran; rethrows an item's error.
+SIM_EXPORT void phalanx_sim_side_drain(void) {
+  auto& s = phalanx::sim::SideStream::instance();
+  s.wait_ticket(s.ticket());
+}

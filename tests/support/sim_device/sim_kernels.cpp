@@ -6,6 +6,7 @@
 
 #include "phalanx/core/tensor_impl.hpp"
 #include "sim_allocator.hpp"
+#include "sim_side_stream.hpp"
 #include "sim_stream.hpp"
 
 namespace phalanx::sim {
@@ -76,15 +77,36 @@ class SimKernels final : public DeviceKernels {
     std::memcpy(Allocator::instance().host(dst, n, "copy_from_host (destination)"), host_src, n);
   }
 
-  // ---- stream ordering: an event is the compute stream's item count when it was recorded ----
-  void* event_create(int) override { return new std::uint64_t(0); }
-  void event_destroy(void* e) override { delete static_cast<std::uint64_t*>(e); }
-  void event_record(void* e) override { *static_cast<std::uint64_t*>(e) = Stream::instance().ticket(); }
-  void event_synchronize(void* e) override { Stream::instance().wait_ticket(*static_cast<std::uint64_t*>(e)); }
-  bool event_query(void* e) override { return Stream::instance().ticket_done(*static_cast<std::uint64_t*>(e)); }
-  // One compute stream, and the communication stream runs on its host thread: an event
-  // recorded on either is ordered before whatever the caller issues next.
-  void stream_wait_event(void*) override {}
+  // ---- stream ordering: an event is a stream's item count when it was recorded ----
+  // The compute stream's (event_record), or the side stream's (SideEvent::record: the
+  // stream of a backend that orders device streams itself, through the test hooks).
+  void* event_create(int) override { return new SimEvent; }
+  void event_destroy(void* e) override { delete static_cast<SimEvent*>(e); }
+  void event_record(void* e) override { *static_cast<SimEvent*>(e) = SimEvent{Stream::instance().ticket(), false}; }
+  void event_synchronize(void* e) override {
+    const SimEvent& ev = *static_cast<SimEvent*>(e);
+    if (ev.side)
+      SideStream::instance().wait_ticket(ev.ticket);
+    else
+      Stream::instance().wait_ticket(ev.ticket);
+  }
+  bool event_query(void* e) override {
+    const SimEvent& ev = *static_cast<SimEvent*>(e);
+    return ev.side ? SideStream::instance().ticket_done(ev.ticket) : Stream::instance().ticket_done(ev.ticket);
+  }
+  // One compute stream: waiting for its own event is a no-op. For a side-stream event the
+  // compute stream queues a wait (the device-side wait of a Work: no host block); a
+  // communication-stream thread (which runs its work at once) waits on the host.
+  void stream_wait_event(void* e) override {
+    const SimEvent ev = *static_cast<SimEvent*>(e);
+    if (!ev.side || ev.ticket == 0) return;
+    if (on_comm_stream() || Stream::instance().mode() == Mode::Sync) {
+      SideStream::instance().wait_ticket(ev.ticket);
+      return;
+    }
+    Stream::instance().submit([t = ev.ticket] { SideStream::instance().wait_ticket(t); });
+  }
+  void* event_handle(void* e) override { return e; }  // the SimEvent itself (test hooks)
   void set_comm_stream(bool on) override { sim::set_comm_stream(on); }
 
   void fill(Tensor& out, double value) override {

@@ -25,6 +25,13 @@ enum class Mode : int { Sync = 0, Eager = 1, Lazy = 2 };
 /// anything else throws ConfigError.
 Mode mode_from_env();
 
+/// A sim event: a stream's item count when it was recorded (0: nothing to wait for), on the
+/// compute stream or the side stream (sim_side_stream.hpp).
+struct SimEvent {
+  std::uint64_t ticket = 0;
+  bool side = false;
+};
+
 /// Whether the calling thread works on the communication stream.
 bool on_comm_stream();
 void set_comm_stream(bool on);

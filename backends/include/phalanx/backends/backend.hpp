@@ -116,6 +116,24 @@ class Backend {
   /// go on posting (a ring of sends and receives then cannot deadlock). Only valid inside a
   /// run_* hook called by the owning group.
   void defer_completion(std::function<void()> waiter);
+  /// For a backend that orders device streams itself (declare_device_streams), inside a
+  /// run_* hook on device tensors (null otherwise): the device's handle (CUDA: a
+  /// cudaEvent_t, DeviceKernels::event_handle) of the operation's ready event, recorded on
+  /// the issuing thread's compute stream when the operation was issued. Make the backend's
+  /// stream wait for it on the device before the operation reads its inputs.
+  void* ready_event() const;
+  /// ... and of its done event: record it on the backend's stream after the operation's last
+  /// work there, then call complete_on_device().
+  void* done_event() const;
+  /// The operation is queued on the device and its done event recorded: from now on its
+  /// Work's wait() is a device-side wait on that event (Work::on_device). The Work completes
+  /// on the host when `waiter` returns, on the group's completion thread (it watches the
+  /// done event with the backend's timeout and abort, and throws on failure, which breaks
+  /// the group as a failed run_* hook does); the group holds the operation's tensors until
+  /// then, so their memory goes back to the allocator only once the device is done with
+  /// them. Operations complete in issue order. Only valid inside a run_* hook on device
+  /// tensors of a group whose backend orders device streams.
+  void complete_on_device(std::function<void()> waiter);
   /// The Work of an inline backend's next operation (inline_ops), on the caller's thread,
   /// while the group takes operations: take its sequence number (op.take_seq) and make or
   /// reuse its Work. The group then runs the operation here and completes that Work, unless

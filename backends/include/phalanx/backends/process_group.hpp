@@ -163,6 +163,14 @@ class ProcessGroup final {
   // src/run_operation.hpp: one operation on its Work, on the worker or inline.
   template <bool kUnshared, class Fn>
   void run_op(const WorkPtr& work, Fn& fn, const std::string& signature);
+  /// The device events of an operation on device tensors of a backend that orders device
+  /// streams, while its run_* hook runs (Backend::ready_event, done_event, complete_on_device).
+  struct DeviceOp {
+    DeviceKernels* kernels = nullptr;
+    void* ready = nullptr;  // recorded when the operation was issued
+    void* done = nullptr;   // recorded by the backend after the operation
+    bool enqueued = false;  // complete_on_device was called
+  };
   // process_group.cpp: the group's life and failures.
   void fail_item(const WorkPtr& work, std::exception_ptr error);
   /// The bookkeeping of a failed operation described by `what` (failure hook for the first
@@ -183,6 +191,10 @@ class ProcessGroup final {
   // tensors skip their ready event's wait (tests prove with it that the sim device's
   // asynchronous mode catches a missing wait); "0" otherwise.
   std::string skip_ready_wait_;
+  // PHALANX_TEST_SKIP_DEVICE_ORDER (backends that order device streams): "wait" makes
+  // Work::wait() skip its device-side wait ("wait_allreduce": an allreduce's only), "hold" releases an operation's tensors as soon
+  // as its run_* hook returned instead of once its done event completed; "0" otherwise.
+  std::string skip_device_order_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
@@ -207,7 +219,16 @@ class ProcessGroup final {
   std::thread worker_;
   // deferred completions (point-to-point)
   std::function<void()> pending_waiter_;  // set by defer_completion during a run_* hook
+  // The running hook's device events (worker thread, or the caller's for an inline group),
+  // and the done event the hook handed on (complete_on_device) for run_op to give its Work.
+  DeviceOp* device_op_ = nullptr;
+  DeviceOp pending_device_;
   std::deque<std::pair<WorkPtr, std::function<void()>>> completions_;
+  // The waiters of device operations that failed on the completion thread (a watchdog's
+  // timeout, an abort): the tensors they hold may still be in use by work queued on the
+  // backend's stream, so they are released with the group, after the backend (which
+  // finishes or aborts that work first), never when the failure is found.
+  std::vector<std::function<void()>> failed_device_waiters_;
   std::condition_variable completion_cv_;
   std::thread completer_;
   WorkPtr completing_;  // the deferred completion running now

@@ -335,6 +335,11 @@ class DeviceKernels {
   /// Whether the calling thread issues its copies and kernels on the device's communication
   /// stream (true) or its compute stream (false, every thread's default).
   virtual void set_comm_stream(bool /*on*/) {}
+  /// The device's own handle of `event` (CUDA: its cudaEvent_t), for a communication
+  /// backend that records and waits for it on a stream of its own (NCCL: the ready event
+  /// issued by the process group, and the done event a Work's wait() waits for on the
+  /// device); nullptr when the device has none.
+  virtual void* event_handle(void* /*event*/) { return nullptr; }
 };
 
 /// The kernel table for a device type; throws TypeError naming the missing plugin.

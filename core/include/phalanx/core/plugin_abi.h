@@ -11,7 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 10: DeviceKernels gained gemm_bf16; TensorImpl gained strides (views); autograd's Node a
+/* 11: DeviceKernels gained event_handle (NCCL's stream-ordered Works), Work a device done
+ * event; 10: DeviceKernels gained gemm_bf16; TensorImpl gained strides (views); autograd's Node a
  * virtual (reusable); 9: DeviceKernels gained the stream-ordering events (event_*, stream_wait_event,
  * set_comm_stream), Backend orders_device_streams_ (tests/backends/test_failures.cpp checks
  * the layouts against this number); 8: Backend's vtable and layout (inline_work; defer_polled and restrict_to_this_thread went
@@ -20,7 +21,7 @@
  * 5: Backend's and Work's layout (defer_polled, restrict_to_this_thread); 4: comm plugins'
  * create returns a phalanx::Backend* (the ProcessGroup that owns it is made by the loader);
  * 3: Sim device, exact-mode kernels; 2: Storage file mappings */
-#define PHALANX_PLUGIN_ABI_VERSION 10u
+#define PHALANX_PLUGIN_ABI_VERSION 11u
 #define PHALANX_PLUGIN_ENTRY_SYMBOL "phalanx_plugin_entry"
 
 #ifdef __cplusplus
