@@ -550,6 +550,31 @@ int main(int argc, char** argv) {
     for (const std::string& w : who)
       for (const std::string& h : hooks)
         for (const char* what : {"init", "final"}) std::remove(file(w, h, what).c_str());
+    // What a hook adds on the CPU besides the collective: the conversions of one step's
+    // gradients (the buckets' elements), at two magnitudes (fp16's normal range ends at
+    // 6.1e-5; gradients below it take float_to_fp16's subnormal path). Best of 7, one thread.
+    const std::int64_t n = elements[0][0] > 0 ? static_cast<std::int64_t>(elements[0][0]) : 1863691;
+    Generator cg(7);
+    std::printf("   the hooks' conversions of %lld elements, one thread, best of 7 (the collective's 16-bit sum\n"
+                "   converts again per element: shm and gloo reduce 16-bit values through float):\n",
+                static_cast<long long>(n));
+    for (const float mag : {1e-3f, 1e-5f}) {
+      Tensor a = randn({n}, &cg) * mag;
+      Tensor h16 = Tensor::empty(a.shape(), DType::Float16, a.device()), b16 = Tensor::empty(a.shape(), DType::BFloat16, a.device());
+      auto best_ms = [](auto&& fn) {
+        double best = 1e30;
+        for (int r = 0; r < 8; ++r) {
+          const double t = bench::now_s();
+          fn();
+          if (r > 0) best = std::min(best, bench::now_s() - t);
+        }
+        return best * 1e3;
+      };
+      const double to16 = best_ms([&] { convert_into(a, h16); }), from16 = best_ms([&] { convert_into(h16, a); });
+      const double tob = best_ms([&] { convert_into(a, b16); }), fromb = best_ms([&] { convert_into(b16, a); });
+      std::printf("   |g| ~ %.0e: float32 -> fp16 %.2f ms, fp16 -> float32 %.2f ms; float32 -> bf16 %.2f ms, "
+                  "bf16 -> float32 %.2f ms\n", mag, to16, from16, tob, fromb);
+    }
     std::printf("\n");
   }
 
