@@ -8,7 +8,10 @@
 //      independent one-worker processes at once (the bar: >= 0.95 of it; one process
 //      alone has the whole machine, two share caches and memory bandwidth as DDP's workers
 //      do); how much allreduce is hidden;
-//   3. a bucket-size sweep (1, 5, 25, 100 MiB) on the MLP, 2 workers, the default backend.
+//   3. a bucket-size sweep (1, 5, 25, 100 MiB) on the MLP, 2 workers, the default backend;
+//   4. only with --hook fp16|bf16|all (issue 30): the MLP, 2 workers, the float32 reduction
+//      beside the fp16/bf16 compression hooks on shm and gloo and PyTorch's hooks (gloo):
+//      time per step, bytes per worker per step, the weights' difference after 23 steps.
 // The runs of every configuration alternate, so a drift of the machine's load hits them all.
 // Every figure: median [fastest, slowest] of the runs; ratios of the medians. The PyTorch
 // peer is launched once per run (bench/peers/torch_ddp.py).
