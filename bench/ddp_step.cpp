@@ -8,12 +8,16 @@
 //      independent one-worker processes at once (the bar: >= 0.95 of it; one process
 //      alone has the whole machine, two share caches and memory bandwidth as DDP's workers
 //      do); how much allreduce is hidden;
-//   3. a bucket-size sweep (1, 5, 25, 100 MiB) on the MLP, 2 workers, the default backend.
+//   3. a bucket-size sweep (1, 5, 25, 100 MiB) on the MLP, 2 workers, the default backend;
+//   4. only with --hook fp16|bf16|all (issue 30): the MLP, 2 workers, the float32 reduction
+//      beside the fp16/bf16 compression hooks on shm and gloo and PyTorch's hooks (gloo):
+//      time per step, bytes per worker per step, the weights' difference after 23 steps.
 // The runs of every configuration alternate, so a drift of the machine's load hits them all.
 // Every figure: median [fastest, slowest] of the runs; ratios of the medians. The PyTorch
 // peer is launched once per run (bench/peers/torch_ddp.py).
 // A backend whose plugin cannot run here reads -1.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -150,6 +154,7 @@ DemoParts demo_parts(const std::string& backend, int iters) {
 
 struct MlpResult {
   double step_us = -1, hidden = 0, cpu_us = -1;  ///< cpu: rank 0's process (all its threads) per step
+  double elements = -1;  ///< hook section: elements all-reduced per step (the buckets' sizes)
 };
 
 double process_cpu_s() {
@@ -158,9 +163,42 @@ double process_cpu_s() {
   return static_cast<double>(t.tv_sec) + t.tv_nsec * 1e-9;
 }
 
+/// Rank 0's parameters, flattened, appended to `path` as raw float32 (the hook section's
+/// accuracy check reads them back with read_floats).
+void write_params(const std::vector<Tensor>& params, const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) throw std::runtime_error("cannot write " + path);
+  for (const Tensor& p : params) {
+    const std::vector<float> v = p.detach().to_vector<float>();
+    std::fwrite(v.data(), sizeof(float), v.size(), f);
+  }
+  std::fclose(f);
+}
+
+std::vector<float> read_floats(const std::string& path) {
+  std::vector<float> v;
+  if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+    float buf[4096];
+    for (std::size_t n; (n = std::fread(buf, sizeof(float), 4096, f)) > 0;) v.insert(v.end(), buf, buf + n);
+    std::fclose(f);
+  }
+  return v;
+}
+
+/// The hook section's options for mlp(): which comm hook reduces the buckets ("none": the
+/// default float32 allreduce), and where rank 0 writes its parameters before the first step
+/// (`init_file`) and after the last (`final_file`). With a final_file each rank draws its own
+/// batch (Generator(100 + rank)), so the two workers' gradients differ and the reduction matters.
+struct HookRun {
+  std::string hook = "none", init_file, final_file;
+};
+
 /// MLP 784-1024-1024-10 at 128 samples per worker (world 1 = no DDP).
 /// `shm_inline` false: the shm group runs its collectives on its worker thread (PHALANX_SHM_INLINE=0).
-MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb = 25.0, bool shm_inline = true) {
+/// With `hr`, the hook section's run: its result also carries `bytes`, what each worker sends per
+/// step by the formula of wire_bytes().
+MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb = 25.0, bool shm_inline = true,
+              const HookRun* hr = nullptr) {
   if (!backend.empty() && !backend_available(backend)) return {};
   TcpStoreServer server(TcpStoreOptions{});
   const std::string out = bench::run_ranks(world, [&](int rank, std::FILE* f) {
@@ -174,10 +212,26 @@ MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb
       parallel::DDPOptions o;
       o.bucket_cap_mb(bucket_mb);
       ddp = std::make_shared<parallel::DDP>(model, pg, o);
+      if (hr && hr->hook == "fp16") ddp->register_comm_hook(parallel::fp16_compress_hook());
+      if (hr && hr->hook == "bf16") ddp->register_comm_hook(parallel::bf16_compress_hook());
       model = ddp;
     }
     optim::SGD opt(model->parameters(), optim::SGDOptions(0.01).momentum(0.9));
-    Tensor x = randn({128, 784}, &g), y = randint(10, {128}, &g);
+    Generator data_gen(hr ? 100 + rank : 0);
+    Tensor x = randn({128, 784}, hr ? &data_gen : &g), y = randint(10, {128}, hr ? &data_gen : &g);
+    if (hr && rank == 0 && f) {
+      write_params(model->parameters(), hr->init_file);
+      // Elements each bucket all-reduces: its parameters' gradients, plus the pass flag in the
+      // last bucket (parallel/ddp/src/reducer.cpp).
+      const std::vector<Tensor> params = model->parameters();
+      const auto layout = ddp->bucket_layout();
+      std::int64_t elements = 0;
+      for (std::size_t b = 0; b < layout.size(); ++b) {
+        for (std::size_t p : layout[b]) elements += params[p].numel();
+        if (b + 1 == layout.size()) elements += 1;
+      }
+      std::fprintf(f, "elements=%lld buckets=%zu\n", static_cast<long long>(elements), layout.size());
+    }
     double hidden = 0;
     auto step = [&] {
       opt.zero_grad();
@@ -193,7 +247,9 @@ MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb
     if (f)
       std::fprintf(f, "step_us=%f hidden=%f cpu_us=%f\n", (bench::now_s() - t) / steps * 1e6, hidden / steps,
                    (process_cpu_s() - c) / steps * 1e6);
+    if (hr && rank == 0 && f) write_params(model->parameters(), hr->final_file);
   });
+  if (hr) return {bench::find_value(out, "step_us"), 0, -1, bench::find_value(out, "elements")};
   return {bench::find_value(out, "step_us"), bench::find_value(out, "hidden"), bench::find_value(out, "cpu_us")};
 }
 
@@ -244,6 +300,19 @@ double torch_us(int world, const std::string& args) {
                            "step_us");
 }
 
+/// The PyTorch peer's hook run: step_us and the elements its buckets all-reduce per step; when
+/// the peer could not run the hook, `error` holds its one-line reason (peer_error=...).
+MlpResult torch_hook(const std::string& hook, const std::string& init_file, const std::string& final_file,
+                     std::string& error) {
+  int port;
+  { TcpStoreServer probe(TcpStoreOptions{}); port = probe.port(); }
+  const std::string out = bench::run_python_ranks(
+      2, port, bench::peer_script("torch_ddp.py") + " mlp 20 " + hook + " " + init_file + " " + final_file);
+  const auto pos = out.find("peer_error=");
+  if (pos != std::string::npos) error = out.substr(pos + 11, out.find('\n', pos) - pos - 11);
+  return {bench::find_value(out, "step_us"), 0, -1, bench::find_value(out, "elements")};
+}
+
 /// Median and spread of one configuration's runs (-1 entries: did not run).
 struct Stats {
   std::vector<double> v;
@@ -273,7 +342,8 @@ void row(const char* name, const Stats& s, double scale, const char* unit) {
 
 int main(int argc, char** argv) {
   bool skip_peer = false;
-  std::string only;  // "", "demo", "mlp" or "sweep"
+  std::string only;  // "", "demo", "mlp", "sweep" or "hook" (only the --hook section)
+  std::string hook_arg;  // --hook: "none" (default: no hook section), "fp16", "bf16" or "all"
   int runs = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -281,10 +351,16 @@ int main(int argc, char** argv) {
       skip_peer = true;
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
+    } else if (a == "--hook" && i + 1 < argc) {
+      hook_arg = argv[++i];
+      if (hook_arg != "none" && hook_arg != "fp16" && hook_arg != "bf16" && hook_arg != "all") {
+        std::fprintf(stderr, "--hook takes none, fp16, bf16 or all (got '%s')\n", hook_arg.c_str());
+        return 2;
+      }
     } else if (a == "--runs" && i + 1 < argc) {
       runs = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: bench_ddp_step [--no-peer] [--runs N] [--only demo|mlp|sweep]\n");
+      std::fprintf(stderr, "usage: bench_ddp_step [--no-peer] [--runs N] [--only demo|mlp|sweep|hook] [--hook none|fp16|bf16|all]\n");
       return 2;
     }
   }
@@ -407,6 +483,102 @@ int main(int argc, char** argv) {
                   cpu1.median() / 1e3, cpu_ceiling.median() / 1e3, cpu2.median() / 1e3, 2 * cpu1.median() / cpu2.median());
     std::printf("   gloo's allreduce hidden behind backward (median): %.0f%% (shm reduces on the caller's thread, "
                 "inside backward)\n\n", hid_tcp.v.empty() ? 0.0 : hid_tcp.median() * 100);
+  }
+
+  if (only == "hook" && hook_arg.empty()) hook_arg = "all";
+  if (!hook_arg.empty() && hook_arg != "none" && (only.empty() || only == "hook")) {
+    // 4. Comm hooks: the MLP, 2 workers, each rank its own batch, with the default float32
+    // reduction and with the fp16 / bf16 compression hooks, on shm and gloo, and PyTorch's DDP
+    // (gloo) with default_hooks' fp16/bf16_compress_hook, all alternating within each run.
+    std::vector<std::string> hooks = {"none"};
+    if (hook_arg == "all" || hook_arg == "fp16") hooks.push_back("fp16");
+    if (hook_arg == "all" || hook_arg == "bf16") hooks.push_back("bf16");
+    const std::vector<std::string> who = {"shm", "gloo", "torch"};
+    const std::string tmp = "/tmp/phalanx_bench_hook_" + std::to_string(::getpid()) + "_";
+    auto file = [&](const std::string& w, const std::string& h, const char* what) { return tmp + w + "_" + h + "_" + what + ".f32"; };
+    std::vector<std::vector<Stats>> step(who.size(), std::vector<Stats>(hooks.size()));
+    std::vector<std::vector<double>> elements(who.size(), std::vector<double>(hooks.size(), -1));
+    std::vector<std::vector<std::string>> error(who.size(), std::vector<std::string>(hooks.size()));
+    for (int r = 0; r < runs; ++r)
+      for (std::size_t k = 0; k < hooks.size(); ++k)
+        for (std::size_t w = 0; w < who.size(); ++w) {
+          if (who[w] == "torch" && skip_peer) continue;
+          const HookRun hr{hooks[k], file(who[w], hooks[k], "init"), file(who[w], hooks[k], "final")};
+          const MlpResult m = who[w] == "torch" ? torch_hook(hooks[k], hr.init_file, hr.final_file, error[w][k])
+                                                : mlp(2, 20, who[w], 25.0, true, &hr);
+          step[w][k].add(m.step_us);
+          if (m.elements > 0) elements[w][k] = m.elements;
+        }
+    std::printf("4. comm hooks: MLP 784-1024-1024-10, 2 workers x 128 samples (each rank its own batch), SGD momentum,\n"
+                "   float32 reduction (none) vs the fp16/bf16 compression hooks; %d runs each, alternating\n"
+                "   bytes sent per worker per step = 2 (W-1)/W x sum over buckets of elements x bytes per element\n"
+                "   (4 for float32, 2 for fp16/bf16; W = 2: one bucket's worth; ours: gradients + the pass flag)\n", runs);
+    for (std::size_t w = 0; w < who.size(); ++w) {
+      const char* label = who[w] == "torch" ? "pytorch DDP (gloo)" : who[w] == "shm" ? "phalanx shm" : "phalanx gloo (TCP)";
+      for (std::size_t k = 0; k < hooks.size(); ++k) {
+        const Stats& s = step[w][k];
+        if (s.v.empty()) {
+          std::printf("   %-19s %-5s not run: %s\n", label, hooks[k].c_str(),
+                      error[w][k].empty() ? "plugin or peer missing" : ("the peer failed: " + error[w][k]).c_str());
+          continue;
+        }
+        const double bytes = elements[w][k] > 0 ? 2.0 * (2 - 1) / 2 * elements[w][k] * (hooks[k] == "none" ? 4 : 2) : -1;
+        const double base = step[w][0].median();
+        std::printf("   %-19s %-5s %-28s %6.0f samples/s  %8.3f MB/worker/step  float32 step / this step %.2fx\n", label,
+                    hooks[k].c_str(), bench::show(bench::summarise(s.v), "ms", 1e3).c_str(), 256 / (s.median() * 1e-6),
+                    bytes / 1e6, base > 0 ? base / s.median() : 0.0);
+        if (k > 0 && base > 0)
+          bench::result_row("bench_ddp_step", "MLP step, 2 workers x 128, " + who[w] + ", " + hooks[k] + "_compress_hook",
+                            bench::summarise(s.v), "the same, float32 reduction", bench::summarise(step[w][0].v), "ms",
+                            1e3, "-");
+      }
+    }
+    std::printf("   accuracy after 23 steps (3 warm-up + 20 timed), rank 0's weights w against the float32\n"
+                "   reduction's w32 of the same backend and start w0: |w - w32| / |w32|, and / |w32 - w0| (the update)\n");
+    for (const std::string& w : who) {
+      const std::vector<float> w0 = read_floats(file(w, "none", "init")), w32 = read_floats(file(w, "none", "final"));
+      for (std::size_t k = 1; k < hooks.size(); ++k) {
+        const std::vector<float> wh = read_floats(file(w, hooks[k], "final"));
+        if (w32.empty() || wh.size() != w32.size() || w0.size() != w32.size()) continue;
+        double d = 0, n = 0, u = 0;
+        for (std::size_t i = 0; i < w32.size(); ++i) {
+          d += (double(wh[i]) - w32[i]) * (double(wh[i]) - w32[i]);
+          n += double(w32[i]) * w32[i];
+          u += (double(w32[i]) - w0[i]) * (double(w32[i]) - w0[i]);
+        }
+        std::printf("   %-5s %-5s |w - w32| / |w32| = %.2e   / |w32 - w0| = %.2e\n", w.c_str(), hooks[k].c_str(),
+                    std::sqrt(d / n), std::sqrt(d / u));
+      }
+    }
+    for (const std::string& w : who)
+      for (const std::string& h : hooks)
+        for (const char* what : {"init", "final"}) std::remove(file(w, h, what).c_str());
+    // What a hook adds on the CPU besides the collective: the conversions of one step's
+    // gradients (the buckets' elements), at two magnitudes (fp16's normal range ends at
+    // 6.1e-5; gradients below it take float_to_fp16's subnormal path). Best of 7, one thread.
+    const std::int64_t n = elements[0][0] > 0 ? static_cast<std::int64_t>(elements[0][0]) : 1863691;
+    Generator cg(7);
+    std::printf("   the hooks' conversions of %lld elements, one thread, best of 7 (the collective's 16-bit sum\n"
+                "   converts again per element: shm and gloo reduce 16-bit values through float):\n",
+                static_cast<long long>(n));
+    for (const float mag : {1e-3f, 1e-5f}) {
+      Tensor a = randn({n}, &cg) * mag;
+      Tensor h16 = Tensor::empty(a.shape(), DType::Float16, a.device()), b16 = Tensor::empty(a.shape(), DType::BFloat16, a.device());
+      auto best_ms = [](auto&& fn) {
+        double best = 1e30;
+        for (int r = 0; r < 8; ++r) {
+          const double t = bench::now_s();
+          fn();
+          if (r > 0) best = std::min(best, bench::now_s() - t);
+        }
+        return best * 1e3;
+      };
+      const double to16 = best_ms([&] { convert_into(a, h16); }), from16 = best_ms([&] { convert_into(h16, a); });
+      const double tob = best_ms([&] { convert_into(a, b16); }), fromb = best_ms([&] { convert_into(b16, a); });
+      std::printf("   |g| ~ %.0e: float32 -> fp16 %.2f ms, fp16 -> float32 %.2f ms; float32 -> bf16 %.2f ms, "
+                  "bf16 -> float32 %.2f ms\n", mag, to16, from16, tob, fromb);
+    }
+    std::printf("\n");
   }
 
   if (only.empty() || only == "sweep") {
