@@ -2,6 +2,7 @@
 
 #include "cpu/bf16_elementwise.hpp"
 #include "cpu/bf16_gemm.hpp"
+#include "cpu/fp16_convert.hpp"
 #include "cpu/small_gemm.hpp"
 #include "phalanx/core/half.hpp"
 
@@ -279,14 +280,14 @@ void CpuKernels::convert(const Tensor& src, Tensor& dst) {
     const float* s = src.data<float>();
     auto* d = static_cast<std::uint16_t*>(dst.raw_data());
     if (to == DType::Float16)
-      for (std::int64_t i = 0; i < n; ++i) d[i] = float_to_fp16(s[i]);
+      cpu::floats_to_fp16(s, d, n);
     else
       cpu::floats_to_bf16(s, d, n);
   } else if (to == DType::Float32 && (from == DType::Float16 || from == DType::BFloat16)) {
     const auto* s = static_cast<const std::uint16_t*>(src.raw_data());
     float* d = dst.data<float>();
     if (from == DType::Float16)
-      for (std::int64_t i = 0; i < n; ++i) d[i] = fp16_to_float(s[i]);
+      cpu::fp16_to_floats(s, d, n);
     else
       cpu::bf16_to_floats(s, d, n);
   } else {
