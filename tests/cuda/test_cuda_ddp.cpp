@@ -16,36 +16,16 @@
 
 #include <phalanx/phalanx.hpp>
 #include <phalanx/backends/comm_error.hpp>
-#include <phalanx/backends/memory_store.hpp>
 #include <phalanx/core/half.hpp>
 
+#include "cuda/nccl_support.hpp"
+
 using namespace phalanx;
+using phalanx::test::nccl_group_of_one;
+using phalanx::test::nccl_usable;
 
 namespace {
 const Device kGpu = Device::cuda(0);
-
-bool nccl_here() {
-  std::string reason;
-  if (backend_available("nccl", &reason)) return true;
-#if PHALANX_TEST_HAVE_NCCL
-  FAIL("a CUDA device exists, but the nccl backend cannot run: " << reason);
-#else
-  MESSAGE("SKIPPED: this build has no nccl plugin: " << reason);
-#endif
-  return false;
-}
-
-ProcessGroupPtr group_of_one(std::chrono::milliseconds timeout) {
-  BackendConfig c;
-  c.rank = 0;
-  c.size = 1;
-  c.store = std::make_shared<MemoryStore>(std::chrono::seconds(30));
-  c.timeout = timeout;
-  c.local_rank = 0;
-  c.local_world_size = 1;
-  c.device = kGpu;
-  return create_process_group("nccl", c);
-}
 
 std::vector<float> host(const Tensor& t) { return t.to(Device::cpu()).to_vector<float>(); }
 
@@ -75,8 +55,8 @@ struct ReducerAtOne {
 }  // namespace
 
 TEST_CASE("nccl reducer: buckets at world size 1 (plain, fp16, bf16 hooks) equal the plain model bit for bit") {
-  if (!nccl_here()) return;
-  auto pg = group_of_one(std::chrono::seconds(60));
+  if (!nccl_usable()) return;
+  auto pg = nccl_group_of_one(std::chrono::seconds(60));
   const ReducerAtOne at_one;
   for (int hook = 0; hook < 3; ++hook) {
     CAPTURE(hook);
@@ -124,8 +104,8 @@ TEST_CASE("nccl reducer: buckets at world size 1 (plain, fp16, bf16 hooks) equal
 }
 
 TEST_CASE("nccl order: out-of-place collectives right after a long kernel that writes their input") {
-  if (!nccl_here()) return;
-  auto pg = group_of_one(std::chrono::seconds(60));
+  if (!nccl_usable()) return;
+  auto pg = nccl_group_of_one(std::chrono::seconds(60));
   for (int round = 0; round < 3; ++round) {
     CAPTURE(round);
     Tensor in = long_kernel(8);  // still running when the collectives are issued
@@ -142,8 +122,8 @@ TEST_CASE("nccl order: out-of-place collectives right after a long kernel that w
 }
 
 TEST_CASE("nccl hang: a collective queued behind a long kernel past the timeout: TimeoutError, abort, clean exit") {
-  if (!nccl_here()) return;
-  auto pg = group_of_one(std::chrono::milliseconds(300));
+  if (!nccl_usable()) return;
+  auto pg = nccl_group_of_one(std::chrono::milliseconds(300));
   // 600 fp32 GEMMs of 4096^3: ~1.6 s on an H100 (~50 TFLOP/s without TF32), well past the
   // 300 ms timeout (200 left a margin of ~250 ms, less with a faster GEMM).
   Tensor t = long_kernel(600);

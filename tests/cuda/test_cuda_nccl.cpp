@@ -8,39 +8,18 @@
 
 #include <phalanx/backends/memory_store.hpp>
 
+#include "cuda/nccl_support.hpp"
 #include "support/gradcheck.hpp"
 #include "support/multirank.hpp"
 
 using namespace phalanx;
 using phalanx::test::max_rel_err;
+using phalanx::test::nccl_group;
+using phalanx::test::nccl_group_of_one;
+using phalanx::test::nccl_usable;
 
 namespace {
 const Device kGpu = Device::cuda(0);
-
-/// With a CUDA device, a build that has the nccl plugin must be able to run it.
-bool nccl_usable() {
-  std::string reason;
-  if (backend_available("nccl", &reason)) return true;
-#if PHALANX_TEST_HAVE_NCCL
-  FAIL("a CUDA device exists, but the nccl backend cannot run: " << reason);
-#else
-  MESSAGE("SKIPPED: this build has no nccl plugin: " << reason);
-#endif
-  return false;
-}
-
-ProcessGroupPtr nccl_group(int rank, int world, StorePtr store, std::chrono::milliseconds timeout,
-                           int device = 0, int local_world = 1) {
-  BackendConfig c;
-  c.rank = rank;
-  c.size = world;
-  c.store = std::move(store);
-  c.timeout = timeout;
-  c.local_rank = device;
-  c.local_world_size = local_world;
-  c.device = Device::cuda(device);
-  return create_process_group("nccl", c);
-}
 
 int cuda_device_count() {
   int n = 1;
@@ -60,7 +39,7 @@ std::vector<T> host(const Tensor& t) {
 
 TEST_CASE("nccl: 200 rounds of allreduce and barrier in a world of one, exact values") {
   if (!nccl_usable()) return;
-  auto pg = nccl_group(0, 1, std::make_shared<MemoryStore>(std::chrono::seconds(30)), std::chrono::seconds(60));
+  auto pg = nccl_group_of_one(std::chrono::seconds(60));
   REQUIRE(pg->backend_name() == "nccl");
   for (int round = 0; round < 200; ++round) {
     CAPTURE(round);

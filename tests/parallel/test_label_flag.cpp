@@ -67,14 +67,49 @@ Tensor labels(const Data& d, std::int64_t b, std::int64_t e, std::int64_t bad, D
   return tensor(y, {e - b}).to(dev);
 }
 
+/// Buckets of 512 bytes: the test models make four or more of them.
+DDPOptions small_buckets() {
+  DDPOptions o;
+  o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
+  return o;
+}
+
+/// The test model on `dev`.
+std::shared_ptr<nn::Sequential> model_on(Device dev) {
+  auto m = many_small_one_large();
+  m->to(dev);
+  return m;
+}
+
+/// Rows 0..16 of the data on a device, their labels, and the same with label 5 in row 1.
+struct Batch16 {
+  Tensor x, good, bad;
+};
+Batch16 batch16(const Data& d, Device dev) {
+  return {d.x.narrow_rows(0, 16).to(dev), labels(d, 0, 16, -1, dev), labels(d, 0, 16, 5, dev)};
+}
+
+/// `body(d, pg, dev)` for CPU and sim tensors (synchronous sim), in a gloo world of one on
+/// this thread with PHALANX_TEST_REDUCER_AT_ONE set: DDP models build the bucketed reducer.
+template <class Body>
+void each_device_at_one(Body body) {
+  set_async(0);
+  const Data d = make_data(64);
+  ::setenv("PHALANX_TEST_REDUCER_AT_ONE", "1", 1);
+  auto pg = make_thread_group("gloo", 0, 1, std::make_shared<MemoryStore>(std::chrono::seconds(10)));
+  for (Device dev : {Device::cpu(), Device::sim()}) {
+    CAPTURE(dev.str());
+    body(d, pg, dev);
+  }
+  ::unsetenv("PHALANX_TEST_REDUCER_AT_ONE");
+}
+
 /// Three steps of the bucketed reducer; in step 1 the last rank's batch holds label `bad`.
 /// Returns the error every rank saw in step 1 (empty: none).
 std::string bucketed(const Data& d, const ProcessGroupPtr& pg, int rank, int W, Device dev, bool fp16,
                      std::int64_t bad) {
-  DDPOptions o;
-  o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
-  auto model = many_small_one_large();
-  model->to(dev);
+  DDPOptions o = small_buckets();
+  auto model = model_on(dev);
   DDP ddp(model, pg, o);
   if (ddp.bucket_layout().size() < 4) throw std::runtime_error("fewer than 4 buckets");
   if (fp16) ddp.register_comm_hook(parallel::fp16_compress_hook());
@@ -112,11 +147,10 @@ std::string bucketed(const Data& d, const ProcessGroupPtr& pg, int rank, int W, 
 /// Two steps of exact mode (12 micro-batches of 2); in step 0 the last rank's second
 /// micro-batch holds label `bad`.
 std::string exact(const Data& d, const ProcessGroupPtr& pg, int rank, int W, Device dev, std::int64_t bad) {
-  DDPOptions o;
+  DDPOptions o = small_buckets();
   o.exact().enabled = true;
   o.exact().global_batch = 24;
   o.exact().micro_batch = 2;
-  o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
   Generator g(3);
   auto model = nn::mlp({16, 32, 32, 5}, "relu", &g);
   model->to(dev);
@@ -200,19 +234,11 @@ TEST_CASE("step flag, W = 2 and 3, CPU and async sim (eager and lazy): a bad lab
 
 TEST_CASE("step flag, W = 1 with PHALANX_TEST_REDUCER_AT_ONE (the GPU check's switch): bit-equal, then the flag stops a bad step") {
   // What tests/cuda/test_cuda_ddp.cpp does on NCCL, here on gloo with CPU and sim tensors.
-  set_async(0);
-  const Data d = make_data(64);
-  ::setenv("PHALANX_TEST_REDUCER_AT_ONE", "1", 1);
-  auto pg = make_thread_group("gloo", 0, 1, std::make_shared<MemoryStore>(std::chrono::seconds(10)));
-  for (Device dev : {Device::cpu(), Device::sim()})
+  each_device_at_one([](const Data& d, const ProcessGroupPtr& pg, Device dev) {
     for (bool fp16 : {false, true}) {
-      CAPTURE(dev.str());
       CAPTURE(fp16);
-      DDPOptions o;
-      o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
-      auto net = many_small_one_large(), plain = many_small_one_large();
-      net->to(dev);
-      plain->to(dev);
+      DDPOptions o = small_buckets();
+      auto net = model_on(dev), plain = model_on(dev);
       DDP ddp(net, pg, o);
       REQUIRE(ddp.bucket_layout().size() >= 4);  // the switch built the reducer
       if (fp16) ddp.register_comm_hook(parallel::fp16_compress_hook());
@@ -239,7 +265,7 @@ TEST_CASE("step flag, W = 1 with PHALANX_TEST_REDUCER_AT_ONE (the GPU check's sw
                            ValueError);
       CHECK(same_bits(before, host_params(ddp.parameters())));
     }
-  ::unsetenv("PHALANX_TEST_REDUCER_AT_ONE");
+  });
 }
 
 TEST_CASE("exact mode, W = 2, async sim: a device error reported in finish_step voids the step and leaves the reducer reset") {
@@ -251,11 +277,10 @@ TEST_CASE("exact mode, W = 2, async sim: a device error reported in finish_step 
   const Data d = make_data(96);
   const bool ok = run_world(2, kLazy, [&](const ProcessGroupPtr& pg, int rank) {
     const Device dev = Device::sim();
-    DDPOptions o;
+    DDPOptions o = small_buckets();
     o.exact().enabled = true;
     o.exact().global_batch = 24;
     o.exact().micro_batch = 2;
-    o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
     Generator g(3);
     auto model = nn::mlp({16, 32, 32, 5}, "relu", &g);
     model->to(dev);
@@ -301,43 +326,26 @@ TEST_CASE("step flag: a loss outside a DDP step (a plain model's, or after the s
   // later cross_entropy in grad mode on that thread (a plain model's, or one after the step)
   // wrote the flag instead of raising, with class 0 for its bad rows, and nothing raised
   // unless that DDP model ran another backward.
-  set_async(0);
-  const Data d = make_data(64);
-  ::setenv("PHALANX_TEST_REDUCER_AT_ONE", "1", 1);
-  auto pg = make_thread_group("gloo", 0, 1, std::make_shared<MemoryStore>(std::chrono::seconds(10)));
-  for (Device dev : {Device::cpu(), Device::sim()}) {
-    CAPTURE(dev.str());
-    DDPOptions o;
-    o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
-    auto net_a = many_small_one_large(), plain = many_small_one_large();
-    net_a->to(dev);
-    plain->to(dev);
+  each_device_at_one([](const Data& d, const ProcessGroupPtr& pg, Device dev) {
+    DDPOptions o = small_buckets();
+    auto net_a = model_on(dev), plain = model_on(dev);
     DDP a(net_a, pg, o);
-    const Tensor x = d.x.narrow_rows(0, 16).to(dev), good = labels(d, 0, 16, -1, dev), bad = labels(d, 0, 16, 5, dev);
+    const auto [x, good, bad] = batch16(d, dev);
     // A plain model on the thread of a DDP model not in a step.
     CHECK_THROWS_WITH_AS(cross_entropy(plain->forward(x), bad), "cross_entropy: target[1] = 5 is not a class index in [0, 5)",
                          ValueError);
     cross_entropy(a.forward(x), good).backward();
     CHECK_THROWS_WITH_AS(cross_entropy(plain->forward(x), bad), "cross_entropy: target[1] = 5 is not a class index in [0, 5)",
                          ValueError);
-  }
-  ::unsetenv("PHALANX_TEST_REDUCER_AT_ONE");
+  });
 }
 
 TEST_CASE("step flag: two DDP models stepping on one thread, a bad label in one: it never steps silently") {
-  set_async(0);
-  const Data d = make_data(64);
-  ::setenv("PHALANX_TEST_REDUCER_AT_ONE", "1", 1);
-  auto pg = make_thread_group("gloo", 0, 1, std::make_shared<MemoryStore>(std::chrono::seconds(10)));
-  for (Device dev : {Device::cpu(), Device::sim()}) {
-    CAPTURE(dev.str());
-    DDPOptions o;
-    o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
-    auto net_a = many_small_one_large(), net_b = many_small_one_large();
-    net_a->to(dev);
-    net_b->to(dev);
+  each_device_at_one([](const Data& d, const ProcessGroupPtr& pg, Device dev) {
+    DDPOptions o = small_buckets();
+    auto net_a = model_on(dev), net_b = model_on(dev);
     DDP a(net_a, pg, o), b(net_b, pg, o);
-    const Tensor x = d.x.narrow_rows(0, 16).to(dev), good = labels(d, 0, 16, -1, dev), bad = labels(d, 0, 16, 5, dev);
+    const auto [x, good, bad] = batch16(d, dev);
     // A's bad label fails A's step (and B's: a loss of this thread in B's step window may
     // feed B); it used to go to B's flag alone (the later forward's), and A stepped.
     Tensor out_a = a.forward(x), out_b = b.forward(x);
@@ -347,8 +355,7 @@ TEST_CASE("step flag: two DDP models stepping on one thread, a bad label in one:
     // Both reducers are reset: the next step of each is clean.
     cross_entropy(a.forward(x), good).backward();
     cross_entropy(b.forward(x), good).backward();
-  }
-  ::unsetenv("PHALANX_TEST_REDUCER_AT_ONE");
+  });
 }
 
 /// The default hook, which queues a failing device copy after the last bucket's wait, once:
@@ -377,10 +384,8 @@ TEST_CASE("bucketed reducer: an error reported by the step flag's read leaves th
   const Data d = make_data(64);
   const bool ok = run_world(2, kLazy, [&](const ProcessGroupPtr& pg, int rank) {
     const Device dev = Device::sim();
-    DDPOptions o;
-    o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));
-    auto net = many_small_one_large();
-    net->to(dev);
+    DDPOptions o = small_buckets();
+    auto net = model_on(dev);
     DDP ddp(net, pg, o);
     REQUIRE_RANK(rank, ddp.bucket_layout().size() >= 4, "fewer than 4 buckets");
     if (rank == 1) ddp.register_comm_hook(std::make_shared<FailAfterLastBucket>(ddp.bucket_layout().size()));

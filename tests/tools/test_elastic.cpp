@@ -77,13 +77,47 @@ Node start(const std::string& args, const std::string& out, const std::string& h
   return n;
 }
 
+/// The trainer's data and batch arguments for the case study in `d`.
+std::string data_args(const std::string& d) {
+  return " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " + d + "/init.npz --global-batch 64";
+}
+
+/// Leaves `d`/ck1 with steps 1..3 and `d`/ck0 with steps 1..6 of the 8 each held.
+void drop_late_steps(const std::string& d) {
+  for (int s = 4; s <= 8; ++s) {
+    char b[64];
+    std::snprintf(b, sizeof b, "/checkpoint-%010d.npz", s);
+    std::filesystem::remove(d + "/ck1" + b);
+    if (s > 6) std::filesystem::remove(d + "/ck0" + b);
+  }
+}
+
+struct TwoNodes {
+  int c0, c1;
+  std::string o0, o1;
+};
+
+/// Node 0 (`run` + "/ck0") forms the rounds, node 1 (`run` + "/ck1") joins; both run to
+/// their end: their exit codes and outputs.
+TwoNodes run_two_nodes(const std::string& run, const std::string& d) {
+  Node n0 = start(run + "/ck0", d + "/n0.txt", "a"), n1;
+  Reaper reaper{{&n0, &n1}};
+  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
+  n1 = start(run + "/ck1", d + "/n1.txt", "b");
+  TwoNodes r;
+  r.c0 = finish(n0, 60s);
+  r.c1 = finish(n1, 20s);
+  r.o0 = slurp(n0.out);
+  r.o1 = slurp(n1.out);
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("elastic 1:2, no shared folder: a node dies, the job goes on; it rejoins empty, exact bytes") {
   const std::string d = trainer_test::case_study_dir("phalanx_elastic");
   // 2400 steps: long enough that the one-node stretch cannot finish before the rejoin.
-  const std::string data = " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " + d +
-                           "/init.npz --global-batch 64 --lr 0.1 --momentum 0.9 --epochs 300 --shuffle --seed 5 "
+  const std::string data = data_args(d) + " --lr 0.1 --momentum 0.9 --epochs 300 --shuffle --seed 5 "
                            "--exact --micro-batch 16";
   const trainer_test::Result one =
       trainer_test::run_command(std::string(PHALANX_TRAIN) + data + " --save " + d + "/one.npz", d + "/one.txt");
@@ -168,8 +202,7 @@ TEST_CASE("elastic: a size the program cannot run on stops after its second occu
   // 3 workers do not divide exact mode's 4 micro-batches a step.
   Node n0 = start(std::string(PHALANX_RUN) + " --nnodes 1:2 --nproc-per-node 3 --backend gloo --rdzv-last-call 0.1 "
                       "--rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " --rdzv-id J --max-restarts 5 " +
-                      PHALANX_TRAIN + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " + d +
-                      "/init.npz --global-batch 64 --lr 0.1 --epochs 1 --exact --micro-batch 16",
+                      PHALANX_TRAIN + data_args(d) + " --lr 0.1 --epochs 1 --exact --micro-batch 16",
                   d + "/n0.txt", "a");
   const int code = finish(n0, 40s);
   const std::string o = slurp(n0.out);
@@ -182,8 +215,7 @@ TEST_CASE("elastic: a size the program cannot run on stops after its second occu
 
 TEST_CASE("normal mode under an elastic launcher: a mid-epoch checkpoint of 2 workers resumes on 1 and on 4") {
   const std::string d = trainer_test::case_study_dir("phalanx_elastic_normal");
-  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d +
-                            "/y.npy --init " + d + "/init.npz --global-batch 64 --lr 0.1 --momentum 0.9 --epochs 2 "
+  const std::string train = std::string(PHALANX_TRAIN) + data_args(d) + " --lr 0.1 --momentum 0.9 --epochs 2 "
                             "--shuffle --seed 5";
   const std::string run = std::string(PHALANX_RUN) + " --standalone --backend gloo --nproc-per-node ";
   using trainer_test::run_command;
@@ -217,8 +249,7 @@ TEST_CASE("normal mode under an elastic launcher: a mid-epoch checkpoint of 2 wo
 
 TEST_CASE("elastic: a node's launcher asked to stop leaves; the job goes on without it, not counted") {
   const std::string d = trainer_test::case_study_dir("phalanx_elastic_leave");
-  const std::string data = " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " + d +
-                           "/init.npz --global-batch 64 --lr 0.1 --epochs 300 --exact --micro-batch 16";
+  const std::string data = data_args(d) + " --lr 0.1 --epochs 300 --exact --micro-batch 16";
   REQUIRE(trainer_test::run_command(std::string(PHALANX_TRAIN) + data + " --save " + d + "/one.npz", d + "/one.txt")
               .code == 0);
   // --max-restarts 0: a node that leaves must not spend a restart.
@@ -372,8 +403,7 @@ TEST_CASE("elastic: a node without --checkpoint-dir beside one with it is one li
   // The host runs round 0 alone; the joiner, without a folder, makes round 1, where only the
   // host's rank would enter the resume's checkpoint sharing (a collective).
   const std::string d = trainer_test::case_study_dir("phalanx_elastic_nodir");
-  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " +
-                            d + "/init.npz --global-batch 64 --lr 0.1 --epochs 3000 --exact --micro-batch 16";
+  const std::string train = std::string(PHALANX_TRAIN) + data_args(d) + " --lr 0.1 --epochs 3000 --exact --micro-batch 16";
   const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --backend gloo --rdzv-id J --rdzv-last-call 0.2 "
                           "--max-restarts 0 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " ";
   Node n0 = start(run + train + " --checkpoint-dir " + d + "/ck0", d + "/n0.txt", "a"), n1;
@@ -393,8 +423,7 @@ TEST_CASE("elastic: with --resume-from, a node that joins with an empty folder g
   // The host runs round 0 alone from --resume-from and checkpoints into its own folder; in
   // round 1 the joiner's folder is empty: it must not fall back to --resume-from's step.
   const std::string d = trainer_test::case_study_dir("phalanx_elastic_resume_from");
-  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " +
-                            d + "/init.npz --global-batch 64 --lr 0.1 --exact --micro-batch 16";
+  const std::string train = std::string(PHALANX_TRAIN) + data_args(d) + " --lr 0.1 --exact --micro-batch 16";
   REQUIRE(trainer_test::run_command(train + " --epochs 1 --checkpoint-dir " + d + "/pre --checkpoint-every 5",
                                     d + "/pre.txt")
               .code == 0);
@@ -480,8 +509,7 @@ TEST_CASE("elastic: a node's own folder keeps --keep-checkpoints after a transfe
   // hold what rank 0's folder would after a save: the newest 2. A transfer killed mid-write
   // (its process gone) left a temporary of this host: removed at the start; the others stay.
   const std::string d = trainer_test::case_study_dir("phalanx_elastic_prune");
-  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " +
-                            d + "/init.npz --global-batch 64 --lr 0.1 --exact --micro-batch 16 --epochs 1";
+  const std::string train = std::string(PHALANX_TRAIN) + data_args(d) + " --lr 0.1 --exact --micro-batch 16 --epochs 1";
   for (const char* ck : {"ck0", "ck1"})
     REQUIRE(trainer_test::run_command(train + " --checkpoint-every 1 --keep-checkpoints 100 --checkpoint-dir " + d +
                                           "/" + ck,
@@ -493,12 +521,7 @@ TEST_CASE("elastic: a node's own folder keeps --keep-checkpoints after a transfe
     std::sort(names.begin(), names.end());
     return names;
   };
-  for (int s = 4; s <= 8; ++s) {
-    char b[64];
-    std::snprintf(b, sizeof b, "/checkpoint-%010d.npz", s);
-    std::filesystem::remove(d + "/ck1" + b);
-    if (s > 6) std::filesystem::remove(d + "/ck0" + b);
-  }
+  drop_late_steps(d);
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   const std::string tmp = d + "/ck1/checkpoint-0000000007.npz.tmp.recv-";
@@ -517,16 +540,11 @@ TEST_CASE("elastic: a node's own folder keeps --keep-checkpoints after a transfe
   const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --backend gloo --rdzv-id J --rdzv-last-call 10 "
                           "--max-restarts 0 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " " + train +
                           " --resume --keep-checkpoints 2 --checkpoint-dir " + d;
-  Node n0 = start(run + "/ck0", d + "/n0.txt", "a"), n1;
-  Reaper reaper{{&n0, &n1}};
-  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
-  n1 = start(run + "/ck1", d + "/n1.txt", "b");
-  const int c0 = finish(n0, 60s), c1 = finish(n1, 20s);
-  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
-  INFO(o0 << o1);
-  CHECK(c0 == 0);
-  CHECK(c1 == 0);
-  CHECK(has(o1, "received the checkpoint of step 6"));
+  const TwoNodes r = run_two_nodes(run, d);
+  INFO(r.o0 << r.o1);
+  CHECK(r.c0 == 0);
+  CHECK(r.c1 == 0);
+  CHECK(has(r.o1, "received the checkpoint of step 6"));
   const auto names = steps_in(d + "/ck1");
   std::vector<std::string> checkpoints;
   for (const auto& n : names)
@@ -573,8 +591,7 @@ TEST_CASE("elastic: a transfer never prunes a folder that holds another run's ch
   // It receives the job's step 6 and resumes from it; the other run's files are not this
   // job's to prune (--keep-checkpoints 2 would have removed steps 1 and 2).
   const std::string d = trainer_test::case_study_dir("phalanx_elastic_foreign");
-  const std::string train = std::string(PHALANX_TRAIN) + " --train-x " + d + "/x.npy --train-y " + d + "/y.npy --init " +
-                            d + "/init.npz --global-batch 64 --exact --micro-batch 16 --epochs 1";
+  const std::string train = std::string(PHALANX_TRAIN) + data_args(d) + " --exact --micro-batch 16 --epochs 1";
   REQUIRE(trainer_test::run_command(train + " --lr 0.1 --checkpoint-every 1 --keep-checkpoints 100 --checkpoint-dir " +
                                         d + "/ck0",
                                     d + "/pre.txt")
@@ -583,25 +600,15 @@ TEST_CASE("elastic: a transfer never prunes a folder that holds another run's ch
                                         d + "/ck1",
                                     d + "/pre.txt")
               .code == 0);
-  for (int s = 4; s <= 8; ++s) {
-    char b[64];
-    std::snprintf(b, sizeof b, "/checkpoint-%010d.npz", s);
-    std::filesystem::remove(d + "/ck1" + b);
-    if (s > 6) std::filesystem::remove(d + "/ck0" + b);
-  }
+  drop_late_steps(d);
   const std::string run = std::string(PHALANX_RUN) + " --nnodes 1:2 --backend gloo --rdzv-id J --rdzv-last-call 10 "
                           "--max-restarts 0 --rdzv-endpoint 127.0.0.1:" + std::to_string(free_port()) + " " + train +
                           " --lr 0.1 --resume --keep-checkpoints 2 --checkpoint-dir " + d;
-  Node n0 = start(run + "/ck0", d + "/n0.txt", "a"), n1;
-  Reaper reaper{{&n0, &n1}};
-  REQUIRE(wait_for(n0.out, "forms its rounds", 20s));
-  n1 = start(run + "/ck1", d + "/n1.txt", "b");
-  const int c0 = finish(n0, 60s), c1 = finish(n1, 20s);
-  const std::string o0 = slurp(n0.out), o1 = slurp(n1.out);
-  INFO(o0 << o1);
-  CHECK(c0 == 0);
-  CHECK(c1 == 0);
-  REQUIRE(has(o1, "received the checkpoint of step 6"));
+  const TwoNodes r = run_two_nodes(run, d);
+  INFO(r.o0 << r.o1);
+  CHECK(r.c0 == 0);
+  CHECK(r.c1 == 0);
+  REQUIRE(has(r.o1, "received the checkpoint of step 6"));
   for (int s : {1, 2, 3, 6}) {
     char b[64];
     std::snprintf(b, sizeof b, "/ck1/checkpoint-%010d.npz", s);

@@ -7,17 +7,14 @@
 // the compute stream's device-side wait, flush()), so a consumer on the compute stream that
 // skips the device-side wait for a result runs before the result is written, every time.
 // Synchronous mode: an item runs when it is submitted.
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <exception>
 #include <functional>
-#include <mutex>
+
+#include "sim_work_queue.hpp"
 
 namespace phalanx::sim {
 
-class SideStream {
+class SideStream : public WorkQueue {
  public:
   static SideStream& instance();
 
@@ -28,23 +25,14 @@ class SideStream {
   /// Blocks until the ticket's items ran; rethrows the first error an item raised (kept, as
   /// CUDA's errors are sticky).
   void wait_ticket(std::uint64_t t);
-  /// Whether the ticket's items ran (never makes them run).
-  bool ticket_done(std::uint64_t t);
   /// Lets every queued item run, without waiting for them.
   void flush();
 
  private:
-  struct State {
-    std::mutex mu;
-    std::condition_variable work_cv, done_cv;
-    std::deque<std::function<void()>> queue;
-    std::uint64_t enqueued = 0, completed = 0, flush_to = 0;
-    std::exception_ptr error;
-    bool started = false;
-  };
   SideStream();
-  void loop(State* s);
-  std::atomic<State*> state_;
+  bool ready(const State& s) const override;
+  void on_worker_start() override;
+  void before_item() override;
 };
 
 }  // namespace phalanx::sim

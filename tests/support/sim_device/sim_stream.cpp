@@ -31,7 +31,7 @@ Stream& Stream::instance() {
   return *s;
 }
 
-Stream::Stream() : state_(new State), mode_(static_cast<int>(mode_from_env())) {
+Stream::Stream() : mode_(static_cast<int>(mode_from_env())) {
   // A forked child has no worker thread and may inherit a locked mutex: the queue is drained
   // before the fork and the child starts on fresh state.
   pthread_atfork(&Stream::before_fork, &Stream::after_fork_parent, &Stream::after_fork_child);
@@ -76,47 +76,11 @@ void Stream::submit_ordered(std::function<void()> fn) {
   push(std::move(fn));
 }
 
-void Stream::push(std::function<void()> fn) {
-  State* s = state_.load();
-  std::lock_guard<std::mutex> lock(s->mu);
-  if (!s->started) {
-    s->started = true;
-    std::thread([this, s] { loop(s); }).detach();
-  }
-  s->queue.push_back(std::move(fn));
-  ++s->enqueued;
-  if (mode() != Mode::Lazy || s->queue.size() > kLazyBound) s->work_cv.notify_one();
+bool Stream::ready(const State& s) const {
+  return mode() != Mode::Lazy || s.flush_to > s.completed || s.queue.size() > kLazyBound;
 }
 
-void Stream::loop(State* s) {
-  t_worker = true;
-  std::unique_lock<std::mutex> lock(s->mu);
-  for (;;) {
-    s->work_cv.wait(lock, [&] {
-      return !s->queue.empty() &&
-             (mode() != Mode::Lazy || s->flush_to > s->completed || s->queue.size() > kLazyBound);
-    });
-    std::function<void()> fn = std::move(s->queue.front());
-    s->queue.pop_front();
-    lock.unlock();
-    try {
-      fn();
-    } catch (...) {
-      std::lock_guard<std::mutex> l(s->mu);
-      if (!s->error) s->error = std::current_exception();
-    }
-    fn = nullptr;  // the captured tensors die here, outside the lock (their frees queue)
-    lock.lock();
-    ++s->completed;
-    s->done_cv.notify_all();
-  }
-}
-
-void Stream::wait_locked(State* s, std::unique_lock<std::mutex>& lock, std::uint64_t t) {
-  if (s->flush_to < t) s->flush_to = t;
-  s->work_cv.notify_one();
-  s->done_cv.wait(lock, [&] { return s->completed >= t; });
-}
+void Stream::on_worker_start() { t_worker = true; }
 
 void Stream::synchronize() {
   if (t_worker) return;
@@ -133,9 +97,7 @@ void Stream::synchronize() {
 
 std::uint64_t Stream::ticket() {
   if (mode() == Mode::Sync || t_comm_stream) return 0;
-  State* s = state_.load();
-  std::lock_guard<std::mutex> lock(s->mu);
-  return s->enqueued;
+  return enqueued();
 }
 
 void Stream::wait_ticket(std::uint64_t t) {
@@ -148,12 +110,6 @@ void Stream::wait_ticket(std::uint64_t t) {
   if (s->error) std::rethrow_exception(s->error);
 }
 
-bool Stream::ticket_done(std::uint64_t t) {
-  State* s = state_.load();
-  std::lock_guard<std::mutex> lock(s->mu);
-  return s->completed >= t;
-}
-
 void Stream::note_allocation(std::size_t nbytes) {
   if (mode() != Mode::Lazy) return;
   State* s = state_.load();
@@ -164,8 +120,7 @@ void Stream::note_allocation(std::size_t nbytes) {
   // Waits, as a caching allocator short of memory synchronises: a flush the host does not
   // wait for is outrun by the host's next allocations. Never on the stream's own thread.
   if (t_worker) {
-    if (s->flush_to < s->enqueued) s->flush_to = s->enqueued;
-    s->work_cv.notify_one();
+    flush_locked(s, s->enqueued);
     return;
   }
   // The frees the drained work queued as it ran included: they release the memory.

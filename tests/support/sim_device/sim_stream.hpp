@@ -9,13 +9,11 @@
 // at once, unordered with the compute stream, as a communication stream is: it must wait
 // for an event recorded where the data it reads was produced.
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <exception>
 #include <functional>
 #include <mutex>
-#include <thread>
+
+#include "sim_work_queue.hpp"
 
 namespace phalanx::sim {
 
@@ -36,7 +34,7 @@ struct SimEvent {
 bool on_comm_stream();
 void set_comm_stream(bool on);
 
-class Stream {
+class Stream : public WorkQueue {
  public:
   static Stream& instance();
 
@@ -58,7 +56,6 @@ class Stream {
   std::uint64_t ticket();
   /// Waits until the ticket's items ran; rethrows a queued kernel's error without clearing it.
   void wait_ticket(std::uint64_t t);
-  bool ticket_done(std::uint64_t t);
   /// Items queued and not yet run (tests).
   std::size_t pending();
   /// A block of `nbytes` is being allocated: in lazy mode, once kLazyBytes were allocated
@@ -70,24 +67,13 @@ class Stream {
   static constexpr std::size_t kLazyBytes = std::size_t(256) << 20;
 
  private:
-  struct State {
-    std::mutex mu;
-    std::condition_variable work_cv, done_cv;
-    std::deque<std::function<void()>> queue;
-    std::uint64_t enqueued = 0, completed = 0, flush_to = 0;
-    std::size_t allocated = 0;  // bytes allocated since the lazy queue was last flushed
-    std::exception_ptr error;
-    bool started = false;
-  };
   Stream();
-  void push(std::function<void()> fn);
-  void loop(State* s);
-  void wait_locked(State* s, std::unique_lock<std::mutex>& lock, std::uint64_t t);
+  bool ready(const State& s) const override;
+  void on_worker_start() override;
   static void before_fork();
   static void after_fork_parent();
   static void after_fork_child();
 
-  std::atomic<State*> state_;
   std::atomic<int> mode_;
 };
 
