@@ -17,6 +17,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define PHALANX_FP16_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -26,7 +27,11 @@ namespace {
 
 #ifdef PHALANX_FP16_X86
 bool has_f16c() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c".
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+  }();
   return ok;
 }
 
