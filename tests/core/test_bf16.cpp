@@ -17,20 +17,14 @@
 #include <phalanx/core/kernels.hpp>
 #include <phalanx/phalanx.hpp>
 
+#include "support/bits_and_env.hpp"
+
 using namespace phalanx;
+using test::bits_of;
+using test::float_of;
 
 namespace {
 
-std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float float_of(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 Tensor bf16_tensor(const std::vector<std::uint16_t>& bits, const Shape& shape) {
   Tensor t = Tensor::empty(shape, DType::BFloat16);
@@ -55,9 +49,8 @@ std::vector<std::uint16_t> random_bf16(std::size_t n, std::mt19937& rng, float s
 }
 
 /// Sets PHALANX_BF16_GEMM for the scope (restores unset).
-struct GemmPath {
-  explicit GemmPath(const char* v) { ::setenv("PHALANX_BF16_GEMM", v, 1); }
-  ~GemmPath() { ::unsetenv("PHALANX_BF16_GEMM"); }
+struct GemmPath : test::ScopedEnv {
+  explicit GemmPath(const char* v) : ScopedEnv("PHALANX_BF16_GEMM", v) {}
 };
 std::vector<const char*> paths() {
   std::vector<const char*> p = {"fallback"};
@@ -398,9 +391,8 @@ TEST_CASE("bf16 mm and linear against PyTorch 1.13 (fixtures/bf16_matmul_parity.
 namespace {
 
 /// Sets PHALANX_BF16_SIMD for the scope (restores unset).
-struct Bf16Simd {
-  explicit Bf16Simd(const char* v) { ::setenv("PHALANX_BF16_SIMD", v, 1); }
-  ~Bf16Simd() { ::unsetenv("PHALANX_BF16_SIMD"); }
+struct Bf16Simd : test::ScopedEnv {
+  explicit Bf16Simd(const char* v) : ScopedEnv("PHALANX_BF16_SIMD", v) {}
 };
 // No AVX-512 variant of these kernels (bf16_elementwise.cpp): "avx512" is accepted as a cap and
 // runs the AVX2 code, so it is one more spelling of the AVX2 row here, not a third path.

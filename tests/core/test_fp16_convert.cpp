@@ -12,25 +12,18 @@
 #include <phalanx/core/half.hpp>
 #include <phalanx/phalanx.hpp>
 
+#include "support/bits_and_env.hpp"
+
 using namespace phalanx;
+using test::bits_of;
+using test::float_of;
 
 namespace {
 
-std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float float_of(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 /// Sets PHALANX_FP16_SIMD for the scope (restores unset).
-struct Fp16Simd {
-  explicit Fp16Simd(const char* v) { ::setenv("PHALANX_FP16_SIMD", v, 1); }
-  ~Fp16Simd() { ::unsetenv("PHALANX_FP16_SIMD"); }
+struct Fp16Simd : test::ScopedEnv {
+  explicit Fp16Simd(const char* v) : ScopedEnv("PHALANX_FP16_SIMD", v) {}
 };
 // "avx512" is a cap that runs the F16C (AVX2) code: no AVX-512 variant exists.
 const char* const kLevels[] = {"scalar", "avx2", "avx512"};
