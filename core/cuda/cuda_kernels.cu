@@ -318,7 +318,10 @@ void* CudaKernels::event_create(int device) {
   }
   PHALANX_CUDA_CHECK(cudaSetDevice(device));
   cudaEvent_t e = nullptr;
-  PHALANX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  // BlockingSync: event_synchronize (Work::synchronize, the ready-event wait of host-reading
+  // backends) sleeps in the driver instead of spinning a core while the GPU works; the
+  // watchdog's event_query polls are unaffected.
+  PHALANX_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync));
   return new Event{e, device};
 }
 void CudaKernels::event_destroy(void* e) {
