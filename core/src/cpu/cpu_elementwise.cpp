@@ -11,6 +11,7 @@
 
 #include "cpu/bf16_elementwise.hpp"
 #include "cpu/cpu_kernels.hpp"
+#include "cpu/gelu_math.hpp"
 
 namespace phalanx {
 
@@ -57,98 +58,61 @@ void relu_backward(const float* __restrict g, const float* __restrict y, float* 
 
 
 // GELU's forward and backward are a step's costliest elementwise passes ([tokens, 4 x width]);
-// libm's erff/expf are scalar calls. These are branch-free (both erf ranges computed, then
-// selected) so that each clone vectorises. Every multiply-add is an explicit std::fma and
-// nothing else is contractible, so each clone (the baseline one through libm's fmaf) gives
-// the same bits. "arch=haswell" is AVX2 with FMA.
+// libm's erff/expf are scalar calls. cpu/gelu_math.hpp's are branch-free, so that each
+// compiled level vectorises, and give the same bits on each (the baseline one through libm's
+// fmaf).
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define PHALANX_FMA_CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
+#define PHALANX_FMA_CLONES __attribute__((target_clones("avx512f", "default")))
+#define PHALANX_GELU_AVX2 1
 #else
 #define PHALANX_FMA_CLONES
 #endif
 
-__attribute__((always_inline)) inline float bits_to_float(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-__attribute__((always_inline)) inline std::uint32_t float_to_bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-/// c ? a : b as bit operations: GCC does not if-convert a select between two float
-/// computations (with trapping math they could trap), it branches, and then the loop does not
-/// vectorise without AVX-512's masks.
-__attribute__((always_inline)) inline float select_bits(bool c, float a, float b) {
-  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
-  return bits_to_float((float_to_bits(a) & m) | (float_to_bits(b) & ~m));
-}
-
-/// exp(r) for r in [-87, 0] (callers clamp): 2^k exp(f), |f| <= ln2 / 2, a degree-7 polynomial;
-/// within 1e-7 relative of exp. The result stays a normal float, so 2^k goes into the exponent bits.
-__attribute__((always_inline)) inline float exp_nonpositive(float r) {
-  const float magic = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float shifted = std::fma(r, 1.44269504f, magic);  // k in its low mantissa bits
-  const float k = shifted - magic;
-  float f = std::fma(k, -0.693145752f, r);  // ln 2 in two parts (Cody-Waite)
-  f = std::fma(k, -1.42860677e-6f, f);
-  float p = 1.98756912e-4f;
-  p = std::fma(p, f, 1.39819994e-3f);
-  p = std::fma(p, f, 8.33345205e-3f);
-  p = std::fma(p, f, 4.16657962e-2f);
-  p = std::fma(p, f, 1.66666657e-1f);
-  p = std::fma(p, f, 5.0e-1f);
-  p = std::fma(p, f * f, f) + 1.0f;
-  return bits_to_float(float_to_bits(p) + ((float_to_bits(shifted) - float_to_bits(magic)) << 23));
-}
-
-/// erf(a) within 1.02 ulp of the exact value (checked against double erf over the float range):
-/// a + a P(a^2) for |a| <= 0.9277, else 1 - exp(Q(|a|)) with its sign; |a| is capped at 4
-/// (erf is 1 in float from 3.92) so exp's argument stays in range. NaN stays NaN.
-__attribute__((always_inline)) inline float erf_float(float a) {
-  const float t = std::fabs(a), s = a * a;
-  float r = -5.96761703e-4f;
-  r = std::fma(r, s, 4.99119423e-3f);
-  r = std::fma(r, s, -2.67681349e-2f);
-  r = std::fma(r, s, 1.12819925e-1f);
-  r = std::fma(r, s, -3.76125336e-1f);
-  r = std::fma(r, s, 1.28379166e-1f);
-  const float small = std::fma(r, a, a);
-  const float tc = select_bits(t < 4.0f, t, 4.0f);
-  float u = std::fma(-1.72853470e-5f, tc, 3.83197126e-4f);
-  const float v = std::fma(-3.88396438e-3f, tc, 2.42546219e-2f);
-  u = std::fma(u, tc * tc, v);
-  u = std::fma(u, tc, -1.06777877e-1f);
-  u = std::fma(u, tc, -6.34846687e-1f);
-  u = std::fma(u, tc, -1.28717512e-1f);
-  u = std::fma(u, tc, -tc);
-  const float big = std::copysign(1.0f - exp_nonpositive(u), a);
-  return select_bits(t > 0.927734375f, big, small);
-}
-
-/// PyTorch's exact (erf) GELU: x/2 (1 + erf(x / sqrt 2)).
+/// PyTorch's exact (erf) GELU and its backward (cpu/gelu_math.hpp), compiled three times:
+/// target_clones' AVX-512F and baseline clones, and an AVX2 + FMA one picked explicitly (a
+/// target_clones "arch=haswell" clone is picked by CPU model, __builtin_cpu_is("haswell"), so
+/// an AMD Zen or a later Intel client never ran it: they ran the baseline clone, each fma a
+/// libm call, 5x slower).
+#define PHALANX_GELU_BODY                                                        \
+  for (std::int64_t i = 0; i < n; ++i) o[i] = cpu::gelu_math::gelu_one(x[i]);
+#define PHALANX_GELU_BACKWARD_BODY                                               \
+  for (std::int64_t i = 0; i < n; ++i) o[i] = cpu::gelu_math::gelu_backward_one(g[i], x[i]);
 PHALANX_FMA_CLONES
-void gelu(const float* __restrict x, float* __restrict o, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float xi = x[i];
-    o[i] = xi * 0.5f * (1.0f + erf_float(xi * static_cast<float>(M_SQRT1_2)));
-  }
+void gelu_clones(const float* __restrict x, float* __restrict o, std::int64_t n) { PHALANX_GELU_BODY }
+PHALANX_FMA_CLONES
+void gelu_backward_clones(const float* __restrict g, const float* __restrict x, float* __restrict o, std::int64_t n) {
+  PHALANX_GELU_BACKWARD_BODY
+}
+#ifdef PHALANX_GELU_AVX2
+__attribute__((target("avx2,fma"))) void gelu_avx2(const float* __restrict x, float* __restrict o, std::int64_t n) {
+  PHALANX_GELU_BODY
+}
+__attribute__((target("avx2,fma"))) void gelu_backward_avx2(const float* __restrict g, const float* __restrict x,
+                                                            float* __restrict o, std::int64_t n) {
+  PHALANX_GELU_BACKWARD_BODY
+}
+/// AVX2 with FMA and no AVX-512F (which target_clones' avx512f clone takes).
+bool gelu_on_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          !__builtin_cpu_supports("avx512f");
+  return yes;
+}
+#endif
+#undef PHALANX_GELU_BODY
+#undef PHALANX_GELU_BACKWARD_BODY
+
+void gelu(const float* x, float* o, std::int64_t n) {
+#ifdef PHALANX_GELU_AVX2
+  if (gelu_on_avx2()) return gelu_avx2(x, o, n);
+#endif
+  gelu_clones(x, o, n);
 }
 
-/// d/dx = Phi(x) + x phi(x), as PyTorch's GeluBackward; phi is 0 where x^2/2 > 87 (exp underflows).
-PHALANX_FMA_CLONES
-void gelu_backward(const float* __restrict g, const float* __restrict x, float* __restrict o, std::int64_t n) {
-  const float kBeta = static_cast<float>(M_2_SQRTPI * M_SQRT1_2 * 0.5);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float xi = x[i];
-    const float cdf = 0.5f * (1.0f + erf_float(xi * static_cast<float>(M_SQRT1_2)));
-    const float e = xi * xi * -0.5f;
-    const bool under = e < -87.0f;
-    const float pdf = select_bits(under, 0.0f, kBeta * exp_nonpositive(select_bits(under, -87.0f, e)));
-    o[i] = g[i] * std::fma(xi, pdf, cdf);
-  }
+void gelu_backward(const float* g, const float* x, float* o, std::int64_t n) {
+#ifdef PHALANX_GELU_AVX2
+  if (gelu_on_avx2()) return gelu_backward_avx2(g, x, o, n);
+#endif
+  gelu_backward_clones(g, x, o, n);
 }
 
 /// out = a op b with b repeating every `period` elements of a (period == n: same shapes), or a
