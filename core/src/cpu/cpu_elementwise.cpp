@@ -149,11 +149,13 @@ void apply_binary(BinaryOp op, const A& a, const B& b, O&& o) {
 }  // namespace
 
 void CpuKernels::unary(UnaryOp op, const Tensor& x, Tensor& out) {
-  if (x.dtype() == DType::BFloat16) {  // the ops send bf16 here for ReLU only (ops/elementwise.cpp)
-    if (op != UnaryOp::Relu || out.dtype() != DType::BFloat16)
-      throw TypeError("unary: a bfloat16 input on the CPU kernel is supported for relu only; convert to float32");
-    cpu::relu_bf16(static_cast<const std::uint16_t*>(x.raw_data()), static_cast<std::uint16_t*>(out.raw_data()),
-                   x.numel());
+  if (x.dtype() == DType::BFloat16) {  // the ops send bf16 here for ReLU and GELU only (ops/elementwise.cpp)
+    if ((op != UnaryOp::Relu && op != UnaryOp::Gelu) || out.dtype() != DType::BFloat16)
+      throw TypeError("unary: a bfloat16 input on the CPU kernel is supported for relu and gelu only; convert to float32");
+    const auto* xs = static_cast<const std::uint16_t*>(x.raw_data());
+    auto* os = static_cast<std::uint16_t*>(out.raw_data());
+    if (op == UnaryOp::Relu) cpu::relu_bf16(xs, os, x.numel());
+    else cpu::gelu_bf16(xs, os, x.numel());
     return;
   }
   auto X = flat(x);
@@ -173,8 +175,14 @@ void CpuKernels::unary(UnaryOp op, const Tensor& x, Tensor& out) {
 void CpuKernels::unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x,
                                 const Tensor& y, Tensor& grad_x) {
   if (grad_y.dtype() == DType::BFloat16) {
+    if (op == UnaryOp::Gelu && x.dtype() == DType::BFloat16 && grad_x.dtype() == DType::BFloat16) {
+      cpu::gelu_backward_bf16(static_cast<const std::uint16_t*>(grad_y.raw_data()),
+                              static_cast<const std::uint16_t*>(x.raw_data()),
+                              static_cast<std::uint16_t*>(grad_x.raw_data()), grad_y.numel());
+      return;
+    }
     if (op != UnaryOp::Relu || y.dtype() != DType::BFloat16 || grad_x.dtype() != DType::BFloat16)
-      throw TypeError("unary_backward: bfloat16 on the CPU kernel is supported for relu only; convert to float32");
+      throw TypeError("unary_backward: bfloat16 on the CPU kernel is supported for relu and gelu only; convert to float32");
     cpu::relu_backward_bf16(static_cast<const std::uint16_t*>(grad_y.raw_data()),
                             static_cast<const std::uint16_t*>(y.raw_data()),
                             static_cast<std::uint16_t*>(grad_x.raw_data()), grad_y.numel());

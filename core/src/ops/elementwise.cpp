@@ -40,6 +40,15 @@ class UnaryBackward final : public Node {
  public:
   UnaryBackward(UnaryOp op, Tensor x, Tensor y) : op_(op), x_(std::move(x)), y_(std::move(y)) {}
   std::vector<Tensor> apply(const Tensor& g_in) override {
+    // A bf16 GELU (run natively) handed a float32 gradient: the float32 backward on the widened
+    // x, rounded once, as the float32 path between two casts computed it (rounding g first
+    // would round twice).
+    if (op_ == UnaryOp::Gelu && x_.defined() && x_.dtype() == DType::BFloat16 && g_in.dtype() == DType::Float32) {
+      const Tensor xf = to_dtype(x_, DType::Float32);
+      Tensor gx = empty_like(g_in);
+      kernels_for(g_in.device()).unary_backward(op_, g_in, xf, Tensor(), gx);
+      return {to_dtype(gx, DType::BFloat16)};
+    }
     // A bf16 ReLU (run natively) handed a float32 gradient: rounding it first gives the bits of
     // the float32 backward rounded once (the mask commutes with the rounding).
     const Tensor g = y_.defined() && y_.dtype() != g_in.dtype() ? to_dtype(g_in, y_.dtype()) : g_in;
@@ -57,10 +66,12 @@ class UnaryBackward final : public Node {
 
 Tensor unary(UnaryOp op, const Tensor& x_in) {
   const Tensor x = contiguous_input(x_in);
-  // bf16 ReLU on the CPU runs on the 16-bit values (cpu/bf16_elementwise.hpp: the same bits as
-  // the float32 kernel rounded once, without two float32 temporaries and two casts per pass).
+  // bf16 ReLU and GELU on the CPU run on the 16-bit values (cpu/bf16_elementwise.hpp: the same
+  // bits as the float32 kernel rounded once, without two float32 temporaries and two casts per
+  // pass, forward and backward).
   check_defined(x, unary_name(op), "input");
-  const bool native_bf16 = op == UnaryOp::Relu && x.dtype() == DType::BFloat16 && x.device().is_cpu();
+  const bool native_bf16 =
+      (op == UnaryOp::Relu || op == UnaryOp::Gelu) && x.dtype() == DType::BFloat16 && x.device().is_cpu();
   if (is_reduced(x) && !native_bf16) return in_float32(x.dtype(), [op](const Tensor& t) { return unary(op, t); }, x);
   if (!native_bf16) check_float(x, unary_name(op));
   Tensor y = empty_like(x);
