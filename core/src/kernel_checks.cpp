@@ -135,8 +135,11 @@ class CheckedKernels final : public DeviceKernels {
   }
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override {
     const std::int64_t n = numel_of(out), na = numel_of(a), nb = numel_of(b);
+    // b may be bf16 for a same-shape add on the CPU table (float32 + bf16, cpu/bf16_elementwise.hpp)
+    const bool bf_add = type_ == DeviceType::CPU && op == BinaryOp::Add && dtype_of(b) == DType::BFloat16 && nb == n;
     call("binary")
-        .on("a", a).on("b", b).on("out", out).f32("a", a).f32("b", b).f32("out", out)
+        .on("a", a).on("b", b).on("out", out).f32("a", a).dtype("b", b, bf_add ? DType::BFloat16 : DType::Float32)
+        .f32("out", out)
         .that((na == n || nb == n) && divides(na, n) && divides(nb, n),
               "out's numel must be one operand's, and the other's a period of it (suffix broadcasting)");
     k_.binary(op, a, b, out);

@@ -611,6 +611,49 @@ TEST_CASE("bf16 gelu: gradient by finite differences") {
   }
 }
 
+TEST_CASE("float32 + bf16 add: the float32 add on the widened values, every SIMD level; b's gradient rounded once") {
+  std::mt19937 rng(24);
+  for (std::int64_t n : {1, 7, 8, 9, 16, 17, 33, 1000, 4099}) {
+    const std::vector<std::uint16_t> b = random_bits16(static_cast<std::size_t>(n), rng);
+    std::vector<float> av = randn({n}).to_vector<float>();
+    av[0] = std::numeric_limits<float>::quiet_NaN();
+    if (n > 2) av[1] = std::numeric_limits<float>::infinity(), av[2] = -0.f;
+    const Tensor a = tensor(av, {n});
+    const std::vector<float> want = add(a, to_dtype(bf16_tensor(b, {n}), DType::Float32)).to_vector<float>();
+    for (const char* level : kSimdLevels) {
+      CAPTURE(n);
+      CAPTURE(std::string(level));
+      Bf16Simd env(level);
+      const Tensor y = add(a, bf16_tensor(b, {n}));
+      REQUIRE(y.dtype() == DType::Float32);
+      const std::vector<float> got = y.to_vector<float>();
+      CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+    }
+  }
+  // Gradients: a's is g, b's is g rounded to bf16 once (the cast's backward before), one node.
+  const std::int64_t n = 257;
+  const Tensor g = randn({n});
+  Tensor a1 = randn({n}).requires_grad_(), a2 = a1.detach().clone().requires_grad_();
+  Tensor b1 = bf16_tensor(random_bf16(n, rng), {n}).requires_grad_(), b2 = b1.detach().clone().requires_grad_();
+  const Tensor y1 = add(a1, b1);
+  REQUIRE(y1.grad_fn() != nullptr);
+  CHECK(std::string(y1.grad_fn()->name()) == "BinaryBackward");
+  y1.backward(g);
+  add(a2, to_dtype(b2, DType::Float32)).backward(g);
+  REQUIRE(b1.grad().dtype() == DType::BFloat16);
+  CHECK(bits16(b1.grad()) == bits16(b2.grad()));
+  CHECK(bits16(b1.grad()) == bits16(to_dtype(g, DType::BFloat16)));
+  CHECK(a1.grad().to_vector<float>() == g.to_vector<float>());
+  // The kernel table takes the bf16 b itself (no float32 copy), for a same-shape add only.
+  Tensor out = Tensor::empty({n}, DType::Float32);
+  kernels_for(Device::cpu()).binary(BinaryOp::Add, a1.detach(), b1.detach(), out);
+  CHECK(out.to_vector<float>() == add(a1.detach(), to_dtype(b1.detach(), DType::Float32)).to_vector<float>());
+  CHECK_THROWS_AS(kernels_for(Device::cpu()).binary(BinaryOp::Mul, a1.detach(), b1.detach(), out), Error);
+  // bf16 + float32, and broadcast shapes, keep the promotion path (float32 results)
+  CHECK(add(b1.detach(), a1.detach()).dtype() == DType::Float32);
+  CHECK(add(randn({4, n}), b1.detach()).dtype() == DType::Float32);
+}
+
 TEST_CASE("bf16 linear bias gradient: column sums read bf16, the float32 sums' bits, every SIMD level") {
   std::mt19937 rng(14);
   for (auto [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 1}, {3, 17}, {128, 10}, {37, 1025}}) {

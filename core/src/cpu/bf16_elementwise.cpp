@@ -1,7 +1,8 @@
 // bfloat16 elementwise kernels (cpu/bf16_elementwise.hpp). Plain loops on the 16-bit patterns
 // that the compiler vectorises; one body, compiled twice (AVX2, baseline x86-64), picked at each
-// call. Integer compares only (relu), float32 adds in a fixed order (column sums) or cpu/gelu_math.hpp's float32 GELU with explicit std::fma and one rounding (GELU): each
-// gives the same bits at each level. No AVX-512 variant: none could be executed where these were written (Zen 3),
+// call. Integer compares only (relu), float32 adds (column sums in a fixed order, the float32
+// + bf16 add) or cpu/gelu_math.hpp's float32 GELU with explicit std::fma and one rounding
+// (GELU): each gives the same bits at each level. No AVX-512 variant: none could be executed where these were written (Zen 3),
 // and code must not run for the first time in CI; an AVX-512 CPU runs the AVX2 one.
 #include "cpu/bf16_elementwise.hpp"
 
@@ -81,6 +82,11 @@ PHALANX_INLINE void gelu_backward_body(const std::uint16_t* g, const std::uint16
   for (std::int64_t i = 0; i < n; ++i) o[i] = round_bf16(gelu_math::gelu_backward_one(widen(g[i]), widen(x[i])));
 }
 
+// o may be a: element i is read before it is written.
+PHALANX_INLINE void add_f32_bf16_body(const float* a, const std::uint16_t* b, float* o, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) o[i] = a[i] + widen(b[i]);
+}
+
 #define PHALANX_BF16_LEVEL(suffix, target)                                                                      \
   target void relu_##suffix(const std::uint16_t* x, std::uint16_t* o, std::int64_t n) { relu_body(x, o, n); } \
   target void relu_backward_##suffix(const std::uint16_t* g, const std::uint16_t* y, std::uint16_t* o,         \
@@ -94,6 +100,9 @@ PHALANX_INLINE void gelu_backward_body(const std::uint16_t* g, const std::uint16
   target void gelu_backward_##suffix(const std::uint16_t* g, const std::uint16_t* x, std::uint16_t* o,         \
                                      std::int64_t n) {                                                        \
     gelu_backward_body(g, x, o, n);                                                                           \
+  }                                                                                                           \
+  target void add_f32_bf16_##suffix(const float* a, const std::uint16_t* b, float* o, std::int64_t n) {        \
+    add_f32_bf16_body(a, b, o, n);                                                                            \
   }
 
 PHALANX_BF16_LEVEL(scalar, )
@@ -149,6 +158,13 @@ void gelu_backward_bf16(const std::uint16_t* g, const std::uint16_t* x, std::uin
   if (level() == 1) return gelu_backward_avx2(g, x, o, n);
 #endif
   gelu_backward_scalar(g, x, o, n);
+}
+
+void add_f32_bf16(const float* a, const std::uint16_t* b, float* o, std::int64_t n) {
+#ifdef PHALANX_BF16_X86
+  if (level() == 1) return add_f32_bf16_avx2(a, b, o, n);
+#endif
+  add_f32_bf16_scalar(a, b, o, n);
 }
 
 }  // namespace phalanx::cpu

@@ -219,6 +219,12 @@ void CpuKernels::unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& 
 void CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
   const auto n = out.numel(), na = a.numel(), nb = b.numel();
   if (n == 0) return;
+  if (b.dtype() == DType::BFloat16) {  // float32 + bf16, same shapes (ops/elementwise.cpp's residual add)
+    if (op != BinaryOp::Add || a.dtype() != DType::Float32 || out.dtype() != DType::Float32 || na != n || nb != n)
+      throw TypeError("binary: a bfloat16 b on the CPU kernel is supported for a same-shape float32 + bfloat16 add only");
+    cpu::add_f32_bf16(a.data<float>(), static_cast<const std::uint16_t*>(b.raw_data()), out.data<float>(), n);
+    return;
+  }
   if (std::min(na, nb) < 16) {  // short periods (a scalar): xtensor's broadcast loops over the long side
     if (na == n && nb == n) apply_binary(op, flat(a), flat(b), flat(out));
     else if (na == n) apply_binary(op, rows(a, nb), flat(b), rows(out, nb));
