@@ -12,6 +12,7 @@
 #include "cpu/bf16_elementwise.hpp"
 #include "cpu/cpu_kernels.hpp"
 #include "cpu/gelu_math.hpp"
+#include "cpu/simd_level.hpp"
 
 namespace phalanx {
 
@@ -60,59 +61,50 @@ void relu_backward(const float* __restrict g, const float* __restrict y, float* 
 // GELU's forward and backward are a step's costliest elementwise passes ([tokens, 4 x width]);
 // libm's erff/expf are scalar calls. cpu/gelu_math.hpp's are branch-free, so that each
 // compiled level vectorises, and give the same bits on each (the baseline one through libm's
-// fmaf).
+// fmaf). Three copies picked by cpu::simd_level("PHALANX_GELU_SIMD") from CPU features (a
+// target_clones "arch=haswell" clone was picked by CPU model, __builtin_cpu_is("haswell"), so
+// an AMD Zen or a later Intel client never ran it: they ran the baseline one, each fma a libm
+// call, 5x slower), capped by the variable so that the tests compare the levels bit for bit.
+// The AVX-512F copy is target_clones' former "avx512f" clone, the same code.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define PHALANX_FMA_CLONES __attribute__((target_clones("avx512f", "default")))
-#define PHALANX_GELU_AVX2 1
-#else
-#define PHALANX_FMA_CLONES
+#define PHALANX_GELU_X86 1
 #endif
+#define PHALANX_GELU_LEVEL(suffix, target)                                                                    \
+  target void gelu_##suffix(const float* __restrict x, float* __restrict o, std::int64_t n) {                 \
+    for (std::int64_t i = 0; i < n; ++i) o[i] = cpu::gelu_math::gelu_one(x[i]);                              \
+  }                                                                                                           \
+  target void gelu_backward_##suffix(const float* __restrict g, const float* __restrict x, float* __restrict o, \
+                                     std::int64_t n) {                                                        \
+    for (std::int64_t i = 0; i < n; ++i) o[i] = cpu::gelu_math::gelu_backward_one(g[i], x[i]);               \
+  }
+PHALANX_GELU_LEVEL(scalar, )
+#ifdef PHALANX_GELU_X86
+PHALANX_GELU_LEVEL(avx2, __attribute__((target("avx2,fma"))))
+PHALANX_GELU_LEVEL(avx512, __attribute__((target("avx512f"))))
+#endif
+#undef PHALANX_GELU_LEVEL
 
-/// PyTorch's exact (erf) GELU and its backward (cpu/gelu_math.hpp), compiled three times:
-/// target_clones' AVX-512F and baseline clones, and an AVX2 + FMA one picked explicitly (a
-/// target_clones "arch=haswell" clone is picked by CPU model, __builtin_cpu_is("haswell"), so
-/// an AMD Zen or a later Intel client never ran it: they ran the baseline clone, each fma a
-/// libm call, 5x slower).
-#define PHALANX_GELU_BODY                                                        \
-  for (std::int64_t i = 0; i < n; ++i) o[i] = cpu::gelu_math::gelu_one(x[i]);
-#define PHALANX_GELU_BACKWARD_BODY                                               \
-  for (std::int64_t i = 0; i < n; ++i) o[i] = cpu::gelu_math::gelu_backward_one(g[i], x[i]);
-PHALANX_FMA_CLONES
-void gelu_clones(const float* __restrict x, float* __restrict o, std::int64_t n) { PHALANX_GELU_BODY }
-PHALANX_FMA_CLONES
-void gelu_backward_clones(const float* __restrict g, const float* __restrict x, float* __restrict o, std::int64_t n) {
-  PHALANX_GELU_BACKWARD_BODY
-}
-#ifdef PHALANX_GELU_AVX2
-__attribute__((target("avx2,fma"))) void gelu_avx2(const float* __restrict x, float* __restrict o, std::int64_t n) {
-  PHALANX_GELU_BODY
-}
-__attribute__((target("avx2,fma"))) void gelu_backward_avx2(const float* __restrict g, const float* __restrict x,
-                                                            float* __restrict o, std::int64_t n) {
-  PHALANX_GELU_BACKWARD_BODY
-}
-/// AVX2 with FMA and no AVX-512F (which target_clones' avx512f clone takes).
-bool gelu_on_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          !__builtin_cpu_supports("avx512f");
-  return yes;
-}
+#ifdef PHALANX_GELU_X86
+/// 2: AVX-512F, 1: AVX2 + FMA, 0: baseline (cpu/simd_level.hpp; FMA required above baseline).
+int gelu_level() { return cpu::simd_level("PHALANX_GELU_SIMD", false, true); }
 #endif
-#undef PHALANX_GELU_BODY
-#undef PHALANX_GELU_BACKWARD_BODY
 
 void gelu(const float* x, float* o, std::int64_t n) {
-#ifdef PHALANX_GELU_AVX2
-  if (gelu_on_avx2()) return gelu_avx2(x, o, n);
+#ifdef PHALANX_GELU_X86
+  const int level = gelu_level();
+  if (level == 2) return gelu_avx512(x, o, n);
+  if (level == 1) return gelu_avx2(x, o, n);
 #endif
-  gelu_clones(x, o, n);
+  gelu_scalar(x, o, n);
 }
 
 void gelu_backward(const float* g, const float* x, float* o, std::int64_t n) {
-#ifdef PHALANX_GELU_AVX2
-  if (gelu_on_avx2()) return gelu_backward_avx2(g, x, o, n);
+#ifdef PHALANX_GELU_X86
+  const int level = gelu_level();
+  if (level == 2) return gelu_backward_avx512(g, x, o, n);
+  if (level == 1) return gelu_backward_avx2(g, x, o, n);
 #endif
-  gelu_backward_clones(g, x, o, n);
+  gelu_backward_scalar(g, x, o, n);
 }
 
 /// out = a op b with b repeating every `period` elements of a (period == n: same shapes), or a

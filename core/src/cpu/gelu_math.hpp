@@ -78,13 +78,17 @@ __attribute__((always_inline)) inline float gelu_one(float x) {
 }
 
 /// g times d/dx = Phi(x) + x phi(x), as PyTorch's GeluBackward; phi is 0 where x^2/2 > 87 (exp
-/// underflows).
+/// underflows) and for a NaN x: exp_nonpositive's integer steps on a NaN give a NaN of either
+/// sign (or a number), and which NaN operand an fma passes on differs between the levels (the
+/// vfmadd form the compiler picks, libm's fmaf), so a NaN x came back as +NaN on one level and
+/// -NaN on another. With phi 0 every NaN in the fma is x's own: a NaN x gives x's (quieted)
+/// NaN on every level. Only when both g and x are NaN may the product pass on either.
 __attribute__((always_inline)) inline float gelu_backward_one(float g, float x) {
   const float kBeta = static_cast<float>(M_2_SQRTPI * M_SQRT1_2 * 0.5);
   const float cdf = 0.5f * (1.0f + erf_float(x * static_cast<float>(M_SQRT1_2)));
   const float e = x * x * -0.5f;
-  const bool under = e < -87.0f;
-  const float pdf = select_bits(under, 0.0f, kBeta * exp_nonpositive(select_bits(under, -87.0f, e)));
+  const bool in_range = e >= -87.0f;  // false for a NaN e (a NaN x)
+  const float pdf = select_bits(in_range, kBeta * exp_nonpositive(select_bits(in_range, e, -87.0f)), 0.0f);
   return g * std::fma(x, pdf, cdf);
 }
 
