@@ -9,7 +9,16 @@
 // Then 2 workers (DDP, each its own 16 x 128 batch, the default backend) against 1 worker
 // started the same way: tokens/s of all workers (bar: >= 1.8x), runs alternating.
 //
-//   bench_gpt_step [--iters N] [--no-peer] [--no-ddp]
+// --precision (default fp32: the above): bf16 runs the forward and the loss under
+// autocast(bf16) (torch.autocast("cpu", dtype=torch.bfloat16) in the peer; zero_grad, backward
+// and AdamW outside it on both sides), beside our float32 step and PyTorch's float32 and bf16
+// steps, all four taking turns run by run, and prints issue 30's bars: our bf16 tokens/s >=
+// 1.5x PyTorch's float32 and >= 1.3x PyTorch's bf16 autocast. both: that and the float32 bar
+// and the DDP rows. PyTorch 1.13's bf16 autocast step can take seconds on a CPU without
+// AVX512_BF16 (its bf16 products are plain loops there): its runs then have 1 step (after 1
+// warm-up step in each start), which the output says.
+//
+//   bench_gpt_step [--iters N] [--precision fp32|bf16|both] [--no-peer] [--no-ddp]
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include <phalanx/core/autocast.hpp>
 #include <phalanx/core/nn/gpt.hpp>
 #include <phalanx/phalanx.hpp>
 
@@ -38,7 +48,8 @@ nn::GPTConfig config() {
 // One process's training step on a fixed batch; `model` is the GPT or its DDP wrapper.
 class Step {
  public:
-  Step(std::shared_ptr<nn::GPT> gpt, nn::Module* model) : gpt_(std::move(gpt)), model_(model ? model : gpt_.get()) {
+  Step(std::shared_ptr<nn::GPT> gpt, nn::Module* model, bool bf16 = false)
+      : gpt_(std::move(gpt)), model_(model ? model : gpt_.get()), bf16_(bf16) {
     Generator g(1);
     x_ = randint(256, {kBatch, kContext}, &g);
     y_ = randint(256, {kBatch, kContext}, &g);
@@ -48,9 +59,15 @@ class Step {
   }
   void operator()() {
     opt_->zero_grad();
-    const Tensor logits = model_->forward(x_);
-    cross_entropy(reshape(logits, {kBatch * kContext, 256}), reshape(y_, {kBatch * kContext})).backward();
+    forward_loss().backward();
     opt_->step();
+  }
+  /// The forward and the loss; under autocast(bf16) for a bf16 step (backward and AdamW
+  /// outside it, as torch.autocast's recipe).
+  Tensor forward_loss() {
+    if (!bf16_) return loss();
+    autocast guard(DType::BFloat16);
+    return loss();
   }
   double run_us(int iters) {
     const double t = bench::now_s();
@@ -59,8 +76,13 @@ class Step {
   }
 
  private:
+  Tensor loss() {
+    const Tensor logits = model_->forward(x_);
+    return cross_entropy(reshape(logits, {kBatch * kContext, 256}), reshape(y_, {kBatch * kContext}));
+  }
   std::shared_ptr<nn::GPT> gpt_;
   nn::Module* model_;
+  bool bf16_;
   Tensor x_, y_;
   std::unique_ptr<optim::AdamW> opt_;
 };
@@ -126,23 +148,30 @@ int run(int argc, char** argv) {
   set_num_threads(1);
   bool skip_peer = false, skip_ddp = false;
   int iters = 5;
+  std::string precision = "fp32";
+  const char* usage = "usage: bench_gpt_step [--iters N] [--precision fp32|bf16|both] [--no-peer] [--no-ddp]";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-peer") skip_peer = true;
     else if (a == "--no-ddp") skip_ddp = true;
     else if (a == "--iters" && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--precision" && i + 1 < argc) precision = argv[++i];
     else {
-      std::fprintf(stderr, "bench_gpt_step: unknown argument %s (usage: bench_gpt_step [--iters N] [--no-peer] [--no-ddp])\n",
-                   a.c_str());
+      std::fprintf(stderr, "bench_gpt_step: unknown argument %s (%s)\n", a.c_str(), usage);
       return 2;
     }
   }
+  if (precision != "fp32" && precision != "bf16" && precision != "both") {
+    std::fprintf(stderr, "bench_gpt_step: --precision must be fp32, bf16 or both, got %s (%s)\n", precision.c_str(), usage);
+    return 2;
+  }
+  const bool with_fp32_bar = precision != "bf16", with_bf16 = precision != "fp32";
+  if (precision == "bf16") skip_ddp = true;  // the DDP rows are float32 steps: --precision both has them
   const std::string peer = skip_peer ? "" : bench::peer_script("torch_gpt_step.py");
   bench::print_environment("bench_gpt_step");
+  if (with_bf16) std::printf("# phalanx: bf16 GEMM %s\n", bf16_gemm_info().c_str());
   Generator init(0);
   auto gpt = std::make_shared<nn::GPT>(config(), &init);
-  Step ours(gpt, nullptr);
-  for (int i = 0; i < std::max(2, iters / 2); ++i) ours();
   const double tokens = static_cast<double>(kBatch * kContext), fpt = flops_per_token(*gpt);
   std::string peak_how;
   const double peak = core_peak(peak_how);
@@ -153,37 +182,99 @@ int run(int argc, char** argv) {
               static_cast<long long>(kBatch), static_cast<long long>(kContext), iters);
   std::printf("FLOPs a token (nanoGPT's estimate_mfu, 6 N + 12 L T E): %.2f M; one core's peak: %s\n", fpt / 1e6,
               peak_how.c_str());
-  const std::string cmd = "OMP_NUM_THREADS=1 " + bench::python() + " " + peer + " " + std::to_string(kLayers) + "-" +
-                          std::to_string(kHeads) + "-" + std::to_string(kWidth) + ":" + std::to_string(kContext) + " " +
-                          std::to_string(kBatch) + " " + std::to_string(iters) + " 1";
-  std::vector<double> our_runs, peer_runs;
-  bool peer_ok = !skip_peer;
+
+  // The sides, taking turns run by run: ours (a model each, the same initial weights) and the
+  // peer (started once per run), float32 and, with --precision bf16|both, bf16 autocast.
+  struct Side {
+    std::string name;
+    bool peer, bf16;
+    int iters;
+    std::unique_ptr<Step> step;
+    std::vector<double> runs;
+    bool ok = true;
+  };
+  std::vector<Side> sides;
+  const auto add_ours = [&](bool bf16) {
+    Generator g(0);
+    auto model = bf16 || !sides.empty() ? std::make_shared<nn::GPT>(config(), &g) : gpt;
+    sides.push_back({bf16 ? "phalanx bf16" : "phalanx", false, bf16, iters, std::make_unique<Step>(model, nullptr, bf16)});
+    for (int i = 0; i < std::max(2, iters / 2); ++i) (*sides.back().step)();
+  };
+  if (precision != "bf16") add_ours(false);
+  if (with_bf16) add_ours(true);
+  if (!skip_peer) {
+    sides.push_back({"pytorch", true, false, iters, nullptr});
+    if (with_bf16) sides.push_back({"pytorch bf16", true, true, 1, nullptr});  // 1 step first: it may take seconds
+  }
   for (int r = 0; r < 5; ++r) {
-    our_runs.push_back(ours.run_us(iters));
-    if (!peer_ok) continue;
-    const std::string out = bench::capture(cmd);
-    bench::relay_peer_environment(out);
-    peer_runs.push_back(bench::find_value(out, "step_us"));
-    if (peer_runs.back() < 0) {
-      std::fprintf(stderr, "peer failed (%s):\n%s\n", cmd.c_str(), out.c_str());
-      peer_ok = false;
-      peer_runs.clear();
+    for (Side& s : sides) {
+      if (!s.peer) {
+        s.runs.push_back(s.step->run_us(s.iters));
+        continue;
+      }
+      if (!s.ok) continue;
+      const std::string cmd = "OMP_NUM_THREADS=1 " + bench::python() + " " + peer + " " + std::to_string(kLayers) + "-" +
+                              std::to_string(kHeads) + "-" + std::to_string(kWidth) + ":" + std::to_string(kContext) +
+                              " " + std::to_string(kBatch) + " " + std::to_string(s.iters) + " 1" + (s.bf16 ? " bf16" : "");
+      const std::string out = bench::capture(cmd);
+      bench::relay_peer_environment(out);
+      s.runs.push_back(bench::find_value(out, "step_us"));
+      if (s.runs.back() < 0) {
+        std::fprintf(stderr, "peer failed (%s):\n%s\n", cmd.c_str(), out.c_str());
+        s.ok = false;
+        s.runs.clear();
+        continue;
+      }
+      // The bf16 peer (PyTorch 1.13's bf16 autocast without AVX512_BF16: seconds a step) gets
+      // runs of about 2 s, at least 1 step and at most ITERS.
+      if (s.bf16) s.iters = std::max(1, std::min(iters, static_cast<int>(2e6 / s.runs.back())));
     }
   }
-  const bench::Summary a = bench::summarise(our_runs), b = bench::summarise(peer_runs);
   const auto tps = [&](double us) { return us > 0 ? tokens / (us * 1e-6) : 0.0; };
   const auto share = [&](double us) { return peak > 0 && us > 0 ? tps(us) * fpt / peak : 0.0; };
-  std::printf("%-10s %12s %12s %12s   %s\n", "side", "step_ms", "tokens/s", "peak share", "step ms [fastest, slowest]");
-  std::printf("%-10s %12.1f %12.0f %11.0f%%   %s\n", "phalanx", a.median / 1e3, tps(a.median), 100 * share(a.median),
-              bench::show(a, "ms", 1e3).c_str());
-  if (b.ok())
-    std::printf("%-10s %12.1f %12.0f %11.0f%%   %s\n", "pytorch", b.median / 1e3, tps(b.median), 100 * share(b.median),
-                bench::show(b, "ms", 1e3).c_str());
-  const double ratio = b.ok() ? tps(a.median) / tps(b.median) : 0;
-  if (b.ok())
-    std::printf("tokens/s phalanx / pytorch: %.2fx (bar >= 1.15x: %s)\n", ratio, ratio >= 1.15 ? "met" : "NOT met");
-  bench::result_row("bench_gpt_step", "GPT gpt:4-4-128:128 step, 16 x 128 tokens, 1 thread", a, "PyTorch", b, "ms", 1e3,
-                    "<= 0.87 (tokens/s >= 1.15x)" + std::string(b.ok() ? (ratio >= 1.15 ? ": met" : ": NOT met") : ""));
+  const int w = with_bf16 ? 13 : 10;  // the name column (10 as before for --precision fp32)
+  std::printf("%-*s %12s %12s %12s   %s\n", w, "side", "step_ms", "tokens/s", "peak share", "step ms [fastest, slowest]");
+  const auto summary_of = [&](bool peer_side, bool bf16) {
+    for (const Side& s : sides)
+      if (s.peer == peer_side && s.bf16 == bf16) return bench::summarise(s.runs);
+    return bench::Summary{};
+  };
+  for (const Side& s : sides) {
+    const bench::Summary m = bench::summarise(s.runs);
+    if (!m.ok()) continue;
+    std::printf("%-*s %12.1f %12.0f %11.0f%%   %s", w, s.name.c_str(), m.median / 1e3, tps(m.median), 100 * share(m.median),
+                bench::show(m, "ms", 1e3).c_str());
+    if (s.iters < iters) std::printf("   (runs of %d step%s: a slow step)", s.iters, s.iters == 1 ? "" : "s");
+    std::printf("\n");
+  }
+  const bench::Summary a = summary_of(false, false), b = summary_of(true, false);
+  if (with_fp32_bar) {
+    const double ratio = b.ok() ? tps(a.median) / tps(b.median) : 0;
+    if (b.ok())
+      std::printf("tokens/s phalanx / pytorch: %.2fx (bar >= 1.15x: %s)\n", ratio, ratio >= 1.15 ? "met" : "NOT met");
+    bench::result_row("bench_gpt_step", "GPT gpt:4-4-128:128 step, 16 x 128 tokens, 1 thread", a, "PyTorch", b, "ms", 1e3,
+                      "<= 0.87 (tokens/s >= 1.15x)" + std::string(b.ok() ? (ratio >= 1.15 ? ": met" : ": NOT met") : ""));
+  }
+  if (with_bf16) {
+    const bench::Summary ab = summary_of(false, true), bb = summary_of(true, true);
+    const auto ratio_line = [&](const char* what, const bench::Summary& num, const bench::Summary& den, double bar) {
+      if (!num.ok() || !den.ok()) return std::printf("    %-36s   n/a (no run)\n", what), 0.0;
+      const double r = tps(num.median) / tps(den.median);
+      if (bar > 0) std::printf("    %-36s %5.2fx   bar >= %.1fx: %s\n", what, r, bar, r >= bar ? "met" : "NOT met");
+      else std::printf("    %-36s %5.2fx\n", what, r);
+      return r;
+    };
+    std::printf("bf16 autocast, tokens/s ratios of the medians (issue 30's bars; bf16 GEMM: %s):\n",
+                bf16_gemm_info().c_str());
+    const double vs_fp32 = ratio_line("phalanx bf16 / pytorch fp32", ab, b, 1.5);
+    const double vs_bf16 = ratio_line("phalanx bf16 / pytorch bf16", ab, bb, 1.3);
+    ratio_line("phalanx bf16 / phalanx fp32", ab, a, 0);
+    ratio_line("pytorch bf16 / pytorch fp32", bb, b, 0);
+    bench::result_row("bench_gpt_step", "GPT gpt:4-4-128:128 step, bf16 autocast, 1 thread", ab, "PyTorch fp32", b, "ms",
+                      1e3, "<= 0.67 (tokens/s >= 1.5x)" + std::string(vs_fp32 > 0 ? (vs_fp32 >= 1.5 ? ": met" : ": NOT met") : ""));
+    bench::result_row("bench_gpt_step", "GPT gpt:4-4-128:128 step, bf16 autocast, 1 thread", ab, "PyTorch bf16", bb, "ms",
+                      1e3, "<= 0.77 (tokens/s >= 1.3x)" + std::string(vs_bf16 > 0 ? (vs_bf16 >= 1.3 ? ": met" : ": NOT met") : ""));
+  }
 
   if (!skip_ddp) {
     std::vector<double> one, two;

@@ -92,10 +92,11 @@ class CheckedKernels final : public DeviceKernels {
  public:
   CheckedKernels(DeviceType type, DeviceKernels& inner) : type_(type), k_(inner), name_(inner.name()) {}
   DeviceKernels& inner() const { return k_; }
-  /// float32, or bfloat16 for ReLU on the CPU table (its bf16 kernels, cpu/bf16_elementwise.hpp).
+  /// float32, or bfloat16 for ReLU and GELU on the CPU table (its bf16 kernels, cpu/bf16_elementwise.hpp).
   DType relu_dtype(UnaryOp op, const Tensor& t) const {
-    return type_ == DeviceType::CPU && op == UnaryOp::Relu && dtype_of(t) == DType::BFloat16 ? DType::BFloat16
-                                                                                            : DType::Float32;
+    return type_ == DeviceType::CPU && (op == UnaryOp::Relu || op == UnaryOp::Gelu) && dtype_of(t) == DType::BFloat16
+               ? DType::BFloat16
+               : DType::Float32;
   }
   const char* name() const override { return name_; }
 
@@ -126,13 +127,19 @@ class CheckedKernels final : public DeviceKernels {
     const DType dt = relu_dtype(op, grad_y);
     c.dtype("grad_y", grad_y, dt).dtype("grad_x", grad_x, dt).numel("grad_x", grad_x, n, "grad_y's numel")
         .numel_opt("x", x, n, "grad_y's numel").numel_opt("y", y, n, "grad_y's numel");
-    if (dt == DType::BFloat16) c.that(y.defined() && dtype_of(y) == dt, "a bfloat16 relu_backward needs y in bfloat16");
+    if (dt == DType::BFloat16 && op == UnaryOp::Relu)
+      c.that(y.defined() && dtype_of(y) == dt, "a bfloat16 relu_backward needs y in bfloat16");
+    if (dt == DType::BFloat16 && op == UnaryOp::Gelu)
+      c.that(x.defined() && dtype_of(x) == dt, "a bfloat16 gelu_backward needs x in bfloat16");
     k_.unary_backward(op, grad_y, x, y, grad_x);
   }
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override {
     const std::int64_t n = numel_of(out), na = numel_of(a), nb = numel_of(b);
+    // b may be bf16 for a same-shape add on the CPU table (float32 + bf16, cpu/bf16_elementwise.hpp)
+    const bool bf_add = type_ == DeviceType::CPU && op == BinaryOp::Add && dtype_of(b) == DType::BFloat16 && nb == n;
     call("binary")
-        .on("a", a).on("b", b).on("out", out).f32("a", a).f32("b", b).f32("out", out)
+        .on("a", a).on("b", b).on("out", out).f32("a", a).dtype("b", b, bf_add ? DType::BFloat16 : DType::Float32)
+        .f32("out", out)
         .that((na == n || nb == n) && divides(na, n) && divides(nb, n),
               "out's numel must be one operand's, and the other's a period of it (suffix broadcasting)");
     k_.binary(op, a, b, out);

@@ -212,6 +212,11 @@ TEST_CASE("bf16 tensors outside autocast: PyTorch's promotion, gradients in the 
   CHECK(mul(b, a).dtype() == DType::Float32);
   CHECK(relu(a).dtype() == DType::BFloat16);
   CHECK(dropout(a, 0.5f, true).dtype() == DType::BFloat16);
+  // p = 0 or eval: the identity on the bf16 tensor itself (no widening and rounding back: a NaN
+  // payload such as 0x7F81 would have come back as 0xFFFF), as PyTorch returns its input.
+  CHECK(dropout(a, 0.f, true).is_same(a));
+  CHECK(dropout(a, 0.5f, false).is_same(a));
+  CHECK_THROWS_AS(dropout(a, 1.5f, true), ValueError);
   CHECK(layer_norm(a, {3}, ones({3}), zeros({3})).dtype() == DType::BFloat16);  // x's dtype
   CHECK(argmax(a, 1).dtype() == DType::Int64);
   sum(mul(relu(a), b)).backward();

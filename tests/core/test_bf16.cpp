@@ -513,6 +513,147 @@ TEST_CASE("bf16 relu: gradient by finite differences") {
   }
 }
 
+namespace {
+/// gelu through the float32 kernel: widen, gelu, round once (the in_float32 path).
+Tensor gelu_via_float32(const Tensor& x_bf16) { return to_dtype(gelu(to_dtype(x_bf16, DType::Float32)), DType::BFloat16); }
+}  // namespace
+
+TEST_CASE("bf16 gelu forward: the float32 kernel's bits rounded once, every SIMD level, odd sizes") {
+  std::mt19937 rng(21);
+  for (std::int64_t n : {1, 7, 8, 9, 15, 16, 17, 31, 33, 64, 1000, 4099}) {
+    std::vector<std::uint16_t> x = random_bits16(static_cast<std::size_t>(n), rng);
+    // and values where GELU is not flat (|x| < 6, both erf ranges, exp near its underflow)
+    const std::vector<std::uint16_t> mid = random_bf16(static_cast<std::size_t>(n), rng, 3.f);
+    for (std::size_t i = 0; i < x.size(); i += 2) x[i] = mid[i];
+    const Tensor xt = bf16_tensor(x, {n});
+    const std::vector<std::uint16_t> want = bits16(gelu_via_float32(xt));
+    for (const char* level : kSimdLevels) {
+      CAPTURE(n);
+      CAPTURE(std::string(level));
+      Bf16Simd env(level);
+      const Tensor y = gelu(xt);
+      CHECK(y.dtype() == DType::BFloat16);
+      CHECK(bits16(y) == want);
+      Tensor in_place = bf16_tensor(x, {n});  // the kernel with o == x
+      kernels_for(Device::cpu()).unary(UnaryOp::Gelu, in_place, in_place);
+      CHECK(bits16(in_place) == want);
+    }
+  }
+  // NaN written 0xFFFF, +inf -> +inf, +-0 -> +-0; -inf and the subnormals: whatever the
+  // float32 kernel gives, rounded once.
+  const Tensor sp = bf16_tensor({0x7FC1, 0xFFC0, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001, 0x8001}, {8});
+  const std::vector<std::uint16_t> got = bits16(gelu(sp));
+  CHECK(got == bits16(gelu_via_float32(sp)));
+  CHECK(got[0] == 0xFFFF);
+  CHECK(got[1] == 0xFFFF);
+  CHECK(got[2] == 0x7F80);
+  CHECK(got[4] == 0x0000);
+  CHECK(got[5] == 0x8000);
+}
+
+TEST_CASE("bf16 gelu backward: the float32 backward's bits, bf16 and float32 incoming gradients") {
+  std::mt19937 rng(22);
+  for (std::int64_t n : {1, 5, 8, 16, 33, 257, 3001}) {
+    std::vector<std::uint16_t> x = random_bits16(static_cast<std::size_t>(n), rng),
+                               g = random_bits16(static_cast<std::size_t>(n), rng);
+    const std::vector<std::uint16_t> mx = random_bf16(static_cast<std::size_t>(n), rng, 3.f),
+                                     mg = random_bf16(static_cast<std::size_t>(n), rng);
+    for (std::size_t i = 0; i < x.size(); i += 2) x[i] = mx[i], g[i] = mg[i];
+    const Tensor gt = bf16_tensor(g, {n});
+    Tensor x_ref = bf16_tensor(x, {n});
+    x_ref.requires_grad_();
+    gelu_via_float32(x_ref).backward(gt);
+    const std::vector<std::uint16_t> want = bits16(x_ref.grad());
+    for (const char* level : kSimdLevels) {
+      CAPTURE(n);
+      CAPTURE(std::string(level));
+      Bf16Simd env(level);
+      Tensor xn = bf16_tensor(x, {n});
+      xn.requires_grad_();
+      gelu(xn).backward(gt);
+      REQUIRE(xn.grad().dtype() == DType::BFloat16);
+      CHECK(bits16(xn.grad()) == want);
+    }
+    // A float32 gradient handed to the bf16 output: the float32 backward rounded once.
+    const Tensor g32 = randn({n});
+    Tensor a = bf16_tensor(x, {n}), b = bf16_tensor(x, {n});
+    a.requires_grad_();
+    b.requires_grad_();
+    gelu_via_float32(a).backward(g32);
+    gelu(b).backward(g32);
+    CHECK(bits16(b.grad()) == bits16(a.grad()));
+  }
+  // One node on the bf16 values, not a gelu between two float32 casts.
+  Tensor x = to_dtype(randn({8}), DType::BFloat16);
+  x.requires_grad_();
+  const Tensor y = gelu(x);
+  REQUIRE(y.grad_fn() != nullptr);
+  CHECK(std::string(y.grad_fn()->name()) == "UnaryBackward");
+}
+
+TEST_CASE("bf16 gelu: gradient by finite differences") {
+  std::mt19937 rng(23);
+  const std::vector<std::uint16_t> xs = random_bf16(61, rng, 2.f), ws = random_bf16(61, rng);
+  Tensor x = bf16_tensor(xs, {61});
+  x.requires_grad_();
+  const Tensor w = bf16_tensor(ws, {61});
+  sum(mul(gelu(x), w)).backward();
+  const std::vector<float> grad = as_floats(x.grad());
+  const auto gelu_d = [](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); };
+  const double h = 1e-4;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double x0 = bf16_to_float(xs[i]), wi = bf16_to_float(ws[i]);
+    const double fd = wi * (gelu_d(x0 + h) - gelu_d(x0 - h)) / (2 * h);
+    CAPTURE(i);
+    CAPTURE(x0);
+    // the product w * gelu'(x) is rounded to bf16 once (8 significant bits): 2^-8 relative
+    CHECK(std::fabs(grad[i] - fd) <= std::ldexp(std::fabs(fd), -8) + 1e-6);
+  }
+}
+
+TEST_CASE("float32 + bf16 add: the float32 add on the widened values, every SIMD level; b's gradient rounded once") {
+  std::mt19937 rng(24);
+  for (std::int64_t n : {1, 7, 8, 9, 16, 17, 33, 1000, 4099}) {
+    const std::vector<std::uint16_t> b = random_bits16(static_cast<std::size_t>(n), rng);
+    std::vector<float> av = randn({n}).to_vector<float>();
+    av[0] = std::numeric_limits<float>::quiet_NaN();
+    if (n > 2) av[1] = std::numeric_limits<float>::infinity(), av[2] = -0.f;
+    const Tensor a = tensor(av, {n});
+    const std::vector<float> want = add(a, to_dtype(bf16_tensor(b, {n}), DType::Float32)).to_vector<float>();
+    for (const char* level : kSimdLevels) {
+      CAPTURE(n);
+      CAPTURE(std::string(level));
+      Bf16Simd env(level);
+      const Tensor y = add(a, bf16_tensor(b, {n}));
+      REQUIRE(y.dtype() == DType::Float32);
+      const std::vector<float> got = y.to_vector<float>();
+      CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+    }
+  }
+  // Gradients: a's is g, b's is g rounded to bf16 once (the cast's backward before), one node.
+  const std::int64_t n = 257;
+  const Tensor g = randn({n});
+  Tensor a1 = randn({n}).requires_grad_(), a2 = a1.detach().clone().requires_grad_();
+  Tensor b1 = bf16_tensor(random_bf16(n, rng), {n}).requires_grad_(), b2 = b1.detach().clone().requires_grad_();
+  const Tensor y1 = add(a1, b1);
+  REQUIRE(y1.grad_fn() != nullptr);
+  CHECK(std::string(y1.grad_fn()->name()) == "BinaryBackward");
+  y1.backward(g);
+  add(a2, to_dtype(b2, DType::Float32)).backward(g);
+  REQUIRE(b1.grad().dtype() == DType::BFloat16);
+  CHECK(bits16(b1.grad()) == bits16(b2.grad()));
+  CHECK(bits16(b1.grad()) == bits16(to_dtype(g, DType::BFloat16)));
+  CHECK(a1.grad().to_vector<float>() == g.to_vector<float>());
+  // The kernel table takes the bf16 b itself (no float32 copy), for a same-shape add only.
+  Tensor out = Tensor::empty({n}, DType::Float32);
+  kernels_for(Device::cpu()).binary(BinaryOp::Add, a1.detach(), b1.detach(), out);
+  CHECK(out.to_vector<float>() == add(a1.detach(), to_dtype(b1.detach(), DType::Float32)).to_vector<float>());
+  CHECK_THROWS_AS(kernels_for(Device::cpu()).binary(BinaryOp::Mul, a1.detach(), b1.detach(), out), Error);
+  // bf16 + float32, and broadcast shapes, keep the promotion path (float32 results)
+  CHECK(add(b1.detach(), a1.detach()).dtype() == DType::Float32);
+  CHECK(add(randn({4, n}), b1.detach()).dtype() == DType::Float32);
+}
+
 TEST_CASE("bf16 linear bias gradient: column sums read bf16, the float32 sums' bits, every SIMD level") {
   std::mt19937 rng(14);
   for (auto [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{{1, 1}, {3, 17}, {128, 10}, {37, 1025}}) {

@@ -6,7 +6,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
+#include <phalanx/core/kernels.hpp>
+
+#include "support/bits_and_env.hpp"
 #include "support/gradcheck.hpp"
 
 using namespace phalanx;
@@ -293,6 +297,70 @@ TEST_CASE("norm layers, embedding, gelu, softmax, argmax, clamp on the sim devic
     CHECK(b[i].device() == sim);
     CHECK(same_bits(a[i], b[i]));
   }
+}
+
+TEST_CASE("float32 gelu and its backward: the same bits at every SIMD level, NaN, inf, -0, subnormals, tails") {
+  // PHALANX_GELU_SIMD caps the level (cpu_elementwise.cpp): scalar runs the baseline copy (libm
+  // fmaf), avx2 the AVX2 + FMA one, avx512 the AVX-512F one where the CPU has it (else AVX2).
+  // Bits compared as bits, NaNs included: a NaN x used to give +NaN on one level and -NaN on
+  // another in the backward (exp_nonpositive's integer steps on a NaN, then an fma's choice).
+  const std::uint32_t special[] = {0x7FC00000u, 0xFFC00000u, 0x7FC12345u, 0xFF812345u, 0x7FA00001u, 0xFF800001u, 0xFF800100u, 0xFF800B00u,
+                                   0x7F800000u, 0xFF800000u, 0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u,
+                                   0x007FFFFFu, 0x807FFFFFu, 0x3F6D8000u, 0xBF6D8000u, 0x407AE148u, 0xC07AE148u,
+                                   0x40800000u, 0xC0800000u, 0x41533333u, 0xC1533333u, 0x7F7FFFFFu, 0xFF7FFFFFu};
+  const std::size_t ns = sizeof special / sizeof special[0];
+  std::uint64_t state = 88172645463325252ull;
+  const auto next = [&] {  // xorshift64: any 32-bit pattern
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return static_cast<std::uint32_t>(state >> 11);
+  };
+  for (std::int64_t n : {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 47, 64, 1000, 4099}) {
+    std::vector<float> x(static_cast<std::size_t>(n)), g(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      // a third specials, a third ordinary values in GELU's curved range, a third any pattern
+      const std::uint32_t r = next();
+      x[i] = i % 3 == 0 ? test::float_of(special[(i / 3 + static_cast<std::size_t>(n)) % ns])
+             : i % 3 == 1 ? static_cast<float>(static_cast<std::int32_t>(r)) * 0x1p-28f
+                          : test::float_of(r);
+      g[i] = i % 5 == 4 ? test::float_of(special[(i + 7) % ns]) : static_cast<float>(static_cast<std::int32_t>(next())) * 0x1p-31f;
+    }
+    const Tensor xt = tensor(x, {n}), gt = tensor(g, {n});
+    std::vector<std::uint32_t> want_y, want_gx;
+    for (const char* level : {"scalar", "avx2", "avx512"}) {
+      CAPTURE(n);
+      CAPTURE(std::string(level));
+      test::ScopedEnv env("PHALANX_GELU_SIMD", level);
+      Tensor y = Tensor::empty({n}, DType::Float32), gx = Tensor::empty({n}, DType::Float32);
+      kernels_for(Device::cpu()).unary(UnaryOp::Gelu, xt, y);
+      kernels_for(Device::cpu()).unary_backward(UnaryOp::Gelu, gt, xt, Tensor(), gx);
+      std::vector<std::uint32_t> yb, gb;
+      for (float v : y.to_vector<float>()) yb.push_back(test::bits_of(v));
+      for (float v : gx.to_vector<float>()) gb.push_back(test::bits_of(v));
+      if (want_y.empty()) {
+        want_y = yb, want_gx = gb;
+        continue;
+      }
+      for (std::size_t i = 0; i < yb.size(); ++i) {
+        CAPTURE(i);
+        CAPTURE(x[i]);
+        CAPTURE(g[i]);
+        CHECK(yb[i] == want_y[i]);
+        if (!(std::isnan(g[i]) && std::isnan(x[i]))) CHECK(gb[i] == want_gx[i]);  // two NaNs: either may pass
+      }
+    }
+  }
+  // what the values are: +-0 keep their sign, +inf -> +inf, a NaN x gives its own NaN in the backward
+  const Tensor y = gelu(tensor(std::vector<float>{0.f, -0.f, std::numeric_limits<float>::infinity()}, {3}));
+  const std::vector<float> yv = y.to_vector<float>();
+  CHECK(test::bits_of(yv[0]) == 0x00000000u);
+  CHECK(test::bits_of(yv[1]) == 0x80000000u);
+  CHECK(yv[2] == std::numeric_limits<float>::infinity());
+  Tensor gx = Tensor::empty({2}, DType::Float32);
+  kernels_for(Device::cpu()).unary_backward(UnaryOp::Gelu, tensor(std::vector<float>{1.f, 2.f}, {2}),
+                                            tensor(std::vector<float>{test::float_of(0xFF800100u), test::float_of(0x7FC00000u)}, {2}),
+                                            Tensor(), gx);
+  CHECK(test::bits_of(gx.to_vector<float>()[0]) == 0xFFC00100u);  // quieted
+  CHECK(test::bits_of(gx.to_vector<float>()[1]) == 0x7FC00000u);
 }
 
 TEST_CASE("norm layers and friends: bad input gives one line naming the op and what to do") {

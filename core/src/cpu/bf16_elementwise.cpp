@@ -1,13 +1,15 @@
 // bfloat16 elementwise kernels (cpu/bf16_elementwise.hpp). Plain loops on the 16-bit patterns
 // that the compiler vectorises; one body, compiled twice (AVX2, baseline x86-64), picked at each
-// call. Integer compares only (relu) or float32 adds in a fixed order (column sums): both give
-// the same bits. No AVX-512 variant: none could be executed where these were written (Zen 3),
+// call. Integer compares only (relu), float32 adds (column sums in a fixed order, the float32
+// + bf16 add) or cpu/gelu_math.hpp's float32 GELU with explicit std::fma and one rounding
+// (GELU): each gives the same bits at each level. No AVX-512 variant: none could be executed where these were written (Zen 3),
 // and code must not run for the first time in CI; an AVX-512 CPU runs the AVX2 one.
 #include "cpu/bf16_elementwise.hpp"
 
 #include <algorithm>
 #include <cstring>
 
+#include "cpu/gelu_math.hpp"
 #include "cpu/simd_level.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -62,6 +64,29 @@ PHALANX_INLINE void column_sums_body(const std::uint16_t* __restrict x, std::int
   }
 }
 
+/// float32 -> bf16 as the tensor conversion (to_dtype) rounds: nearest even, a NaN as 0xFFFF.
+PHALANX_INLINE std::uint16_t round_bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const std::uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<std::uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0xFFFFu : r);
+}
+
+// o may be x: element i is read before it is written.
+PHALANX_INLINE void gelu_body(const std::uint16_t* x, std::uint16_t* o, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) o[i] = round_bf16(gelu_math::gelu_one(widen(x[i])));
+}
+
+PHALANX_INLINE void gelu_backward_body(const std::uint16_t* g, const std::uint16_t* x, std::uint16_t* o,
+                                       std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) o[i] = round_bf16(gelu_math::gelu_backward_one(widen(g[i]), widen(x[i])));
+}
+
+// o may be a: element i is read before it is written.
+PHALANX_INLINE void add_f32_bf16_body(const float* a, const std::uint16_t* b, float* o, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) o[i] = a[i] + widen(b[i]);
+}
+
 #define PHALANX_BF16_LEVEL(suffix, target)                                                                      \
   target void relu_##suffix(const std::uint16_t* x, std::uint16_t* o, std::int64_t n) { relu_body(x, o, n); } \
   target void relu_backward_##suffix(const std::uint16_t* g, const std::uint16_t* y, std::uint16_t* o,         \
@@ -70,15 +95,24 @@ PHALANX_INLINE void column_sums_body(const std::uint16_t* __restrict x, std::int
   }                                                                                                           \
   target void column_sums_##suffix(const std::uint16_t* x, std::int64_t rows, std::int64_t p, float* o) {      \
     column_sums_body(x, rows, p, o);                                                                          \
+  }                                                                                                           \
+  target void gelu_##suffix(const std::uint16_t* x, std::uint16_t* o, std::int64_t n) { gelu_body(x, o, n); } \
+  target void gelu_backward_##suffix(const std::uint16_t* g, const std::uint16_t* x, std::uint16_t* o,         \
+                                     std::int64_t n) {                                                        \
+    gelu_backward_body(g, x, o, n);                                                                           \
+  }                                                                                                           \
+  target void add_f32_bf16_##suffix(const float* a, const std::uint16_t* b, float* o, std::int64_t n) {        \
+    add_f32_bf16_body(a, b, o, n);                                                                            \
   }
 
 PHALANX_BF16_LEVEL(scalar, )
 #ifdef PHALANX_BF16_X86
-PHALANX_BF16_LEVEL(avx2, PHALANX_TARGET("avx2"))
+PHALANX_BF16_LEVEL(avx2, PHALANX_TARGET("avx2,fma"))
 #endif
 
-/// 1: AVX2, 0: baseline; capped by PHALANX_BF16_SIMD (its "avx512" means AVX2 here).
-int level() { return std::min(simd_level("PHALANX_BF16_SIMD"), 1); }
+/// 1: AVX2 with FMA (the AVX2 level is compiled with FMA: GELU's std::fma), 0: baseline;
+/// capped by PHALANX_BF16_SIMD (its "avx512" means AVX2 here).
+int level() { return std::min(simd_level("PHALANX_BF16_SIMD", false, true), 1); }
 
 }  // namespace
 
@@ -110,6 +144,27 @@ void column_sums_bf16(const std::uint16_t* x, std::int64_t rows, std::int64_t p,
   }
 #endif
   column_sums_scalar(x, rows, p, o);
+}
+
+void gelu_bf16(const std::uint16_t* x, std::uint16_t* o, std::int64_t n) {
+#ifdef PHALANX_BF16_X86
+  if (level() == 1) return gelu_avx2(x, o, n);
+#endif
+  gelu_scalar(x, o, n);
+}
+
+void gelu_backward_bf16(const std::uint16_t* g, const std::uint16_t* x, std::uint16_t* o, std::int64_t n) {
+#ifdef PHALANX_BF16_X86
+  if (level() == 1) return gelu_backward_avx2(g, x, o, n);
+#endif
+  gelu_backward_scalar(g, x, o, n);
+}
+
+void add_f32_bf16(const float* a, const std::uint16_t* b, float* o, std::int64_t n) {
+#ifdef PHALANX_BF16_X86
+  if (level() == 1) return add_f32_bf16_avx2(a, b, o, n);
+#endif
+  add_f32_bf16_scalar(a, b, o, n);
 }
 
 }  // namespace phalanx::cpu

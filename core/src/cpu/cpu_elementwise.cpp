@@ -11,6 +11,8 @@
 
 #include "cpu/bf16_elementwise.hpp"
 #include "cpu/cpu_kernels.hpp"
+#include "cpu/gelu_math.hpp"
+#include "cpu/simd_level.hpp"
 
 namespace phalanx {
 
@@ -57,98 +59,52 @@ void relu_backward(const float* __restrict g, const float* __restrict y, float* 
 
 
 // GELU's forward and backward are a step's costliest elementwise passes ([tokens, 4 x width]);
-// libm's erff/expf are scalar calls. These are branch-free (both erf ranges computed, then
-// selected) so that each clone vectorises. Every multiply-add is an explicit std::fma and
-// nothing else is contractible, so each clone (the baseline one through libm's fmaf) gives
-// the same bits. "arch=haswell" is AVX2 with FMA.
+// libm's erff/expf are scalar calls. cpu/gelu_math.hpp's are branch-free, so that each
+// compiled level vectorises, and give the same bits on each (the baseline one through libm's
+// fmaf). Three copies picked by cpu::simd_level("PHALANX_GELU_SIMD") from CPU features (a
+// target_clones "arch=haswell" clone was picked by CPU model, __builtin_cpu_is("haswell"), so
+// an AMD Zen or a later Intel client never ran it: they ran the baseline one, each fma a libm
+// call, 5x slower), capped by the variable so that the tests compare the levels bit for bit.
+// The AVX-512F copy is target_clones' former "avx512f" clone, the same code.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define PHALANX_FMA_CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
-#else
-#define PHALANX_FMA_CLONES
+#define PHALANX_GELU_X86 1
+#endif
+#define PHALANX_GELU_LEVEL(suffix, target)                                                                    \
+  target void gelu_##suffix(const float* __restrict x, float* __restrict o, std::int64_t n) {                 \
+    for (std::int64_t i = 0; i < n; ++i) o[i] = cpu::gelu_math::gelu_one(x[i]);                              \
+  }                                                                                                           \
+  target void gelu_backward_##suffix(const float* __restrict g, const float* __restrict x, float* __restrict o, \
+                                     std::int64_t n) {                                                        \
+    for (std::int64_t i = 0; i < n; ++i) o[i] = cpu::gelu_math::gelu_backward_one(g[i], x[i]);               \
+  }
+PHALANX_GELU_LEVEL(scalar, )
+#ifdef PHALANX_GELU_X86
+PHALANX_GELU_LEVEL(avx2, __attribute__((target("avx2,fma"))))
+PHALANX_GELU_LEVEL(avx512, __attribute__((target("avx512f"))))
+#endif
+#undef PHALANX_GELU_LEVEL
+
+#ifdef PHALANX_GELU_X86
+/// 2: AVX-512F, 1: AVX2 + FMA, 0: baseline (cpu/simd_level.hpp; FMA required above baseline).
+int gelu_level() { return cpu::simd_level("PHALANX_GELU_SIMD", false, true); }
 #endif
 
-__attribute__((always_inline)) inline float bits_to_float(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-__attribute__((always_inline)) inline std::uint32_t float_to_bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
+void gelu(const float* x, float* o, std::int64_t n) {
+#ifdef PHALANX_GELU_X86
+  const int level = gelu_level();
+  if (level == 2) return gelu_avx512(x, o, n);
+  if (level == 1) return gelu_avx2(x, o, n);
+#endif
+  gelu_scalar(x, o, n);
 }
 
-/// c ? a : b as bit operations: GCC does not if-convert a select between two float
-/// computations (with trapping math they could trap), it branches, and then the loop does not
-/// vectorise without AVX-512's masks.
-__attribute__((always_inline)) inline float select_bits(bool c, float a, float b) {
-  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
-  return bits_to_float((float_to_bits(a) & m) | (float_to_bits(b) & ~m));
-}
-
-/// exp(r) for r in [-87, 0] (callers clamp): 2^k exp(f), |f| <= ln2 / 2, a degree-7 polynomial;
-/// within 1e-7 relative of exp. The result stays a normal float, so 2^k goes into the exponent bits.
-__attribute__((always_inline)) inline float exp_nonpositive(float r) {
-  const float magic = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float shifted = std::fma(r, 1.44269504f, magic);  // k in its low mantissa bits
-  const float k = shifted - magic;
-  float f = std::fma(k, -0.693145752f, r);  // ln 2 in two parts (Cody-Waite)
-  f = std::fma(k, -1.42860677e-6f, f);
-  float p = 1.98756912e-4f;
-  p = std::fma(p, f, 1.39819994e-3f);
-  p = std::fma(p, f, 8.33345205e-3f);
-  p = std::fma(p, f, 4.16657962e-2f);
-  p = std::fma(p, f, 1.66666657e-1f);
-  p = std::fma(p, f, 5.0e-1f);
-  p = std::fma(p, f * f, f) + 1.0f;
-  return bits_to_float(float_to_bits(p) + ((float_to_bits(shifted) - float_to_bits(magic)) << 23));
-}
-
-/// erf(a) within 1.02 ulp of the exact value (checked against double erf over the float range):
-/// a + a P(a^2) for |a| <= 0.9277, else 1 - exp(Q(|a|)) with its sign; |a| is capped at 4
-/// (erf is 1 in float from 3.92) so exp's argument stays in range. NaN stays NaN.
-__attribute__((always_inline)) inline float erf_float(float a) {
-  const float t = std::fabs(a), s = a * a;
-  float r = -5.96761703e-4f;
-  r = std::fma(r, s, 4.99119423e-3f);
-  r = std::fma(r, s, -2.67681349e-2f);
-  r = std::fma(r, s, 1.12819925e-1f);
-  r = std::fma(r, s, -3.76125336e-1f);
-  r = std::fma(r, s, 1.28379166e-1f);
-  const float small = std::fma(r, a, a);
-  const float tc = select_bits(t < 4.0f, t, 4.0f);
-  float u = std::fma(-1.72853470e-5f, tc, 3.83197126e-4f);
-  const float v = std::fma(-3.88396438e-3f, tc, 2.42546219e-2f);
-  u = std::fma(u, tc * tc, v);
-  u = std::fma(u, tc, -1.06777877e-1f);
-  u = std::fma(u, tc, -6.34846687e-1f);
-  u = std::fma(u, tc, -1.28717512e-1f);
-  u = std::fma(u, tc, -tc);
-  const float big = std::copysign(1.0f - exp_nonpositive(u), a);
-  return select_bits(t > 0.927734375f, big, small);
-}
-
-/// PyTorch's exact (erf) GELU: x/2 (1 + erf(x / sqrt 2)).
-PHALANX_FMA_CLONES
-void gelu(const float* __restrict x, float* __restrict o, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float xi = x[i];
-    o[i] = xi * 0.5f * (1.0f + erf_float(xi * static_cast<float>(M_SQRT1_2)));
-  }
-}
-
-/// d/dx = Phi(x) + x phi(x), as PyTorch's GeluBackward; phi is 0 where x^2/2 > 87 (exp underflows).
-PHALANX_FMA_CLONES
-void gelu_backward(const float* __restrict g, const float* __restrict x, float* __restrict o, std::int64_t n) {
-  const float kBeta = static_cast<float>(M_2_SQRTPI * M_SQRT1_2 * 0.5);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float xi = x[i];
-    const float cdf = 0.5f * (1.0f + erf_float(xi * static_cast<float>(M_SQRT1_2)));
-    const float e = xi * xi * -0.5f;
-    const bool under = e < -87.0f;
-    const float pdf = select_bits(under, 0.0f, kBeta * exp_nonpositive(select_bits(under, -87.0f, e)));
-    o[i] = g[i] * std::fma(xi, pdf, cdf);
-  }
+void gelu_backward(const float* g, const float* x, float* o, std::int64_t n) {
+#ifdef PHALANX_GELU_X86
+  const int level = gelu_level();
+  if (level == 2) return gelu_backward_avx512(g, x, o, n);
+  if (level == 1) return gelu_backward_avx2(g, x, o, n);
+#endif
+  gelu_backward_scalar(g, x, o, n);
 }
 
 /// out = a op b with b repeating every `period` elements of a (period == n: same shapes), or a
@@ -185,11 +141,13 @@ void apply_binary(BinaryOp op, const A& a, const B& b, O&& o) {
 }  // namespace
 
 void CpuKernels::unary(UnaryOp op, const Tensor& x, Tensor& out) {
-  if (x.dtype() == DType::BFloat16) {  // the ops send bf16 here for ReLU only (ops/elementwise.cpp)
-    if (op != UnaryOp::Relu || out.dtype() != DType::BFloat16)
-      throw TypeError("unary: a bfloat16 input on the CPU kernel is supported for relu only; convert to float32");
-    cpu::relu_bf16(static_cast<const std::uint16_t*>(x.raw_data()), static_cast<std::uint16_t*>(out.raw_data()),
-                   x.numel());
+  if (x.dtype() == DType::BFloat16) {  // the ops send bf16 here for ReLU and GELU only (ops/elementwise.cpp)
+    if ((op != UnaryOp::Relu && op != UnaryOp::Gelu) || out.dtype() != DType::BFloat16)
+      throw TypeError("unary: a bfloat16 input on the CPU kernel is supported for relu and gelu only; convert to float32");
+    const auto* xs = static_cast<const std::uint16_t*>(x.raw_data());
+    auto* os = static_cast<std::uint16_t*>(out.raw_data());
+    if (op == UnaryOp::Relu) cpu::relu_bf16(xs, os, x.numel());
+    else cpu::gelu_bf16(xs, os, x.numel());
     return;
   }
   auto X = flat(x);
@@ -209,8 +167,14 @@ void CpuKernels::unary(UnaryOp op, const Tensor& x, Tensor& out) {
 void CpuKernels::unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x,
                                 const Tensor& y, Tensor& grad_x) {
   if (grad_y.dtype() == DType::BFloat16) {
+    if (op == UnaryOp::Gelu && x.dtype() == DType::BFloat16 && grad_x.dtype() == DType::BFloat16) {
+      cpu::gelu_backward_bf16(static_cast<const std::uint16_t*>(grad_y.raw_data()),
+                              static_cast<const std::uint16_t*>(x.raw_data()),
+                              static_cast<std::uint16_t*>(grad_x.raw_data()), grad_y.numel());
+      return;
+    }
     if (op != UnaryOp::Relu || y.dtype() != DType::BFloat16 || grad_x.dtype() != DType::BFloat16)
-      throw TypeError("unary_backward: bfloat16 on the CPU kernel is supported for relu only; convert to float32");
+      throw TypeError("unary_backward: bfloat16 on the CPU kernel is supported for relu and gelu only; convert to float32");
     cpu::relu_backward_bf16(static_cast<const std::uint16_t*>(grad_y.raw_data()),
                             static_cast<const std::uint16_t*>(y.raw_data()),
                             static_cast<std::uint16_t*>(grad_x.raw_data()), grad_y.numel());
@@ -247,6 +211,12 @@ void CpuKernels::unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& 
 void CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
   const auto n = out.numel(), na = a.numel(), nb = b.numel();
   if (n == 0) return;
+  if (b.dtype() == DType::BFloat16) {  // float32 + bf16, same shapes (ops/elementwise.cpp's residual add)
+    if (op != BinaryOp::Add || a.dtype() != DType::Float32 || out.dtype() != DType::Float32 || na != n || nb != n)
+      throw TypeError("binary: a bfloat16 b on the CPU kernel is supported for a same-shape float32 + bfloat16 add only");
+    cpu::add_f32_bf16(a.data<float>(), static_cast<const std::uint16_t*>(b.raw_data()), out.data<float>(), n);
+    return;
+  }
   if (std::min(na, nb) < 16) {  // short periods (a scalar): xtensor's broadcast loops over the long side
     if (na == n && nb == n) apply_binary(op, flat(a), flat(b), flat(out));
     else if (na == n) apply_binary(op, rows(a, nb), flat(b), rows(out, nb));

@@ -40,6 +40,15 @@ class UnaryBackward final : public Node {
  public:
   UnaryBackward(UnaryOp op, Tensor x, Tensor y) : op_(op), x_(std::move(x)), y_(std::move(y)) {}
   std::vector<Tensor> apply(const Tensor& g_in) override {
+    // A bf16 GELU (run natively) handed a float32 gradient: the float32 backward on the widened
+    // x, rounded once, as the float32 path between two casts computed it (rounding g first
+    // would round twice).
+    if (op_ == UnaryOp::Gelu && x_.defined() && x_.dtype() == DType::BFloat16 && g_in.dtype() == DType::Float32) {
+      const Tensor xf = to_dtype(x_, DType::Float32);
+      Tensor gx = empty_like(g_in);
+      kernels_for(g_in.device()).unary_backward(op_, g_in, xf, Tensor(), gx);
+      return {to_dtype(gx, DType::BFloat16)};
+    }
     // A bf16 ReLU (run natively) handed a float32 gradient: rounding it first gives the bits of
     // the float32 backward rounded once (the mask commutes with the rounding).
     const Tensor g = y_.defined() && y_.dtype() != g_in.dtype() ? to_dtype(g_in, y_.dtype()) : g_in;
@@ -57,10 +66,12 @@ class UnaryBackward final : public Node {
 
 Tensor unary(UnaryOp op, const Tensor& x_in) {
   const Tensor x = contiguous_input(x_in);
-  // bf16 ReLU on the CPU runs on the 16-bit values (cpu/bf16_elementwise.hpp: the same bits as
-  // the float32 kernel rounded once, without two float32 temporaries and two casts per pass).
+  // bf16 ReLU and GELU on the CPU run on the 16-bit values (cpu/bf16_elementwise.hpp: the same
+  // bits as the float32 kernel rounded once, without two float32 temporaries and two casts per
+  // pass, forward and backward).
   check_defined(x, unary_name(op), "input");
-  const bool native_bf16 = op == UnaryOp::Relu && x.dtype() == DType::BFloat16 && x.device().is_cpu();
+  const bool native_bf16 =
+      (op == UnaryOp::Relu || op == UnaryOp::Gelu) && x.dtype() == DType::BFloat16 && x.device().is_cpu();
   if (is_reduced(x) && !native_bf16) return in_float32(x.dtype(), [op](const Tensor& t) { return unary(op, t); }, x);
   if (!native_bf16) check_float(x, unary_name(op));
   Tensor y = empty_like(x);
@@ -104,8 +115,8 @@ Shape broadcast_shape(const Tensor& a, const Tensor& b, const char* op) {
 
 class BinaryBackward final : public Node {
  public:
-  BinaryBackward(BinaryOp op, Tensor a, Tensor b, Shape sa, Shape sb)
-      : op_(op), a_(std::move(a)), b_(std::move(b)), sa_(std::move(sa)), sb_(std::move(sb)) {}
+  BinaryBackward(BinaryOp op, Tensor a, Tensor b, Shape sa, Shape sb, DType b_dtype = DType::Float32)
+      : op_(op), a_(std::move(a)), b_(std::move(b)), sa_(std::move(sa)), sb_(std::move(sb)), b_dtype_(b_dtype) {}
 
   std::vector<Tensor> apply(const Tensor& g) override {
     DeviceKernels& k = kernels_for(g.device());
@@ -115,6 +126,8 @@ class BinaryBackward final : public Node {
       case BinaryOp::Add:
         if (need_a) ga = reduce_to(g, sa_);
         if (need_b) gb = reduce_to(g, sb_);
+        // float32 + bf16 run natively: b's gradient rounded once, as the cast's backward did
+        if (need_b && b_dtype_ == DType::BFloat16 && gb.dtype() != DType::BFloat16) gb = to_dtype(gb, DType::BFloat16);
         break;
       case BinaryOp::Sub:
         if (need_a) ga = reduce_to(g, sa_);
@@ -153,10 +166,23 @@ class BinaryBackward final : public Node {
   BinaryOp op_;
   Tensor a_, b_;
   Shape sa_, sb_;
+  DType b_dtype_;
 };
 
 Tensor binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in, const char* name) {
   const Tensor a = contiguous_input(a_in), b = contiguous_input(b_in);
+  // A float32 residual plus a bf16 branch of the same shape (autocast's x + attn(ln(x))) on the
+  // CPU: the float32 add reads the bf16 values directly (cpu/bf16_elementwise.hpp), the same
+  // bits as adding a float32 copy, without the copy.
+  if (op == BinaryOp::Add && a.defined() && b.defined() && a.dtype() == DType::Float32 &&
+      b.dtype() == DType::BFloat16 && a.device().is_cpu() && b.device().is_cpu() && a.shape() == b.shape()) {
+    Tensor out = Tensor::empty(a.shape(), DType::Float32, a.device());
+    kernels_for(a.device()).binary(op, a, b, out);
+    if (grad_mode_enabled() && (a.requires_grad() || b.requires_grad()))
+      autograd::record(std::make_shared<BinaryBackward>(op, Tensor(), Tensor(), a.shape(), b.shape(), b.dtype()),
+                       {&a, &b}, out);
+    return out;
+  }
   if (any_reduced(a, b))
     return in_float32(promote_types({&a, &b}), [=](const Tensor& x, const Tensor& y) { return binary(op, x, y, name); },
                       a, b);
