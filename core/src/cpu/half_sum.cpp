@@ -102,6 +102,7 @@ __attribute__((target("avx2,f16c"))) void sum_avx2(std::uint16_t* dst, std::uint
       acc = _mm256_add_ps(acc, L::widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at(src[q], i)))));
     if (L::kNanSign && _mm256_movemask_ps(_mm256_cmp_ps(acc, acc, _CMP_UNORD_Q))) {
       // A NaN lane: its sign is add()'s rule, not vaddps's operand order. Rare: these 8 again.
+      _mm256_zeroupper();  // SSE code next (see the end)
       sum_scalar<L::load, L::store, L::kNanSign>(dst, dst2, src, nsrc, i, i + 8);
       continue;
     }
@@ -109,6 +110,11 @@ __attribute__((target("avx2,f16c"))) void sum_avx2(std::uint16_t* dst, std::uint
     if (dst) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), o);
     if (dst2) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst2 + i), o);
   }
+  // The upper halves of the ymm registers cleared before the SSE code of the tail and of the
+  // caller: GCC 12 emits no vzeroupper before this (tail) call for the float16 instance, and
+  // dirty upper halves slow every later SSE instruction on Intel until one runs (Skylake and
+  // later: a merge per instruction; Haswell: a state switch). A test reads XINUSE after a sum.
+  _mm256_zeroupper();
   sum_scalar<L::load, L::store, L::kNanSign>(dst, dst2, src, nsrc, i, n);
 }
 #endif
