@@ -559,7 +559,7 @@ int main(int argc, char** argv) {
     const std::int64_t n = elements[0][0] > 0 ? static_cast<std::int64_t>(elements[0][0]) : 1863691;
     Generator cg(7);
     std::printf("   the hooks' conversions of %lld elements, one thread, best of 7 (the collective's 16-bit sum\n"
-                "   converts again per element: shm and gloo reduce 16-bit values through float):\n",
+                "   widens and rounds again, 8 lanes at a time: phalanx/core/half_sum.hpp, bench_half_sum):\n",
                 static_cast<long long>(n));
     for (const float mag : {1e-3f, 1e-5f}) {
       Tensor a = randn({n}, &cg) * mag;

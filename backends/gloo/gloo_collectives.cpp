@@ -61,9 +61,9 @@ void GlooBackend::allreduce_impl(Tensor& t, ReduceOp op, std::uint32_t tag) {
     ::gloo::AllreduceOptions o(context_);
     o.setOutput(static_cast<std::uint16_t*>(t.raw_data()), n);
     if (t.dtype() == DType::Float16)
-      o.setReduceFunction(&sum16<fp16_to_float, float_to_fp16>);
+      o.setReduceFunction(&sum16<fp16_sum>);
     else
-      o.setReduceFunction(&sum16<bf16_to_float, float_to_bf16>);
+      o.setReduceFunction(&sum16<bf16_sum>);
     o.setTag(tag);
     o.setTimeout(timeout());
     ::gloo::allreduce(o);
@@ -183,8 +183,8 @@ void GlooBackend::run_reduce(Tensor& t, int root, ReduceOp op, std::uint64_t seq
       o.setReduceFunction(reduce_fn<T>(op));
     });
     // 16-bit floats (sum only): widen, add, round, as allreduce (not integer sums of the bits).
-    if (h.dtype() == DType::Float16) o.setReduceFunction(&sum16<fp16_to_float, float_to_fp16>);
-    if (h.dtype() == DType::BFloat16) o.setReduceFunction(&sum16<bf16_to_float, float_to_bf16>);
+    if (h.dtype() == DType::Float16) o.setReduceFunction(&sum16<fp16_sum>);
+    if (h.dtype() == DType::BFloat16) o.setReduceFunction(&sum16<bf16_sum>);
     o.setRoot(root);
     o.setTag(tag);
     o.setTimeout(timeout());

@@ -12,7 +12,7 @@
 
 #include "gloo_backend.hpp"
 #include "phalanx/backends/comm_error.hpp"
-#include "phalanx/core/half.hpp"
+#include "phalanx/core/half_sum.hpp"
 
 namespace phalanx::gloo_backend {
 
@@ -75,13 +75,12 @@ const ::gloo::ReductionFunction<T>* reduction(ReduceOp op) {
   return ::gloo::ReductionFunction<T>::sum;
 }
 
-/// Sums of 16-bit floats: widen, add in float32, round back (to nearest even).
-template <float (*Load)(std::uint16_t), std::uint16_t (*Store)(float)>
+/// Sums of 16-bit floats, c = a + b as Gloo's reduce functions take them (c may be a): widen,
+/// add in float32, round back to nearest even; libphalanx's AVX2 code (phalanx/core/half_sum.hpp).
+template <void (*Sum)(void*, void*, const void* const*, int, std::size_t)>
 void sum16(void* c, const void* a, const void* b, std::size_t n) {
-  auto* o = static_cast<std::uint16_t*>(c);
-  const auto* x = static_cast<const std::uint16_t*>(a);
-  const auto* y = static_cast<const std::uint16_t*>(b);
-  for (std::size_t i = 0; i < n; ++i) o[i] = Store(Load(x[i]) + Load(y[i]));
+  const void* const src[2] = {a, b};
+  Sum(c, nullptr, src, 2, n);
 }
 
 }  // namespace phalanx::gloo_backend

@@ -13,7 +13,7 @@
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/host_staging.hpp"
 #include "phalanx/core/env.hpp"
-#include "phalanx/core/half.hpp"
+#include "phalanx/core/half_sum.hpp"
 #include "phalanx/core/kernels.hpp"
 #include "phalanx/core/tensor_impl.hpp"
 
@@ -21,13 +21,13 @@ namespace phalanx::mpi_backend {
 
 namespace {
 
-/// MPI user operations for 16-bit floats (MPI has no float16 or bfloat16 type): widen, add
-/// in float32, round back to nearest even, like the Gloo plugin. Commutative.
-template <float (*Load)(std::uint16_t), std::uint16_t (*Store)(float)>
+/// MPI user operations for 16-bit floats (MPI has no float16 or bfloat16 type): inout = in +
+/// inout, widened, added in float32, rounded back to nearest even, like the Gloo plugin;
+/// libphalanx's AVX2 code (phalanx/core/half_sum.hpp). Commutative.
+template <void (*Sum)(void*, void*, const void* const*, int, std::size_t)>
 void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const std::uint16_t*>(in);
-  auto* b = static_cast<std::uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = Store(Load(a[i]) + Load(b[i]));
+  const void* const src[2] = {in, inout};
+  Sum(inout, nullptr, src, 2, static_cast<std::size_t>(*len));
 }
 
 /// PHALANX_MPI_THREADS: "single" or "serialized"; unset: single, unless async.
@@ -135,8 +135,13 @@ MpiProcessGroup::MpiProcessGroup(const BackendConfig& c) : Backend(c.rank, c.siz
     int* ub = nullptr;
     int found = 0;
     if (MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found) == MPI_SUCCESS && found && ub) tag_ub_ = *ub;
-    MPI_Op_create(&sum16<fp16_to_float, float_to_fp16>, 1, &sum_fp16_);
-    MPI_Op_create(&sum16<bf16_to_float, float_to_bf16>, 1, &sum_bf16_);
+    // The sums read PHALANX_FP16_SIMD / PHALANX_BF16_SIMD at each call: a bad value is a
+    // ConfigError here, not an exception inside MPI's callback (where none can be thrown).
+    const void* const none[1] = {nullptr};
+    fp16_sum(nullptr, nullptr, none, 1, 0);
+    bf16_sum(nullptr, nullptr, none, 1, 0);
+    MPI_Op_create(&sum16<fp16_sum>, 1, &sum_fp16_);
+    MPI_Op_create(&sum16<bf16_sum>, 1, &sum_bf16_);
   } catch (...) {
     throw;  // no threads to stop: the group starts them once this backend exists
   }

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "phalanx/core/error.hpp"
-#include "phalanx/core/half.hpp"
+#include "phalanx/core/half_sum.hpp"
 
 namespace phalanx::shm {
 
@@ -85,26 +85,6 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void reduce_i64(Red
   native_op<std::int64_t>(op, dst, dst2, src, nsrc, n, divisor);
 }
 
-/// 16-bit floats (sum only): widened to float32, summed in source order, rounded once.
-template <float (*Load)(std::uint16_t), std::uint16_t (*Store)(float)>
-void sum16(void* dst, void* dst2, const void* const* src, int nsrc, std::size_t n) {
-  constexpr std::size_t kBlock = kBlockBytes / sizeof(float);
-  float acc[kBlock];
-  std::uint16_t out[kBlock];
-  for (std::size_t b = 0; b < n; b += kBlock) {
-    const std::size_t m = std::min(kBlock, n - b);
-    const auto* s0 = static_cast<const std::uint16_t*>(src[0]) + b;
-    for (std::size_t i = 0; i < m; ++i) acc[i] = Load(s0[i]);
-    for (int q = 1; q < nsrc; ++q) {
-      const auto* s = static_cast<const std::uint16_t*>(src[q]) + b;
-      for (std::size_t i = 0; i < m; ++i) acc[i] += Load(s[i]);
-    }
-    for (std::size_t i = 0; i < m; ++i) out[i] = Store(acc[i]);
-    if (dst) std::memcpy(static_cast<std::uint16_t*>(dst) + b, out, m * 2);
-    if (dst2) std::memcpy(static_cast<std::uint16_t*>(dst2) + b, out, m * 2);
-  }
-}
-
 }  // namespace
 
 void reduce_into(DType dtype, ReduceOp op, void* dst, void* dst2, const void* const* src, int nsrc, std::size_t n,
@@ -112,8 +92,10 @@ void reduce_into(DType dtype, ReduceOp op, void* dst, void* dst2, const void* co
   switch (dtype) {
     case DType::Float32: reduce_f32(op, dst, dst2, src, nsrc, n, divisor); break;
     case DType::Int64: reduce_i64(op, dst, dst2, src, nsrc, n, divisor); break;
-    case DType::Float16: sum16<fp16_to_float, float_to_fp16>(dst, dst2, src, nsrc, n); break;
-    case DType::BFloat16: sum16<bf16_to_float, float_to_bf16>(dst, dst2, src, nsrc, n); break;
+    // 16-bit floats (sum only): widened, summed in source order in float32, rounded once;
+    // libphalanx's AVX2 code (phalanx/core/half_sum.hpp).
+    case DType::Float16: fp16_sum(dst, dst2, src, nsrc, n); break;
+    case DType::BFloat16: bf16_sum(dst, dst2, src, nsrc, n); break;
     case DType::Bool: throw TypeError("shm: bool tensors cannot be reduced");  // ProcessGroup refuses them first
   }
 }
