@@ -7,7 +7,9 @@
 //      one worker's (the bar: >= 1.8x on shared memory) and against the ceiling, two
 //      independent one-worker processes at once (the bar: >= 0.95 of it; one process
 //      alone has the whole machine, two share caches and memory bandwidth as DDP's workers
-//      do); how much allreduce is hidden;
+//      do), and against the same two processes in lock step (a barrier after every step,
+//      no data: what waiting for the slower of two costs before any reduction); how much
+//      allreduce is hidden;
 //   3. a bucket-size sweep (1, 5, 25, 100 MiB) on the MLP, 2 workers, the default backend;
 //   4. only with --hook fp16|bf16|all (issue 30): the MLP, 2 workers, the float32 reduction
 //      beside the fp16/bf16 compression hooks on shm and gloo and PyTorch's hooks (gloo):
@@ -16,11 +18,16 @@
 // Every figure: median [fastest, slowest] of the runs; ratios of the medians. The PyTorch
 // peer is launched once per run (bench/peers/torch_ddp.py).
 // A backend whose plugin cannot run here reads -1.
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <ctime>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -261,9 +268,32 @@ MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb
 struct Ceiling {
   double rate = -1, cpu_us = -1;  ///< samples/s of both; CPU time per step of rank 0's process
 };
-Ceiling ceiling_run(int steps) {
+
+/// Two processes' barrier in a shared anonymous mapping (made before the fork): the lock-step
+/// reference waits here after every step. Spins briefly, then yields while it waits.
+struct StepBarrier {
+  std::atomic<int> arrived{0};
+  std::atomic<unsigned> generation{0};
+  void wait() {
+    const unsigned g = generation.load(std::memory_order_acquire);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) == 1) {
+      arrived.store(0, std::memory_order_relaxed);
+      generation.fetch_add(1, std::memory_order_acq_rel);
+      return;
+    }
+    for (int spin = 0; generation.load(std::memory_order_acquire) == g; ++spin)
+      if (spin > 200) std::this_thread::yield();
+  }
+};
+
+/// `lockstep`: the two processes wait for each other after every step (no data exchanged),
+/// so the result is the ceiling of any synchronous data-parallel step on this machine.
+Ceiling ceiling_run(int steps, bool lockstep = false) {
   int ready[2][2], result[2];
   if (::pipe(ready[0]) != 0 || ::pipe(ready[1]) != 0 || ::pipe(result) != 0) return {};
+  void* mem = ::mmap(nullptr, sizeof(StepBarrier), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return {};
+  StepBarrier* barrier = new (mem) StepBarrier;
   const std::string out = bench::run_ranks(2, [&](int rank, std::FILE* f) {
     set_num_threads(1);
     Generator g(0);
@@ -279,7 +309,10 @@ Ceiling ceiling_run(int steps) {
     char c = 1;
     if (::write(ready[rank][1], &c, 1) != 1 || ::read(ready[1 - rank][0], &c, 1) != 1) throw std::runtime_error("handshake");
     const double t = bench::now_s(), cpu = process_cpu_s();
-    for (int i = 0; i < steps; ++i) step();
+    for (int i = 0; i < steps; ++i) {
+      step();
+      if (lockstep) barrier->wait();
+    }
     const double us = (bench::now_s() - t) / steps * 1e6, cpu_us = (process_cpu_s() - cpu) / steps * 1e6;
     if (rank == 1) {
       if (::write(result[1], &us, sizeof us) != sizeof us) throw std::runtime_error("result pipe");
@@ -290,6 +323,7 @@ Ceiling ceiling_run(int steps) {
     }
   });
   for (int* p : {ready[0], ready[1], result}) ::close(p[0]), ::close(p[1]);
+  ::munmap(mem, sizeof(StepBarrier));
   return {bench::find_value(out, "rate"), bench::find_value(out, "cpu_us")};
 }
 
@@ -411,11 +445,12 @@ int main(int argc, char** argv) {
   }
 
   if (only.empty() || only == "mlp") {
-    Stats one, shm2, shm2_thread, tcp2, hid_tcp, t1, t2, cpu1, cpu2, ceiling, cpu_ceiling;
+    Stats one, shm2, shm2_thread, tcp2, hid_tcp, t1, t2, cpu1, cpu2, ceiling, cpu_ceiling, lockstep;
     for (int r = 0; r < runs; ++r) {
       const Ceiling top = ceiling_run(20);
       ceiling.add(top.rate);
       cpu_ceiling.add(top.cpu_us);
+      lockstep.add(ceiling_run(20, true).rate);
       const MlpResult o = mlp(1, 20, ""), a = mlp(2, 20, "shm");
       one.add(o.step_us);
       cpu1.add(o.cpu_us);
@@ -455,6 +490,14 @@ int main(int argc, char** argv) {
                 top > 0 ? rate(tcp2, 256) / top : 0.0);
     std::printf("   bar: 2 workers on shm >= 0.95 of the two-process ceiling: %s\n",
                 top > 0 ? (share >= 0.95 ? "met" : "NOT met") : "n/a");
+    // Where a shortfall comes from: the same two processes waiting for each other after every
+    // step (no data) lose what the lock step costs on this machine; DDP against that is the
+    // reduction's own cost.
+    const double locked = lockstep.median();
+    if (top > 0 && locked > 0)
+      std::printf("   lock step: the same two processes with a barrier after every step (no data) %.0f samples/s "
+                  "[%.0f, %.0f] = %.2f of the ceiling; DDP 2 workers shm = %.2f of the lock step, gloo %.2f\n",
+                  locked, lockstep.lo(), lockstep.hi(), locked / top, rate(shm2, 256) / locked, rate(tcp2, 256) / locked);
     const bench::Summary torch2 = bench::summarise(t2.v);
     bench::result_row("bench_ddp_step", "MLP 784-1024-1024-10 step, 1 worker, 128 samples", bench::summarise(one.v),
                       "PyTorch", bench::summarise(t1.v), "ms", 1e3, "-");
