@@ -412,6 +412,28 @@ std::vector<std::uint16_t> random_bits16(std::size_t n, std::mt19937& rng) {
 /// relu through the float32 kernel: widen, relu, round once (the in_float32 path).
 Tensor relu_via_float32(const Tensor& x_bf16) { return to_dtype(relu(to_dtype(x_bf16, DType::Float32)), DType::BFloat16); }
 
+/// A float32 gradient handed to op's bf16 output: the same bits as the float32 backward
+/// (`via_float32`: widen, the float32 op, round) rounded once.
+void check_float32_grad_into_bf16(Tensor (*via_float32)(const Tensor&), Tensor (*op)(const Tensor&),
+                                  const std::vector<std::uint16_t>& x, std::int64_t n) {
+  const Tensor g32 = randn({n});
+  Tensor a = bf16_tensor(x, {n}), b = bf16_tensor(x, {n});
+  a.requires_grad_();
+  b.requires_grad_();
+  via_float32(a).backward(g32);
+  op(b).backward(g32);
+  CHECK(bits16(b.grad()) == bits16(a.grad()));
+}
+
+/// One autograd node on the bf16 values, not the op between two float32 casts.
+void check_one_bf16_node(Tensor (*op)(const Tensor&)) {
+  Tensor x = to_dtype(randn({8}), DType::BFloat16);
+  x.requires_grad_();
+  const Tensor y = op(x);
+  REQUIRE(y.grad_fn() != nullptr);
+  CHECK(std::string(y.grad_fn()->name()) == "UnaryBackward");
+}
+
 }  // namespace
 
 TEST_CASE("bf16 relu forward: the float32 kernel's bits rounded once, every SIMD level, odd sizes") {
@@ -455,21 +477,9 @@ TEST_CASE("bf16 relu backward: the float32 backward's bits, bf16 and float32 inc
       relu(xn).backward(gt);
       CHECK(bits16(xn.grad()) == want);
     }
-    // A float32 gradient handed to the bf16 output: the float32 backward rounded once.
-    const Tensor g32 = randn({n});
-    Tensor a = bf16_tensor(x, {n}), b = bf16_tensor(x, {n});
-    a.requires_grad_();
-    b.requires_grad_();
-    relu_via_float32(a).backward(g32);
-    relu(b).backward(g32);
-    CHECK(bits16(b.grad()) == bits16(a.grad()));
+    check_float32_grad_into_bf16(relu_via_float32, relu, x, n);
   }
-  // One node on the bf16 values, not a relu between two float32 casts.
-  Tensor x = to_dtype(randn({8}), DType::BFloat16);
-  x.requires_grad_();
-  const Tensor y = relu(x);
-  REQUIRE(y.grad_fn() != nullptr);
-  CHECK(std::string(y.grad_fn()->name()) == "UnaryBackward");
+  check_one_bf16_node(relu);
 }
 
 TEST_CASE("bf16 relu: gradient by finite differences") {
@@ -574,21 +584,9 @@ TEST_CASE("bf16 gelu backward: the float32 backward's bits, bf16 and float32 inc
       REQUIRE(xn.grad().dtype() == DType::BFloat16);
       CHECK(bits16(xn.grad()) == want);
     }
-    // A float32 gradient handed to the bf16 output: the float32 backward rounded once.
-    const Tensor g32 = randn({n});
-    Tensor a = bf16_tensor(x, {n}), b = bf16_tensor(x, {n});
-    a.requires_grad_();
-    b.requires_grad_();
-    gelu_via_float32(a).backward(g32);
-    gelu(b).backward(g32);
-    CHECK(bits16(b.grad()) == bits16(a.grad()));
+    check_float32_grad_into_bf16(gelu_via_float32, gelu, x, n);
   }
-  // One node on the bf16 values, not a gelu between two float32 casts.
-  Tensor x = to_dtype(randn({8}), DType::BFloat16);
-  x.requires_grad_();
-  const Tensor y = gelu(x);
-  REQUIRE(y.grad_fn() != nullptr);
-  CHECK(std::string(y.grad_fn()->name()) == "UnaryBackward");
+  check_one_bf16_node(gelu);
 }
 
 TEST_CASE("bf16 gelu: gradient by finite differences") {
