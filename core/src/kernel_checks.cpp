@@ -93,7 +93,7 @@ class CheckedKernels final : public DeviceKernels {
   CheckedKernels(DeviceType type, DeviceKernels& inner) : type_(type), k_(inner), name_(inner.name()) {}
   DeviceKernels& inner() const { return k_; }
   /// float32, or bfloat16 for ReLU and GELU on the CPU table (its bf16 kernels, cpu/bf16_elementwise.hpp).
-  DType relu_dtype(UnaryOp op, const Tensor& t) const {
+  DType native_bf16_dtype(UnaryOp op, const Tensor& t) const {
     return type_ == DeviceType::CPU && (op == UnaryOp::Relu || op == UnaryOp::Gelu) && dtype_of(t) == DType::BFloat16
                ? DType::BFloat16
                : DType::Float32;
@@ -116,7 +116,7 @@ class CheckedKernels final : public DeviceKernels {
   void unary(UnaryOp op, const Tensor& x, Tensor& out) override {
     Call c = call("unary");
     c.on("x", x).on("out", out);
-    const DType dt = relu_dtype(op, x);
+    const DType dt = native_bf16_dtype(op, x);
     c.dtype("x", x, dt).dtype("out", out, dt).numel("out", out, numel_of(x), "x's numel");
     k_.unary(op, x, out);
   }
@@ -124,7 +124,7 @@ class CheckedKernels final : public DeviceKernels {
     const std::int64_t n = numel_of(grad_y);
     Call c = call("unary_backward");
     c.on("grad_y", grad_y).on_opt("x", x).on_opt("y", y).on("grad_x", grad_x);
-    const DType dt = relu_dtype(op, grad_y);
+    const DType dt = native_bf16_dtype(op, grad_y);
     c.dtype("grad_y", grad_y, dt).dtype("grad_x", grad_x, dt).numel("grad_x", grad_x, n, "grad_y's numel")
         .numel_opt("x", x, n, "grad_y's numel").numel_opt("y", y, n, "grad_y's numel");
     if (dt == DType::BFloat16 && op == UnaryOp::Relu)
