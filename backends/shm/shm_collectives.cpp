@@ -82,7 +82,41 @@ void ShmProcessGroup::reduce_impl(Tensor& t, ReduceOp op, int root, Op& o) {
   }
 }
 
+void ShmProcessGroup::allreduce_in_place(Tensor& t, ReduceOp op, Segment& seg, std::size_t offset,
+                                         std::uint32_t index, std::uint64_t seq) {
+  const int W = size(), me = rank();
+  const DType dt = t.dtype();
+  const std::size_t es = element_size(dt), n = static_cast<std::size_t>(t.numel());
+  Op o = begin("allreduce", seq,
+               make_sig(OpCode::AllreduceInPlace, with_root(with_reduce(dt, op), in_place_tag(index, offset)),
+                        t.nbytes()));
+  void* ptrs[64];
+  std::vector<void*> big;
+  void** at = ptrs;
+  if (W > 64) {
+    big.resize(W);
+    at = big.data();
+  }
+  // Step 1: every rank's buffer holds its input. Each rank then reduces its slice of the
+  // message from the W buffers (in rank order: the staged path's bits) into all W of them;
+  // no other rank reads or writes that slice. Step 2: every slice is written everywhere.
+  step(o);
+  const Slice my = slice_of(me, W, n, es);
+  for (int q = 0; q < W; ++q) at[q] = seg.slot_base(q) + offset + my.lo * es;
+  if (my.hi > my.lo)
+    reduce_into_all(dt, op, at, W, at, W, my.hi - my.lo, op == ReduceOp::Avg ? W : 0);
+  step(o);
+}
+
 void ShmProcessGroup::run_allreduce(Tensor& t, ReduceOp op, std::uint64_t seq) {
+  if (size() > 1) {
+    std::size_t offset = 0;
+    std::uint32_t index = 0;
+    if (const std::shared_ptr<Segment> seg = find_region(t, &offset, &index)) {
+      allreduce_in_place(t, op, *seg, offset, index, seq);
+      return;
+    }
+  }
   Tensor h = host_of(t);
   Op o = begin("allreduce", seq, make_sig(OpCode::Allreduce, with_reduce(t.dtype(), op), t.nbytes()));
   reduce_impl(h, op, -1, o);

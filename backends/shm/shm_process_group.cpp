@@ -3,11 +3,15 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "phalanx/backends/comm_error.hpp"
 #include "phalanx/backends/prefix_store.hpp"
 #include "phalanx/core/env.hpp"
+#include "phalanx/core/storage.hpp"
+#include "phalanx/core/tensor_impl.hpp"
+#include "phalanx/core/warning.hpp"
 #include "../plugin_support/inline_work.hpp"
 #include "shm_signature.hpp"
 
@@ -29,6 +33,8 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
   try {
     if (!c.store) throw ConfigError("shm backend: BackendConfig::store is null (the rendezvous needs a store)");
     auto store = std::make_shared<PrefixStore>("shm", c.store);
+    store_ = store;
+    zero_copy_ = env::flag("PHALANX_SHM_ZERO_COPY", true);
     publish_pid(*store, c.rank);  // before anything that can fail: the others see this rank exit
     const WaitPolicy policy = wait_policy_from_env(std::max(c.size, c.ranks_on_machine));
     seg_ = std::make_unique<Segment>(*store, c.rank, c.size, slot_bytes_from_env(),
@@ -56,6 +62,49 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
 ShmProcessGroup::~ShmProcessGroup() {
   // The group stopped its threads before destroying this backend.
   if (sync_) sync_->mark_left(collectives_);
+}
+
+Tensor ShmProcessGroup::alloc_symmetric(std::int64_t numel, DType dtype) {
+  if (!zero_copy_ || numel <= 0) return {};
+  const std::size_t bytes = static_cast<std::size_t>(numel) * element_size(dtype);
+  const std::uint32_t index = symmetric_count_++;  // every rank counts alike (a collective call)
+  auto store = std::make_shared<PrefixStore>("symm/" + std::to_string(index), store_);
+  publish_pid(*store, rank());
+  std::shared_ptr<Segment> seg;
+  try {
+    seg = std::make_shared<Segment>(*store, rank(), size(), (bytes + 4095) / 4096 * 4096, 0, 0, timeout(),
+                                    /*channels=*/false);
+  } catch (const BackendUnavailableError& e) {
+    // Rank 0 told every rank (the store): all of them fall back alike.
+    warn_once("shm-zero-copy", detail::concat("shm: no zero-copy buffer of ", bytes, " bytes (", e.what(),
+                                              "); its collectives copy through the staging slots"));
+    return {};
+  }
+  char* mine = seg->slot_base(rank());
+  {
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    // Buffers already freed leave the list here (their segments are unmapped).
+    regions_.erase(std::remove_if(regions_.begin(), regions_.end(), [](const Region& r) { return r.seg.expired(); }),
+                   regions_.end());
+    regions_.push_back(Region{mine, bytes, index, seg});
+  }
+  auto storage = Storage::borrow(mine, bytes, Device::cpu(), seg);
+  return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, Shape{numel}, dtype));
+}
+
+std::shared_ptr<Segment> ShmProcessGroup::find_region(const Tensor& t, std::size_t* offset, std::uint32_t* index) {
+  if (!t.device().is_cpu() || !t.is_contiguous()) return nullptr;
+  const char* data = static_cast<const char*>(t.raw_data());
+  const std::size_t n = t.nbytes();
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  for (const Region& r : regions_) {
+    std::shared_ptr<Segment> seg = r.seg.lock();  // first: a freed region's address may be reused
+    if (!seg || data < r.base || data + n > r.base + r.bytes) continue;
+    *offset = static_cast<std::size_t>(data - r.base);
+    *index = r.index;
+    return seg;
+  }
+  return nullptr;
 }
 
 WorkPtr ShmProcessGroup::inline_work(const InlineOp& op) {

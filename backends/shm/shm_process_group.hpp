@@ -46,8 +46,29 @@ class ShmProcessGroup final : public Backend {
   void run_barrier(std::uint64_t seq) override;
   void run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) override;
   void run_recv(Tensor& t, int src, int tag, std::uint64_t seq) override;
+  /// A new segment holding one slot of round_up(numel x element size, page) bytes per rank
+  /// (made and attached through the store, as the group's own); this rank's slot, zero-filled,
+  /// as the tensor's memory (the segment stays mapped while the tensor or a view of it lives).
+  /// Undefined (the group falls back to ordinary memory) with PHALANX_SHM_ZERO_COPY=0 or when
+  /// rank 0 cannot make the segment (/dev/shm too small: a one-line warning).
+  Tensor alloc_symmetric(std::int64_t numel, DType dtype) override;
 
  private:
+  /// A zero-copy buffer: this rank's slot in `seg`; the same offset in every rank's slot is
+  /// the same element of their buffers.
+  struct Region {
+    const char* base;  ///< this rank's slot (compared only while seg is alive)
+    std::size_t bytes;
+    std::uint32_t index;  ///< the group's count of zero-copy buffers when it was made
+    std::weak_ptr<Segment> seg;
+  };
+  /// The region a whole contiguous host tensor lies in (its segment locked), or null.
+  std::shared_ptr<Segment> find_region(const Tensor& t, std::size_t* offset, std::uint32_t* index);
+  /// Allreduce of a tensor at `offset` in every rank's slot of `seg`: each rank reduces its
+  /// 1/W slice straight from the W slots and writes it into all of them; two steps, no copies.
+  void allreduce_in_place(Tensor& t, ReduceOp op, Segment& seg, std::size_t offset, std::uint32_t index,
+                          std::uint64_t seq);
+
   /// The operation running now (collectives run one at a time, in issue order).
   struct Op {
     const char* name;
@@ -90,6 +111,11 @@ class ShmProcessGroup final : public Backend {
   std::size_t small_max_;    ///< allreduce up to this many bytes: one round, every rank reduces it all
   std::size_t chunk_bytes_;  ///< larger ones: rounds of this many bytes, each rank reducing 1/W of each
   std::string binding_;      ///< where bind_to_share put the creating thread
+  std::shared_ptr<Store> store_;  ///< the group's store ("shm/"): zero-copy buffers' segments meet there
+  bool zero_copy_ = true;         ///< PHALANX_SHM_ZERO_COPY
+  std::mutex regions_mu_;         ///< alloc_symmetric (caller) against find_region (worker, PHALANX_SHM_INLINE=0)
+  std::vector<Region> regions_;
+  std::uint32_t symmetric_count_ = 0;
 
   /// Set while a collective runs: inline operations issued from two threads at once are an
   /// error, not a race on the steps.

@@ -15,5 +15,8 @@ namespace phalanx::shm {
 /// runs in L1-sized blocks through a private buffer, so the inner loops vectorise.
 void reduce_into(DType dtype, ReduceOp op, void* dst, void* dst2, const void* const* src, int nsrc, std::size_t n,
                  int divisor);
+/// The same into `ndst` destinations (each may be one of the sources, none another's overlap).
+void reduce_into_all(DType dtype, ReduceOp op, void* const* dst, int ndst, const void* const* src, int nsrc,
+                     std::size_t n, int divisor);
 
 }  // namespace phalanx::shm

@@ -164,7 +164,7 @@ void Segment::compute_layout() {
 }
 
 Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, std::uint64_t small_bytes,
-                 std::uint64_t chunk_bytes, std::chrono::milliseconds timeout)
+                 std::uint64_t chunk_bytes, std::chrono::milliseconds timeout, bool channels)
     : world_(world), slot_bytes_(slot_bytes) {
   // Rings (W² of them): a power of two of at least 16 KiB, at most 256 KiB, a quarter of a
   // slot and a W-th of one (a large message streams through; W = 8 at the default staging
@@ -172,7 +172,7 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
   const std::size_t ring_max = std::min<std::size_t>({slot_bytes_ / 4, 256u << 10, slot_bytes_ / world});
   std::size_t c = 16 * 1024;
   while (c * 2 <= ring_max) c *= 2;
-  chan_bytes_ = c;
+  chan_bytes_ = channels ? c : 0;
   int fd = -1;
   bool created = false;
   const auto fail = [&](const std::string& msg) {

@@ -76,8 +76,9 @@ class Segment {
   /// `small_bytes` and `chunk_bytes` (the allreduce algorithm's switch and round size) are
   /// rank 0's: every rank must cut a message alike, so the others adopt them (small_bytes(),
   /// chunk_bytes()), as they adopt its slot size.
+  /// `channels` false: no send/recv rings (a zero-copy buffer's segment: only the slots).
   Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, std::uint64_t small_bytes,
-          std::uint64_t chunk_bytes, std::chrono::milliseconds timeout);
+          std::uint64_t chunk_bytes, std::chrono::milliseconds timeout, bool channels = true);
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
@@ -87,6 +88,9 @@ class Segment {
   ChannelCtl& channel_ctl(int src, int dst) const {
     return reinterpret_cast<ChannelCtl*>(base_ + chanctl_off_)[src * world_ + dst];
   }
+  /// Rank r's whole slot (slot_bytes()).
+  char* slot_base(int r) const { return base_ + slots_off_ + r * slot_bytes_; }
+  std::size_t slot_bytes() const { return slot_bytes_; }
   /// Half `h` (0 or 1) of rank r's staging slot.
   char* slot(int r, int h) const { return base_ + slots_off_ + r * slot_bytes_ + h * half_bytes(); }
   char* channel(int src, int dst) const {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "phalanx/backends/comm_error.hpp"
+#include "phalanx/core/creation.hpp"
 #include "phalanx/core/env.hpp"
 
 namespace phalanx {
@@ -123,6 +124,15 @@ void ProcessGroup::set_collective_check(CollectiveCheck check) {
   std::lock_guard<std::mutex> lock(mu_);
   collective_check_ = std::move(check);
   checking_.store(static_cast<bool>(collective_check_), std::memory_order_relaxed);
+}
+
+Tensor ProcessGroup::symmetric_zeros(std::int64_t numel, DType dtype, Device device) {
+  if (numel < 0) throw ValueError(detail::concat("symmetric_zeros: numel ", numel, " is negative"));
+  if (device.is_cpu() && size_ > 1 && numel > 0) {
+    Tensor t = backend_->alloc_symmetric(numel, dtype);
+    if (t.defined()) return t;
+  }
+  return zeros({numel}, dtype, device);
 }
 
 std::uint64_t ProcessGroup::sequence_number() const {

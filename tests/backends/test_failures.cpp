@@ -169,6 +169,7 @@ TEST_CASE("plugin ABI: PHALANX_PLUGIN_ABI_VERSION changes with the layouts plugi
       {9, 40, 16, 65},  // DeviceKernels' event_* / stream_wait_event / set_comm_stream; Backend's flag
       {10, 40, 16, 66},  // DeviceKernels' gemm_bf16; TensorImpl's strides (views)
       {11, 40, 16, 67},  // DeviceKernels' event_handle; Work's device done event
+      {12, 40, 17, 67},  // Backend's alloc_symmetric (zero-copy buffers)
   };
   const Layout now{PHALANX_PLUGIN_ABI_VERSION, sizeof(Backend), vtable_slot(&BackendProbe::probe_slot),
                    vtable_slot(&KernelsProbe::probe_slot)};

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "support/ddp_fixtures.hpp"
@@ -93,6 +94,42 @@ TEST_CASE("W = 2, 3, 4 workers on a global batch equal one process on it (SGD mo
         }));
       }
     }
+}
+
+TEST_CASE("shm: gradient buckets in the shared segment (zero-copy) equal one process, and the staged path bit for bit") {
+  const Data d = make_data(96, 16, 5);
+  const std::int64_t B = 24;
+  const auto want = reference("many_small_one_large", "sgd", d, B, 10);
+  for (int W : {2, 3}) {
+    CAPTURE(W);
+    std::vector<std::vector<Tensor>> got(2);
+    for (int zero_copy = 1; zero_copy >= 0; --zero_copy) {
+      ::setenv("PHALANX_SHM_ZERO_COPY", zero_copy ? "1" : "0", 1);
+      auto store = std::make_shared<MemoryStore>();
+      CHECK_NOTHROW(run_threads(W, [&](int rank) {
+        auto pg = make_thread_group("shm", rank, W, std::make_shared<PrefixStore>("zc", store));
+        DDPOptions o;
+        o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));  // several buckets
+        DDP ddp(make_model("many_small_one_large"), pg, o);
+        auto opt = make_opt("sgd", ddp.parameters());
+        DistributedSamplerOptions so;
+        so.num_replicas(W);
+        so.rank(rank);
+        so.shuffle(false);
+        DistributedSampler sampler(96, so);
+        const std::vector<Tensor> params = train(ddp, *opt, d, &sampler, B / W, 10);
+        for (const Tensor& p : ddp.parameters())
+          REQUIRE_RANK(rank, p.grad().impl()->storage()->borrowed() == (zero_copy == 1),
+                       zero_copy ? "a gradient outside the shared segment" : "PHALANX_SHM_ZERO_COPY=0 ignored");
+        check_close(params, want, 1e-5, rank);
+        if (rank == 0) got[zero_copy] = params;
+      }));
+    }
+    ::unsetenv("PHALANX_SHM_ZERO_COPY");
+    REQUIRE(got[0].size() == got[1].size());
+    for (std::size_t i = 0; i < got[0].size(); ++i)
+      CHECK(std::memcmp(got[0][i].raw_data(), got[1][i].raw_data(), got[0][i].nbytes()) == 0);
+  }
 }
 
 // The models above multiply small matrices: Phalanx's own GEMM takes them whatever PHALANX_GEMM

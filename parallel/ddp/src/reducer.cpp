@@ -46,7 +46,10 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named, ProcessGroup
     // the label check). Reduced with the gradients (a mean), it is non-zero on every rank
     // when any rank's step was void, at no extra collective, and its sum S = round(mean * W)
     // = void ranks + (W + 1) * bad-label ranks says which.
-    bucket.buffer = zeros({total + (b + 1 == layout.size() ? 1 : 0)}, DType::Float32, device_);
+    // From the group: memory its backend reduces in place where it has such (shm's zero-copy
+    // buffers: no staging copies), ordinary zeros elsewhere. Every rank builds the same
+    // buckets in the same order, as that call needs.
+    bucket.buffer = pg_->symmetric_zeros(total + (b + 1 == layout.size() ? 1 : 0), DType::Float32, device_);
     if (b + 1 == layout.size())  // the flag, set and read through device ops
       flag_ = Tensor(std::make_shared<TensorImpl>(bucket.buffer.impl()->storage(),
                                                   static_cast<std::size_t>(total) * 4, Shape{1}, DType::Float32));

@@ -110,6 +110,12 @@ class Backend {
   virtual void run_barrier(std::uint64_t seq) = 0;
   virtual void run_send(const Tensor& t, int dst, int tag, std::uint64_t seq) = 0;
   virtual void run_recv(Tensor& t, int src, int tag, std::uint64_t seq) = 0;
+  /// ProcessGroup::symmetric_zeros on CPU, with every rank calling it alike: `numel`
+  /// zero-filled elements of `dtype` that this backend's collectives reduce in place, without
+  /// staging copies (shm: memory that every rank maps, docs/shm.md "Zero-copy buffers"); or an
+  /// undefined Tensor when the backend has no such memory (the default), and the group then
+  /// hands out ordinary memory. Called on the caller's thread, never concurrently with itself.
+  virtual Tensor alloc_symmetric(std::int64_t numel, DType dtype);
 
   /// Called from a run_* hook that only posted its operation (point-to-point): the Work
   /// completes when `waiter` returns, on the group's completion thread, so the worker can

@@ -97,6 +97,16 @@ class ProcessGroup final {
   WorkPtr send(const Tensor& tensor, int dst, int tag = 0);
   WorkPtr recv(const Tensor& tensor, int src, int tag = 0);
 
+  /// A zero-filled 1-D tensor of `numel` elements of `dtype` on `device`, for a buffer that
+  /// this group reduces again and again (DDP's gradient buckets): where the backend has memory
+  /// its collectives reduce in place (shm: every rank maps every rank's buffer), allreduce on
+  /// the whole tensor skips the copies in and out of the staging area; elsewhere (other
+  /// backends, devices, one rank, PHALANX_SHM_ZERO_COPY=0, too little /dev/shm) an ordinary
+  /// tensor. Collective where the backend has such memory: every rank calls it with the same
+  /// numel and dtype in the same order (as DDP's constructor does). Slices of it reduce
+  /// through the staging area as any tensor does.
+  Tensor symmetric_zeros(std::int64_t numel, DType dtype, Device device = Device::cpu());
+
   /// How many operations have been issued.
   std::uint64_t sequence_number() const;
   /// Whether an operation is running (on the worker or inline on a caller's thread) or

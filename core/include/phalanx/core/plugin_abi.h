@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 11: DeviceKernels gained event_handle (NCCL's stream-ordered Works), Work a device done
+/* 12: Backend's vtable gained alloc_symmetric (ProcessGroup::symmetric_zeros); 11: DeviceKernels gained event_handle (NCCL's stream-ordered Works), Work a device done
  * event; 10: DeviceKernels gained gemm_bf16; TensorImpl gained strides (views); autograd's Node a
  * virtual (reusable); 9: DeviceKernels gained the stream-ordering events (event_*, stream_wait_event,
  * set_comm_stream), Backend orders_device_streams_ (tests/backends/test_failures.cpp checks
@@ -21,7 +21,7 @@
  * 5: Backend's and Work's layout (defer_polled, restrict_to_this_thread); 4: comm plugins'
  * create returns a phalanx::Backend* (the ProcessGroup that owns it is made by the loader);
  * 3: Sim device, exact-mode kernels; 2: Storage file mappings */
-#define PHALANX_PLUGIN_ABI_VERSION 11u
+#define PHALANX_PLUGIN_ABI_VERSION 12u
 #define PHALANX_PLUGIN_ENTRY_SYMBOL "phalanx_plugin_entry"
 
 #ifdef __cplusplus

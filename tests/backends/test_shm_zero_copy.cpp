@@ -1,0 +1,186 @@
+// shm's zero-copy buffers (ProcessGroup::symmetric_zeros, docs/shm.md "Zero-copy buffers"):
+// memory every rank maps, reduced in place with no staging copies. The results equal the
+// staged path's bit for bit (every dtype and op, W = 2..4, one slice or many), a part of a
+// buffer reduces in place too, a rank whose tensor is elsewhere fails the signature check
+// with both calls named, the memory outlives the group, nothing is left in /dev/shm, and
+// PHALANX_SHM_ZERO_COPY=0 hands out ordinary memory.
+#include <doctest/doctest.h>
+#include <dirent.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "support/conformance.hpp"
+
+using namespace phalanx;
+using namespace phalanx::test;
+
+namespace {
+
+bool in_shared_memory(const Tensor& t) { return t.impl()->storage()->borrowed(); }
+
+std::set<std::string> shm_names() {
+  std::set<std::string> out;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d))
+      if (std::strncmp(e->d_name, "phalanx-shm-", 12) == 0) out.insert(e->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+
+/// Rank q's input of n elements: distinct per rank, with a fractional part (the order of the
+/// sum shows in the bits).
+Tensor input_of(int q, std::int64_t n, DType dt) {
+  Generator g(static_cast<std::uint64_t>(q * 31 + n));
+  if (dt == DType::Int64) return ramp(n, q + 1, DType::Int64);
+  return to_dtype(randn({n}, &g) * 100.f, dt);
+}
+
+}  // namespace
+
+TEST_CASE("shm zero-copy: every dtype and op equals the staged path bit for bit, W = 2..4") {
+  for (int W = 2; W <= 4; ++W) {
+    CAPTURE(W);
+    auto store = std::make_shared<MemoryStore>();
+    run_threads(W, [&](int rank) {
+      auto pg = make_thread_group("shm", rank, W, std::make_shared<PrefixStore>("zc", store));
+      // 5: slices shorter than a rank count; 300000: large, every rank a long slice.
+      for (std::int64_t n : {5, 300000}) {
+        struct Case {
+          DType dt;
+          ReduceOp op;
+        };
+        for (const Case c : {Case{DType::Float32, ReduceOp::Sum}, Case{DType::Float32, ReduceOp::Avg},
+                             Case{DType::Float32, ReduceOp::Max}, Case{DType::Float32, ReduceOp::Product},
+                             Case{DType::Int64, ReduceOp::Sum}, Case{DType::Int64, ReduceOp::Min},
+                             Case{DType::Float16, ReduceOp::Sum}, Case{DType::BFloat16, ReduceOp::Sum}}) {
+          const std::string what = detail::concat(dtype_name(c.dt), " ", reduce_op_name(c.op), " n = ", n);
+          Tensor zc = pg->symmetric_zeros(n, c.dt);
+          REQUIRE_RANK(rank, in_shared_memory(zc), what + ": not in the shared segment");
+          REQUIRE_RANK(rank, zc.numel() == n && zc.dtype() == c.dt, what);
+          const Tensor zero = zeros({n}, c.dt);
+          REQUIRE_RANK(rank, std::memcmp(zc.raw_data(), zero.raw_data(), zc.nbytes()) == 0, what + ": not zeroed");
+          const Tensor x = input_of(rank, n, c.dt);
+          zc.copy_(x);
+          Tensor staged = x.clone();
+          pg->allreduce(zc, c.op)->wait();
+          pg->allreduce(staged, c.op)->wait();
+          REQUIRE_RANK(rank, std::memcmp(zc.raw_data(), staged.raw_data(), zc.nbytes()) == 0,
+                       what + ": the in-place result differs from the staged one");
+          // Again on the same buffer (the ranks' next step): the previous results are inputs now.
+          pg->allreduce(zc, c.op)->wait();
+          pg->allreduce(staged, c.op)->wait();
+          REQUIRE_RANK(rank, std::memcmp(zc.raw_data(), staged.raw_data(), zc.nbytes()) == 0, what + ", again");
+        }
+      }
+      // The float32 sum in rank order 0..W-1, element by element (the closed form).
+      const std::int64_t n = 100003;
+      Tensor zc = pg->symmetric_zeros(n, DType::Float32);
+      zc.copy_(input_of(rank, n, DType::Float32));
+      pg->allreduce(zc)->wait();
+      std::vector<Tensor> in;
+      for (int q = 0; q < W; ++q) in.push_back(input_of(q, n, DType::Float32));
+      for (std::int64_t i = 0; i < n; ++i) {
+        float want = in[0].data<float>()[i];
+        for (int q = 1; q < W; ++q) want += in[q].data<float>()[i];
+        if (zc.data<float>()[i] != want) REQUIRE_RANK(rank, false, detail::concat("element ", i, " is not the sum"));
+      }
+    });
+  }
+}
+
+TEST_CASE("shm zero-copy: a part of a buffer reduces in place; the buffer outlives its group") {
+  const int W = 2;
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(W, [&](int rank) {
+    Tensor keep;
+    {
+      auto pg = make_thread_group("shm", rank, W, std::make_shared<PrefixStore>("part", store));
+      Tensor zc = pg->symmetric_zeros(1000, DType::Float32);
+      zc.fill_(static_cast<float>(rank + 1));
+      // Elements 100..599 only: the rest of the buffer stays as it was.
+      Tensor part = zc.narrow_rows(100, 600);
+      REQUIRE_RANK(rank, part.is_contiguous(), "narrow of a 1-D tensor");
+      pg->allreduce(part)->wait();
+      for (std::int64_t i = 0; i < 1000; ++i) {
+        const float want = i >= 100 && i < 600 ? 3.f : static_cast<float>(rank + 1);
+        if (zc.data<float>()[i] != want) REQUIRE_RANK(rank, false, detail::concat("element ", i));
+      }
+      keep = zc;
+      pg->barrier()->wait();
+    }
+    // The group is gone; the memory is still this rank's, readable and writable.
+    REQUIRE_RANK(rank, keep.data<float>()[150] == 3.f, "the buffer after its group");
+    keep.fill_(7.f);
+    REQUIRE_RANK(rank, keep.data<float>()[999] == 7.f, "the buffer after its group");
+  });
+}
+
+TEST_CASE("shm zero-copy: one rank's buffer against another's ordinary tensor fails naming both calls") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  const auto before = shm_names();
+  const auto results = run_processes(2, [&](int rank) {
+    BackendConfig cfg;
+    cfg.rank = rank;
+    cfg.size = 2;
+    cfg.store = store_client(port, "mixed");
+    cfg.timeout = std::chrono::seconds(30);
+    cfg.local_rank = rank;
+    cfg.local_world_size = 2;
+    auto pg = create_process_group("shm", cfg);
+    Tensor zc = pg->symmetric_zeros(10, DType::Float32);
+    // Each buffer's segment is unlinked once both ranks attached: /dev/shm holds nothing new.
+    for (const auto& n : shm_names())
+      if (!before.count(n)) REQUIRE_RANK(rank, false, "left in /dev/shm: " + n);
+    Tensor t = rank == 0 ? zc : ones({10});
+    try {
+      pg->allreduce(t)->wait();
+    } catch (const CommError& e) {
+      const std::string m = e.what();
+      REQUIRE_RANK(rank, m.find("allreduce in place(40 bytes, float32, sum, zero-copy buffer tag") != std::string::npos, m);
+      REQUIRE_RANK(rank, m.find("allreduce(40 bytes, float32, sum)") != std::string::npos, m);
+      return 0;
+    }
+    return 1;
+  });
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    CAPTURE(r);
+    CHECK(results[r].exit_code == 0);
+  }
+}
+
+TEST_CASE("shm zero-copy: PHALANX_SHM_ZERO_COPY=0, one rank, another device: ordinary memory") {
+  {
+    ::setenv("PHALANX_SHM_ZERO_COPY", "0", 1);
+    auto store = std::make_shared<MemoryStore>();
+    run_threads(2, [&](int rank) {
+      auto pg = make_thread_group("shm", rank, 2, std::make_shared<PrefixStore>("off", store));
+      Tensor t = pg->symmetric_zeros(64, DType::Float32);
+      REQUIRE_RANK(rank, !in_shared_memory(t), "PHALANX_SHM_ZERO_COPY=0 still gave shared memory");
+      t.fill_(1.f);
+      pg->allreduce(t)->wait();
+      REQUIRE_RANK(rank, t.data<float>()[63] == 2.f, "ordinary memory reduces as before");
+    });
+    ::unsetenv("PHALANX_SHM_ZERO_COPY");
+  }
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(1, [&](int rank) {
+    auto pg = make_thread_group("shm", rank, 1, std::make_shared<PrefixStore>("one", store));
+    REQUIRE_RANK(rank, !in_shared_memory(pg->symmetric_zeros(8, DType::Float32)), "one rank needs no shared memory");
+  });
+  run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("shm", rank, 2, std::make_shared<PrefixStore>("sim", store));
+    const Tensor t = pg->symmetric_zeros(8, DType::Float32, Device::sim());
+    REQUIRE_RANK(rank, t.device() == Device::sim() && t.numel() == 8, "a sim device tensor");
+    bool refused = false;
+    try {
+      pg->symmetric_zeros(-1, DType::Float32);
+    } catch (const ValueError&) {
+      refused = true;
+    }
+    REQUIRE_RANK(rank, refused, "a negative numel is a ValueError");
+  });
+}
