@@ -34,12 +34,15 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
     if (!c.store) throw ConfigError("shm backend: BackendConfig::store is null (the rendezvous needs a store)");
     auto store = std::make_shared<PrefixStore>("shm", c.store);
     store_ = store;
-    zero_copy_ = env::flag("PHALANX_SHM_ZERO_COPY", true);
     publish_pid(*store, c.rank);  // before anything that can fail: the others see this rank exit
     const WaitPolicy policy = wait_policy_from_env(std::max(c.size, c.ranks_on_machine));
     seg_ = std::make_unique<Segment>(*store, c.rank, c.size, slot_bytes_from_env(),
                                      bytes_from_env("PHALANX_SHM_SMALL_BYTES", 16 * 1024),
-                                     bytes_from_env("PHALANX_SHM_CHUNK_BYTES", 256 * 1024), c.timeout);
+                                     bytes_from_env("PHALANX_SHM_CHUNK_BYTES", 256 * 1024), c.timeout,
+                                     /*channels=*/true, env::flag("PHALANX_SHM_ZERO_COPY", true) ? 1 : 0);
+    // Rank 0's switch: a rank whose own differed would skip the others' collective
+    // alloc_symmetric (and both would wait until the timeout).
+    zero_copy_ = seg_->user() == 1;
     sync_ = std::make_unique<Sync>(*seg_, c.rank, policy, c.timeout);
     small_max_ = seg_->small_bytes();  // rank 0's, so that every rank cuts messages alike
     chunk_bytes_ = seg_->chunk_bytes();
@@ -70,16 +73,30 @@ Tensor ShmProcessGroup::alloc_symmetric(std::int64_t numel, DType dtype) {
   const std::uint32_t index = symmetric_count_++;  // every rank counts alike (a collective call)
   auto store = std::make_shared<PrefixStore>("symm/" + std::to_string(index), store_);
   publish_pid(*store, rank());
+  // The ranks are the group's: one that died, failed or left before it came fails this at
+  // once, named (its pid is in the group's segment), not at the timeout.
+  const auto gone = [this, index](int r) -> std::string {
+    const int why = sync_->peer_problem(r);
+    if (why == 0) return {};
+    return detail::concat("rank ", r, " (pid ", seg_->line(r).pid, ") ",
+                          why == 1 ? "died (it exited or was killed)" : why == 2 ? "left the group" : "failed",
+                          " before it made zero-copy buffer #", index,
+                          " (ProcessGroup::symmetric_zeros); the job cannot continue: restart it");
+  };
   std::shared_ptr<Segment> seg;
   try {
     seg = std::make_shared<Segment>(*store, rank(), size(), (bytes + 4095) / 4096 * 4096, 0, 0, timeout(),
-                                    /*channels=*/false);
+                                    /*channels=*/false, bytes, gone);
   } catch (const BackendUnavailableError& e) {
     // Rank 0 told every rank (the store): all of them fall back alike.
     warn_once("shm-zero-copy", detail::concat("shm: no zero-copy buffer of ", bytes, " bytes (", e.what(),
                                               "); its collectives copy through the staging slots"));
     return {};
   }
+  if (seg->user() != bytes)  // rank 0's slots would not hold this rank's tensor, or not alike
+    throw ValueError(detail::concat("symmetric_zeros(", numel, ", ", dtype_name(dtype), "): rank 0 asked for ",
+                                    seg->user(), " bytes, this rank (", rank(), ") for ", bytes,
+                                    ": every rank must call it with the same numel and dtype, in the same order"));
   char* mine = seg->slot_base(rank());
   {
     std::lock_guard<std::mutex> lock(regions_mu_);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include "support/conformance.hpp"
 
@@ -183,4 +184,90 @@ TEST_CASE("shm zero-copy: PHALANX_SHM_ZERO_COPY=0, one rank, another device: ord
     }
     REQUIRE_RANK(rank, refused, "a negative numel is a ValueError");
   });
+}
+
+namespace {
+
+/// A 2-rank shm group in a forked process (a 20 s timeout: a wait that ends at it fails the
+/// callers' "at once" checks).
+ProcessGroupPtr process_group(int port, const std::string& prefix, int rank) {
+  BackendConfig cfg;
+  cfg.rank = rank;
+  cfg.size = 2;
+  cfg.store = store_client(port, prefix);
+  cfg.store->set_timeout(std::chrono::seconds(20));
+  cfg.timeout = std::chrono::seconds(20);
+  cfg.local_rank = rank;
+  cfg.local_world_size = 2;
+  return create_process_group("shm", cfg);
+}
+
+}  // namespace
+
+TEST_CASE("shm zero-copy: a rank that exits before symmetric_zeros fails the others at once, named") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  for (int dead = 0; dead < 2; ++dead) {
+    CAPTURE(dead);
+    const auto before = shm_names();
+    const auto results = run_processes(2, [&](int rank) {
+      auto pg = process_group(port, "gone" + std::to_string(dead), rank);
+      pg->barrier()->wait();
+      if (rank == dead) ::_exit(3);  // killed before its buffer: its group never learns
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        pg->symmetric_zeros(1000, DType::Float32);
+      } catch (const CommError& e) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const std::string m = e.what();
+        REQUIRE_RANK(rank, m.find(detail::concat("rank ", dead, " (pid")) != std::string::npos, m);
+        REQUIRE_RANK(rank, s < 5, detail::concat("failed only after ", s, " s: ", m));
+        return 0;
+      }
+      return 1;
+    });
+    CHECK(results[dead].exit_code == 3);
+    CHECK(results[1 - dead].exit_code == 0);
+    for (const auto& n : shm_names()) CHECK_MESSAGE(before.count(n), "left in /dev/shm: " << n);
+  }
+}
+
+TEST_CASE("shm zero-copy: a rank asking another size fails at once, never past its buffer") {
+  auto store = std::make_shared<MemoryStore>();
+  run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("shm", rank, 2, std::make_shared<PrefixStore>("size", store));
+    // Rank 0 makes the segment: 4 KiB slots; rank 1 wants 400 KB in it.
+    const std::int64_t n = rank == 0 ? 10 : 100000;
+    std::string error;
+    try {
+      Tensor t = pg->symmetric_zeros(n, DType::Float32);
+      REQUIRE_RANK(rank, rank == 0, "a 400 KB tensor over rank 0's 4 KiB slot");
+    } catch (const ValueError& e) {
+      error = e.what();
+    }
+    if (rank == 1)
+      REQUIRE_RANK(rank, error.find("symmetric_zeros(100000, float32): rank 0 asked for 40 bytes") != std::string::npos,
+                   error);
+  });
+}
+
+TEST_CASE("shm zero-copy: PHALANX_SHM_ZERO_COPY on one rank only: rank 0's choice holds everywhere") {
+  TcpStoreServer server(TcpStoreOptions{});
+  const int port = server.port();
+  for (int off = 0; off < 2; ++off) {
+    CAPTURE(off);
+    const auto results = run_processes(2, [&](int rank) {
+      if (rank == off) ::setenv("PHALANX_SHM_ZERO_COPY", "0", 1);
+      auto pg = process_group(port, "env" + std::to_string(off), rank);
+      Tensor t = pg->symmetric_zeros(64, DType::Float32);
+      REQUIRE_RANK(rank, in_shared_memory(t) == (off != 0), "not rank 0's choice");
+      t.fill_(static_cast<float>(rank + 1));
+      pg->allreduce(t)->wait();
+      REQUIRE_RANK(rank, t.data<float>()[63] == 3.f, "the sum");
+      return 0;
+    });
+    CHECK(results[0].exit_code == 0);
+    CHECK(results[1].exit_code == 0);
+  }
 }
