@@ -115,6 +115,7 @@ class ShmProcessGroup final : public Backend {
   bool zero_copy_ = true;         ///< PHALANX_SHM_ZERO_COPY
   std::mutex regions_mu_;         ///< alloc_symmetric (caller) against find_region (worker, PHALANX_SHM_INLINE=0)
   std::vector<Region> regions_;
+  std::atomic<std::size_t> regions_count_{0};  ///< regions_.size(), read without the lock
   std::uint32_t symmetric_count_ = 0;
 
   /// Set while a collective runs: inline operations issued from two threads at once are an
