@@ -271,3 +271,24 @@ TEST_CASE("shm zero-copy: PHALANX_SHM_ZERO_COPY on one rank only: rank 0's choic
     CHECK(results[1].exit_code == 0);
   }
 }
+
+TEST_CASE("shm zero-copy: a group made again under the same store prefix gets new buffers that reduce") {
+  // An elastic restart: the old group's symm/<k> keys (names already unlinked) are still in
+  // the store; the new group's ranks must meet in the new segments, not the old names.
+  auto store = std::make_shared<MemoryStore>();
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    run_threads(2, [&](int rank) {
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(20 * round));
+      auto pg = make_thread_group("shm", rank, 2, std::make_shared<PrefixStore>("again", store));
+      for (int k = 0; k < 2; ++k) {
+        Tensor t = pg->symmetric_zeros(100 + k, DType::Float32);
+        REQUIRE_RANK(rank, in_shared_memory(t), "not shared");
+        t.fill_(static_cast<float>(rank + 1 + round));
+        pg->allreduce(t)->wait();
+        REQUIRE_RANK(rank, t.data<float>()[99] == static_cast<float>(3 + 2 * round), "the sum");
+      }
+      pg->barrier()->wait();
+    });
+  }
+}
