@@ -6,6 +6,8 @@
 // PHALANX_SHM_ZERO_COPY=0 hands out ordinary memory.
 #include <doctest/doctest.h>
 #include <dirent.h>
+#include <sched.h>
+#include <sys/mount.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -291,4 +293,47 @@ TEST_CASE("shm zero-copy: a group made again under the same store prefix gets ne
       pg->barrier()->wait();
     });
   }
+}
+
+TEST_CASE("shm zero-copy: too little /dev/shm: every rank falls back alike, and reduces") {
+  if (::geteuid() != 0) {
+    MESSAGE("SKIPPED: needs root (unshare, mount) to give the ranks a 24 MiB /dev/shm");
+    return;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  // One child in a mount namespace of its own with a 24 MiB /dev/shm (the group's segment
+  // takes about 9 MiB at W = 2); the ranks are its children.
+  const pid_t outer = ::fork();
+  if (outer == 0) {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=24m") != 0)
+      ::_exit(77);
+    TcpStoreServer server(TcpStoreOptions{});
+    const int port = server.port();
+    const auto results = run_processes(2, [&](int rank) {
+      auto pg = process_group(port, "small", rank);
+      // 2 x 8 MiB do not fit beside the group's segment: ordinary memory on both ranks.
+      Tensor big = pg->symmetric_zeros(2 << 20, DType::Float32);
+      if (in_shared_memory(big)) return 3;
+      Tensor small = pg->symmetric_zeros(1000, DType::Float32);  // then one that fits
+      if (!in_shared_memory(small)) return 4;
+      big.fill_(static_cast<float>(rank + 1));
+      small.fill_(static_cast<float>(rank + 1));
+      pg->allreduce(big)->wait();
+      pg->allreduce(small)->wait();
+      if (big.data<float>()[(2 << 20) - 1] != 3.f || small.data<float>()[999] != 3.f) return 5;
+      return 0;
+    });
+    ::_exit(results[0].exit_code == 0 && results[1].exit_code == 0 ? 0
+                                                                     : 10 + results[0].exit_code * 16 + results[1].exit_code);
+  }
+  int status = 0;
+  ::waitpid(outer, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) {
+    MESSAGE("SKIPPED: no mount namespace here");
+    return;
+  }
+  CHECK(WEXITSTATUS(status) == 0);
 }
