@@ -76,6 +76,9 @@ Tensor ShmProcessGroup::alloc_symmetric(std::int64_t numel, DType dtype) {
   // The ranks are the group's: one that died, failed or left before it came fails this at
   // once, named (its pid is in the group's segment), not at the timeout.
   const auto gone = [this, index](int r) -> std::string {
+    if (sync_->aborted())  // the failure watcher: another rank failed, maybe still alive
+      return detail::concat("the process group was aborted while this rank waited for rank ", r,
+                            " to make zero-copy buffer #", index, " (ProcessGroup::symmetric_zeros)");
     const int why = sync_->peer_problem(r);
     if (why == 0) return {};
     return detail::concat("rank ", r, " (pid ", seg_->line(r).pid, ") ",

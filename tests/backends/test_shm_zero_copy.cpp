@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -336,4 +337,42 @@ TEST_CASE("shm zero-copy: too little /dev/shm: every rank falls back alike, and 
     return;
   }
   CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("shm zero-copy: abort() ends a symmetric_zeros waiting for a peer, and refuses later ones") {
+  // The failure watcher aborts the group when another rank posts its failure; that rank may
+  // still be alive (and in the group) for a while: the wait must not last until the timeout.
+  auto store = std::make_shared<MemoryStore>();
+  std::atomic<bool> done{false};
+  run_threads(2, [&](int rank) {
+    auto pg = make_thread_group("shm", rank, 2, std::make_shared<PrefixStore>("abort", store), std::chrono::seconds(20));
+    if (rank == 1) {  // never makes the buffer; stays in the group until rank 0 is done
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(25);
+      while (!done.load() && std::chrono::steady_clock::now() < give_up)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    std::thread watcher([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      pg->abort(std::make_exception_ptr(CommError("watcher: rank 1 posted its failure")));
+    });
+    const auto start = std::chrono::steady_clock::now();
+    std::string first, second;
+    try {
+      pg->symmetric_zeros(1000, DType::Float32);
+    } catch (const CommError& e) {
+      first = e.what();
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    watcher.join();
+    try {
+      pg->symmetric_zeros(1000, DType::Float32);
+    } catch (const CommError& e) {
+      second = e.what();
+    }
+    done = true;
+    REQUIRE_RANK(rank, first.find("aborted") != std::string::npos, first);
+    REQUIRE_RANK(rank, s < 5, detail::concat("ended only after ", s, " s"));
+    REQUIRE_RANK(rank, second == "watcher: rank 1 posted its failure", second);
+  });
 }
