@@ -241,10 +241,14 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
     // Rank 0 may never come (it died first): ask after it while polling for the name.
     const auto give_up = std::chrono::steady_clock::now() + timeout;
     std::string why;
+    // 1 ms doubling to 50 ms: a rank 0 that comes minutes later (still loading its data)
+    // costs the store 20 requests a second per waiting rank, not 500.
+    auto pause = std::chrono::milliseconds(1);
     try {
       while (why.empty() && !store.check({"name"}) && std::chrono::steady_clock::now() < give_up) {
         why = peer_gone(0);
-        if (why.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        if (why.empty()) std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::milliseconds(50));
       }
     } catch (const std::exception&) {
       // the store failed: get_string below says how
