@@ -34,12 +34,15 @@ ShmProcessGroup::ShmProcessGroup(const BackendConfig& c)
     if (!c.store) throw ConfigError("shm backend: BackendConfig::store is null (the rendezvous needs a store)");
     auto store = std::make_shared<PrefixStore>("shm", c.store);
     store_ = store;
-    zero_copy_ = env::flag("PHALANX_SHM_ZERO_COPY", true);
     publish_pid(*store, c.rank);  // before anything that can fail: the others see this rank exit
     const WaitPolicy policy = wait_policy_from_env(std::max(c.size, c.ranks_on_machine));
     seg_ = std::make_unique<Segment>(*store, c.rank, c.size, slot_bytes_from_env(),
                                      bytes_from_env("PHALANX_SHM_SMALL_BYTES", 16 * 1024),
-                                     bytes_from_env("PHALANX_SHM_CHUNK_BYTES", 256 * 1024), c.timeout);
+                                     bytes_from_env("PHALANX_SHM_CHUNK_BYTES", 256 * 1024), c.timeout,
+                                     /*channels=*/true, env::flag("PHALANX_SHM_ZERO_COPY", true) ? 1 : 0);
+    // Rank 0's switch: a rank whose own differed would skip the others' collective
+    // alloc_symmetric (and both would wait until the timeout).
+    zero_copy_ = seg_->user() == 1;
     sync_ = std::make_unique<Sync>(*seg_, c.rank, policy, c.timeout);
     small_max_ = seg_->small_bytes();  // rank 0's, so that every rank cuts messages alike
     chunk_bytes_ = seg_->chunk_bytes();
@@ -70,16 +73,33 @@ Tensor ShmProcessGroup::alloc_symmetric(std::int64_t numel, DType dtype) {
   const std::uint32_t index = symmetric_count_++;  // every rank counts alike (a collective call)
   auto store = std::make_shared<PrefixStore>("symm/" + std::to_string(index), store_);
   publish_pid(*store, rank());
+  // The ranks are the group's: one that died, failed or left before it came fails this at
+  // once, named (its pid is in the group's segment), not at the timeout.
+  const auto gone = [this, index](int r) -> std::string {
+    if (sync_->aborted())  // the failure watcher: another rank failed, maybe still alive
+      return detail::concat("the process group was aborted while this rank waited for rank ", r,
+                            " to make zero-copy buffer #", index, " (ProcessGroup::symmetric_zeros)");
+    const int why = sync_->peer_problem(r);
+    if (why == 0) return {};
+    return detail::concat("rank ", r, " (pid ", seg_->line(r).pid, ") ",
+                          why == 1 ? "died (it exited or was killed)" : why == 2 ? "left the group" : "failed",
+                          " before it made zero-copy buffer #", index,
+                          " (ProcessGroup::symmetric_zeros); the job cannot continue: restart it");
+  };
   std::shared_ptr<Segment> seg;
   try {
     seg = std::make_shared<Segment>(*store, rank(), size(), (bytes + 4095) / 4096 * 4096, 0, 0, timeout(),
-                                    /*channels=*/false);
+                                    /*channels=*/false, bytes, gone);
   } catch (const BackendUnavailableError& e) {
     // Rank 0 told every rank (the store): all of them fall back alike.
     warn_once("shm-zero-copy", detail::concat("shm: no zero-copy buffer of ", bytes, " bytes (", e.what(),
                                               "); its collectives copy through the staging slots"));
     return {};
   }
+  if (seg->user() != bytes)  // rank 0's slots would not hold this rank's tensor, or not alike
+    throw ValueError(detail::concat("symmetric_zeros(", numel, ", ", dtype_name(dtype), "): rank 0 asked for ",
+                                    seg->user(), " bytes, this rank (", rank(), ") for ", bytes,
+                                    ": every rank must call it with the same numel and dtype, in the same order"));
   char* mine = seg->slot_base(rank());
   {
     std::lock_guard<std::mutex> lock(regions_mu_);
@@ -87,6 +107,7 @@ Tensor ShmProcessGroup::alloc_symmetric(std::int64_t numel, DType dtype) {
     regions_.erase(std::remove_if(regions_.begin(), regions_.end(), [](const Region& r) { return r.seg.expired(); }),
                    regions_.end());
     regions_.push_back(Region{mine, bytes, index, seg});
+    regions_count_.store(regions_.size(), std::memory_order_release);
   }
   auto storage = Storage::borrow(mine, bytes, Device::cpu(), seg);
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, Shape{numel}, dtype));
@@ -96,10 +117,15 @@ std::shared_ptr<Segment> ShmProcessGroup::find_region(const Tensor& t, std::size
   if (!t.device().is_cpu() || !t.is_contiguous()) return nullptr;
   const char* data = static_cast<const char*>(t.raw_data());
   const std::size_t n = t.nbytes();
+  // Every allreduce asks: no lock while the group has no zero-copy buffer, and the address
+  // compared before the weak_ptr is locked (an atomic read-modify-write per region was 1 us
+  // per call with 64 buffers, more than a whole small staged allreduce).
+  if (regions_count_.load(std::memory_order_acquire) == 0) return nullptr;
   std::lock_guard<std::mutex> lock(regions_mu_);
   for (const Region& r : regions_) {
-    std::shared_ptr<Segment> seg = r.seg.lock();  // first: a freed region's address may be reused
-    if (!seg || data < r.base || data + n > r.base + r.bytes) continue;
+    if (data < r.base || data + n > r.base + r.bytes) continue;
+    std::shared_ptr<Segment> seg = r.seg.lock();  // a freed region's address may be reused: the next may match
+    if (!seg) continue;
     *offset = static_cast<std::size_t>(data - r.base);
     *index = r.index;
     return seg;

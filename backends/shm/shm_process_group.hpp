@@ -112,9 +112,10 @@ class ShmProcessGroup final : public Backend {
   std::size_t chunk_bytes_;  ///< larger ones: rounds of this many bytes, each rank reducing 1/W of each
   std::string binding_;      ///< where bind_to_share put the creating thread
   std::shared_ptr<Store> store_;  ///< the group's store ("shm/"): zero-copy buffers' segments meet there
-  bool zero_copy_ = true;         ///< PHALANX_SHM_ZERO_COPY
+  bool zero_copy_ = true;         ///< rank 0's PHALANX_SHM_ZERO_COPY (Segment::user)
   std::mutex regions_mu_;         ///< alloc_symmetric (caller) against find_region (worker, PHALANX_SHM_INLINE=0)
   std::vector<Region> regions_;
+  std::atomic<std::size_t> regions_count_{0};  ///< regions_.size(), read without the lock
   std::uint32_t symmetric_count_ = 0;
 
   /// Set while a collective runs: inline operations issued from two threads at once are an

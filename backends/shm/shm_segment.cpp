@@ -164,7 +164,8 @@ void Segment::compute_layout() {
 }
 
 Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, std::uint64_t small_bytes,
-                 std::uint64_t chunk_bytes, std::chrono::milliseconds timeout, bool channels)
+                 std::uint64_t chunk_bytes, std::chrono::milliseconds timeout, bool channels,
+                 std::uint64_t user, const std::function<std::string(int)>& peer_gone)
     : world_(world), slot_bytes_(slot_bytes) {
   // Rings (W² of them): a power of two of at least 16 KiB, at most 256 KiB, a quarter of a
   // slot and a W-th of one (a large message streams through; W = 8 at the default staging
@@ -231,9 +232,30 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
     hd.total_bytes = total_;
     hd.small_bytes = std::min<std::uint64_t>(small_bytes, half_bytes());
     hd.chunk_bytes = std::max<std::uint64_t>(4096, std::min<std::uint64_t>(chunk_bytes, half_bytes()));
+    hd.user = user;
     hd.version = kVersion;
     hd.magic = kMagic;
     std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  if (rank != 0 && peer_gone) {
+    // Rank 0 may never come (it died first): ask after it while polling for the name.
+    const auto give_up = std::chrono::steady_clock::now() + timeout;
+    std::string why;
+    // 1 ms doubling to 50 ms: a rank 0 that comes minutes later (still loading its data)
+    // costs the store 20 requests a second per waiting rank, not 500.
+    auto pause = std::chrono::milliseconds(1);
+    try {
+      while (why.empty() && !store.check({"name"}) && std::chrono::steady_clock::now() < give_up) {
+        why = peer_gone(0);
+        if (why.empty()) std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::milliseconds(50));
+      }
+    } catch (const std::exception&) {
+      // the store failed: get_string below says how
+    }
+    if (why.empty() && std::chrono::steady_clock::now() >= give_up)
+      why = detail::concat("rank 0 did not publish the segment's name within ", timeout.count() / 1000.0, " s");
+    if (!why.empty()) fail(why);
   }
   try {
     if (rank == 0) store.set("name", name_);
@@ -323,6 +345,13 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
       next_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
       for (int r = 0; r < world; ++r) {
         if (r == rank || line(r).state.load() != kAttaching) continue;
+        const std::string why = peer_gone ? peer_gone(r) : std::string();
+        if (!why.empty()) {
+          ::munmap(base_, total_);
+          base_ = nullptr;
+          ::shm_unlink(name_.c_str());
+          throw CommError(detail::concat("shm group: rank ", rank, " of ", world, ": ", why));
+        }
         if (pids[r] == 0) {
           try {
             if (store.check({pid_key(r)})) pids[r] = std::stoi(store.get_string(pid_key(r)));

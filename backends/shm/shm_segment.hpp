@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,7 +29,7 @@ class Store;
 namespace phalanx::shm {
 
 constexpr std::uint64_t kMagic = 0x50484c5853484d31ull;  // "PHLXSHM1"
-constexpr std::uint32_t kVersion = 2;  // 2: RankLine::ops
+constexpr std::uint32_t kVersion = 3;  // 2: RankLine::ops; 3: Header::user
 constexpr std::size_t kLine = 64;
 /// The prefix of every segment name (in /dev/shm without the slash).
 constexpr const char* kNamePrefix = "phalanx-shm-";
@@ -46,6 +47,7 @@ struct alignas(kLine) Header {
   std::uint64_t total_bytes;
   std::uint64_t small_bytes;  ///< rank 0's algorithm choices, adopted by every rank
   std::uint64_t chunk_bytes;
+  std::uint64_t user;  ///< rank 0's value for the segment's owner (Segment's `user`)
   alignas(kLine) std::atomic<std::int32_t> attached;
   alignas(kLine) std::atomic<std::uint32_t> epoch;  ///< futex word: bumped when a sleeper must wake
   std::atomic<std::int32_t> sleepers;                ///< ranks/threads in futex_wait now
@@ -77,8 +79,14 @@ class Segment {
   /// rank 0's: every rank must cut a message alike, so the others adopt them (small_bytes(),
   /// chunk_bytes()), as they adopt its slot size.
   /// `channels` false: no send/recv rings (a zero-copy buffer's segment: only the slots).
+  /// `user`: a value of rank 0's that every rank reads back (user()): the group's zero-copy
+  /// switch, a zero-copy buffer's byte count. `peer_gone(r)`, when given: why rank r can no
+  /// longer come ("" while it can), asked every few milliseconds while waiting for rank 0's
+  /// name and every 100 ms while waiting for the others to attach; a reason fails the wait at
+  /// once (a zero-copy buffer's ranks are the group's: their pids are known before they come).
   Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, std::uint64_t small_bytes,
-          std::uint64_t chunk_bytes, std::chrono::milliseconds timeout, bool channels = true);
+          std::uint64_t chunk_bytes, std::chrono::milliseconds timeout, bool channels = true,
+          std::uint64_t user = 0, const std::function<std::string(int)>& peer_gone = {});
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
@@ -100,6 +108,7 @@ class Segment {
   std::size_t chan_bytes() const { return chan_bytes_; }
   std::size_t small_bytes() const { return static_cast<std::size_t>(header().small_bytes); }
   std::size_t chunk_bytes() const { return static_cast<std::size_t>(header().chunk_bytes); }
+  std::uint64_t user() const { return header().user; }
   const std::string& name() const { return name_; }
   int world() const { return world_; }
 

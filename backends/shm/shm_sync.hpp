@@ -123,6 +123,8 @@ class Sync {
   /// abort(): waits return at once with `message`.
   void abort() noexcept;
   bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
+  /// 0: rank q is fine; 1: died; 2: left the group (finished cleanly); 3: failed. Any thread.
+  int peer_problem(int q) const;
   /// Tells the peers this rank failed (they stop waiting for it).
   void mark_failed() noexcept;
   /// Tells the peers this rank destroyed its group after `collectives` collectives (a
@@ -145,8 +147,6 @@ class Sync {
       if (!ready()) fail_timeout(stuck, ctx);
     }
   }
-  /// 0: fine; 1: died; 2: left the group (finished cleanly); 3: failed.
-  int peer_problem(int q) const;
   [[noreturn]] void fail_peer(int q, int why, const std::function<std::string()>& ctx);
   [[noreturn]] void fail_timeout(int q, const std::function<std::string()>& ctx);
   [[noreturn]] void fail_aborted(const std::function<std::string()>& ctx);

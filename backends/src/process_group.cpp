@@ -129,6 +129,12 @@ void ProcessGroup::set_collective_check(CollectiveCheck check) {
 Tensor ProcessGroup::symmetric_zeros(std::int64_t numel, DType dtype, Device device) {
   if (numel < 0) throw ValueError(detail::concat("symmetric_zeros: numel ", numel, " is negative"));
   if (device.is_cpu() && size_ > 1 && numel > 0) {
+    std::exception_ptr aborted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      aborted = abort_error_;
+    }
+    if (aborted) std::rethrow_exception(aborted);  // as every later operation fails (abort())
     Tensor t = backend_->alloc_symmetric(numel, dtype);
     if (t.defined()) return t;
   }
