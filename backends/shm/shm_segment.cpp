@@ -211,7 +211,9 @@ Segment::Segment(Store& store, int rank, int world, std::uint64_t slot_bytes, st
     if (::statvfs("/dev/shm", &vfs) == 0 && static_cast<double>(vfs.f_bavail) * vfs.f_frsize < total_)
       unavailable(detail::concat("/dev/shm has ", static_cast<double>(vfs.f_bavail) * vfs.f_frsize / 1048576.0,
                                  " MiB free, the segment needs ", total_ / 1048576.0,
-                                 " MiB: lower PHALANX_SHM_BYTES, or enlarge /dev/shm (docker: --shm-size)"));
+                                 chan_bytes_ > 0 ? " MiB: lower PHALANX_SHM_BYTES, or enlarge /dev/shm (docker: --shm-size)"
+                                                 : " MiB (W x the buffer): enlarge /dev/shm (docker: --shm-size) for "
+                                                   "zero-copy buffers, or set PHALANX_SHM_ZERO_COPY=0"));
     fd = ::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) unavailable("shm_open(O_CREAT) failed: " + errno_text(errno) + " (is /dev/shm mounted and writable?)");
     created = true;
