@@ -21,6 +21,7 @@
 
 #include "../../parallel/rendezvous/src/host_topology.hpp"
 #include "support/conformance.hpp"
+#include "support/dev_shm.hpp"
 
 using namespace phalanx;
 using namespace phalanx::test;
@@ -37,16 +38,6 @@ ProcessGroupPtr make_shm(int rank, int world, const StorePtr& store,
   cfg.local_rank = rank;
   cfg.local_world_size = world;
   return create_process_group("shm", cfg);
-}
-
-std::set<std::string> shm_names() {
-  std::set<std::string> out;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d))
-      if (std::strncmp(e->d_name, "phalanx-shm-", 12) == 0) out.insert(e->d_name);
-    ::closedir(d);
-  }
-  return out;
 }
 
 /// The segment name a group published (without the slash), read from the parent's store.

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "support/conformance.hpp"
+#include "support/dev_shm.hpp"
 
 using namespace phalanx;
 using namespace phalanx::test;
@@ -23,16 +24,6 @@ using namespace phalanx::test;
 namespace {
 
 bool in_shared_memory(const Tensor& t) { return t.impl()->storage()->borrowed(); }
-
-std::set<std::string> shm_names() {
-  std::set<std::string> out;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d))
-      if (std::strncmp(e->d_name, "phalanx-shm-", 12) == 0) out.insert(e->d_name);
-    ::closedir(d);
-  }
-  return out;
-}
 
 /// Rank q's input of n elements: distinct per rank, with a fractional part (the order of the
 /// sum shows in the bits).

@@ -47,6 +47,15 @@ std::vector<Tensor> reference(const std::string& model_kind, const std::string& 
   return train(*model, *opt, d, &s, global_batch, steps);
 }
 
+/// Rank `rank`'s share of `n` samples over W replicas, in order (no shuffle).
+DistributedSampler in_order(std::int64_t n, int W, int rank) {
+  DistributedSamplerOptions so;
+  so.num_replicas(W);
+  so.rank(rank);
+  so.shuffle(false);
+  return DistributedSampler(n, so);
+}
+
 void check_close(const std::vector<Tensor>& got, const std::vector<Tensor>& want, double tol, int rank) {
   REQUIRE_RANK(rank, got.size() == want.size(), "parameter count");
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -79,11 +88,7 @@ TEST_CASE("W = 2, 3, 4 workers on a global batch equal one process on it (SGD mo
             REQUIRE_RANK(rank, layout.back() == std::vector<std::size_t>{0}, "the large weight alone in its bucket");
           }
           auto opt = make_opt(opt_kind, ddp.parameters());
-          DistributedSamplerOptions so;
-          so.num_replicas(W);
-          so.rank(rank);
-          so.shuffle(false);
-          DistributedSampler sampler(96, so);
+          DistributedSampler sampler = in_order(96, W, rank);
           // 1e-5 everywhere but AdamW on the tanh model with many parameters: there a few weights
           // whose gradient sums nearly cancel carry rounding noise (of the order 1e-9), and
           // Adam's normalisation turns that noise into steps of the order of lr. Measured: at
@@ -112,11 +117,7 @@ TEST_CASE("shm: gradient buckets in the shared segment (zero-copy) equal one pro
         o.bucket_cap_mb(512.0 / (1 << 20)).first_bucket_mb(512.0 / (1 << 20));  // several buckets
         DDP ddp(make_model("many_small_one_large"), pg, o);
         auto opt = make_opt("sgd", ddp.parameters());
-        DistributedSamplerOptions so;
-        so.num_replicas(W);
-        so.rank(rank);
-        so.shuffle(false);
-        DistributedSampler sampler(96, so);
+        DistributedSampler sampler = in_order(96, W, rank);
         const std::vector<Tensor> params = train(ddp, *opt, d, &sampler, B / W, 10);
         for (const Tensor& p : ddp.parameters())
           REQUIRE_RANK(rank, p.grad().impl()->storage()->borrowed() == (zero_copy == 1),
@@ -152,11 +153,7 @@ TEST_CASE("W = 2, 3 workers equal one process on a model of large products (PHAL
       auto pg = make_thread_group("gloo", rank, W, std::make_shared<PrefixStore>("wide", store));
       DDP ddp(make_model("wide"), pg);
       auto opt = make_opt("sgd", ddp.parameters());
-      DistributedSamplerOptions so;
-      so.num_replicas(W);
-      so.rank(rank);
-      so.shuffle(false);
-      DistributedSampler sampler(96, so);
+      DistributedSampler sampler = in_order(96, W, rank);
       check_close(train(ddp, *opt, d, &sampler, B / W, 10), want, 1e-5, rank);
     }));
   }
