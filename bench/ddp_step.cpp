@@ -8,8 +8,9 @@
 //      independent one-worker processes at once (the bar: >= 0.95 of it; one process
 //      alone has the whole machine, two share caches and memory bandwidth as DDP's workers
 //      do), and against the same two processes in lock step (a barrier after every step,
-//      no data: what waiting for the slower of two costs before any reduction); how much
-//      allreduce is hidden;
+//      no data: what waiting for the slower of two costs before any reduction); shm with its
+//      zero-copy buckets (the default) beside the staged path (PHALANX_SHM_ZERO_COPY=0); how
+//      much allreduce is hidden;
 //   3. a bucket-size sweep (1, 5, 25, 100 MiB) on the MLP, 2 workers, the default backend;
 //   4. only with --hook fp16|bf16|all (issue 30): the MLP, 2 workers, the float32 reduction
 //      beside the fp16/bf16 compression hooks on shm and gloo and PyTorch's hooks (gloo):
@@ -260,6 +261,28 @@ MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb
   return {bench::find_value(out, "step_us"), bench::find_value(out, "hidden"), bench::find_value(out, "cpu_us")};
 }
 
+/// Sets `name` to `value` for its lifetime (the forked ranks inherit it), then restores it.
+class EnvFor {
+ public:
+  EnvFor(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    ::setenv(name, value, 1);
+  }
+  ~EnvFor() {
+    if (had_)
+      ::setenv(name_, old_.c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  EnvFor(const EnvFor&) = delete;
+  EnvFor& operator=(const EnvFor&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
 /// The ceiling for 2 workers on this machine: two independent one-worker processes (no
 /// process group, no DDP) running the MLP step at the same time, started together (a pipe
 /// handshake); samples/s of both together, from each one's own time per step. On 2 cores the
@@ -445,7 +468,7 @@ int main(int argc, char** argv) {
   }
 
   if (only.empty() || only == "mlp") {
-    Stats one, shm2, shm2_thread, tcp2, hid_tcp, t1, t2, cpu1, cpu2, ceiling, cpu_ceiling, lockstep;
+    Stats one, shm2, shm2_thread, shm2_staged, tcp2, hid_tcp, t1, t2, cpu1, cpu2, ceiling, cpu_ceiling, lockstep;
     for (int r = 0; r < runs; ++r) {
       const Ceiling top = ceiling_run(20);
       ceiling.add(top.rate);
@@ -457,6 +480,10 @@ int main(int argc, char** argv) {
       shm2.add(a.step_us);
       cpu2.add(a.cpu_us);
       shm2_thread.add(mlp(2, 20, "shm", 25.0, false).step_us);
+      {
+        const EnvFor staged("PHALANX_SHM_ZERO_COPY", "0");
+        shm2_staged.add(mlp(2, 20, "shm").step_us);
+      }
       const MlpResult b = mlp(2, 20, "gloo");
       tcp2.add(b.step_us);
       if (b.step_us > 0) hid_tcp.v.push_back(b.hidden);
@@ -472,6 +499,7 @@ int main(int argc, char** argv) {
     row("phalanx 1 worker", one, 1e-3, "ms");
     row("phalanx 2 workers shm", shm2, 1e-3, "ms");
     row("  the same, worker thread", shm2_thread, 1e-3, "ms");
+    row("  the same, staged buckets", shm2_staged, 1e-3, "ms");
     row("phalanx 2 workers gloo", tcp2, 1e-3, "ms");
     row("pytorch 1 worker", t1, 1e-3, "ms");
     row("pytorch 2 workers DDP", t2, 1e-3, "ms");
@@ -498,6 +526,10 @@ int main(int argc, char** argv) {
       std::printf("   lock step: the same two processes with a barrier after every step (no data) %.0f samples/s "
                   "[%.0f, %.0f] = %.2f of the ceiling; DDP 2 workers shm = %.2f of the lock step, gloo %.2f\n",
                   locked, lockstep.lo(), lockstep.hi(), locked / top, rate(shm2, 256) / locked, rate(tcp2, 256) / locked);
+    if (top > 0 && shm2_staged.median() > 0)
+      std::printf("   shm buckets as set (default: zero-copy) %.2f of the ceiling; staged through the slots "
+                  "(PHALANX_SHM_ZERO_COPY=0) %.2f\n",
+                  share, rate(shm2_staged, 256) / top);
     const bench::Summary torch2 = bench::summarise(t2.v);
     bench::result_row("bench_ddp_step", "MLP 784-1024-1024-10 step, 1 worker, 128 samples", bench::summarise(one.v),
                       "PyTorch", bench::summarise(t1.v), "ms", 1e3, "-");
