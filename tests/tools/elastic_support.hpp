@@ -45,11 +45,28 @@ inline int finish(Launcher& l, std::chrono::milliseconds limit) {
 /// Kills the launchers a failed REQUIRE leaves behind (their workers die with them).
 struct Reaper {
   std::vector<Launcher*> ls;
-  ~Reaper() {
+  /// Kills and reaps the launchers still running (their workers die with them: PDEATHSIG).
+  void reap() {
     for (Launcher* l : ls)
-      if (l->pid > 0 && ::kill(l->pid, SIGKILL) == 0) ::waitpid(l->pid, nullptr, 0);
+      if (l->pid > 0 && ::kill(l->pid, SIGKILL) == 0) {
+        ::waitpid(l->pid, nullptr, 0);
+        l->pid = -1;
+      }
   }
+  ~Reaper() { reap(); }
 };
+
+/// Removes a case's folder. A worker killed a moment ago may still be renaming a checkpoint
+/// there (PDEATHSIG is asynchronous): a file that vanishes under remove_all is retried, never
+/// an error of the case.
+inline void remove_case_dir(const std::string& d) {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    std::error_code ec;
+    std::filesystem::remove_all(d, ec);
+    if (!ec) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
 
 inline bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
 

@@ -46,6 +46,7 @@ using elastic_test::finish;
 using elastic_test::has;
 using elastic_test::has_checkpoint;
 using elastic_test::Reaper;
+using elastic_test::remove_case_dir;
 using elastic_test::wait_for;
 
 /// A launcher started with `args` (split on spaces), its output in `out`, as node `host`.
@@ -163,7 +164,8 @@ TEST_CASE("elastic 1:2, no shared folder: a node dies, the job goes on; it rejoi
   CHECK(has(o1, "received the checkpoint of step"));  // from node 0, into its empty folder
   CHECK(has_checkpoint(d + "/ck1"));
   CHECK(slurp(d + "/el.npz") == slurp(d + "/one.npz"));
-  std::filesystem::remove_all(d);
+  reaper.reap();
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic 2:3: fewer than MIN nodes after --rdzv-timeout is one line") {
@@ -176,7 +178,7 @@ TEST_CASE("elastic 2:3: fewer than MIN nodes after --rdzv-timeout is one line") 
   INFO(o);
   CHECK(code == 1);
   CHECK(has(o, "1 node(s) in the job after waiting 0.5 s (--rdzv-timeout), fewer than the 2 --nnodes 2:3 needs"));
-  std::filesystem::remove_all(d);
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: a node with another --rdzv-id is refused; the job runs without it") {
@@ -194,7 +196,8 @@ TEST_CASE("elastic: a node with another --rdzv-id is refused; the job runs witho
   CHECK(has(o1, "belongs to another job"));
   CHECK(c0 == 0);
   CHECK(has(o0, "round 0: node 0 of 1"));
-  std::filesystem::remove_all(d);
+  reaper.reap();
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: a size the program cannot run on stops after its second occurrence, not all restarts") {
@@ -210,7 +213,7 @@ TEST_CASE("elastic: a size the program cannot run on stops after its second occu
   CHECK(code == 1);
   CHECK(has(o, "the same failure came before any training step twice at world size 3"));
   CHECK_FALSE(has(o, "round 2:"));
-  std::filesystem::remove_all(d);
+  remove_case_dir(d);
 }
 
 TEST_CASE("normal mode under an elastic launcher: a mid-epoch checkpoint of 2 workers resumes on 1 and on 4") {
@@ -244,7 +247,7 @@ TEST_CASE("normal mode under an elastic launcher: a mid-epoch checkpoint of 2 wo
     CHECK(trainer_test::max_weight_diff(save, d + "/one.npz") < 1e-5);
     CHECK(trainer_test::max_weight_diff(save, d + "/two.npz") < 1e-5);
   }
-  std::filesystem::remove_all(d);
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: a node's launcher asked to stop leaves; the job goes on without it, not counted") {
@@ -276,7 +279,8 @@ TEST_CASE("elastic: a node's launcher asked to stop leaves; the job goes on with
   CHECK(has(o0, "round 1: node 0 of 1 (world size 2)"));
   CHECK_FALSE(has(o0, "round 2:"));  // the node that left is not taken back
   CHECK(slurp(d + "/el.npz") == slurp(d + "/one.npz"));
-  std::filesystem::remove_all(d);
+  reaper.reap();
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: a node with another --nproc-per-node is refused before it is admitted") {
@@ -304,7 +308,8 @@ TEST_CASE("elastic: a node with another --nproc-per-node is refused before it is
   CHECK_FALSE(has(o1, "world=4"));
   CHECK(c0 == 0);
   CHECK(has(o0, "round 0: node 0 of 1"));
-  std::filesystem::remove_all(d);
+  reaper.reap();
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: a join does not spend a restart when a stopped peer's exit fails a worker first") {
@@ -348,7 +353,8 @@ TEST_CASE("elastic: a join does not spend a restart when a stopped peer's exit f
   CHECK(c2 == 0);
   CHECK(has(o0, "ended for a change of membership (a node joins): not counted as a restart"));
   CHECK(has(o0, "round 1: node 0 of 3"));
-  std::filesystem::remove_all(d);
+  reaper.reap();
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: a launcher asked to stop between rounds leaves; the next round does not wait for it") {
@@ -396,7 +402,8 @@ TEST_CASE("elastic: a launcher asked to stop between rounds leaves; the next rou
   CHECK(c2 == 0);
   CHECK(has(o0, "round 1: 2 node(s), world size 2 (restarts counted: 1 of 1)"));
   CHECK_FALSE(has(o0, "giving up"));
-  std::filesystem::remove_all(d);
+  reaper.reap();
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: a node without --checkpoint-dir beside one with it is one line, not a hang") {
@@ -416,7 +423,8 @@ TEST_CASE("elastic: a node without --checkpoint-dir beside one with it is one li
   CHECK(c0 == 1);
   CHECK(c1 == 1);
   CHECK(has(o0, "checkpoint dir differs across ranks: rank 0 has given, rank 1 has none"));
-  std::filesystem::remove_all(d);
+  reaper.reap();
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: with --resume-from, a node that joins with an empty folder gets the job's newest checkpoint") {
@@ -443,7 +451,8 @@ TEST_CASE("elastic: with --resume-from, a node that joins with an empty folder g
   CHECK(received);
   CHECK_FALSE(has(o0, "resume step differs across ranks"));
   CHECK_FALSE(has(o0, "giving up"));
-  std::filesystem::remove_all(d);
+  reaper.reap();
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: a node killed during the first round's last call is dropped, not counted (--max-restarts 0)") {
@@ -477,7 +486,8 @@ TEST_CASE("elastic: a node killed during the first round's last call is dropped,
   CHECK(has(o0, "round 1: node 0 of 1"));
   CHECK(has(o0, "worker world=1 round=1"));
   CHECK_FALSE(has(o0, "giving up"));
-  std::filesystem::remove_all(d);
+  reaper.reap();
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: a launcher waiting to be admitted exits 1 naming the host when the host's launcher dies") {
@@ -501,7 +511,8 @@ TEST_CASE("elastic: a launcher waiting to be admitted exits 1 naming the host wh
   CHECK(has(o1, "phalanx-run: lost the job's store: the launcher that hosts it (127.0.0.1:" + port + ") is gone"));
   CHECK(has(o1, "restart the job"));
   CHECK_FALSE(has(o1, "the job ended before this node was admitted"));
-  std::filesystem::remove_all(d);
+  reaper.reap();
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: a node's own folder keeps --keep-checkpoints after a transfer; stale transfer temporaries go") {
@@ -554,7 +565,7 @@ TEST_CASE("elastic: a node's own folder keeps --keep-checkpoints after a transfe
   for (const auto& f : kept) CHECK(std::filesystem::exists(f));
   CHECK(std::filesystem::exists(held));
   ::close(held_fd);
-  std::filesystem::remove_all(d);
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: a launcher waiting to be admitted that reads the job's clean end late exits 0") {
@@ -583,7 +594,8 @@ TEST_CASE("elastic: a launcher waiting to be admitted that reads the job's clean
   CHECK(c2 == 0);
   CHECK(has(o2, "the job ended before this node was admitted"));
   CHECK_FALSE(has(o2, "lost the job's store"));
-  std::filesystem::remove_all(d);
+  reaper.reap();
+  remove_case_dir(d);
 }
 
 TEST_CASE("elastic: a transfer never prunes a folder that holds another run's checkpoints") {
@@ -614,5 +626,5 @@ TEST_CASE("elastic: a transfer never prunes a folder that holds another run's ch
     std::snprintf(b, sizeof b, "/ck1/checkpoint-%010d.npz", s);
     CHECK_MESSAGE(std::filesystem::exists(d + b), b);
   }
-  std::filesystem::remove_all(d);
+  remove_case_dir(d);
 }
