@@ -201,17 +201,23 @@ struct HookRun {
   std::string hook = "none", init_file, final_file;
 };
 
+/// How a shm group runs: the defaults (inline, gradient buckets in zero-copy buffers), on its
+/// worker thread (PHALANX_SHM_INLINE=0), or with buckets staged through the slots
+/// (PHALANX_SHM_ZERO_COPY=0). Set in each rank's process.
+enum class ShmPath { zero_copy, worker_thread, staged };
+
 /// MLP 784-1024-1024-10 at 128 samples per worker (world 1 = no DDP).
-/// `shm_inline` false: the shm group runs its collectives on its worker thread (PHALANX_SHM_INLINE=0).
 /// With `hr`, the hook section's run: its result also carries `bytes`, what each worker sends per
 /// step by the formula of wire_bytes().
-MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb = 25.0, bool shm_inline = true,
+MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb = 25.0,
+              ShmPath shm_path = ShmPath::zero_copy,
               const HookRun* hr = nullptr) {
   if (!backend.empty() && !backend_available(backend)) return {};
   TcpStoreServer server(TcpStoreOptions{});
   const std::string out = bench::run_ranks(world, [&](int rank, std::FILE* f) {
     worker_env(rank, world, server.port(), backend);
-    if (!shm_inline) ::setenv("PHALANX_SHM_INLINE", "0", 1);
+    if (shm_path == ShmPath::worker_thread) ::setenv("PHALANX_SHM_INLINE", "0", 1);
+    if (shm_path == ShmPath::staged) ::setenv("PHALANX_SHM_ZERO_COPY", "0", 1);
     auto pg = parallel::init_process_group();
     Generator g(0);
     nn::ModulePtr model = nn::mlp({784, 1024, 1024, 10}, "relu", &g);
@@ -260,28 +266,6 @@ MlpResult mlp(int world, int steps, const std::string& backend, double bucket_mb
   if (hr) return {bench::find_value(out, "step_us"), 0, -1, bench::find_value(out, "elements")};
   return {bench::find_value(out, "step_us"), bench::find_value(out, "hidden"), bench::find_value(out, "cpu_us")};
 }
-
-/// Sets `name` to `value` for its lifetime (the forked ranks inherit it), then restores it.
-class EnvFor {
- public:
-  EnvFor(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    ::setenv(name, value, 1);
-  }
-  ~EnvFor() {
-    if (had_)
-      ::setenv(name_, old_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  EnvFor(const EnvFor&) = delete;
-  EnvFor& operator=(const EnvFor&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
 
 /// The ceiling for 2 workers on this machine: two independent one-worker processes (no
 /// process group, no DDP) running the MLP step at the same time, started together (a pipe
@@ -479,11 +463,8 @@ int main(int argc, char** argv) {
       cpu1.add(o.cpu_us);
       shm2.add(a.step_us);
       cpu2.add(a.cpu_us);
-      shm2_thread.add(mlp(2, 20, "shm", 25.0, false).step_us);
-      {
-        const EnvFor staged("PHALANX_SHM_ZERO_COPY", "0");
-        shm2_staged.add(mlp(2, 20, "shm").step_us);
-      }
+      shm2_thread.add(mlp(2, 20, "shm", 25.0, ShmPath::worker_thread).step_us);
+      shm2_staged.add(mlp(2, 20, "shm", 25.0, ShmPath::staged).step_us);
       const MlpResult b = mlp(2, 20, "gloo");
       tcp2.add(b.step_us);
       if (b.step_us > 0) hid_tcp.v.push_back(b.hidden);
@@ -580,7 +561,7 @@ int main(int argc, char** argv) {
           if (who[w] == "torch" && skip_peer) continue;
           const HookRun hr{hooks[k], file(who[w], hooks[k], "init"), file(who[w], hooks[k], "final")};
           const MlpResult m = who[w] == "torch" ? torch_hook(hooks[k], hr.init_file, hr.final_file, error[w][k])
-                                                : mlp(2, 20, who[w], 25.0, true, &hr);
+                                                : mlp(2, 20, who[w], 25.0, ShmPath::zero_copy, &hr);
           step[w][k].add(m.step_us);
           if (m.elements > 0) elements[w][k] = m.elements;
         }
