@@ -103,8 +103,9 @@ class ProcessGroup final {
   /// the whole tensor skips the copies in and out of the staging area; elsewhere (other
   /// backends, devices, one rank, PHALANX_SHM_ZERO_COPY=0, too little /dev/shm) an ordinary
   /// tensor. Collective where the backend has such memory: every rank calls it with the same
-  /// numel and dtype in the same order (as DDP's constructor does). Slices of it reduce
-  /// through the staging area as any tensor does.
+  /// numel and dtype in the same order (as DDP's constructor does). A contiguous part of
+  /// it (every rank passing the same part) reduces in place too; a strided view goes through
+  /// the staging area as any tensor does.
   Tensor symmetric_zeros(std::int64_t numel, DType dtype, Device device = Device::cpu());
 
   /// How many operations have been issued.
